@@ -1,0 +1,393 @@
+// Package busypoll is moex's progress engine: the policy that decides, while a receiver
+// waits, whether to spin on completion state, yield the CPU, or park until woken.
+//
+// It owns the spin/yield/park policy, its adaptive spin budget and its counters. It does
+// not know what is being waited for: callers pass a condition (a ring index, a request
+// flag, a socket that returned EAGAIN) and an Event or a park function of their own.
+//
+// Why adaptive: a receiver that parks in the kernel adds a wake-up (microseconds) to every
+// message, and a receiver that spins burns a core; with more ranks than cores (8 ranks on
+// 2 cores is a normal test) spinning waiters steal the CPU that the ranks they wait for
+// need, and everything slows down. The adaptive mode spins for a budget that follows what
+// recent waits needed: waits that finished while spinning keep the budget, waits that had
+// to park shrink it, so an oversubscribed machine converges to parking almost at once and
+// a machine with idle cores converges to spinning.
+package busypoll
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// Mode selects the waiting policy.
+type Mode int
+
+const (
+	// Adaptive spins for a learned budget, yields a few times, then parks.
+	Adaptive Mode = iota
+	// Spin never parks (until the context ends): lowest latency, one busy core per waiter.
+	Spin
+	// Block parks at once, like a blocking receive in the kernel.
+	Block
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Adaptive:
+		return "adaptive"
+	case Spin:
+		return "spin"
+	case Block:
+		return "block"
+	}
+	return "mode(" + strconv.Itoa(int(m)) + ")"
+}
+
+// ParseMode parses "adaptive", "spin" or "block".
+func ParseMode(s string) (Mode, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "adaptive", "auto":
+		return Adaptive, nil
+	case "spin", "poll":
+		return Spin, nil
+	case "block", "blocking", "off":
+		return Block, nil
+	}
+	return 0, fmt.Errorf("busypoll: unknown mode %q (want adaptive, spin or block)", s)
+}
+
+// Config tunes a Poller. The zero value is adaptive with the default budgets.
+type Config struct {
+	Mode Mode
+	// MaxSpin is the longest an adaptive waiter spins before yielding (default 50µs).
+	MaxSpin time.Duration
+	// Yields is how many times a waiter yields the CPU before parking (default 4).
+	Yields int
+	// Oversubscribed says that more ranks than CPUs share this host: the adaptive budget
+	// starts at zero and only grows when spinning is seen to pay.
+	Oversubscribed bool
+}
+
+const (
+	defaultMaxSpin = 50 * time.Microsecond
+	defaultYields  = 4
+	minSpin        = 0
+	probeEvery     = 64 // an adaptive poller with a collapsed budget re-probes this often
+)
+
+// ConfigFromEnv reads MOEX_POLL (adaptive|spin|block) and MOEX_SPIN_US.
+func ConfigFromEnv(getenv func(string) string) (Config, error) {
+	var c Config
+	m, err := ParseMode(getenv("MOEX_POLL"))
+	if err != nil {
+		return c, err
+	}
+	c.Mode = m
+	if s := getenv("MOEX_SPIN_US"); s != "" {
+		us, err := strconv.Atoi(s)
+		if err != nil || us < 0 {
+			return c, fmt.Errorf("busypoll: MOEX_SPIN_US=%q: want a non-negative integer", s)
+		}
+		c.MaxSpin = time.Duration(us) * time.Microsecond
+	}
+	return c, nil
+}
+
+// Stats are a Poller's counters. All counts are of waits, except Spins and Yields.
+type Stats struct {
+	Waits     uint64        // waits that did not find the condition true at once
+	Spins     uint64        // polls of the condition while spinning
+	Yields    uint64        // CPU yields
+	Parks     uint64        // waits that parked
+	SpinHits  uint64        // waits satisfied while spinning or yielding
+	SpinTime  time.Duration // wall time spent spinning and yielding (CPU burnt polling)
+	BudgetNow time.Duration // current adaptive spin budget
+}
+
+func (s Stats) String() string {
+	return fmt.Sprintf("waits=%d spins=%d yields=%d parks=%d spin-hits=%d spin-time=%v budget=%v",
+		s.Waits, s.Spins, s.Yields, s.Parks, s.SpinHits, s.SpinTime, s.BudgetNow)
+}
+
+// Poller holds a policy, its adaptive state and its counters. It is safe for concurrent use;
+// one Poller per transport (or per rank) is the usual arrangement.
+type Poller struct {
+	mode    Mode
+	maxSpin int64
+	yields  int
+	budget  atomic.Int64 // adaptive spin budget in ns
+	probe   atomic.Uint64
+
+	waits, spins, yieldsN, parks, hits atomic.Uint64
+	spinNS                             atomic.Int64
+}
+
+// New returns a Poller for c.
+func New(c Config) *Poller {
+	p := &Poller{mode: c.Mode, maxSpin: int64(c.MaxSpin), yields: c.Yields}
+	if p.maxSpin <= 0 {
+		p.maxSpin = int64(defaultMaxSpin)
+	}
+	if p.yields <= 0 {
+		p.yields = defaultYields
+	}
+	if c.Oversubscribed {
+		p.budget.Store(minSpin)
+	} else {
+		p.budget.Store(p.maxSpin)
+	}
+	return p
+}
+
+// Default is a shared adaptive Poller for callers that have none of their own.
+var Default = New(Config{Oversubscribed: runtime.NumCPU() < 2})
+
+// Mode returns the policy in use.
+func (p *Poller) Mode() Mode { return p.mode }
+
+// Stats returns a snapshot of the counters.
+func (p *Poller) Stats() Stats {
+	return Stats{
+		Waits: p.waits.Load(), Spins: p.spins.Load(), Yields: p.yieldsN.Load(),
+		Parks: p.parks.Load(), SpinHits: p.hits.Load(),
+		SpinTime: time.Duration(p.spinNS.Load()), BudgetNow: time.Duration(p.budget.Load()),
+	}
+}
+
+// Spinner is the state of one wait. Use it as:
+//
+//	s := p.Begin()
+//	for !ready() {
+//		if s.Idle() { park; break }
+//	}
+//	s.End()
+type Spinner struct {
+	p       *Poller
+	start   int64
+	budget  int64
+	n       int
+	yielded int
+	parked  bool
+	counted bool
+}
+
+var epoch = time.Now()
+
+func nanotime() int64 { return int64(time.Since(epoch)) }
+
+// Begin starts a wait.
+func (p *Poller) Begin() Spinner {
+	s := Spinner{p: p}
+	switch p.mode {
+	case Spin:
+		s.budget = -1
+	case Block:
+		s.budget = 0
+	default:
+		s.budget = p.budget.Load()
+		if s.budget < p.maxSpin/8 && p.probe.Add(1)%probeEvery == 0 {
+			s.budget = p.maxSpin // look again whether spinning pays
+		}
+	}
+	return s
+}
+
+// Idle is called after a poll found nothing. It spins or yields and returns false, or
+// returns true when the caller should park.
+func (s *Spinner) Idle() bool {
+	if s.parked {
+		return true
+	}
+	if !s.counted {
+		s.counted = true
+		s.start = nanotime()
+		s.p.waits.Add(1)
+	}
+	s.n++
+	if s.budget < 0 { // Spin mode: never park, yield now and then so Go can preempt
+		if s.n&1023 == 0 {
+			runtime.Gosched()
+		}
+		return false
+	}
+	if s.budget > 0 {
+		if s.n&15 != 0 || nanotime()-s.start < s.budget {
+			return false
+		}
+	}
+	if s.yielded < s.p.yields && s.budget > 0 {
+		s.yielded++
+		yield(s.yielded)
+		return false
+	}
+	s.parked = true
+	return true
+}
+
+// End records how the wait went and adapts the budget.
+func (s *Spinner) End() {
+	if !s.counted {
+		return // satisfied on the first look
+	}
+	p := s.p
+	elapsed := nanotime() - s.start
+	if s.budget < 0 {
+		p.spins.Add(uint64(s.n))
+		p.spinNS.Add(elapsed)
+		p.hits.Add(1)
+		return
+	}
+	spun := int64(s.n - s.yielded)
+	if s.parked {
+		spun-- // the call that decided to park did not spin
+	}
+	p.spins.Add(uint64(spun))
+	p.yieldsN.Add(uint64(s.yielded))
+	if s.parked {
+		p.parks.Add(1)
+		if s.budget > 0 {
+			p.spinNS.Add(min(elapsed, s.budget))
+		}
+		if p.mode == Adaptive {
+			// Spinning did not pay: halve the budget.
+			b := p.budget.Load()
+			p.budget.CompareAndSwap(b, max(b/2, minSpin))
+		}
+		return
+	}
+	p.hits.Add(1)
+	p.spinNS.Add(elapsed)
+	if p.mode == Adaptive {
+		// Spinning paid: make sure the budget covers twice what this wait needed.
+		want := min(max(2*elapsed, 2*int64(time.Microsecond)), p.maxSpin)
+		if b := p.budget.Load(); b < want {
+			p.budget.CompareAndSwap(b, want)
+		}
+	}
+}
+
+// yield gives up the CPU: first to other goroutines of this process, then to other
+// processes (sched_yield), which is what matters when ranks are processes.
+func yield(i int) {
+	if i&1 == 1 {
+		runtime.Gosched()
+		return
+	}
+	syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+}
+
+// Wait polls ready under the policy until it returns true, parking on ev when the policy
+// says so. ev must be set by whoever makes ready true. It returns ctx's error if ctx ends
+// first.
+func (p *Poller) Wait(ctx context.Context, ev *Event, ready func() bool) error {
+	if ready() {
+		return nil
+	}
+	s := p.Begin()
+	for !ready() {
+		if s.Idle() {
+			err := ev.Park(ctx, ready)
+			s.End()
+			return err
+		}
+		if s.n&255 == 0 && ctx.Err() != nil {
+			s.End()
+			return ctx.Err()
+		}
+	}
+	s.End()
+	return nil
+}
+
+// Event is a one-shot flag with a single waiter that can spin on it or park until it is
+// set. Reset makes it reusable, so an Event lives inside pooled request structs and waiting
+// on one allocates nothing.
+type Event struct {
+	state  atomic.Uint32
+	parked atomic.Uint32
+	ch     chan struct{}
+}
+
+// Init prepares e; call it once before first use.
+func (e *Event) Init() {
+	if e.ch == nil {
+		e.ch = make(chan struct{}, 1)
+	}
+}
+
+// Set marks the event and wakes a parked waiter.
+func (e *Event) Set() {
+	e.state.Store(1)
+	if e.parked.Load() != 0 {
+		select {
+		case e.ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// IsSet reports whether Set was called since the last Reset.
+func (e *Event) IsSet() bool { return e.state.Load() != 0 }
+
+// Reset clears the event for reuse. No waiter may be parked on it.
+func (e *Event) Reset() {
+	e.state.Store(0)
+	e.parked.Store(0)
+	select {
+	case <-e.ch:
+	default:
+	}
+}
+
+// Kick wakes a parked waiter without setting the event, so that it re-checks its
+// condition (for conditions other than the event itself).
+func (e *Event) Kick() {
+	if e.parked.Load() != 0 {
+		select {
+		case e.ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Park blocks until ready() is true (re-checked after every wake-up) or ctx ends.
+func (e *Event) Park(ctx context.Context, ready func() bool) error {
+	for {
+		e.parked.Store(1)
+		if ready() {
+			e.parked.Store(0)
+			return nil
+		}
+		select {
+		case <-e.ch:
+		case <-ctx.Done():
+			e.parked.Store(0)
+			if ready() {
+				return nil
+			}
+			return ctx.Err()
+		}
+	}
+}
+
+// LocalRanks guesses how many ranks share this host from the launcher's environment
+// (MOEX_LOCAL_SIZE, LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE);
+// 1 when none is set.
+func LocalRanks() int {
+	for _, k := range []string{"MOEX_LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"} {
+		if n, err := strconv.Atoi(os.Getenv(k)); err == nil && n > 0 {
+			return n
+		}
+	}
+	return 1
+}
+
+// Oversubscribed reports whether ranks (busy waiters) outnumber the CPUs this process may use.
+func Oversubscribed(ranks int) bool { return ranks > runtime.NumCPU() }

@@ -1,0 +1,113 @@
+package obuf
+
+import (
+	"testing"
+	"unsafe"
+)
+
+func TestClassesAndAlignment(t *testing.T) {
+	p := NewPool(4)
+	for _, n := range []int{0, 1, 4095, 4096, 4097, 65536, 1 << 20, 3<<20 + 5} {
+		b := p.Get(n)
+		if b.Len() != n || len(b.Bytes()) != n {
+			t.Fatalf("Get(%d): len %d", n, b.Len())
+		}
+		if b.Cap() < n || (n > PageSize && b.Cap() >= 2*n) {
+			t.Fatalf("Get(%d): cap %d not the next power of two", n, b.Cap())
+		}
+		if addr := uintptr(unsafe.Pointer(unsafe.SliceData(b.b))); addr%PageSize != 0 {
+			t.Fatalf("Get(%d): address %#x not page aligned", n, addr)
+		}
+		b.Release()
+	}
+}
+
+func TestReuseInSteadyState(t *testing.T) {
+	p := NewPool(4)
+	b := p.Get(10000)
+	b.Release()
+	allocs := p.Stats().Allocs
+	for i := 0; i < 100; i++ {
+		b := p.Get(9000 + i)
+		b.Lend()
+		b.Release()
+		b.Return()
+	}
+	if got := p.Stats().Allocs; got != allocs {
+		t.Fatalf("steady state allocated %d new buffers", got-allocs)
+	}
+	if n := testing.AllocsPerRun(100, func() {
+		b := p.Get(1 << 20)
+		b.Lend()
+		b.Return()
+		b.Release()
+	}); n != 0 {
+		t.Fatalf("Get/Lend/Return/Release allocates %v per run", n)
+	}
+}
+
+// The owner may drop its reference while a send is in flight: the buffer goes back to the
+// pool only when the send returns it, so nobody else can get it in between.
+func TestInFlightKeepsBufferOutOfPool(t *testing.T) {
+	p := NewPool(4)
+	b := p.Get(5000)
+	b.Lend()
+	b.Release() // owner is done with it
+	if b.Refs() != 1 || b.InFlight() != 1 {
+		t.Fatalf("refs=%d inflight=%d", b.Refs(), b.InFlight())
+	}
+	c := p.Get(5000)
+	if c == b {
+		t.Fatal("pool handed out a buffer that a send still reads")
+	}
+	b.Return()
+	if d := p.Get(5000); d != b {
+		t.Fatal("returned buffer not reused")
+	}
+}
+
+func mustPanic(t *testing.T, what string, f func()) {
+	t.Helper()
+	defer func() {
+		if recover() == nil {
+			t.Fatalf("%s did not panic", what)
+		}
+	}()
+	f()
+}
+
+func TestDoubleReleasePanics(t *testing.T) {
+	p := NewPool(4)
+	b := p.Get(100)
+	b.Release()
+	mustPanic(t, "double release", b.Release)
+}
+
+func TestReturnWithoutLendPanics(t *testing.T) {
+	b := NewPool(4).Get(100)
+	mustPanic(t, "Return without Lend", b.Return)
+}
+
+func TestRetainAfterReleasePanics(t *testing.T) {
+	b := NewPool(4).Get(100)
+	b.Release()
+	mustPanic(t, "Retain after release", func() { b.Retain() })
+}
+
+func TestResize(t *testing.T) {
+	b := NewPool(4).Get(100)
+	b.Resize(4096)
+	if b.Len() != 4096 {
+		t.Fatal(b.Len())
+	}
+	mustPanic(t, "Resize beyond capacity", func() { b.Resize(b.Cap() + 1) })
+}
+
+func BenchmarkGetRelease(b *testing.B) {
+	p := NewPool(0)
+	b.ReportAllocs()
+	for b.Loop() {
+		x := p.Get(64 << 10)
+		x.Release()
+	}
+}
