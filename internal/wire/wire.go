@@ -78,7 +78,7 @@ func (t Type) String() string {
 const (
 	// FlagChecksum says Sum holds the xxhash64 of the payload.
 	FlagChecksum uint8 = 1 << iota
-	flagsKnown = FlagChecksum
+	flagsKnown         = FlagChecksum
 )
 
 // MaxLength bounds the payload of one frame. Larger messages are split into Data frames.
