@@ -212,7 +212,7 @@ func (s *Spinner) Idle() bool {
 	}
 	s.n++
 	if s.budget < 0 { // Spin mode: never park, yield now and then so Go can preempt
-		if s.n&1023 == 0 {
+		if s.n&63 == 0 {
 			runtime.Gosched()
 		}
 		return false
@@ -322,15 +322,19 @@ func (e *Event) Init() {
 	}
 }
 
-// Set marks the event and wakes a parked waiter.
-func (e *Event) Set() {
+// Set marks the event and wakes a parked waiter. It reports whether it woke one, so that
+// a spinning completer (a socket reader) can hand its CPU to the waiter (runtime.Gosched):
+// the woken goroutine is queued on the completer's P and would otherwise wait for it.
+func (e *Event) Set() (woke bool) {
 	e.state.Store(1)
 	if e.parked.Load() != 0 {
 		select {
 		case e.ch <- struct{}{}:
+			return true
 		default:
 		}
 	}
+	return false
 }
 
 // IsSet reports whether Set was called since the last Reset.

@@ -61,7 +61,7 @@ func TestAdaptiveBudget(t *testing.T) {
 	ev.Init()
 	for i := 0; i < 10; i++ {
 		ev.Reset()
-		timer := time.AfterFunc(2*time.Millisecond, ev.Set)
+		timer := time.AfterFunc(2*time.Millisecond, func() { ev.Set() })
 		if err := p.Wait(context.Background(), &ev, ev.IsSet); err != nil {
 			t.Fatal(err)
 		}

@@ -28,10 +28,11 @@ func (r *Req) Reset() {
 	r.n, r.err = 0, nil
 }
 
-// Complete records the result and wakes the waiter. Call it once per use.
-func (r *Req) Complete(n int, err error) {
+// Complete records the result and wakes the waiter. Call it once per use. It reports
+// whether a parked waiter was woken (see busypoll.Event.Set).
+func (r *Req) Complete(n int, err error) bool {
 	r.n, r.err = n, err
-	r.ev.Set()
+	return r.ev.Set()
 }
 
 // Test reports whether the request completed.
@@ -110,6 +111,10 @@ func (q *Queue[T]) Drain(peer int, f func(T)) {
 		s[i] = zero
 	}
 }
+
+// Entries returns peer's queue, oldest first. The slice is the queue's own: do not keep it
+// across changes to the queue.
+func (q *Queue[T]) Entries(peer int) []Entry[T] { return q.per[peer] }
 
 // Len returns the number of items queued for peer.
 func (q *Queue[T]) Len(peer int) int { return len(q.per[peer]) }

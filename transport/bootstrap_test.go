@@ -1,0 +1,278 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func envOf(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestParseEnvLaunchers(t *testing.T) {
+	cases := []struct {
+		name string
+		env  map[string]string
+		want Env
+	}{
+		{"none", map[string]string{}, Env{Rank: 0, Size: 1, LocalRank: -1, LocalSize: -1, Launcher: "none"}},
+		{"moex", map[string]string{"MOEX_RANK": "2", "MOEX_WORLD_SIZE": "4", "MOEX_LOCAL_RANK": "0", "MOEX_LOCAL_SIZE": "2",
+			"MOEX_ADDR": "10.0.0.1:29500", "MOEX_JOB_TOKEN": "s"},
+			Env{Rank: 2, Size: 4, LocalRank: 0, LocalSize: 2, Addr: "10.0.0.1:29500", Token: "s", Launcher: "moex"}},
+		{"torchrun", map[string]string{"RANK": "1", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+			"MASTER_ADDR": "node0", "MASTER_PORT": "29500", "MOEX_JOB_TOKEN": "s"},
+			Env{Rank: 1, Size: 8, LocalRank: 1, LocalSize: 4, Addr: "node0:29500", Token: "s", Launcher: "torchrun"}},
+		{"openmpi", map[string]string{"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+			"OMPI_COMM_WORLD_LOCAL_RANK": "3", "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "MOEX_ADDR": "127.0.0.1:1234", "MOEX_JOB_TOKEN": "s"},
+			Env{Rank: 3, Size: 4, LocalRank: 3, LocalSize: 4, Addr: "127.0.0.1:1234", Token: "s", Launcher: "openmpi"}},
+		{"slurm", map[string]string{"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1",
+			"MASTER_ADDR": "n1", "MASTER_PORT": "7", "MOEX_JOB_TOKEN": "s"},
+			Env{Rank: 5, Size: 16, LocalRank: 1, LocalSize: -1, Addr: "n1:7", Token: "s", Launcher: "slurm"}},
+		{"moex wins over torchrun", map[string]string{"MOEX_RANK": "0", "MOEX_WORLD_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2",
+			"MOEX_ADDR": "h:1", "MASTER_ADDR": "other", "MASTER_PORT": "2", "MOEX_JOB_TOKEN": "s"},
+			Env{Rank: 0, Size: 2, LocalRank: -1, LocalSize: -1, Addr: "h:1", Token: "s", Launcher: "moex"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := ParseEnv(envOf(c.env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.want.Timeout, c.want.Transport = DefaultTimeout, "auto"
+			if got != c.want {
+				t.Fatalf("got  %+v\nwant %+v", got, c.want)
+			}
+		})
+	}
+}
+
+func TestParseEnvErrors(t *testing.T) {
+	base := map[string]string{"MOEX_RANK": "0", "MOEX_WORLD_SIZE": "2", "MOEX_ADDR": "h:1", "MOEX_JOB_TOKEN": "s"}
+	cases := []struct {
+		change  map[string]string
+		wantVar string
+	}{
+		{map[string]string{"MOEX_RANK": "x"}, "MOEX_RANK"},
+		{map[string]string{"MOEX_RANK": "-1"}, "MOEX_RANK"},
+		{map[string]string{"MOEX_RANK": "2"}, "MOEX_RANK"},
+		{map[string]string{"MOEX_WORLD_SIZE": "0"}, "MOEX_WORLD_SIZE"},
+		{map[string]string{"MOEX_WORLD_SIZE": ""}, "MOEX_WORLD_SIZE"},
+		{map[string]string{"MOEX_ADDR": ""}, "MOEX_ADDR"},
+		{map[string]string{"MOEX_ADDR": "nocolon"}, "MOEX_ADDR"},
+		{map[string]string{"MOEX_JOB_TOKEN": ""}, "MOEX_JOB_TOKEN"},
+		{map[string]string{"MOEX_TIMEOUT": "soon"}, "MOEX_TIMEOUT"},
+		{map[string]string{"MOEX_TRANSPORT": "carrier-pigeon"}, "MOEX_TRANSPORT"},
+		{map[string]string{"MOEX_LOCAL_SIZE": "0"}, "MOEX_LOCAL_SIZE"},
+	}
+	for _, c := range cases {
+		env := map[string]string{}
+		for k, v := range base {
+			env[k] = v
+		}
+		for k, v := range c.change {
+			env[k] = v
+		}
+		_, err := ParseEnv(envOf(env))
+		var ee *EnvError
+		if !errors.As(err, &ee) || ee.Var != c.wantVar {
+			t.Errorf("%v: got %v, want EnvError naming %s", c.change, err, c.wantVar)
+		}
+	}
+}
+
+func TestBindHost(t *testing.T) {
+	e := Env{Addr: "127.0.0.1:5"}
+	if h, err := e.BindHost(); err != nil || h != "127.0.0.1" {
+		t.Fatalf("loopback store: %q %v", h, err)
+	}
+	e = Env{Bind: "10.1.2.3", Addr: "127.0.0.1:5"}
+	if h, _ := e.BindHost(); h != "10.1.2.3" {
+		t.Fatalf("MOEX_BIND ignored: %q", h)
+	}
+	e = Env{Iface: "lo"}
+	if h, err := e.BindHost(); err != nil || h != "127.0.0.1" {
+		t.Fatalf("MOEX_IFACE=lo: %q %v", h, err)
+	}
+	e = Env{Iface: "no-such-if0"}
+	var ee *EnvError
+	if _, err := e.BindHost(); !errors.As(err, &ee) || ee.Var != "MOEX_IFACE" {
+		t.Fatalf("unknown iface: %v", err)
+	}
+}
+
+func pipePair(t *testing.T) (net.Conn, net.Conn) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ch := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept()
+		ch <- c
+	}()
+	a, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := <-ch
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+func TestHandshake(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name   string
+		ta, tb string
+		ok     bool
+	}{{"same secret", "s3cret", "s3cret", true}, {"wrong secret", "s3cret", "guess", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b := pipePair(t)
+			var wg sync.WaitGroup
+			var hb []byte
+			var errB error
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				hb, errB = Handshake(ctx, b, []byte(tc.tb), RoleAcceptor, []byte("from-b"))
+				if errB != nil {
+					b.Close()
+				}
+			}()
+			ha, errA := Handshake(ctx, a, []byte(tc.ta), RoleDialer, []byte("from-a"))
+			if errA != nil {
+				a.Close()
+			}
+			wg.Wait()
+			if tc.ok {
+				if errA != nil || errB != nil || string(ha) != "from-b" || string(hb) != "from-a" {
+					t.Fatalf("a: %q %v; b: %q %v", ha, errA, hb, errB)
+				}
+				return
+			}
+			if !errors.Is(errA, ErrAuth) || !errors.Is(errB, ErrAuth) {
+				t.Fatalf("wrong secret accepted: a=%v b=%v", errA, errB)
+			}
+		})
+	}
+}
+
+func TestHandshakeDeadline(t *testing.T) {
+	a, _ := pipePair(t) // the other side never answers
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := Handshake(ctx, a, []byte("x"), RoleDialer, nil); err == nil {
+		t.Fatal("handshake with a silent peer succeeded")
+	}
+}
+
+type logBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuf) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
+func (l *logBuf) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
+
+func TestStoreAllGatherAndIntruder(t *testing.T) {
+	var logs logBuf
+	srv, err := ServeStore("127.0.0.1:0", []byte("job"), slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	// An intruder with the wrong secret is refused and the job carries on.
+	if _, err := DialStore(ctx, srv.Addr(), []byte("nope")); !errors.Is(err, ErrAuth) {
+		t.Fatalf("intruder: got %v, want ErrAuth", err)
+	}
+
+	const n = 6
+	var wg sync.WaitGroup
+	res := make([][][]byte, n)
+	errs := make([]error, n)
+	for r := 0; r < n; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			time.Sleep(time.Duration(r) * 3 * time.Millisecond)
+			c, err := DialStore(ctx, srv.Addr(), []byte("job"))
+			if err != nil {
+				errs[r] = err
+				return
+			}
+			defer c.Close()
+			res[r], errs[r] = c.AllGather(ctx, "addr", r, n, []byte(fmt.Sprintf("rank-%d", r)))
+		}(r)
+	}
+	wg.Wait()
+	for r := 0; r < n; r++ {
+		if errs[r] != nil {
+			t.Fatalf("rank %d: %v", r, errs[r])
+		}
+		for p := 0; p < n; p++ {
+			if string(res[r][p]) != fmt.Sprintf("rank-%d", p) {
+				t.Fatalf("rank %d sees %q for %d", r, res[r][p], p)
+			}
+		}
+	}
+	if srv.Refused() != 1 || !bytes.Contains([]byte(logs.String()), []byte("refused")) {
+		t.Fatalf("refused=%d, log: %s", srv.Refused(), logs.String())
+	}
+}
+
+func TestStoreGetHonoursContext(t *testing.T) {
+	srv, err := ServeStore("127.0.0.1:0", []byte("job"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	c, err := DialStore(context.Background(), srv.Addr(), []byte("job"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := c.Get(ctx, "never"); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("got %v, want ErrTimeout", err)
+	}
+}
+
+func TestDialStoreGivesUp(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if _, err := DialStore(ctx, addr, []byte("x")); !errors.Is(err, ErrTimeout) {
+		t.Fatalf("got %v, want ErrTimeout", err)
+	}
+}
+
+func TestErrors(t *testing.T) {
+	err := &PeerError{Rank: 3, Op: "recv", Err: ErrPeerClosed}
+	if !errors.Is(err, ErrPeerClosed) {
+		t.Fatal("PeerError does not unwrap")
+	}
+	ce := CtxError(context.DeadlineExceeded)
+	if !errors.Is(ce, ErrTimeout) || !errors.Is(ce, context.DeadlineExceeded) {
+		t.Fatal(ce)
+	}
+	ce = CtxError(context.Canceled)
+	if !errors.Is(ce, ErrCanceled) || errors.Is(ce, ErrTimeout) {
+		t.Fatal(ce)
+	}
+}
