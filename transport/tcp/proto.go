@@ -7,8 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/internal/wire"
+	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/internal/core"
 )

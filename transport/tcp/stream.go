@@ -55,25 +55,25 @@ type stream struct {
 
 	// Writing. wlock is held by whoever writes to the socket; the queues are taken only
 	// under wlock, so frames leave in queue order even with direct writes.
-	wlock    sync.Mutex
-	qmu      sync.Mutex
-	ctlHead  *frame
-	ctlTail  *frame
-	bulk     []dataJob
-	wake     chan struct{}
-	batch    []*sendReq // eager sends the write in progress carries (completed after it)
-	nframes  int
+	wlock      sync.Mutex
+	qmu        sync.Mutex
+	ctlHead    *frame
+	ctlTail    *frame
+	bulk       []dataJob
+	wake       chan struct{}
+	batch      []*sendReq // eager sends the write in progress carries (completed after it)
+	nframes    int
 	partial    *frame // a frame a direct write left half written (under wlock)
 	partialOff int
 	chunkJob   int // 1 when the write in progress carries a chunk of bulk[0]
-	chunkLen int
-	chunkHdr [wire.HeaderSize]byte
-	iov      []unix.Iovec
-	wdone    int // bytes of the current iovec list already written
-	werr     error
-	wtotal   int
-	writeFn  func(uintptr) bool
-	tryFn    func(uintptr) bool
+	chunkLen   int
+	chunkHdr   [wire.HeaderSize]byte
+	iov        []unix.Iovec
+	wdone      int // bytes of the current iovec list already written
+	werr       error
+	wtotal     int
+	writeFn    func(uintptr) bool
+	tryFn      func(uintptr) bool
 
 	// Reading (reader goroutine only).
 	rbuf   []byte

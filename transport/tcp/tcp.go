@@ -104,9 +104,9 @@ func (c *Config) ConfigFromEnv(getenv func(string) string) error {
 // Stats counts traffic.
 type Stats struct {
 	FramesOut, Writevs, DirectWrites uint64 // Writevs < FramesOut means frames were coalesced
-	BytesOut, BytesIn               uint64
-	Reads                           uint64
-	BusyPoll                        string // what SO_BUSY_POLL did, e.g. "50us" or "not permitted"
+	BytesOut, BytesIn                uint64
+	Reads                            uint64
+	BusyPoll                         string // what SO_BUSY_POLL did, e.g. "50us" or "not permitted"
 }
 
 // Transport is one rank's TCP endpoint.
@@ -486,4 +486,3 @@ func (t *Transport) InjectRaw(peer int, b []byte) error {
 	_, err := st.conn.Write(b)
 	return err
 }
-
