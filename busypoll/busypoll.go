@@ -66,12 +66,14 @@ func ParseMode(s string) (Mode, error) {
 // Config tunes a Poller. The zero value is adaptive with the default budgets.
 type Config struct {
 	Mode Mode
-	// MaxSpin is the longest an adaptive waiter spins before yielding (default 50µs).
+	// MaxSpin is the longest an adaptive waiter spins before yielding (0: 50µs; negative:
+	// never spin).
 	MaxSpin time.Duration
 	// Yields is how many times a waiter yields the CPU before parking (default 4).
 	Yields int
-	// Oversubscribed says that more ranks than CPUs share this host: the adaptive budget
-	// starts at zero and only grows when spinning is seen to pay.
+	// Oversubscribed says that more ranks than CPUs share this host. Then a waiter that
+	// spins takes the CPU from the rank it waits for, so the adaptive budget is capped at
+	// OversubscribedSpin (zero: waiters park at once, as a blocking receive would).
 	Oversubscribed bool
 }
 
@@ -80,7 +82,19 @@ const (
 	defaultYields  = 4
 	minSpin        = 0
 	probeEvery     = 64 // an adaptive poller with a collapsed budget re-probes this often
+	// OversubscribedSpin caps the adaptive budget when ranks outnumber CPUs. Measured with
+	// 8 processes on 2 cores (BenchmarkAllToAll8Procs in transport/tcp): a 2µs spin plus
+	// yields made an all-to-all 40% slower than parking at once; zero matches blocking.
+	OversubscribedSpin = 0
 )
+
+// spinning counts the goroutines of this process that are spinning right now, across all
+// Pollers. At most maxSpinners() of them spin at once; the others park at once: a spinning
+// goroutine holds a P, and with every P spinning nothing else runs (not even the Go
+// netpoller, which the scheduler consults only when a P is idle).
+var spinning atomic.Int32
+
+func maxSpinners() int32 { return int32(max(1, runtime.GOMAXPROCS(0)-1)) }
 
 // ConfigFromEnv reads MOEX_POLL (adaptive|spin|block) and MOEX_SPIN_US.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
@@ -96,6 +110,9 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 			return c, fmt.Errorf("busypoll: MOEX_SPIN_US=%q: want a non-negative integer", s)
 		}
 		c.MaxSpin = time.Duration(us) * time.Microsecond
+		if us == 0 {
+			c.MaxSpin = -1
+		}
 	}
 	return c, nil
 }
@@ -132,17 +149,19 @@ type Poller struct {
 // New returns a Poller for c.
 func New(c Config) *Poller {
 	p := &Poller{mode: c.Mode, maxSpin: int64(c.MaxSpin), yields: c.Yields}
-	if p.maxSpin <= 0 {
+	switch {
+	case p.maxSpin == 0:
 		p.maxSpin = int64(defaultMaxSpin)
+	case p.maxSpin < 0:
+		p.maxSpin = 0
 	}
 	if p.yields <= 0 {
 		p.yields = defaultYields
 	}
 	if c.Oversubscribed {
-		p.budget.Store(minSpin)
-	} else {
-		p.budget.Store(p.maxSpin)
+		p.maxSpin = min(p.maxSpin, int64(OversubscribedSpin))
 	}
+	p.budget.Store(p.maxSpin)
 	return p
 }
 
@@ -169,13 +188,14 @@ func (p *Poller) Stats() Stats {
 //	}
 //	s.End()
 type Spinner struct {
-	p       *Poller
-	start   int64
-	budget  int64
-	n       int
-	yielded int
-	parked  bool
-	counted bool
+	p        *Poller
+	start    int64
+	budget   int64
+	n        int
+	yielded  int
+	parked   bool
+	counted  bool
+	spinSlot bool // holds one of the process's spinner slots
 }
 
 var epoch = time.Now()
@@ -199,6 +219,23 @@ func (p *Poller) Begin() Spinner {
 	return s
 }
 
+// acquire takes a spinner slot, or reports that enough goroutines spin already.
+func (s *Spinner) acquire() bool {
+	if spinning.Add(1) > maxSpinners() {
+		spinning.Add(-1)
+		return false
+	}
+	s.spinSlot = true
+	return true
+}
+
+func (s *Spinner) release() {
+	if s.spinSlot {
+		s.spinSlot = false
+		spinning.Add(-1)
+	}
+}
+
 // Idle is called after a poll found nothing. It spins or yields and returns false, or
 // returns true when the caller should park.
 func (s *Spinner) Idle() bool {
@@ -209,6 +246,9 @@ func (s *Spinner) Idle() bool {
 		s.counted = true
 		s.start = nanotime()
 		s.p.waits.Add(1)
+		if s.budget > 0 && !s.acquire() {
+			s.budget = 0 // others spin already: park
+		}
 	}
 	s.n++
 	if s.budget < 0 { // Spin mode: never park, yield now and then so Go can preempt
@@ -228,6 +268,7 @@ func (s *Spinner) Idle() bool {
 		return false
 	}
 	s.parked = true
+	s.release()
 	return true
 }
 
@@ -236,6 +277,7 @@ func (s *Spinner) End() {
 	if !s.counted {
 		return // satisfied on the first look
 	}
+	s.release()
 	p := s.p
 	elapsed := nanotime() - s.start
 	if s.budget < 0 {

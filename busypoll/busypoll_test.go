@@ -88,16 +88,48 @@ func TestAdaptiveBudget(t *testing.T) {
 	}
 }
 
-func TestOversubscribedStartsParking(t *testing.T) {
+func TestOversubscribedCapsSpin(t *testing.T) {
 	p := New(Config{Oversubscribed: true})
-	if p.Stats().BudgetNow != 0 {
-		t.Fatalf("oversubscribed budget = %v, want 0", p.Stats().BudgetNow)
+	if b := p.Stats().BudgetNow; b > OversubscribedSpin {
+		t.Fatalf("oversubscribed budget = %v, want at most %v", b, OversubscribedSpin)
 	}
 	s := p.Begin()
-	if !s.Idle() {
-		t.Fatal("oversubscribed poller with zero budget spun instead of parking")
+	start := time.Now()
+	for !s.Idle() {
 	}
 	s.End()
+	if d := time.Since(start); d > 5*time.Millisecond {
+		t.Fatalf("oversubscribed waiter spun for %v before parking", d)
+	}
+	if p := New(Config{MaxSpin: -1}); p.Stats().BudgetNow != 0 {
+		t.Fatalf("MaxSpin<0 budget = %v", p.Stats().BudgetNow)
+	}
+}
+
+// Only GOMAXPROCS-1 goroutines of the process spin at once; the others park at once.
+func TestSpinnerSlots(t *testing.T) {
+	p := New(Config{MaxSpin: time.Second})
+	var held []Spinner
+	for i := int32(0); i < maxSpinners(); i++ {
+		s := p.Begin()
+		if s.Idle() {
+			t.Fatalf("spinner %d parked with slots free", i)
+		}
+		held = append(held, s)
+	}
+	extra := p.Begin()
+	if !extra.Idle() {
+		t.Fatal("a spinner beyond the process limit did not park")
+	}
+	extra.End()
+	for i := range held {
+		held[i].End()
+	}
+	again := p.Begin()
+	if again.Idle() {
+		t.Fatal("slot not released")
+	}
+	again.End()
 }
 
 func TestParseModeAndEnv(t *testing.T) {

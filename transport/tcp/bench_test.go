@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/moex-ai/moex/busypoll"
+	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/tcp"
 	"github.com/moex-ai/moex/transport/transporttest"
 )
@@ -34,6 +35,21 @@ func BenchmarkPingPong8B(b *testing.B) {
 				}
 			})
 			transporttest.BenchPingPong(b, ts[0], ts[1])
+		})
+	}
+}
+
+// BenchmarkAllToAll8InProc: 8 ranks as goroutines of one process over TCP loopback,
+// 32 KiB per pair, under each receive policy.
+func BenchmarkAllToAll8InProc(b *testing.B) {
+	for _, m := range []busypoll.Mode{busypoll.Adaptive, busypoll.Block} {
+		b.Run("poll="+m.String(), func(b *testing.B) {
+			ts := start(b, 8, func(c *tcp.Config) { c.Poll.Mode = m })
+			var tt []transport.Transport
+			for _, x := range ts {
+				tt = append(tt, x)
+			}
+			transporttest.BenchAllToAll(b, tt, 32<<10)
 		})
 	}
 }

@@ -120,3 +120,65 @@ func BenchMemcpy(b *testing.B, size int) {
 		copy(dst, src)
 	}
 }
+
+// BenchAllToAll runs one all-to-all per iteration among ts (ranks as goroutines of this
+// process), size bytes per pair.
+func BenchAllToAll(b *testing.B, ts []transport.Transport, size int) {
+	n := len(ts)
+	ctx := context.Background()
+	type rankBufs struct {
+		send, recv [][]byte
+		reqs       []transport.Request
+	}
+	bufs := make([]rankBufs, n)
+	for r := range bufs {
+		for p := 0; p < n; p++ {
+			bufs[r].send = append(bufs[r].send, make([]byte, size))
+			bufs[r].recv = append(bufs[r].recv, make([]byte, size))
+		}
+	}
+	start := make([]chan uint32, n)
+	done := make(chan error, n)
+	for r := 0; r < n; r++ {
+		start[r] = make(chan uint32)
+		go func(r int) {
+			rb := &bufs[r]
+			for seq := range start[r] {
+				rb.reqs = rb.reqs[:0]
+				tg := transport.Tag{Comm: 3, Seq: seq}
+				var err error
+				for p := 0; p < n && err == nil; p++ {
+					var q transport.Request
+					q, err = ts[r].Irecv(p, tg, rb.recv[p])
+					rb.reqs = append(rb.reqs, q)
+				}
+				for p := 0; p < n && err == nil; p++ {
+					var q transport.Request
+					q, err = ts[r].Isend((r+p)%n, tg, rb.send[(r+p)%n])
+					rb.reqs = append(rb.reqs, q)
+				}
+				if err == nil {
+					err = transport.WaitAll(ctx, rb.reqs...)
+				}
+				done <- err
+			}
+		}(r)
+	}
+	b.SetBytes(int64(size * n * n))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for r := 0; r < n; r++ {
+			start[r] <- uint32(i)
+		}
+		for r := 0; r < n; r++ {
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.StopTimer()
+	for r := 0; r < n; r++ {
+		close(start[r])
+	}
+}

@@ -1,0 +1,242 @@
+// Package launch starts the ranks of a job on this host, the way `torchrun --standalone`
+// does: it picks a rendezvous port, generates a job secret, sets each rank's environment,
+// prefixes every line of output with the rank, stops every rank when one fails, and
+// forwards interrupts. `moex run` and the multi-process tests use it.
+//
+// It owns the child processes and the goroutines that copy their output; Run returns only
+// when all of them are gone.
+package launch
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Config describes a local job.
+type Config struct {
+	N    int      // ranks
+	Prog string   // program to run
+	Args []string // its arguments
+	// Env is added to every rank's environment (after os.Environ()).
+	Env []string
+	// RankEnv, when set, adds variables for one rank (tests use it to give ranks
+	// different MOEX_HOST_ID values).
+	RankEnv func(rank int) []string
+	Stdout  io.Writer // default os.Stdout
+	Stderr  io.Writer // default os.Stderr
+	// NoPrefix turns off the "[rank] " line prefix.
+	NoPrefix bool
+	// Grace is how long ranks get between SIGTERM and SIGKILL once the job is stopping
+	// (default 5s).
+	Grace time.Duration
+}
+
+// RankError says which rank ended the job and how.
+type RankError struct {
+	Rank int
+	Code int    // exit code, or -1 when killed by a signal
+	Sig  string // the signal, when killed by one
+}
+
+func (e *RankError) Error() string {
+	if e.Sig != "" {
+		return fmt.Sprintf("launch: rank %d killed by %s", e.Rank, e.Sig)
+	}
+	return fmt.Sprintf("launch: rank %d exited with code %d", e.Rank, e.Code)
+}
+
+// ErrInterrupted is returned when ctx ended (Ctrl-C) before the ranks finished.
+var ErrInterrupted = errors.New("launch: interrupted")
+
+// FreeAddr returns a loopback address with a port that was free a moment ago.
+func FreeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// NewToken returns a random job secret.
+func NewToken() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Run starts the ranks and waits for all of them. If a rank fails, the others are stopped
+// and the first failure is returned as *RankError. If ctx ends, every rank gets SIGINT,
+// then SIGKILL after the grace period, and Run returns ErrInterrupted.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.N < 1 {
+		return fmt.Errorf("launch: need at least one rank, got %d", cfg.N)
+	}
+	if cfg.Prog == "" {
+		return errors.New("launch: no program")
+	}
+	if cfg.Stdout == nil {
+		cfg.Stdout = os.Stdout
+	}
+	if cfg.Stderr == nil {
+		cfg.Stderr = os.Stderr
+	}
+	if cfg.Grace <= 0 {
+		cfg.Grace = 5 * time.Second
+	}
+	addr, err := FreeAddr()
+	if err != nil {
+		return fmt.Errorf("launch: picking a rendezvous port: %w", err)
+	}
+	token := NewToken()
+	var outMu sync.Mutex
+	var copiers sync.WaitGroup
+	cmds := make([]*exec.Cmd, cfg.N)
+	for r := 0; r < cfg.N; r++ {
+		cmd := exec.Command(cfg.Prog, cfg.Args...)
+		cmd.Env = append(os.Environ(),
+			"MOEX_RANK="+strconv.Itoa(r),
+			"MOEX_WORLD_SIZE="+strconv.Itoa(cfg.N),
+			"MOEX_LOCAL_RANK="+strconv.Itoa(r),
+			"MOEX_LOCAL_SIZE="+strconv.Itoa(cfg.N),
+			"MOEX_ADDR="+addr,
+			"MOEX_JOB_TOKEN="+token,
+		)
+		cmd.Env = append(cmd.Env, cfg.Env...)
+		if cfg.RankEnv != nil {
+			cmd.Env = append(cmd.Env, cfg.RankEnv(r)...)
+		}
+		// Own process group, so that we decide who gets which signal; and die with us.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		prefix := ""
+		if !cfg.NoPrefix {
+			prefix = "[" + strconv.Itoa(r) + "] "
+		}
+		// Our own pipes rather than StdoutPipe: Wait then never races the copiers, which
+		// read until every writer (the rank and anything it spawned) is gone.
+		var readers [2]*os.File
+		for i, set := range []func(*os.File){func(f *os.File) { cmd.Stdout = f }, func(f *os.File) { cmd.Stderr = f }} {
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				killAll(cmds[:r])
+				return err
+			}
+			readers[i] = pr
+			set(pw)
+		}
+		err := cmd.Start()
+		cmd.Stdout.(*os.File).Close()
+		cmd.Stderr.(*os.File).Close()
+		if err != nil {
+			readers[0].Close()
+			readers[1].Close()
+			killAll(cmds[:r])
+			return fmt.Errorf("launch: starting rank %d: %w", r, err)
+		}
+		copiers.Add(2)
+		go copyLines(&copiers, &outMu, cfg.Stdout, readers[0], prefix)
+		go copyLines(&copiers, &outMu, cfg.Stderr, readers[1], prefix)
+		cmds[r] = cmd
+	}
+
+	type exit struct {
+		rank int
+		err  error
+	}
+	exits := make(chan exit, cfg.N)
+	for r, cmd := range cmds {
+		go func() { exits <- exit{r, cmd.Wait()} }()
+	}
+	var first error
+	exited := make([]bool, cfg.N)
+	stopping := false
+	var killTimer <-chan time.Time
+	stop := func(sig syscall.Signal) {
+		if stopping {
+			return
+		}
+		stopping = true
+		for r, c := range cmds {
+			if !exited[r] {
+				_ = syscall.Kill(-c.Process.Pid, sig)
+			}
+		}
+		killTimer = time.After(cfg.Grace)
+	}
+	done := ctx.Done()
+	for left := cfg.N; left > 0; {
+		select {
+		case e := <-exits:
+			left--
+			exited[e.rank] = true
+			if e.err != nil && first == nil && !stopping {
+				first = rankError(e.rank, e.err)
+				stop(syscall.SIGTERM)
+			}
+		case <-done:
+			done = nil
+			if first == nil {
+				first = ErrInterrupted
+			}
+			stop(syscall.SIGINT)
+		case <-killTimer:
+			killTimer = nil
+			killAll(cmds)
+		}
+	}
+	copiers.Wait()
+	return first
+}
+
+func rankError(rank int, err error) error {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return &RankError{Rank: rank, Code: -1, Sig: ws.Signal().String()}
+		}
+		return &RankError{Rank: rank, Code: ee.ExitCode()}
+	}
+	return fmt.Errorf("launch: rank %d: %w", rank, err)
+}
+
+func killAll(cmds []*exec.Cmd) {
+	for _, c := range cmds {
+		if c != nil && c.Process != nil {
+			_ = syscall.Kill(-c.Process.Pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// copyLines copies r to w line by line, each prefixed, under mu so lines never interleave.
+func copyLines(wg *sync.WaitGroup, mu *sync.Mutex, w io.Writer, r *os.File, prefix string) {
+	defer wg.Done()
+	defer r.Close()
+	br := bufio.NewReaderSize(r, 64<<10)
+	for {
+		line, err := br.ReadBytes('\n')
+		if len(line) > 0 {
+			if line[len(line)-1] != '\n' {
+				line = append(line, '\n')
+			}
+			mu.Lock()
+			_, _ = io.WriteString(w, prefix)
+			_, _ = w.Write(line)
+			mu.Unlock()
+		}
+		if err != nil {
+			return
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package launch
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The test binary doubles as the ranks: TestMain runs the helper named by LAUNCH_HELPER.
+func TestMain(m *testing.M) {
+	switch os.Getenv("LAUNCH_HELPER") {
+	case "":
+		os.Exit(m.Run())
+	case "env":
+		fmt.Printf("rank=%s size=%s local=%s addr=%s token=%d\n", os.Getenv("MOEX_RANK"), os.Getenv("MOEX_WORLD_SIZE"),
+			os.Getenv("MOEX_LOCAL_RANK"), os.Getenv("MOEX_ADDR"), len(os.Getenv("MOEX_JOB_TOKEN")))
+		fmt.Fprintf(os.Stderr, "to stderr\nno newline at end")
+		os.Exit(0)
+	case "fail":
+		if os.Getenv("MOEX_RANK") == "1" {
+			time.Sleep(50 * time.Millisecond)
+			os.Exit(3)
+		}
+		time.Sleep(time.Minute) // the launcher must stop us
+		os.Exit(0)
+	case "stubborn":
+		signal.Ignore(syscall.SIGTERM, syscall.SIGINT)
+		if os.Getenv("MOEX_RANK") == "0" {
+			os.Exit(1)
+		}
+		time.Sleep(time.Minute)
+	case "interrupt":
+		c := make(chan os.Signal, 1)
+		signal.Notify(c, os.Interrupt)
+		fmt.Println("ready")
+		<-c
+		fmt.Println("got interrupt")
+		os.Exit(0)
+	}
+}
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) { s.mu.Lock(); defer s.mu.Unlock(); return s.b.Write(p) }
+func (s *syncBuf) String() string              { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
+
+func cfg(helper string, n int, out, errOut *syncBuf) Config {
+	return Config{N: n, Prog: os.Args[0], Args: []string{"-test.run=^$"}, Env: []string{"LAUNCH_HELPER=" + helper},
+		Stdout: out, Stderr: errOut, Grace: 300 * time.Millisecond}
+}
+
+func TestEnvAndPrefixes(t *testing.T) {
+	var out, errOut syncBuf
+	if err := Run(context.Background(), cfg("env", 4, &out, &errOut)); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	sort.Strings(lines)
+	if len(lines) != 4 {
+		t.Fatalf("output: %q", out.String())
+	}
+	var addr string
+	for r, l := range lines {
+		var gotAddr string
+		var tok int
+		var rank, size, local string
+		if _, err := fmt.Sscanf(l, "[%d] rank=%s size=%s local=%s addr=%s token=%d", new(int), &rank, &size, &local, &gotAddr, &tok); err != nil {
+			t.Fatalf("line %q: %v", l, err)
+		}
+		if !strings.HasPrefix(l, fmt.Sprintf("[%d] rank=%d ", r, r)) || size != "4" || local != fmt.Sprint(r) || tok != 32 {
+			t.Fatalf("line %q", l)
+		}
+		if addr == "" {
+			addr = gotAddr
+		} else if gotAddr != addr {
+			t.Fatalf("ranks got different rendezvous addresses: %s vs %s", addr, gotAddr)
+		}
+	}
+	// stderr lines are prefixed too, and a last line without newline is completed.
+	if c := strings.Count(errOut.String(), "] no newline at end\n"); c != 4 {
+		t.Fatalf("stderr: %q", errOut.String())
+	}
+}
+
+func TestFailureStopsEveryone(t *testing.T) {
+	var out, errOut syncBuf
+	start := time.Now()
+	err := Run(context.Background(), cfg("fail", 4, &out, &errOut))
+	var re *RankError
+	if !errors.As(err, &re) || re.Rank != 1 || re.Code != 3 {
+		t.Fatalf("got %v, want rank 1 exit 3", err)
+	}
+	if d := time.Since(start); d > 30*time.Second {
+		t.Fatalf("other ranks were not stopped (took %v)", d)
+	}
+}
+
+func TestStubbornRanksAreKilled(t *testing.T) {
+	var out, errOut syncBuf
+	err := Run(context.Background(), cfg("stubborn", 3, &out, &errOut))
+	var re *RankError
+	if !errors.As(err, &re) || re.Rank != 0 {
+		t.Fatalf("got %v, want rank 0 failure", err)
+	}
+}
+
+func TestInterruptIsForwarded(t *testing.T) {
+	var out, errOut syncBuf
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		for !strings.Contains(out.String(), "[1] ready") || !strings.Contains(out.String(), "[0] ready") {
+			time.Sleep(5 * time.Millisecond)
+		}
+		cancel()
+	}()
+	err := Run(ctx, cfg("interrupt", 2, &out, &errOut))
+	if !errors.Is(err, ErrInterrupted) {
+		t.Fatalf("got %v, want ErrInterrupted", err)
+	}
+	if strings.Count(out.String(), "got interrupt") != 2 {
+		t.Fatalf("interrupt not delivered to every rank: %q", out.String())
+	}
+}
+
+func TestBadConfig(t *testing.T) {
+	if err := Run(context.Background(), Config{N: 0, Prog: "x"}); err == nil {
+		t.Fatal("N=0 accepted")
+	}
+	if err := Run(context.Background(), Config{N: 1, Prog: "/no/such/program"}); err == nil {
+		t.Fatal("missing program accepted")
+	}
+}
