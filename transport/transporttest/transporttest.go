@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moex-ai/moex/internal/race"
 	"github.com/moex-ai/moex/internal/wire"
 	"github.com/moex-ai/moex/transport"
 )
@@ -71,6 +72,9 @@ func Run(t *testing.T, f Factory, opt Options) {
 	t.Run("AllocsSteadyState", func(t *testing.T) {
 		if opt.SkipAllocs != "" {
 			t.Skip(opt.SkipAllocs)
+		}
+		if race.Enabled {
+			t.Skip("allocation counts are meaningless under -race (sync.Pool drops items on purpose)")
 		}
 		testAllocs(t, f)
 	})

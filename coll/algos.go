@@ -1,0 +1,527 @@
+package coll
+
+// Planners, one per (op, algorithm). Each returns the schedule for rank sh.rank of sh.p.
+// Conventions: the executor has already placed this rank's input where the plan expects
+// it (AllReduce, Broadcast, Reduce: in recv; AllGather: this rank's block of recv); every
+// transfer is posted even when empty, so that every pair of ranks that talks in an op
+// checks the op's signature; tags are step numbers.
+
+// ---- AllReduce ----
+
+func planAllReduceRing(sh shape) *plan {
+	p, r := sh.p, sh.rank
+	pl := &plan{op: OpAllReduce, algo: Ring}
+	if p == 1 {
+		pl.add(step{post: []local{{kind: lFinish, dst: region{bRecv, 0, sh.count * sh.es}}}})
+		return pl
+	}
+	off, ln := split(sh.count, p, sh.es)
+	for _, l := range ln {
+		pl.tmp = max(pl.tmp, l)
+	}
+	next, prev := mod(r+1, p), mod(r-1, p)
+	tag := uint32(0)
+	// Reduce-scatter: after p-1 steps rank r holds chunk r+1 fully reduced.
+	for k := 0; k < p-1; k++ {
+		si, ri := mod(r-k, p), mod(r-k-1, p)
+		s := step{
+			sends: []xfer{{next, tag, region{bRecv, off[si], ln[si]}}},
+			recvs: []xfer{{prev, tag, region{bTmp, 0, ln[ri]}}},
+			post:  []local{{kind: lReduce, dst: region{bRecv, off[ri], ln[ri]}, src: region{bTmp, 0, ln[ri]}}},
+		}
+		if k == p-2 {
+			s.post = append(s.post, local{kind: lFinish, dst: region{bRecv, off[ri], ln[ri]}})
+		}
+		pl.add(s)
+		tag++
+	}
+	// All-gather the reduced chunks: every rank ends with the owners' bits.
+	for k := 0; k < p-1; k++ {
+		si, ri := mod(r+1-k, p), mod(r-k, p)
+		pl.add(step{
+			sends: []xfer{{next, tag, region{bRecv, off[si], ln[si]}}},
+			recvs: []xfer{{prev, tag, region{bRecv, off[ri], ln[ri]}}},
+		})
+		tag++
+	}
+	return pl
+}
+
+// foldPow2 handles sizes that are not a power of two for the recursive algorithms: the
+// first 2*rem ranks pair up, even ones hand their data to their odd neighbour and sit out.
+// It returns the rank's index among the pof2 active ranks (-1 when sitting out) and the
+// real rank of an active index.
+func foldPow2(p, r int) (pof2, rem, newRank int, real func(int) int) {
+	pof2 = floorPow2(p)
+	rem = p - pof2
+	switch {
+	case r < 2*rem && r%2 == 0:
+		newRank = -1
+	case r < 2*rem:
+		newRank = r / 2
+	default:
+		newRank = r - rem
+	}
+	real = func(nr int) int {
+		if nr < rem {
+			return 2*nr + 1
+		}
+		return nr + rem
+	}
+	return
+}
+
+func planAllReduceRecDbl(sh shape, algo Algo) *plan {
+	p, r := sh.p, sh.rank
+	n := sh.count * sh.es
+	pl := &plan{op: OpAllReduce, algo: algo, tmp: n}
+	all := region{bRecv, 0, n}
+	tmpAll := region{bTmp, 0, n}
+	pof2, rem, nr, real := foldPow2(p, r)
+	tag := uint32(0)
+	if rem > 0 {
+		switch {
+		case r < 2*rem && r%2 == 0:
+			pl.add(step{sends: []xfer{{r + 1, tag, all}}})
+		case r < 2*rem:
+			pl.add(step{recvs: []xfer{{r - 1, tag, tmpAll}}, post: []local{{kind: lReduce, dst: all, src: tmpAll}}})
+		default:
+			pl.add(step{})
+		}
+		tag++
+	}
+	if nr >= 0 {
+		if algo == Rabenseifner && pof2 > 1 {
+			rabenseifnerCore(pl, sh, nr, pof2, real, &tag)
+		} else {
+			for mask := 1; mask < pof2; mask <<= 1 {
+				peer := real(nr ^ mask)
+				pl.add(step{
+					sends: []xfer{{peer, tag, all}},
+					recvs: []xfer{{peer, tag, tmpAll}},
+					post:  []local{{kind: lReduce, dst: all, src: tmpAll}},
+				})
+				tag++
+			}
+			pl.add(step{post: []local{{kind: lFinish, dst: all}}})
+		}
+	}
+	if rem > 0 {
+		switch {
+		case r < 2*rem && r%2 == 0:
+			pl.add(step{recvs: []xfer{{r + 1, 1000, all}}})
+		case r < 2*rem:
+			pl.add(step{sends: []xfer{{r - 1, 1000, all}}})
+		}
+	}
+	return pl
+}
+
+// rabenseifnerCore: reduce-scatter by recursive halving, then all-gather by recursive
+// doubling, among pof2 active ranks; active rank nr ends the first phase owning chunk nr.
+func rabenseifnerCore(pl *plan, sh shape, nr, pof2 int, real func(int) int, tag *uint32) {
+	off, ln := split(sh.count, pof2, sh.es)
+	span := func(lo, hi int) region {
+		if lo >= hi {
+			return region{bRecv, 0, 0}
+		}
+		return region{bRecv, off[lo], off[hi-1] + ln[hi-1] - off[lo]}
+	}
+	lo, hi := 0, pof2
+	type win struct{ lo, hi int }
+	var wins []win
+	for mask := pof2 / 2; mask >= 1; mask >>= 1 {
+		peer := real(nr ^ mask)
+		mid := (lo + hi) / 2
+		keep, give := win{lo, mid}, win{mid, hi}
+		if nr&mask != 0 {
+			keep, give = give, keep
+		}
+		k := span(keep.lo, keep.hi)
+		pl.add(step{
+			sends: []xfer{{peer, *tag, span(give.lo, give.hi)}},
+			recvs: []xfer{{peer, *tag, region{bTmp, 0, k.n}}},
+			post:  []local{{kind: lReduce, dst: k, src: region{bTmp, 0, k.n}}},
+		})
+		*tag++
+		wins = append(wins, win{lo, hi})
+		lo, hi = keep.lo, keep.hi
+	}
+	pl.add(step{post: []local{{kind: lFinish, dst: span(lo, hi)}}})
+	for mask := 1; mask < pof2; mask <<= 1 {
+		peer := real(nr ^ mask)
+		outer := wins[len(wins)-1]
+		wins = wins[:len(wins)-1]
+		mine := span(lo, hi)
+		var theirs region
+		if lo == outer.lo {
+			theirs = span(hi, outer.hi)
+		} else {
+			theirs = span(outer.lo, lo)
+		}
+		pl.add(step{
+			sends: []xfer{{peer, *tag, mine}},
+			recvs: []xfer{{peer, *tag, theirs}},
+		})
+		*tag++
+		lo, hi = outer.lo, outer.hi
+	}
+}
+
+// ---- Broadcast, Reduce ----
+
+func planBroadcastBinomial(sh shape) *plan {
+	p, r := sh.p, sh.rank
+	all := region{bRecv, 0, sh.count * sh.es}
+	pl := &plan{op: OpBroadcast, algo: Binomial}
+	vr := mod(r-sh.root, p)
+	real := func(v int) int { return mod(v+sh.root, p) }
+	tag := uint32(0)
+	for mask := 1; mask < p; mask <<= 1 {
+		var s step
+		switch {
+		case vr < mask && vr+mask < p:
+			s.sends = []xfer{{real(vr + mask), tag, all}}
+		case vr >= mask && vr < 2*mask:
+			s.recvs = []xfer{{real(vr - mask), tag, all}}
+		}
+		pl.add(s)
+		tag++
+	}
+	return pl
+}
+
+func planBroadcastLinear(sh shape) *plan {
+	all := region{bRecv, 0, sh.count * sh.es}
+	pl := &plan{op: OpBroadcast, algo: Linear}
+	var s step
+	if sh.rank == sh.root {
+		for q := 0; q < sh.p; q++ {
+			if q != sh.root {
+				s.sends = append(s.sends, xfer{q, 0, all})
+			}
+		}
+	} else {
+		s.recvs = []xfer{{sh.root, 0, all}}
+	}
+	pl.add(s)
+	return pl
+}
+
+func planReduceBinomial(sh shape) *plan {
+	p, r := sh.p, sh.rank
+	n := sh.count * sh.es
+	all := region{bRecv, 0, n}
+	tmp := region{bTmp, 0, n}
+	pl := &plan{op: OpReduce, algo: Binomial, tmp: n}
+	vr := mod(r-sh.root, p)
+	real := func(v int) int { return mod(v+sh.root, p) }
+	tag := uint32(0)
+	for mask := 1; mask < p; mask <<= 1 {
+		var s step
+		switch {
+		case vr&(2*mask-1) == mask:
+			s.sends = []xfer{{real(vr - mask), tag, all}}
+		case vr&(2*mask-1) == 0 && vr+mask < p:
+			s.recvs = []xfer{{real(vr + mask), tag, tmp}}
+			s.post = []local{{kind: lReduce, dst: all, src: tmp}}
+		}
+		pl.add(s)
+		tag++
+	}
+	if r == sh.root {
+		pl.add(step{post: []local{{kind: lFinish, dst: all}}})
+	}
+	return pl
+}
+
+func planReduceLinear(sh shape) *plan {
+	n := sh.count * sh.es
+	all := region{bRecv, 0, n}
+	pl := &plan{op: OpReduce, algo: Linear}
+	if sh.rank != sh.root {
+		pl.add(step{sends: []xfer{{sh.root, 0, all}}})
+		return pl
+	}
+	// The root receives every contribution, then reduces in rank order.
+	pl.tmp = n * (sh.p - 1)
+	var s step
+	j := 0
+	for q := 0; q < sh.p; q++ {
+		if q == sh.root {
+			continue
+		}
+		t := region{bTmp, j * n, n}
+		s.recvs = append(s.recvs, xfer{q, 0, t})
+		s.post = append(s.post, local{kind: lReduce, dst: all, src: t})
+		j++
+	}
+	s.post = append(s.post, local{kind: lFinish, dst: all})
+	pl.add(s)
+	return pl
+}
+
+// ---- AllGather (count = elements per rank) ----
+
+func planAllGatherRing(sh shape) *plan {
+	p, r := sh.p, sh.rank
+	b := sh.count * sh.es
+	blk := func(i int) region { return region{bRecv, i * b, b} }
+	pl := &plan{op: OpAllGather, algo: Ring}
+	next, prev := mod(r+1, p), mod(r-1, p)
+	for k := 0; k < p-1; k++ {
+		pl.add(step{
+			sends: []xfer{{next, uint32(k), blk(mod(r-k, p))}},
+			recvs: []xfer{{prev, uint32(k), blk(mod(r-k-1, p))}},
+		})
+	}
+	return pl
+}
+
+func planAllGatherRecDbl(sh shape) *plan {
+	p, r := sh.p, sh.rank
+	if !isPow2(p) {
+		pl := planAllGatherBruck(sh)
+		pl.algo = RecDoubling
+		return pl
+	}
+	b := sh.count * sh.es
+	pl := &plan{op: OpAllGather, algo: RecDoubling}
+	tag := uint32(0)
+	for mask := 1; mask < p; mask <<= 1 {
+		peer := r ^ mask
+		mine, theirs := r&^(mask-1), peer&^(mask-1)
+		pl.add(step{
+			sends: []xfer{{peer, tag, region{bRecv, mine * b, mask * b}}},
+			recvs: []xfer{{peer, tag, region{bRecv, theirs * b, mask * b}}},
+		})
+		tag++
+	}
+	return pl
+}
+
+// planAllGatherBruck works for any size in ceil(log2 p) steps: blocks accumulate in a
+// rotated scratch layout (block i holds rank r+i's data), rotated back at the end.
+func planAllGatherBruck(sh shape) *plan {
+	p, r := sh.p, sh.rank
+	b := sh.count * sh.es
+	pl := &plan{op: OpAllGather, algo: Bruck, tmp: p * b}
+	t := func(i, k int) region { return region{bTmp, i * b, k * b} }
+	first := step{pre: []local{{kind: lCopy, dst: t(0, 1), src: region{bRecv, r * b, b}}}}
+	pl.add(first)
+	tag := uint32(0)
+	for have := 1; have < p; have *= 2 {
+		k := min(have, p-have)
+		pl.add(step{
+			sends: []xfer{{mod(r-have, p), tag, t(0, k)}},
+			recvs: []xfer{{mod(r+have, p), tag, t(have, k)}},
+		})
+		tag++
+	}
+	var last step
+	for i := 0; i < p; i++ {
+		last.post = append(last.post, local{kind: lCopy, dst: region{bRecv, mod(r+i, p) * b, b}, src: t(i, 1)})
+	}
+	pl.add(last)
+	return pl
+}
+
+// ---- ReduceScatter (count = elements per rank; input p*count in send) ----
+
+func planReduceScatterRing(sh shape) *plan {
+	p, r := sh.p, sh.rank
+	b := sh.count * sh.es
+	work := func(i int) region { return region{bTmp, i * b, b} }
+	in := region{bTmp, p * b, b}
+	pl := &plan{op: OpReduceScatter, algo: Ring, tmp: (p + 1) * b}
+	pl.add(step{pre: []local{{kind: lCopy, dst: region{bTmp, 0, p * b}, src: region{bSend, 0, p * b}}}})
+	next, prev := mod(r+1, p), mod(r-1, p)
+	for k := 0; k < p-1; k++ {
+		si, ri := mod(r-k-1, p), mod(r-k-2, p)
+		pl.add(step{
+			sends: []xfer{{next, uint32(k), work(si)}},
+			recvs: []xfer{{prev, uint32(k), in}},
+			post:  []local{{kind: lReduce, dst: work(ri), src: in}},
+		})
+	}
+	out := region{bRecv, 0, b}
+	pl.add(step{post: []local{{kind: lCopy, dst: out, src: work(r)}, {kind: lFinish, dst: out}}})
+	return pl
+}
+
+func planReduceScatterRecHalving(sh shape) *plan {
+	p, r := sh.p, sh.rank
+	if !isPow2(p) {
+		pl := planReduceScatterRing(sh)
+		pl.algo = RecHalving
+		return pl
+	}
+	b := sh.count * sh.es
+	pl := &plan{op: OpReduceScatter, algo: RecHalving, tmp: p*b + p/2*b}
+	work := func(lo, hi int) region { return region{bTmp, lo * b, (hi - lo) * b} }
+	pl.add(step{pre: []local{{kind: lCopy, dst: work(0, p), src: region{bSend, 0, p * b}}}})
+	lo, hi := 0, p
+	tag := uint32(0)
+	for mask := p / 2; mask >= 1; mask >>= 1 {
+		peer := r ^ mask
+		mid := (lo + hi) / 2
+		klo, khi, glo, ghi := lo, mid, mid, hi
+		if r&mask != 0 {
+			klo, khi, glo, ghi = mid, hi, lo, mid
+		}
+		in := region{bTmp, p * b, (khi - klo) * b}
+		pl.add(step{
+			sends: []xfer{{peer, tag, work(glo, ghi)}},
+			recvs: []xfer{{peer, tag, in}},
+			post:  []local{{kind: lReduce, dst: work(klo, khi), src: in}},
+		})
+		tag++
+		lo, hi = klo, khi
+	}
+	out := region{bRecv, 0, b}
+	pl.add(step{post: []local{{kind: lCopy, dst: out, src: work(r, r+1)}, {kind: lFinish, dst: out}}})
+	return pl
+}
+
+// ---- AlltoAll(v) ----
+
+// vlayout is an AlltoAllv layout in bytes: what this rank sends to and receives from
+// each peer.
+type vlayout struct {
+	sendOff, sendLen []int
+	recvOff, recvLen []int
+}
+
+func evenLayout(p, b int) vlayout {
+	l := vlayout{make([]int, p), make([]int, p), make([]int, p), make([]int, p)}
+	for i := 0; i < p; i++ {
+		l.sendOff[i], l.sendLen[i], l.recvOff[i], l.recvLen[i] = i*b, b, i*b, b
+	}
+	return l
+}
+
+func planAlltoAllLinear(pl *plan, p, r int, l vlayout) {
+	var s step
+	s.pre = []local{{kind: lCopy, dst: region{bRecv, l.recvOff[r], l.recvLen[r]}, src: region{bSend, l.sendOff[r], l.sendLen[r]}}}
+	for k := 1; k < p; k++ {
+		from, to := mod(r-k, p), mod(r+k, p)
+		s.recvs = append(s.recvs, xfer{from, 0, region{bRecv, l.recvOff[from], l.recvLen[from]}})
+		s.sends = append(s.sends, xfer{to, 0, region{bSend, l.sendOff[to], l.sendLen[to]}})
+	}
+	pl.add(s)
+}
+
+func planAlltoAllPairwise(pl *plan, p, r int, l vlayout) {
+	pl.add(step{pre: []local{{kind: lCopy, dst: region{bRecv, l.recvOff[r], l.recvLen[r]}, src: region{bSend, l.sendOff[r], l.sendLen[r]}}}})
+	for k := 1; k < p; k++ {
+		from, to := mod(r-k, p), mod(r+k, p)
+		pl.add(step{
+			recvs: []xfer{{from, uint32(k), region{bRecv, l.recvOff[from], l.recvLen[from]}}},
+			sends: []xfer{{to, uint32(k), region{bSend, l.sendOff[to], l.sendLen[to]}}},
+		})
+	}
+}
+
+// planAlltoAllBruck: log2(p) steps of larger messages, for small blocks. Block sizes are
+// given by the full count matrix c[src][dst] in bytes (every rank knows it). Scratch holds
+// p slots of the largest block (the rotated working layout) and two packing areas.
+func planAlltoAllBruck(pl *plan, p, r int, l vlayout, c [][]int) {
+	maxb := 0
+	for _, row := range c {
+		for _, v := range row {
+			maxb = max(maxb, v)
+		}
+	}
+	half := (p + 1) / 2
+	slot := func(i, n int) region { return region{bTmp, i * maxb, n} }
+	packOff, unpackOff := p*maxb, p*maxb+half*maxb
+	pl.tmp = p*maxb + 2*half*maxb
+	// Phase 1: slot i holds the block for rank r+i.
+	var first step
+	for i := 0; i < p; i++ {
+		d := mod(r+i, p)
+		first.pre = append(first.pre, local{kind: lCopy, dst: slot(i, l.sendLen[d]), src: region{bSend, l.sendOff[d], l.sendLen[d]}})
+	}
+	pl.add(first)
+	// size of slot i at rank q before the step with bit pof: it came from q - (i & (pof-1)).
+	size := func(q, i, pof int) int {
+		src := mod(q-(i&(pof-1)), p)
+		return c[src][mod(src+i, p)]
+	}
+	tag := uint32(0)
+	for pof := 1; pof < p; pof <<= 1 {
+		var s step
+		to, from := mod(r+pof, p), mod(r-pof, p)
+		po, uo := packOff, unpackOff
+		for i := 1; i < p; i++ {
+			if i&pof == 0 {
+				continue
+			}
+			n := size(r, i, pof)
+			s.pre = append(s.pre, local{kind: lCopy, dst: region{bTmp, po, n}, src: slot(i, n)})
+			po += n
+			m := size(from, i, pof)
+			s.post = append(s.post, local{kind: lCopy, dst: slot(i, m), src: region{bTmp, uo, m}})
+			uo += m
+		}
+		s.sends = []xfer{{to, tag, region{bTmp, packOff, po - packOff}}}
+		s.recvs = []xfer{{from, tag, region{bTmp, unpackOff, uo - unpackOff}}}
+		pl.add(s)
+		tag++
+	}
+	// Phase 3: what came from rank j sits in slot r-j.
+	var last step
+	for j := 0; j < p; j++ {
+		last.post = append(last.post, local{kind: lCopy, dst: region{bRecv, l.recvOff[j], l.recvLen[j]}, src: slot(mod(r-j, p), l.recvLen[j])})
+	}
+	pl.add(last)
+}
+
+// ---- Scatter, Gather (count = elements per rank), Barrier ----
+
+func planScatterLinear(sh shape) *plan {
+	b := sh.count * sh.es
+	pl := &plan{op: OpScatter, algo: Linear}
+	var s step
+	if sh.rank == sh.root {
+		s.pre = []local{{kind: lCopy, dst: region{bRecv, 0, b}, src: region{bSend, sh.root * b, b}}}
+		for q := 0; q < sh.p; q++ {
+			if q != sh.root {
+				s.sends = append(s.sends, xfer{q, 0, region{bSend, q * b, b}})
+			}
+		}
+	} else {
+		s.recvs = []xfer{{sh.root, 0, region{bRecv, 0, b}}}
+	}
+	pl.add(s)
+	return pl
+}
+
+func planGatherLinear(sh shape) *plan {
+	b := sh.count * sh.es
+	pl := &plan{op: OpGather, algo: Linear}
+	var s step
+	if sh.rank == sh.root {
+		s.pre = []local{{kind: lCopy, dst: region{bRecv, sh.root * b, b}, src: region{bSend, 0, b}}}
+		for q := 0; q < sh.p; q++ {
+			if q != sh.root {
+				s.recvs = append(s.recvs, xfer{q, 0, region{bRecv, q * b, b}})
+			}
+		}
+	} else {
+		s.sends = []xfer{{sh.root, 0, region{bSend, 0, b}}}
+	}
+	pl.add(s)
+	return pl
+}
+
+func planBarrier(sh shape) *plan {
+	pl := &plan{op: OpBarrier, algo: Dissemination}
+	for k, d := 0, 1; d < sh.p; k, d = k+1, d*2 {
+		pl.add(step{
+			sends: []xfer{{mod(sh.rank+d, sh.p), uint32(k), region{bRecv, 0, 0}}},
+			recvs: []xfer{{mod(sh.rank-d, sh.p), uint32(k), region{bRecv, 0, 0}}},
+		})
+	}
+	return pl
+}

@@ -1,0 +1,208 @@
+package coll
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/moex-ai/moex/coll/dtype"
+)
+
+// AlltoAllv sends sendCounts[j] elements, starting at sendDispls[j] of send, to rank j,
+// which receives recvCounts[i] elements at recvDispls[i] of its recv (i = this rank).
+// nil displacements mean the blocks are packed in rank order. Counts that disagree between
+// a sender and its receiver are ErrMismatch on every rank.
+//
+// The algorithm depends only on the number of ranks (the sizes are not known to every
+// rank): linear (every transfer posted at once) up to 16 ranks, pairwise beyond, unless
+// MOEX_ALGO says otherwise. Bruck first all-gathers every rank's counts. When every rank
+// knows the whole count matrix, PlanAlltoAllv lets the cost model choose, and the plan
+// can be reused while the counts repeat.
+func AlltoAllv[T dtype.Elem](ctx context.Context, c *Comm, send []T, sendCounts, sendDispls []int, recv []T, recvCounts, recvDispls []int) error {
+	_, err := alltoAllv(ctx, c, send, sendCounts, sendDispls, recv, recvCounts, recvDispls, false)
+	return err
+}
+
+// IAlltoAllv is the non-blocking AlltoAllv.
+func IAlltoAllv[T dtype.Elem](ctx context.Context, c *Comm, send []T, sendCounts, sendDispls []int, recv []T, recvCounts, recvDispls []int) (*Handle, error) {
+	return alltoAllv(ctx, c, send, sendCounts, sendDispls, recv, recvCounts, recvDispls, true)
+}
+
+// layoutFrom validates counts and displacements (elements) and returns them in bytes.
+func (c *Comm) layoutFrom(name string, counts, displs []int, total, es int) (off, ln []int, err error) {
+	if len(counts) != c.size {
+		return nil, nil, c.invalid(name+"Counts", "%d entries for %d ranks", len(counts), c.size)
+	}
+	if displs != nil && len(displs) != c.size {
+		return nil, nil, c.invalid(name+"Displs", "%d entries for %d ranks", len(displs), c.size)
+	}
+	off, ln = make([]int, c.size), make([]int, c.size)
+	o := 0
+	for j, n := range counts {
+		if n < 0 {
+			return nil, nil, c.invalid(fmt.Sprintf("%sCounts[%d]", name, j), "negative count %d", n)
+		}
+		d := o
+		if displs != nil {
+			d = displs[j]
+			if d < 0 {
+				return nil, nil, c.invalid(fmt.Sprintf("%sDispls[%d]", name, j), "negative displacement %d", d)
+			}
+		}
+		if d+n > total {
+			return nil, nil, c.invalid(name, "block %d ([%d,+%d)) runs past the %d-element buffer", j, d, n, total)
+		}
+		off[j], ln[j] = d*es, n*es
+		o += n
+	}
+	return off, ln, nil
+}
+
+func alltoAllv[T dtype.Elem](ctx context.Context, c *Comm, send []T, sendCounts, sendDispls []int, recv []T, recvCounts, recvDispls []int, async bool) (*Handle, error) {
+	dt := dtype.Of[T]()
+	es := dt.Size()
+	var l vlayout
+	var err error
+	if l.sendOff, l.sendLen, err = c.layoutFrom("send", sendCounts, sendDispls, len(send), es); err != nil {
+		return nil, err
+	}
+	if l.recvOff, l.recvLen, err = c.layoutFrom("recv", recvCounts, recvDispls, len(recv), es); err != nil {
+		return nil, err
+	}
+	algo := c.cfg.Algo[OpAlltoAllv]
+	if algo == AlgoAuto {
+		algo = Linear
+		if c.size > 16 {
+			algo = Pairwise
+		}
+	}
+	pl := &plan{op: OpAlltoAllv, algo: algo}
+	switch algo {
+	case Bruck:
+		counts := make([]int64, c.size)
+		for j, n := range sendCounts {
+			counts[j] = int64(n * es)
+		}
+		all := make([]int64, c.size*c.size)
+		if err := AllGather(ctx, c, counts, all); err != nil {
+			return nil, err
+		}
+		m := make([][]int, c.size)
+		for i := range m {
+			m[i] = make([]int, c.size)
+			for j := range m[i] {
+				m[i][j] = int(all[i*c.size+j])
+			}
+			if int(all[i*c.size+c.rank]) != l.recvLen[i] {
+				return nil, c.fail(fmt.Errorf("%w: rank %d sends %d bytes to rank %d, which expects %d",
+					ErrMismatch, i, all[i*c.size+c.rank], c.rank, l.recvLen[i]))
+			}
+		}
+		planAlltoAllBruck(pl, c.size, c.rank, l, m)
+	case Pairwise:
+		planAlltoAllPairwise(pl, c.size, c.rank, l)
+	default:
+		pl.algo = Linear
+		planAlltoAllLinear(pl, c.size, c.rank, l)
+	}
+	pl.sig = signature(OpAlltoAllv, pl.algo, es)
+	pl.countBytes()
+	cl := call{op: OpAlltoAllv, dt: dt, send: dtype.Bytes(send), recv: dtype.Bytes(recv)}
+	return c.submitPlan(ctx, cl, pl, async, nil)
+}
+
+// VPlan is a reusable AlltoAllv schedule for a count matrix every rank knows.
+type VPlan struct {
+	pl               *plan
+	sendLen, recvLen int
+	// Algo is the algorithm the cost model chose.
+	Algo Algo
+}
+
+// PlanAlltoAllv plans an AlltoAllv from the full count matrix: counts[i][j] units of
+// unit bytes go from rank i to rank j, blocks packed in rank order on both sides. Every
+// rank must pass the same matrix (it is part of the operation's signature).
+func (c *Comm) PlanAlltoAllv(counts [][]int, unit int) (*VPlan, error) {
+	if len(counts) != c.size {
+		return nil, &ArgError{Arg: "counts", Reason: fmt.Sprintf("%d rows for %d ranks", len(counts), c.size)}
+	}
+	if unit <= 0 {
+		return nil, &ArgError{Arg: "unit", Reason: fmt.Sprintf("%d bytes", unit)}
+	}
+	m := make([][]int, c.size)
+	var l vlayout
+	l.sendOff, l.sendLen, l.recvOff, l.recvLen = make([]int, c.size), make([]int, c.size), make([]int, c.size), make([]int, c.size)
+	total, h := 0, 0
+	for i, row := range counts {
+		if len(row) != c.size {
+			return nil, &ArgError{Arg: fmt.Sprintf("counts[%d]", i), Reason: fmt.Sprintf("%d entries for %d ranks", len(row), c.size)}
+		}
+		m[i] = make([]int, c.size)
+		for j, n := range row {
+			if n < 0 {
+				return nil, &ArgError{Arg: fmt.Sprintf("counts[%d][%d]", i, j), Reason: "negative"}
+			}
+			m[i][j] = n * unit
+			total += n * unit
+			h = h*31 + n
+		}
+	}
+	so, ro := 0, 0
+	for j := 0; j < c.size; j++ {
+		l.sendOff[j], l.sendLen[j] = so, m[c.rank][j]
+		so += m[c.rank][j]
+		l.recvOff[j], l.recvLen[j] = ro, m[j][c.rank]
+		ro += m[j][c.rank]
+	}
+	avg := total / max(1, c.size*c.size)
+	algo := c.choose(OpAlltoAllv, avg)
+	pl := &plan{op: OpAlltoAllv, algo: algo}
+	switch algo {
+	case Bruck:
+		planAlltoAllBruck(pl, c.size, c.rank, l, m)
+	case Pairwise:
+		planAlltoAllPairwise(pl, c.size, c.rank, l)
+	default:
+		planAlltoAllLinear(pl, c.size, c.rank, l)
+	}
+	pl.sig = signature(OpAlltoAllv, algo, unit, h)
+	pl.countBytes()
+	return &VPlan{pl: pl, sendLen: so, recvLen: ro, Algo: algo}, nil
+}
+
+// SendBytes and RecvBytes are the buffer sizes the plan needs on this rank.
+func (v *VPlan) SendBytes() int { return v.sendLen }
+
+// RecvBytes is the receive buffer size the plan needs on this rank.
+func (v *VPlan) RecvBytes() int { return v.recvLen }
+
+// RunAlltoAllv executes vp with the given byte buffers.
+func (c *Comm) RunAlltoAllv(ctx context.Context, vp *VPlan, send, recv []byte) error {
+	_, err := c.runV(ctx, vp, send, recv, false)
+	return err
+}
+
+// IRunAlltoAllv is the non-blocking RunAlltoAllv.
+func (c *Comm) IRunAlltoAllv(ctx context.Context, vp *VPlan, send, recv []byte) (*Handle, error) {
+	return c.runV(ctx, vp, send, recv, true)
+}
+
+func (c *Comm) runV(ctx context.Context, vp *VPlan, send, recv []byte, async bool) (*Handle, error) {
+	if len(send) < vp.sendLen {
+		return nil, c.invalid("send", "%d bytes, the plan sends %d", len(send), vp.sendLen)
+	}
+	if len(recv) < vp.recvLen {
+		return nil, c.invalid("recv", "%d bytes, the plan receives %d", len(recv), vp.recvLen)
+	}
+	cl := call{op: OpAlltoAllv, dt: dtype.U8, send: send, recv: recv}
+	return c.submitPlan(ctx, cl, vp.pl, async, nil)
+}
+
+// Describe writes the schedule of op with count elements of es bytes (per block or per
+// rank, as the op takes them) on this rank, as the cost model would choose it; for `moex
+// flow` and debugging.
+func (c *Comm) Describe(op OpKind, es, count, root int) string {
+	var sb stringsBuilder
+	pl := c.getPlan(key(c, op, es, count, root, count*es))
+	pl.describe(&sb, c.rank)
+	return sb.String()
+}

@@ -1,0 +1,653 @@
+// Package coll is moex's general collective layer: communicators, every collective
+// (Barrier, Broadcast, Scatter, Gather, Reduce, AllReduce, ReduceScatter, AllGather,
+// AlltoAll, AlltoAllv, Send/Recv), the algorithms behind them, the alpha-beta cost model
+// that picks one, non-blocking handles, groups and a bucketing helper for small AllReduces.
+//
+// Schedules (plans) are pure functions of the operation's shape; one executor runs them on
+// a transport.Transport. coll owns communicators, their watchdogs and plans; it must not
+// import router, dispatch, combine or anything above it.
+//
+// Semantics follow MPI and NCCL: every rank of a communicator issues the same collectives
+// in the same order. Each carries a sequence number and a signature (operation, type,
+// count, root, algorithm), so that ranks that disagree get ErrMismatch instead of a hang or
+// corrupt data. Every error inside a collective aborts the communicator on every rank: the
+// rank that saw it tells the others, and their pending and later operations fail with an
+// *AbortError naming it. A dead peer, a timeout (MOEX_TIMEOUT, or the context's deadline)
+// and a cancelled context are such errors. Create a new communicator to carry on.
+package coll
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/moex-ai/moex/busypoll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/inproc"
+	"github.com/moex-ai/moex/transport/tcp"
+)
+
+// Config tunes communicators. The zero value takes everything from defaults.
+type Config struct {
+	// Timeout bounds every operation: no progress for this long aborts the communicator
+	// (default transport.DefaultTimeout, MOEX_TIMEOUT).
+	Timeout time.Duration
+	// Algo overrides the cost model per operation (MOEX_ALGO).
+	Algo map[OpKind]Algo
+	// Link overrides the cost-model parameters (default: by transport).
+	Link *LinkCost
+	// Logger receives INFO lines (transport per peer, algorithm per operation) when
+	// enabled; default: slog to stderr at the MOEX_DEBUG level, else discarded.
+	Logger *slog.Logger
+	// Pool provides scratch buffers (default obuf.Default).
+	Pool *obuf.Pool
+	// Poll is the waiting policy (default MOEX_POLL / adaptive).
+	Poll *busypoll.Config
+	// Verify makes every operation first check, with one small all-gather, that all ranks
+	// issued the same operation (catches what per-message signatures cannot, such as two
+	// ranks that both think they are the root). Costs one extra round trip per op.
+	Verify bool
+	// Hosts assigns ranks of Local communicators to pretend hosts (tests of hierarchical
+	// code); nil: one host.
+	Hosts []int
+}
+
+// Comm is a communicator: a group of ranks that run collectives together.
+type Comm struct {
+	tr    transport.Transport
+	ranks []int // comm rank -> transport rank
+	rank  int
+	size  int
+	id    uint32
+	hosts []int // comm rank -> host index
+	cfg   Config
+	link  LinkCost
+	log   *slog.Logger
+	pool  *obuf.Pool
+
+	issueMu sync.Mutex
+	seq     uint32
+	splits  uint32
+	closed  atomic.Bool
+
+	planMu sync.Mutex
+	plans  map[planKey]*plan
+
+	actx      context.Context // cancelled on abort or close; every wait uses it
+	acancel   context.CancelCauseFunc
+	abortOnce sync.Once
+	watchers  sync.WaitGroup
+	ctlBufs   [][]byte
+
+	timer    *time.Timer
+	inflight atomic.Int32
+	progress atomic.Int64
+
+	ctxMu   sync.Mutex
+	lastCtx context.Context
+	stopCtx func() bool
+
+	execPool sync.Pool
+	stats    Stats
+
+	owned []func() error // closed with the communicator that created them (world only)
+}
+
+// Stats counts a communicator's work.
+type Stats struct {
+	Ops       atomic.Uint64
+	BytesSent atomic.Uint64
+}
+
+const (
+	ctlSeq = 0xFFFFFFFF // control messages (abort notices)
+	p2pSeq = 0xFFFFFFFE // Send/Recv
+	seqMax = 0xFFFFFFFD
+)
+
+// Rank returns this rank's index in the communicator.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size returns the number of ranks.
+func (c *Comm) Size() int { return c.size }
+
+// ID returns the communicator's id (carried in every message).
+func (c *Comm) ID() uint32 { return c.id }
+
+// Transport returns the transport under the communicator.
+func (c *Comm) Transport() transport.Transport { return c.tr }
+
+// WorldRank maps a rank of this communicator to its rank in the transport (the world).
+func (c *Comm) WorldRank(r int) int { return c.ranks[r] }
+
+// Host returns the host index of rank r (ranks with equal indices share memory).
+func (c *Comm) Host(r int) int { return c.hosts[r] }
+
+// Hosts returns the number of distinct hosts.
+func (c *Comm) Hosts() int {
+	m := 0
+	for _, h := range c.hosts {
+		m = max(m, h+1)
+	}
+	return m
+}
+
+// Logger returns the communicator's logger.
+func (c *Comm) Logger() *slog.Logger { return c.log }
+
+// Pool returns the communicator's buffer pool.
+func (c *Comm) Pool() *obuf.Pool { return c.pool }
+
+// Stats returns the communicator's counters.
+func (c *Comm) Stats() *Stats { return &c.stats }
+
+// Err returns why the communicator was aborted or closed, or nil.
+func (c *Comm) Err() error {
+	if c.actx.Err() == nil {
+		return nil
+	}
+	return context.Cause(c.actx)
+}
+
+func defaultLogger() *slog.Logger {
+	lvl := strings.ToUpper(os.Getenv("MOEX_DEBUG"))
+	var l slog.Level
+	switch lvl {
+	case "":
+		return slog.New(slog.DiscardHandler)
+	case "DEBUG", "TRACE":
+		l = slog.LevelDebug
+	case "INFO", "1":
+		l = slog.LevelInfo
+	case "WARN":
+		l = slog.LevelWarn
+	default:
+		l = slog.LevelError
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: l}))
+}
+
+func (cfg *Config) fill() error {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = transport.DefaultTimeout
+		if v := os.Getenv("MOEX_TIMEOUT"); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return &ArgError{Arg: "MOEX_TIMEOUT", Reason: fmt.Sprintf("%q: want a positive duration", v)}
+			}
+			cfg.Timeout = d
+		}
+	}
+	if cfg.Algo == nil {
+		m, err := ParseAlgoOverrides(os.Getenv("MOEX_ALGO"))
+		if err != nil {
+			return err
+		}
+		cfg.Algo = m
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = defaultLogger()
+	}
+	if cfg.Pool == nil {
+		cfg.Pool = obuf.Default
+	}
+	if cfg.Poll == nil {
+		p, err := busypoll.ConfigFromEnv(os.Getenv)
+		if err != nil {
+			return err
+		}
+		cfg.Poll = &p
+	}
+	return nil
+}
+
+// newComm builds a communicator over tr and starts its watchers.
+func newComm(tr transport.Transport, id uint32, ranks, hosts []int, rank int, cfg Config, link LinkCost) *Comm {
+	c := &Comm{
+		tr: tr, ranks: ranks, rank: rank, size: len(ranks), id: id, hosts: hosts, cfg: cfg,
+		link: link, log: cfg.Logger, pool: cfg.Pool, plans: map[planKey]*plan{},
+	}
+	if cfg.Link != nil {
+		c.link = *cfg.Link
+	}
+	c.actx, c.acancel = context.WithCancelCause(context.Background())
+	c.timer = time.AfterFunc(time.Hour, c.checkProgress)
+	c.timer.Stop()
+	c.execPool.New = func() any { return &execState{} }
+	c.ctlBufs = make([][]byte, c.size)
+	for q := 0; q < c.size; q++ {
+		if q == rank {
+			continue
+		}
+		c.ctlBufs[q] = make([]byte, 1024)
+		req, err := tr.Irecv(ranks[q], c.ctlTag(), c.ctlBufs[q])
+		if err != nil {
+			c.abortLocal(err)
+			continue
+		}
+		c.watchers.Add(1)
+		go c.watch(q, req)
+	}
+	return c
+}
+
+func (c *Comm) ctlTag() transport.Tag { return transport.Tag{Comm: c.id, Seq: ctlSeq} }
+
+// watch waits for an abort notice from peer q, or for the transport to report q dead.
+func (c *Comm) watch(q int, req transport.Request) {
+	defer c.watchers.Done()
+	n, err := req.Wait(c.actx)
+	if c.actx.Err() != nil {
+		return
+	}
+	if err != nil {
+		c.abortLocal(err) // the transport says q (or the link to it) is gone
+		return
+	}
+	b := c.ctlBufs[q][:n]
+	if len(b) < 5 {
+		c.abortLocal(&PeerError{Rank: c.ranks[q], Op: "control", Err: fmt.Errorf("%w: short abort notice", transport.ErrProtocol)})
+		return
+	}
+	kind, peer := b[0], int(int32(binary.LittleEndian.Uint32(b[1:])))
+	c.abortWith(&AbortError{Rank: q, Err: decodeNotice(kind, peer, string(b[5:]))}, false)
+}
+
+// abortLocal aborts the communicator because of err, seen by this rank, and tells every
+// other rank.
+func (c *Comm) abortLocal(err error) { c.abortWith(&AbortError{Rank: c.rank, Err: err}, true) }
+
+func (c *Comm) abortWith(ae *AbortError, notify bool) {
+	c.abortOnce.Do(func() {
+		c.acancel(ae)
+		if c.closed.Load() {
+			return
+		}
+		c.log.Warn("moex: communicator aborted", "comm", c.id, "rank", c.rank, "by", ae.Rank, "err", ae.Err)
+		if !notify {
+			return
+		}
+		peer := -1
+		var pe *PeerError
+		if errors.As(ae.Err, &pe) {
+			peer = pe.Rank
+		}
+		reason := ae.Err.Error()
+		if len(reason) > 900 {
+			reason = reason[:900]
+		}
+		msg := make([]byte, 5+len(reason))
+		msg[0] = kindOf(ae.Err)
+		binary.LittleEndian.PutUint32(msg[1:], uint32(int32(peer)))
+		copy(msg[5:], reason)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		var reqs []transport.Request
+		for q := 0; q < c.size; q++ {
+			if q == c.rank {
+				continue
+			}
+			if r, err := c.tr.Isend(c.ranks[q], c.ctlTag(), msg); err == nil {
+				reqs = append(reqs, r)
+			}
+		}
+		_ = transport.WaitAll(ctx, reqs...)
+	})
+}
+
+// Abort aborts the communicator: every pending and later operation on every rank fails
+// with an *AbortError. It does not wait for anything and is safe to call at any time.
+func (c *Comm) Abort(reason string) {
+	c.abortLocal(fmt.Errorf("%w: %s", ErrAborted, reason))
+}
+
+// checkProgress is the watchdog: an operation that made no progress for the timeout
+// aborts the communicator.
+func (c *Comm) checkProgress() {
+	if c.inflight.Load() == 0 || c.actx.Err() != nil {
+		return
+	}
+	idle := time.Duration(nanotime() - c.progress.Load())
+	if idle >= c.cfg.Timeout {
+		c.abortLocal(fmt.Errorf("%w: no progress for %v (MOEX_TIMEOUT); a rank is missing, stuck or slower than the timeout allows", ErrTimeout, idle.Round(time.Millisecond)))
+		return
+	}
+	c.timer.Reset(c.cfg.Timeout - idle)
+}
+
+var epoch = time.Now()
+
+func nanotime() int64 { return int64(time.Since(epoch)) }
+
+// begin starts an operation: it checks the communicator and the context, and arms the
+// watchdog.
+func (c *Comm) begin(ctx context.Context) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
+	if err := c.Err(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		c.abortLocal(transport.CtxError(err))
+		return c.Err()
+	}
+	c.watchCtx(ctx)
+	c.progress.Store(nanotime())
+	if c.inflight.Add(1) == 1 {
+		c.timer.Reset(c.cfg.Timeout)
+	}
+	return nil
+}
+
+func (c *Comm) end() {
+	c.progress.Store(nanotime())
+	c.inflight.Add(-1)
+}
+
+// watchCtx arranges for ctx's end to abort the communicator while operations run. The
+// registration is kept while callers keep passing the same context, so that steady-state
+// operations allocate nothing.
+func (c *Comm) watchCtx(ctx context.Context) {
+	if ctx.Done() == nil {
+		return
+	}
+	c.ctxMu.Lock()
+	defer c.ctxMu.Unlock()
+	if c.lastCtx == ctx {
+		return
+	}
+	if c.stopCtx != nil {
+		c.stopCtx()
+	}
+	c.lastCtx = ctx
+	c.stopCtx = context.AfterFunc(ctx, func() {
+		if c.inflight.Load() > 0 {
+			c.abortLocal(transport.CtxError(ctx.Err()))
+		}
+	})
+}
+
+// nextSeq returns the sequence number of the next collective.
+func (c *Comm) nextSeq() uint32 {
+	c.issueMu.Lock()
+	c.seq++
+	if c.seq > seqMax {
+		c.seq = 1
+	}
+	s := c.seq
+	c.issueMu.Unlock()
+	return s
+}
+
+// Close releases the communicator: its watchers stop, and the transport and rendezvous
+// (for the communicator Init or Local created) are closed. Pending operations fail with
+// ErrClosed. Close does not talk to other ranks; they see this rank leave.
+func (c *Comm) Close() error {
+	if c.closed.Swap(true) {
+		return nil
+	}
+	c.abortOnce.Do(func() { c.acancel(ErrClosed) })
+	c.acancel(ErrClosed)
+	c.timer.Stop()
+	c.ctxMu.Lock()
+	if c.stopCtx != nil {
+		c.stopCtx()
+	}
+	c.ctxMu.Unlock()
+	c.watchers.Wait()
+	var errs []error
+	for i := len(c.owned) - 1; i >= 0; i-- {
+		errs = append(errs, c.owned[i]())
+	}
+	return errors.Join(errs...)
+}
+
+// Local returns n communicators whose ranks are goroutines of this process, connected by
+// the inproc transport.
+func Local(n int, cfg Config) ([]*Comm, error) {
+	if n < 1 {
+		return nil, &ArgError{Arg: "n", Reason: fmt.Sprintf("%d ranks", n)}
+	}
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	if cfg.Hosts != nil && len(cfg.Hosts) != n {
+		return nil, &ArgError{Arg: "Hosts", Reason: fmt.Sprintf("%d entries for %d ranks", len(cfg.Hosts), n)}
+	}
+	poller := busypoll.New(busypoll.Config{Mode: cfg.Poll.Mode, MaxSpin: cfg.Poll.MaxSpin, Oversubscribed: cfg.Poll.Oversubscribed})
+	eps := inproc.New(n, inproc.Config{Poller: poller, Pool: cfg.Pool})
+	ranks := make([]int, n)
+	for i := range ranks {
+		ranks[i] = i
+	}
+	hosts := cfg.Hosts
+	if hosts == nil {
+		hosts = make([]int, n)
+	}
+	cs := make([]*Comm, n)
+	for i, e := range eps {
+		cs[i] = newComm(e, 1, ranks, hosts, i, cfg, CostInproc)
+		cs[i].owned = append(cs[i].owned, e.Close)
+	}
+	return cs, nil
+}
+
+// Init joins the job described by the environment (MOEX_*, torchrun, Open MPI or Slurm
+// variables; see transport.EnvVars): rendezvous at rank 0's store, exchange host
+// identities, connect a transport to every rank, and return the world communicator.
+func Init(ctx context.Context, cfg Config) (*Comm, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	env, err := transport.FromEnv()
+	if err != nil {
+		return nil, err
+	}
+	if env.Timeout > 0 && os.Getenv("MOEX_TIMEOUT") != "" {
+		cfg.Timeout = env.Timeout
+	}
+	return InitEnv(ctx, env, cfg)
+}
+
+// InitEnv is Init with the job description given.
+func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	rv, err := transport.Join(ctx, env, log)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Comm, error) {
+		rv.Close()
+		return nil, err
+	}
+	// Host identities decide which ranks share memory.
+	ids, err := rv.AllGather(ctx, []byte(transport.HostID()))
+	if err != nil {
+		return fail(err)
+	}
+	hosts := make([]int, env.Size)
+	index := map[string]int{}
+	for r, id := range ids {
+		h, ok := index[string(id)]
+		if !ok {
+			h = len(index)
+			index[string(id)] = h
+		}
+		hosts[r] = h
+	}
+	localSize := 0
+	for _, h := range hosts {
+		if h == hosts[env.Rank] {
+			localSize++
+		}
+	}
+	poll := *cfg.Poll
+	poll.Oversubscribed = poll.Oversubscribed || busypoll.Oversubscribed(localSize)
+	tr, why, link, err := openTransport(ctx, env, rv, hosts, poll, log)
+	if err != nil {
+		return fail(err)
+	}
+	ranks := make([]int, env.Size)
+	for i := range ranks {
+		ranks[i] = i
+	}
+	c := newComm(tr, 1, ranks, hosts, env.Rank, cfg, link)
+	c.owned = append(c.owned, rv.Close, tr.Close)
+	if log.Enabled(ctx, slog.LevelInfo) {
+		pr, _ := tr.(transport.PathReporter)
+		for q := 0; q < env.Size; q++ {
+			path := why
+			if pr != nil {
+				path = pr.Path(q)
+			}
+			log.Info("moex: transport to peer", "rank", env.Rank, "peer", q, "host", hosts[q], "transport", tr.Name(), "why", why, "path", path)
+		}
+		log.Info("moex: initialised", "rank", env.Rank, "size", env.Size, "hosts", len(index), "launcher", env.Launcher,
+			"transport", tr.Name(), "poll", poll.Mode.String(), "oversubscribed", poll.Oversubscribed, "timeout", cfg.Timeout)
+	}
+	return c, nil
+}
+
+// openTransport picks and connects the transport: one process: inproc; otherwise tcp
+// (the shm and ucx transports, when available, are preferred for the peers they serve).
+func openTransport(ctx context.Context, env transport.Env, rv *transport.Rendezvous, hosts []int, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, LinkCost, error) {
+	if env.Size == 1 {
+		return inproc.New(1, inproc.Config{})[0], "inproc: single rank", CostInproc, nil
+	}
+	switch env.Transport {
+	case "auto", "tcp":
+	case "inproc":
+		return nil, "", LinkCost{}, &ArgError{Arg: "MOEX_TRANSPORT", Reason: "inproc needs every rank in one process (use coll.Local)"}
+	default:
+		if t, why, link, err := openOptional(ctx, env, rv, hosts, poll, log); t != nil || err != nil {
+			return t, why, link, err
+		}
+	}
+	bind, err := env.BindHost()
+	if err != nil {
+		return nil, "", LinkCost{}, err
+	}
+	cfg := tcp.Config{Rank: env.Rank, Size: env.Size, Exchange: rv.AllGather, Bind: bind, Token: []byte(env.Token), Logger: log}
+	if err := cfg.ConfigFromEnv(os.Getenv); err != nil {
+		return nil, "", LinkCost{}, err
+	}
+	cfg.Poll = poll
+	t, err := tcp.New(ctx, cfg)
+	if err != nil {
+		return nil, "", LinkCost{}, err
+	}
+	why := "tcp: " + env.Transport
+	if env.Transport == "auto" {
+		why = "tcp: " + tcpReason(hosts)
+	}
+	return t, why, CostNet, nil
+}
+
+// openOptional is replaced by transports registered at init (shm, ucx).
+var openOptional = func(ctx context.Context, env transport.Env, rv *transport.Rendezvous, hosts []int, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, LinkCost, error) {
+	return nil, "", LinkCost{}, &ArgError{Arg: "MOEX_TRANSPORT", Reason: env.Transport + " is not available in this build"}
+}
+
+var tcpReason = func(hosts []int) string { return "the default for ranks in separate processes" }
+
+// Split partitions the communicator: ranks that pass the same color form a new
+// communicator, ordered by key (then by rank). A negative color (Undefined) returns nil.
+// Split is collective: every rank must call it.
+func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
+	mine := []int64{int64(color), int64(key)}
+	all := make([]int64, 2*c.size)
+	if err := AllGather(ctx, c, mine, all); err != nil {
+		return nil, err
+	}
+	c.issueMu.Lock()
+	c.splits++
+	n := c.splits
+	c.issueMu.Unlock()
+	if color < 0 {
+		return nil, nil
+	}
+	type member struct{ key, rank int }
+	var ms []member
+	for r := 0; r < c.size; r++ {
+		if int(all[2*r]) == color {
+			ms = append(ms, member{int(all[2*r+1]), r})
+		}
+	}
+	sort.SliceStable(ms, func(i, j int) bool {
+		if ms[i].key != ms[j].key {
+			return ms[i].key < ms[j].key
+		}
+		return ms[i].rank < ms[j].rank
+	})
+	ranks := make([]int, len(ms))
+	hosts := make([]int, len(ms))
+	me := -1
+	for i, m := range ms {
+		ranks[i] = c.ranks[m.rank]
+		hosts[i] = c.hosts[m.rank]
+		if m.rank == c.rank {
+			me = i
+		}
+	}
+	id := signature(OpKind(0xff), 0, int(c.id), int(n), color)
+	if id >= 0xFFFFFFF0 || id <= 1 {
+		id ^= 0x5a5a5a5a
+	}
+	sub := newComm(c.tr, id, ranks, hostsDense(hosts), me, c.cfg, c.link)
+	return sub, nil
+}
+
+// Undefined is the Split color of ranks that join no new communicator.
+const Undefined = -1
+
+func hostsDense(h []int) []int {
+	idx := map[int]int{}
+	out := make([]int, len(h))
+	for i, x := range h {
+		if _, ok := idx[x]; !ok {
+			idx[x] = len(idx)
+		}
+		out[i] = idx[x]
+	}
+	return out
+}
+
+// SplitHosts returns the intra-host communicator (ranks on this rank's host) and the
+// inter-host communicator of the ranks with the same local index on every host (nil when
+// hosts have different numbers of ranks and this rank has no counterpart on some host).
+func (c *Comm) SplitHosts(ctx context.Context) (intra, inter *Comm, err error) {
+	local := 0
+	for r := 0; r < c.rank; r++ {
+		if c.hosts[r] == c.hosts[c.rank] {
+			local++
+		}
+	}
+	intra, err = c.Split(ctx, c.hosts[c.rank], c.rank)
+	if err != nil {
+		return nil, nil, err
+	}
+	inter, err = c.Split(ctx, local, c.hosts[c.rank])
+	if err != nil {
+		intra.Close()
+		return nil, nil, err
+	}
+	return intra, inter, nil
+}
+
+var _ = slices.Index[[]int]
+var _ = dtype.F32

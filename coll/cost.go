@@ -1,0 +1,245 @@
+package coll
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// OpKind names a collective operation.
+type OpKind uint8
+
+const (
+	OpBarrier OpKind = iota + 1
+	OpBroadcast
+	OpReduce
+	OpAllReduce
+	OpReduceScatter
+	OpAllGather
+	OpAlltoAll
+	OpAlltoAllv
+	OpScatter
+	OpGather
+	opKindEnd
+)
+
+var opKindNames = [...]string{"", "barrier", "broadcast", "reduce", "allreduce", "reducescatter",
+	"allgather", "alltoall", "alltoallv", "scatter", "gather"}
+
+func (o OpKind) String() string {
+	if o > 0 && o < opKindEnd {
+		return opKindNames[o]
+	}
+	return fmt.Sprintf("op(%d)", uint8(o))
+}
+
+// ParseOpKind accepts the names String returns.
+func ParseOpKind(s string) (OpKind, error) {
+	s = strings.ToLower(strings.ReplaceAll(s, "_", ""))
+	for o := OpBarrier; o < opKindEnd; o++ {
+		if o.String() == s {
+			return o, nil
+		}
+	}
+	return 0, fmt.Errorf("coll: unknown operation %q", s)
+}
+
+// Algo names an algorithm.
+type Algo uint8
+
+const (
+	AlgoAuto Algo = iota
+	Ring
+	RecDoubling
+	Rabenseifner
+	Binomial
+	Linear
+	Pairwise
+	Bruck
+	RecHalving
+	Dissemination
+	algoEnd
+)
+
+var algoNames = [...]string{"auto", "ring", "recdbl", "rabenseifner", "binomial", "linear",
+	"pairwise", "bruck", "rechalving", "dissemination"}
+
+func (a Algo) String() string {
+	if a < algoEnd {
+		return algoNames[a]
+	}
+	return fmt.Sprintf("algo(%d)", uint8(a))
+}
+
+// ParseAlgo accepts the names String returns.
+func ParseAlgo(s string) (Algo, error) {
+	for a := AlgoAuto; a < algoEnd; a++ {
+		if a.String() == strings.ToLower(s) {
+			return a, nil
+		}
+	}
+	return 0, fmt.Errorf("coll: unknown algorithm %q", s)
+}
+
+// Algorithms lists the algorithms of each operation, in order of preference on ties.
+var Algorithms = map[OpKind][]Algo{
+	OpBarrier:       {Dissemination},
+	OpBroadcast:     {Binomial, Linear},
+	OpReduce:        {Binomial, Linear},
+	OpAllReduce:     {Ring, RecDoubling, Rabenseifner},
+	OpReduceScatter: {Ring, RecHalving},
+	OpAllGather:     {Ring, RecDoubling, Bruck},
+	OpAlltoAll:      {Linear, Pairwise, Bruck},
+	OpAlltoAllv:     {Linear, Pairwise, Bruck},
+	OpScatter:       {Linear},
+	OpGather:        {Linear},
+}
+
+// LinkCost is the alpha-beta(-gamma) model of one class of link.
+type LinkCost struct {
+	Alpha time.Duration // per message
+	Beta  float64       // seconds per byte on the wire (1 / bandwidth)
+	Gamma float64       // seconds per byte reduced
+}
+
+// Link classes, and their defaults, measured on the 2-core development machine with the
+// transport benchmarks (inproc: 0.6us ping-pong, ~25 GB/s; tcp loopback: ~16us round
+// trip, ~3-5 GB/s; reductions: ~20 GB/s f32 sums). Configure or measure for real links.
+var (
+	CostInproc = LinkCost{Alpha: 1 * time.Microsecond, Beta: 1 / 20e9, Gamma: 1 / 20e9}
+	CostShm    = LinkCost{Alpha: 3 * time.Microsecond, Beta: 1 / 8e9, Gamma: 1 / 20e9}
+	CostNet    = LinkCost{Alpha: 15 * time.Microsecond, Beta: 1 / 3e9, Gamma: 1 / 20e9}
+)
+
+// Estimate predicts the time of op with algo on p ranks for n bytes (per rank input for
+// AllReduce/Broadcast/Reduce; per block for AllGather, ReduceScatter and AlltoAll).
+func (c LinkCost) Estimate(op OpKind, algo Algo, p, n int) time.Duration {
+	if p <= 1 {
+		return 0
+	}
+	a := c.Alpha.Seconds()
+	fp, fn := float64(p), float64(n)
+	lg := float64(ceilLog2(p))
+	pof2 := floorPow2(p)
+	extra := 0.0 // non-power-of-two fold: two more full-size steps
+	if pof2 != p {
+		extra = 2 * (a + fn*c.Beta)
+	}
+	var t float64
+	switch op {
+	case OpAllReduce:
+		switch algo {
+		case Ring:
+			t = 2*(fp-1)*a + 2*(fp-1)/fp*fn*c.Beta + (fp-1)/fp*fn*c.Gamma
+		case RecDoubling:
+			l := float64(ceilLog2(pof2))
+			t = l*(a+fn*c.Beta+fn*c.Gamma) + extra
+		case Rabenseifner:
+			l := float64(ceilLog2(pof2))
+			f2 := float64(pof2)
+			t = 2*l*a + 2*(f2-1)/f2*fn*c.Beta + (f2-1)/f2*fn*c.Gamma + extra
+		}
+	case OpBroadcast:
+		switch algo {
+		case Binomial:
+			t = lg * (a + fn*c.Beta)
+		case Linear:
+			t = (fp-1)*fn*c.Beta + a
+		}
+	case OpReduce:
+		switch algo {
+		case Binomial:
+			t = lg * (a + fn*c.Beta + fn*c.Gamma)
+		case Linear:
+			t = a + (fp-1)*fn*(c.Beta+c.Gamma)
+		}
+	case OpAllGather:
+		switch algo {
+		case Ring:
+			t = (fp-1)*a + (fp-1)*fn*c.Beta
+		case RecDoubling, Bruck:
+			t = lg*a + (fp-1)*fn*c.Beta
+			if algo == Bruck || !isPow2(p) {
+				t += 2 * fp * fn / 20e9 // rotation copies
+			}
+		}
+	case OpReduceScatter:
+		switch algo {
+		case Ring:
+			t = (fp-1)*a + (fp-1)*fn*(c.Beta+c.Gamma)
+		case RecHalving:
+			if isPow2(p) {
+				t = lg*a + (fp-1)*fn*(c.Beta+c.Gamma)
+			} else {
+				t = (fp-1)*a + (fp-1)*fn*(c.Beta+c.Gamma) + a
+			}
+		}
+	case OpAlltoAll, OpAlltoAllv:
+		switch algo {
+		case Linear:
+			// All messages in flight at once: one latency, contention shares the link.
+			t = a + (fp-1)*fn*c.Beta
+		case Pairwise:
+			t = (fp-1)*(a+fn*c.Beta) + 0.1*a
+		case Bruck:
+			t = lg*(a+fp/2*fn*c.Beta) + 3*fp*fn/20e9
+		}
+	case OpScatter, OpGather:
+		t = a + (fp-1)*fn*c.Beta
+	case OpBarrier:
+		t = lg * a
+	}
+	return time.Duration(t * 1e9)
+}
+
+// choose picks the algorithm for op: the override if configured, else the cheapest by the
+// model (ties go to the first listed).
+func (c *Comm) choose(op OpKind, n int) Algo {
+	if a, ok := c.cfg.Algo[op]; ok && a != AlgoAuto {
+		return a
+	}
+	algos := Algorithms[op]
+	best, bestT := algos[0], time.Duration(1<<62)
+	for _, a := range algos {
+		if t := c.link.Estimate(op, a, c.size, n); t < bestT {
+			best, bestT = a, t
+		}
+	}
+	return best
+}
+
+// ParseAlgoOverrides parses MOEX_ALGO: "op:algo[,op:algo...]".
+func ParseAlgoOverrides(s string) (map[OpKind]Algo, error) {
+	m := map[OpKind]Algo{}
+	if strings.TrimSpace(s) == "" {
+		return m, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		op, al, ok := strings.Cut(strings.TrimSpace(part), ":")
+		if !ok {
+			return nil, &ArgError{Arg: "MOEX_ALGO", Reason: fmt.Sprintf("%q: want op:algo", part)}
+		}
+		o, err := ParseOpKind(op)
+		if err != nil {
+			return nil, &ArgError{Arg: "MOEX_ALGO", Reason: err.Error()}
+		}
+		a, err := ParseAlgo(al)
+		if err != nil {
+			return nil, &ArgError{Arg: "MOEX_ALGO", Reason: err.Error()}
+		}
+		if a != AlgoAuto && !supports(o, a) {
+			return nil, &ArgError{Arg: "MOEX_ALGO", Reason: fmt.Sprintf("%v has no algorithm %v (have %v)", o, a, Algorithms[o])}
+		}
+		m[o] = a
+	}
+	return m, nil
+}
+
+func supports(op OpKind, a Algo) bool {
+	for _, x := range Algorithms[op] {
+		if x == a {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,112 @@
+package coll
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/moex-ai/moex/transport"
+)
+
+// Errors. Test with errors.Is / errors.As; never by text.
+var (
+	// ErrTimeout: an operation did not complete within the communicator's timeout or the
+	// context's deadline. The communicator is aborted.
+	ErrTimeout = transport.ErrTimeout
+	// ErrCanceled: the context of an operation was cancelled. The communicator is aborted.
+	ErrCanceled = transport.ErrCanceled
+	// ErrMismatch: ranks issued different operations, or the same one with different
+	// counts, types or roots, at the same point. The communicator is aborted.
+	ErrMismatch = transport.ErrMismatch
+	// ErrAborted: the communicator was aborted (Abort, or an error on some rank).
+	ErrAborted = errors.New("coll: communicator aborted")
+	// ErrClosed: the communicator was closed.
+	ErrClosed = transport.ErrClosed
+	// ErrInvalidArgument: an argument is wrong (see *ArgError for which).
+	ErrInvalidArgument = errors.New("coll: invalid argument")
+)
+
+// PeerError reports the failure of a rank (it died, closed, or its connection broke).
+type PeerError = transport.PeerError
+
+// ArgError names the argument that is wrong and why.
+type ArgError struct {
+	Arg    string
+	Reason string
+}
+
+func (e *ArgError) Error() string { return "coll: invalid " + e.Arg + ": " + e.Reason }
+
+// Is makes every ArgError match ErrInvalidArgument.
+func (e *ArgError) Is(target error) bool { return target == ErrInvalidArgument }
+
+// AbortError is what an operation returns once its communicator has been aborted: by this
+// rank (Rank is this rank) or by another one, which told every rank why.
+type AbortError struct {
+	Rank int   // the rank that aborted
+	Err  error // why (wraps ErrMismatch, ErrTimeout, ErrInvalidArgument, a *PeerError, ...)
+}
+
+func (e *AbortError) Error() string {
+	return fmt.Sprintf("coll: communicator aborted by rank %d: %v", e.Rank, e.Err)
+}
+
+func (e *AbortError) Unwrap() []error { return []error{ErrAborted, e.Err} }
+
+// Abort notices travel between ranks as a kind code and a text.
+const (
+	kindOther uint8 = iota
+	kindTimeout
+	kindMismatch
+	kindArg
+	kindPeer
+	kindCanceled
+	kindClosed
+)
+
+func kindOf(err error) uint8 {
+	var pe *PeerError
+	switch {
+	case errors.Is(err, ErrMismatch):
+		return kindMismatch
+	case errors.Is(err, ErrInvalidArgument):
+		return kindArg
+	case errors.As(err, &pe):
+		return kindPeer
+	case errors.Is(err, ErrTimeout):
+		return kindTimeout
+	case errors.Is(err, ErrCanceled):
+		return kindCanceled
+	case errors.Is(err, ErrClosed):
+		return kindClosed
+	}
+	return kindOther
+}
+
+// remoteErr rebuilds, from a notice, an error that matches the same sentinels.
+type remoteErr struct {
+	kind   error
+	reason string
+	peer   int
+}
+
+func (e *remoteErr) Error() string { return e.reason }
+
+func (e *remoteErr) Unwrap() error { return e.kind }
+
+func decodeNotice(kind uint8, peer int, reason string) error {
+	switch kind {
+	case kindTimeout:
+		return &remoteErr{ErrTimeout, reason, -1}
+	case kindMismatch:
+		return &remoteErr{ErrMismatch, reason, -1}
+	case kindArg:
+		return &remoteErr{ErrInvalidArgument, reason, -1}
+	case kindPeer:
+		return &PeerError{Rank: peer, Op: "remote", Err: errors.New(reason)}
+	case kindCanceled:
+		return &remoteErr{ErrCanceled, reason, -1}
+	case kindClosed:
+		return &remoteErr{ErrClosed, reason, -1}
+	}
+	return errors.New(reason)
+}

@@ -1,0 +1,256 @@
+package coll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/transport"
+)
+
+// planKey identifies a cached plan.
+type planKey struct {
+	op    OpKind
+	algo  Algo
+	es    int
+	count int
+	root  int
+}
+
+// execState is the scratch of one running operation (pooled: operations allocate nothing
+// in steady state).
+type execState struct {
+	reqs  []transport.Request
+	wants []int // expected length of each receive in reqs (-1 for sends)
+	xs    []xfer
+	vpl   plan // AlltoAllv plans are built per call, into this
+	lay   vlayout
+	cnt   [][]int
+}
+
+// call describes one invocation.
+type call struct {
+	op       OpKind
+	dt       dtype.Type
+	redop    dtype.Op
+	count    int // elements, as the planner expects
+	root     int
+	send     []byte
+	recv     []byte
+	bytesArg int // size for the cost model
+}
+
+// getPlan returns the cached plan for the call, computing it on first use.
+func (c *Comm) getPlan(k planKey) *plan {
+	c.planMu.Lock()
+	pl, ok := c.plans[k]
+	c.planMu.Unlock()
+	if ok {
+		return pl
+	}
+	sh := shape{p: c.size, rank: c.rank, root: k.root, es: k.es, count: k.count}
+	switch k.op {
+	case OpAllReduce:
+		switch k.algo {
+		case Ring:
+			pl = planAllReduceRing(sh)
+		default:
+			pl = planAllReduceRecDbl(sh, k.algo)
+		}
+	case OpBroadcast:
+		if k.algo == Linear {
+			pl = planBroadcastLinear(sh)
+		} else {
+			pl = planBroadcastBinomial(sh)
+		}
+	case OpReduce:
+		if k.algo == Linear {
+			pl = planReduceLinear(sh)
+		} else {
+			pl = planReduceBinomial(sh)
+		}
+	case OpAllGather:
+		switch k.algo {
+		case Ring:
+			pl = planAllGatherRing(sh)
+		case Bruck:
+			pl = planAllGatherBruck(sh)
+		default:
+			pl = planAllGatherRecDbl(sh)
+		}
+	case OpReduceScatter:
+		if k.algo == RecHalving {
+			pl = planReduceScatterRecHalving(sh)
+		} else {
+			pl = planReduceScatterRing(sh)
+		}
+	case OpAlltoAll:
+		pl = &plan{op: OpAlltoAll, algo: k.algo}
+		b := k.count * k.es
+		l := evenLayout(c.size, b)
+		switch k.algo {
+		case Pairwise:
+			planAlltoAllPairwise(pl, c.size, c.rank, l)
+		case Bruck:
+			m := make([][]int, c.size)
+			for i := range m {
+				m[i] = make([]int, c.size)
+				for j := range m[i] {
+					m[i][j] = b
+				}
+			}
+			planAlltoAllBruck(pl, c.size, c.rank, l, m)
+		default:
+			pl.algo = Linear
+			planAlltoAllLinear(pl, c.size, c.rank, l)
+		}
+	case OpScatter:
+		pl = planScatterLinear(sh)
+	case OpGather:
+		pl = planGatherLinear(sh)
+	case OpBarrier:
+		pl = planBarrier(sh)
+	default:
+		panic(fmt.Sprintf("coll: no planner for %v", k.op))
+	}
+	pl.sig = signature(k.op, pl.algo, k.es, k.count, k.root)
+	pl.countBytes()
+	c.planMu.Lock()
+	c.plans[k] = pl
+	c.planMu.Unlock()
+	if c.log.Enabled(context.Background(), slog.LevelInfo) {
+		c.log.Info("moex: algorithm", "comm", c.id, "rank", c.rank, "op", k.op.String(), "algo", pl.algo.String(),
+			"ranks", c.size, "bytes", k.count*k.es, "steps", len(pl.steps), "override", c.cfg.Algo[k.op] != AlgoAuto)
+	}
+	return pl
+}
+
+// fail turns an error seen during an op into the op's result, aborting the communicator
+// for everyone if it is not aborted already.
+func (c *Comm) fail(err error) error {
+	if cause := c.Err(); cause != nil {
+		return cause
+	}
+	if errors.Is(err, transport.ErrTruncated) {
+		err = fmt.Errorf("%w: %v", ErrMismatch, err)
+	}
+	c.abortLocal(err)
+	return err
+}
+
+// execute runs pl's steps on the transport.
+func (c *Comm) execute(pl *plan, seq uint32, cl *call) error {
+	es := c.execPool.Get().(*execState)
+	defer c.execPool.Put(es)
+	var tmp *obuf.Buf
+	if pl.tmp > 0 {
+		tmp = c.pool.Get(pl.tmp)
+		defer tmp.Release()
+	}
+	bufs := [3][]byte{cl.send, cl.recv, nil}
+	if tmp != nil {
+		bufs[bTmp] = tmp.Bytes()
+	}
+	view := func(r region) []byte { return bufs[r.buf][r.off : r.off+r.n : r.off+r.n] }
+	doLocal := func(l local) {
+		switch l.kind {
+		case lCopy:
+			copy(view(l.dst), view(l.src))
+		case lReduce:
+			dtype.Reduce(cl.dt, cl.redop, view(l.dst), view(l.src))
+		case lFinish:
+			dtype.Finish(cl.dt, cl.redop, view(l.dst), c.size)
+		}
+	}
+	tag := transport.Tag{Comm: c.id, Seq: seq, Sig: pl.sig}
+	for si := range pl.steps {
+		st := &pl.steps[si]
+		for _, l := range st.pre {
+			doLocal(l)
+		}
+		es.reqs, es.wants, es.xs = es.reqs[:0], es.wants[:0], es.xs[:0]
+		var postErr error
+		for _, x := range st.recvs {
+			tag.Tag = x.tag
+			r, err := c.tr.Irecv(c.ranks[x.peer], tag, view(x.region))
+			if err != nil {
+				postErr = err
+				break
+			}
+			es.reqs, es.wants, es.xs = append(es.reqs, r), append(es.wants, x.n), append(es.xs, x)
+		}
+		if postErr == nil {
+			for _, x := range st.sends {
+				tag.Tag = x.tag
+				r, err := c.tr.Isend(c.ranks[x.peer], tag, view(x.region))
+				if err != nil {
+					postErr = err
+					break
+				}
+				es.reqs, es.wants, es.xs = append(es.reqs, r), append(es.wants, -1), append(es.xs, x)
+			}
+		}
+		if postErr != nil {
+			_ = c.fail(postErr) // aborts: the waits below end at once
+		}
+		var first error
+		for i, r := range es.reqs {
+			n, err := r.Wait(c.actx)
+			if err == nil && es.wants[i] >= 0 && n != es.wants[i] {
+				x := es.xs[i]
+				err = &PeerError{Rank: c.ranks[x.peer], Op: "recv", Err: fmt.Errorf(
+					"%w: %v step %d: rank %d sent %d bytes, this rank expects %d (counts differ across ranks)",
+					ErrMismatch, pl.op, si, x.peer, n, es.wants[i])}
+			}
+			if err != nil && first == nil {
+				first = err
+				_ = c.fail(err) // abort now so that the remaining waits end
+			}
+			es.reqs[i] = nil
+		}
+		if postErr != nil && first == nil {
+			first = postErr
+		}
+		if first != nil {
+			if cause := c.Err(); cause != nil {
+				var ae *AbortError
+				if errors.As(cause, &ae) && ae.Rank == c.rank {
+					return ae.Err // our own error: return it as seen
+				}
+				return cause
+			}
+			return first
+		}
+		for _, l := range st.post {
+			doLocal(l)
+		}
+		c.progress.Store(nanotime())
+	}
+	return nil
+}
+
+// verify checks, with one all-gather of the operation's signature, that every rank
+// issued the same operation (Config.Verify).
+func (c *Comm) verify(cl *call, pl *plan, seq uint32) error {
+	mine := int64(uint64(pl.sig)<<32 | uint64(cl.root&0xffff)<<16 | uint64(cl.op))
+	sh := shape{p: c.size, rank: c.rank, es: 8, count: 1}
+	vp := planAllGatherRing(sh)
+	vp.sig = signature(OpAllGather, Ring, 8, 1, -1)
+	all := make([]int64, c.size)
+	all[c.rank] = mine
+	vc := &call{op: OpAllGather, dt: dtype.I64, recv: dtype.Bytes(all)}
+	if err := c.execute(vp, seq, vc); err != nil {
+		return err
+	}
+	for r, v := range all {
+		if v != mine {
+			err := fmt.Errorf("%w: rank %d issued %v (signature %#x, root %d) where this rank issued %v (signature %#x, root %d)",
+				ErrMismatch, r, OpKind(v&0xffff), uint64(v)>>32, int(v>>16)&0xffff, cl.op, pl.sig, cl.root)
+			return c.fail(err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,398 @@
+package coll
+
+import (
+	"context"
+	"fmt"
+	"unsafe"
+
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/transport"
+)
+
+// The operations. Every one is generic over the element type, takes the context first,
+// and comes in a blocking form and a non-blocking I-form that returns a *Handle.
+//
+// In place: pass send == nil (or send aliasing recv) to AllReduce and Reduce; for
+// AllGather pass send == nil with this rank's block already in recv.
+
+// invalid aborts the communicator (so that every rank learns) and returns the ArgError.
+func (c *Comm) invalid(arg, format string, a ...any) error {
+	err := &ArgError{Arg: arg, Reason: fmt.Sprintf(format, a...)}
+	if c.Err() == nil && !c.closed.Load() {
+		c.abortLocal(err)
+	}
+	return err
+}
+
+func sameStart(a, b []byte) bool {
+	return len(a) > 0 && len(b) > 0 && unsafe.SliceData(a) == unsafe.SliceData(b)
+}
+
+func (c *Comm) checkRoot(root int) error {
+	if root < 0 || root >= c.size {
+		return c.invalid("root", "rank %d out of range [0,%d)", root, c.size)
+	}
+	return nil
+}
+
+func (c *Comm) checkOp(op dtype.Op) error {
+	if !op.Valid() {
+		return c.invalid("op", "unknown reduction %v", op)
+	}
+	return nil
+}
+
+// start assigns the sequence number(s) and arms the watchdog; the caller runs the plan
+// (now, or in a goroutine for the I-forms) and calls c.end.
+func (c *Comm) start(ctx context.Context) (uint32, error) {
+	if err := c.begin(ctx); err != nil {
+		return 0, err
+	}
+	seq := c.nextSeq()
+	if c.cfg.Verify {
+		c.nextSeq()
+	}
+	return seq, nil
+}
+
+func (c *Comm) exec(pl *plan, seq uint32, cl *call) error {
+	defer c.end()
+	if c.cfg.Verify {
+		if err := c.verify(cl, pl, seq); err != nil {
+			return err
+		}
+		seq++
+		if seq > seqMax {
+			seq = 1
+		}
+	}
+	if err := c.execute(pl, seq, cl); err != nil {
+		return err
+	}
+	c.stats.Ops.Add(1)
+	c.stats.BytesSent.Add(uint64(pl.bytes))
+	return nil
+}
+
+// submit runs the call now, or in the background when async (returning its handle).
+// after, if set, runs once the call is over (releasing scratch the call used).
+func (c *Comm) submit(ctx context.Context, cl call, k planKey, async bool, after func()) (*Handle, error) {
+	return c.submitPlan(ctx, cl, c.getPlan(k), async, after)
+}
+
+func (c *Comm) submitPlan(ctx context.Context, cl call, pl *plan, async bool, after func()) (*Handle, error) {
+	seq, err := c.start(ctx)
+	if err != nil {
+		if after != nil {
+			after()
+		}
+		return nil, err
+	}
+	if !async {
+		err := c.exec(pl, seq, &cl)
+		if after != nil {
+			after()
+		}
+		return nil, err
+	}
+	h := newHandle()
+	bg := cl // only the background form moves the call to the heap
+	go func() {
+		err := c.exec(pl, seq, &bg)
+		if after != nil {
+			after()
+		}
+		h.finish(err)
+	}()
+	return h, nil
+}
+
+func key(c *Comm, op OpKind, es, count, root, costBytes int) planKey {
+	return planKey{op: op, algo: c.choose(op, costBytes), es: es, count: count, root: root}
+}
+
+// ---- AllReduce ----
+
+// AllReduce combines send from every rank with op and leaves the result, bitwise
+// identical, in recv on every rank. send == nil works in place on recv.
+func AllReduce[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, op dtype.Op) error {
+	_, err := allReduce(ctx, c, send, recv, op, false)
+	return err
+}
+
+// IAllReduce is the non-blocking AllReduce.
+func IAllReduce[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, op dtype.Op) (*Handle, error) {
+	return allReduce(ctx, c, send, recv, op, true)
+}
+
+func allReduce[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, op dtype.Op, async bool) (*Handle, error) {
+	if err := c.checkOp(op); err != nil {
+		return nil, err
+	}
+	if send != nil && len(send) != len(recv) {
+		return nil, c.invalid("recv", "%d elements for a %d-element send", len(recv), len(send))
+	}
+	dt := dtype.Of[T]()
+	sb, rb := dtype.Bytes(send), dtype.Bytes(recv)
+	if send != nil && !sameStart(sb, rb) {
+		copy(rb, sb)
+	}
+	cl := call{op: OpAllReduce, dt: dt, redop: op, count: len(recv), recv: rb}
+	return c.submit(ctx, cl, key(c, OpAllReduce, dt.Size(), len(recv), 0, len(rb)), async, nil)
+}
+
+// ---- Broadcast ----
+
+// Broadcast copies root's buf into buf on every rank.
+func Broadcast[T dtype.Elem](ctx context.Context, c *Comm, buf []T, root int) error {
+	_, err := broadcast(ctx, c, buf, root, false)
+	return err
+}
+
+// IBroadcast is the non-blocking Broadcast.
+func IBroadcast[T dtype.Elem](ctx context.Context, c *Comm, buf []T, root int) (*Handle, error) {
+	return broadcast(ctx, c, buf, root, true)
+}
+
+func broadcast[T dtype.Elem](ctx context.Context, c *Comm, buf []T, root int, async bool) (*Handle, error) {
+	if err := c.checkRoot(root); err != nil {
+		return nil, err
+	}
+	dt := dtype.Of[T]()
+	b := dtype.Bytes(buf)
+	cl := call{op: OpBroadcast, dt: dt, count: len(buf), root: root, recv: b}
+	return c.submit(ctx, cl, key(c, OpBroadcast, dt.Size(), len(buf), root, len(b)), async, nil)
+}
+
+// ---- Reduce ----
+
+// Reduce combines send from every rank with op into recv on root. recv is ignored (may be
+// nil) on other ranks; at root, send == nil works in place on recv.
+func Reduce[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, op dtype.Op, root int) error {
+	_, err := reduce(ctx, c, send, recv, op, root, false)
+	return err
+}
+
+// IReduce is the non-blocking Reduce.
+func IReduce[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, op dtype.Op, root int) (*Handle, error) {
+	return reduce(ctx, c, send, recv, op, root, true)
+}
+
+func reduce[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, op dtype.Op, root int, async bool) (*Handle, error) {
+	if err := c.checkOp(op); err != nil {
+		return nil, err
+	}
+	if err := c.checkRoot(root); err != nil {
+		return nil, err
+	}
+	dt := dtype.Of[T]()
+	n := len(send)
+	if c.rank == root {
+		if send == nil {
+			n = len(recv)
+		} else if len(recv) != n {
+			return nil, c.invalid("recv", "%d elements at the root for a %d-element send", len(recv), n)
+		}
+	}
+	sb := dtype.Bytes(send)
+	var rb []byte
+	var owned func()
+	if c.rank == root {
+		rb = dtype.Bytes(recv)
+		if send != nil && !sameStart(sb, rb) {
+			copy(rb, sb)
+		}
+	} else {
+		// The accumulation buffer of a non-root is scratch: send stays untouched.
+		buf := c.pool.Get(len(sb))
+		rb = buf.Bytes()
+		copy(rb, sb)
+		owned = buf.Release
+	}
+	cl := call{op: OpReduce, dt: dt, redop: op, count: n, root: root, recv: rb}
+	return c.submit(ctx, cl, key(c, OpReduce, dt.Size(), n, root, n*dt.Size()), async, owned)
+}
+
+// ---- AllGather ----
+
+// AllGather concatenates every rank's send, in rank order, into recv on every rank
+// (len(recv) = Size()*len(send)). send == nil: this rank's block is already in recv.
+func AllGather[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T) error {
+	_, err := allGather(ctx, c, send, recv, false)
+	return err
+}
+
+// IAllGather is the non-blocking AllGather.
+func IAllGather[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T) (*Handle, error) {
+	return allGather(ctx, c, send, recv, true)
+}
+
+func allGather[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, async bool) (*Handle, error) {
+	blk := len(recv) / c.size
+	if len(recv)%c.size != 0 {
+		return nil, c.invalid("recv", "%d elements is not a multiple of %d ranks", len(recv), c.size)
+	}
+	if send != nil && len(send) != blk {
+		return nil, c.invalid("recv", "%d elements for %d ranks of %d", len(recv), c.size, len(send))
+	}
+	dt := dtype.Of[T]()
+	rb := dtype.Bytes(recv)
+	if send != nil {
+		mine := rb[c.rank*blk*dt.Size() : (c.rank+1)*blk*dt.Size()]
+		if sb := dtype.Bytes(send); !sameStart(sb, mine) {
+			copy(mine, sb)
+		}
+	}
+	cl := call{op: OpAllGather, dt: dt, count: blk, recv: rb}
+	return c.submit(ctx, cl, key(c, OpAllGather, dt.Size(), blk, 0, blk*dt.Size()), async, nil)
+}
+
+// ---- ReduceScatter ----
+
+// ReduceScatter combines send (Size() blocks of len(recv)) from every rank with op and
+// leaves block r of the result in recv on rank r.
+func ReduceScatter[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, op dtype.Op) error {
+	_, err := reduceScatter(ctx, c, send, recv, op, false)
+	return err
+}
+
+// IReduceScatter is the non-blocking ReduceScatter.
+func IReduceScatter[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, op dtype.Op) (*Handle, error) {
+	return reduceScatter(ctx, c, send, recv, op, true)
+}
+
+func reduceScatter[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, op dtype.Op, async bool) (*Handle, error) {
+	if err := c.checkOp(op); err != nil {
+		return nil, err
+	}
+	if len(send) != c.size*len(recv) {
+		return nil, c.invalid("send", "%d elements, want %d ranks x %d", len(send), c.size, len(recv))
+	}
+	dt := dtype.Of[T]()
+	cl := call{op: OpReduceScatter, dt: dt, redop: op, count: len(recv), send: dtype.Bytes(send), recv: dtype.Bytes(recv)}
+	return c.submit(ctx, cl, key(c, OpReduceScatter, dt.Size(), len(recv), 0, len(recv)*dt.Size()), async, nil)
+}
+
+// ---- AlltoAll ----
+
+// AlltoAll sends block j of send (Size() equal blocks) to rank j, which stores it as
+// block i (this rank's index) of recv.
+func AlltoAll[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T) error {
+	_, err := alltoAll(ctx, c, send, recv, false)
+	return err
+}
+
+// IAlltoAll is the non-blocking AlltoAll.
+func IAlltoAll[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T) (*Handle, error) {
+	return alltoAll(ctx, c, send, recv, true)
+}
+
+func alltoAll[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, async bool) (*Handle, error) {
+	if len(send) != len(recv) {
+		return nil, c.invalid("recv", "%d elements for a %d-element send", len(recv), len(send))
+	}
+	if len(send)%c.size != 0 {
+		return nil, c.invalid("send", "%d elements is not a multiple of %d ranks", len(send), c.size)
+	}
+	dt := dtype.Of[T]()
+	blk := len(send) / c.size
+	sb, rb := dtype.Bytes(send), dtype.Bytes(recv)
+	var owned func()
+	if sameStart(sb, rb) { // in place: send from a copy
+		buf := c.pool.Get(len(sb))
+		copy(buf.Bytes(), sb)
+		sb = buf.Bytes()
+		owned = buf.Release
+	}
+	cl := call{op: OpAlltoAll, dt: dt, count: blk, send: sb, recv: rb}
+	return c.submit(ctx, cl, key(c, OpAlltoAll, dt.Size(), blk, 0, blk*dt.Size()), async, owned)
+}
+
+// ---- Scatter, Gather ----
+
+// Scatter sends block j of root's send (Size() blocks of len(recv)) to rank j's recv.
+// send is ignored on other ranks.
+func Scatter[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, root int) error {
+	if err := c.checkRoot(root); err != nil {
+		return err
+	}
+	if c.rank == root && len(send) != c.size*len(recv) {
+		return c.invalid("send", "%d elements at the root, want %d ranks x %d", len(send), c.size, len(recv))
+	}
+	dt := dtype.Of[T]()
+	cl := call{op: OpScatter, dt: dt, count: len(recv), root: root, send: dtype.Bytes(send), recv: dtype.Bytes(recv)}
+	_, err := c.submit(ctx, cl, key(c, OpScatter, dt.Size(), len(recv), root, len(recv)*dt.Size()), false, nil)
+	return err
+}
+
+// Gather collects every rank's send into root's recv (Size() blocks, rank order). recv is
+// ignored on other ranks.
+func Gather[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, root int) error {
+	if err := c.checkRoot(root); err != nil {
+		return err
+	}
+	if c.rank == root && len(recv) != c.size*len(send) {
+		return c.invalid("recv", "%d elements at the root, want %d ranks x %d", len(recv), c.size, len(send))
+	}
+	dt := dtype.Of[T]()
+	cl := call{op: OpGather, dt: dt, count: len(send), root: root, send: dtype.Bytes(send), recv: dtype.Bytes(recv)}
+	_, err := c.submit(ctx, cl, key(c, OpGather, dt.Size(), len(send), root, len(send)*dt.Size()), false, nil)
+	return err
+}
+
+// Barrier returns once every rank has entered it.
+func Barrier(ctx context.Context, c *Comm) error {
+	cl := call{op: OpBarrier, dt: dtype.U8}
+	_, err := c.submit(ctx, cl, planKey{op: OpBarrier, algo: Dissemination}, false, nil)
+	return err
+}
+
+// ---- Send, Recv ----
+
+// Send sends buf to peer with a tag (point to point; not a collective). Messages with the
+// same (peer, tag) arrive in order.
+func Send[T dtype.Elem](ctx context.Context, c *Comm, buf []T, peer, tag int) error {
+	if peer < 0 || peer >= c.size {
+		return &ArgError{Arg: "peer", Reason: fmt.Sprintf("rank %d out of range [0,%d)", peer, c.size)}
+	}
+	if tag < 0 {
+		return &ArgError{Arg: "tag", Reason: "negative"}
+	}
+	if err := c.begin(ctx); err != nil {
+		return err
+	}
+	defer c.end()
+	r, err := c.tr.Isend(c.ranks[peer], transport.Tag{Comm: c.id, Seq: p2pSeq, Tag: uint32(tag)}, dtype.Bytes(buf))
+	if err != nil {
+		return c.fail(err)
+	}
+	if _, err := r.Wait(c.actx); err != nil {
+		return c.fail(err)
+	}
+	return nil
+}
+
+// Recv receives from peer with a tag into buf and returns the number of elements that
+// arrived (a shorter message fills part of buf; a longer one is an error).
+func Recv[T dtype.Elem](ctx context.Context, c *Comm, buf []T, peer, tag int) (int, error) {
+	if peer < 0 || peer >= c.size {
+		return 0, &ArgError{Arg: "peer", Reason: fmt.Sprintf("rank %d out of range [0,%d)", peer, c.size)}
+	}
+	if tag < 0 {
+		return 0, &ArgError{Arg: "tag", Reason: "negative"}
+	}
+	if err := c.begin(ctx); err != nil {
+		return 0, err
+	}
+	defer c.end()
+	b := dtype.Bytes(buf)
+	r, err := c.tr.Irecv(c.ranks[peer], transport.Tag{Comm: c.id, Seq: p2pSeq, Tag: uint32(tag)}, b)
+	if err != nil {
+		return 0, c.fail(err)
+	}
+	n, err := r.Wait(c.actx)
+	if err != nil {
+		return 0, c.fail(err)
+	}
+	return n / dtype.Of[T]().Size(), nil
+}
