@@ -17,6 +17,11 @@ import (
 // MOEX_ALGO says otherwise. Bruck first all-gathers every rank's counts. When every rank
 // knows the whole count matrix, PlanAlltoAllv lets the cost model choose, and the plan
 // can be reused while the counts repeat.
+//
+// Counts that disagree are seen by the ranks involved, which abort the communicator; the
+// others may already have finished this operation and see the error on their next one.
+// With Config.Verify (or Bruck) every rank first learns every rank's counts, and all of
+// them fail this operation with ErrMismatch.
 func AlltoAllv[T dtype.Elem](ctx context.Context, c *Comm, send []T, sendCounts, sendDispls []int, recv []T, recvCounts, recvDispls []int) error {
 	_, err := alltoAllv(ctx, c, send, sendCounts, sendDispls, recv, recvCounts, recvDispls, false)
 	return err
@@ -76,27 +81,34 @@ func alltoAllv[T dtype.Elem](ctx context.Context, c *Comm, send []T, sendCounts,
 		}
 	}
 	pl := &plan{op: OpAlltoAllv, algo: algo}
-	switch algo {
-	case Bruck:
-		counts := make([]int64, c.size)
-		for j, n := range sendCounts {
-			counts[j] = int64(n * es)
+	var m [][]int
+	if algo == Bruck || c.cfg.Verify {
+		// Every rank learns every rank's send and receive sizes, so that a disagreement is
+		// seen, identically, by all of them (and Bruck needs the sizes anyway).
+		p := c.size
+		mine := make([]int64, 2*p)
+		for j := 0; j < p; j++ {
+			mine[j], mine[p+j] = int64(l.sendLen[j]), int64(l.recvLen[j])
 		}
-		all := make([]int64, c.size*c.size)
-		if err := AllGather(ctx, c, counts, all); err != nil {
+		all := make([]int64, 2*p*p)
+		if err := AllGather(ctx, c, mine, all); err != nil {
 			return nil, err
 		}
-		m := make([][]int, c.size)
+		m = make([][]int, p)
 		for i := range m {
-			m[i] = make([]int, c.size)
+			m[i] = make([]int, p)
 			for j := range m[i] {
-				m[i][j] = int(all[i*c.size+j])
-			}
-			if int(all[i*c.size+c.rank]) != l.recvLen[i] {
-				return nil, c.fail(fmt.Errorf("%w: rank %d sends %d bytes to rank %d, which expects %d",
-					ErrMismatch, i, all[i*c.size+c.rank], c.rank, l.recvLen[i]))
+				sent, expected := all[i*2*p+j], all[j*2*p+p+i]
+				if sent != expected {
+					return nil, c.fail(fmt.Errorf("%w: rank %d sends %d bytes to rank %d, which expects %d",
+						ErrMismatch, i, sent, j, expected))
+				}
+				m[i][j] = int(sent)
 			}
 		}
+	}
+	switch algo {
+	case Bruck:
 		planAlltoAllBruck(pl, c.size, c.rank, l, m)
 	case Pairwise:
 		planAlltoAllPairwise(pl, c.size, c.rank, l)
@@ -197,12 +209,13 @@ func (c *Comm) runV(ctx context.Context, vp *VPlan, send, recv []byte, async boo
 	return c.submitPlan(ctx, cl, vp.pl, async, nil)
 }
 
-// Describe writes the schedule of op with count elements of es bytes (per block or per
-// rank, as the op takes them) on this rank, as the cost model would choose it; for `moex
-// flow` and debugging.
-func (c *Comm) Describe(op OpKind, es, count, root int) string {
+// Describe writes the schedule of op on count elements of dt (per block or per rank, as
+// the op takes them) on this rank, as the cost model would choose it; for `moex flow` and
+// debugging.
+func (c *Comm) Describe(op OpKind, dt dtype.Type, count, root int) string {
 	var sb stringsBuilder
-	pl := c.getPlan(key(c, op, es, count, root, count*es))
+	cl := call{op: op, dt: dt, redop: dtype.Sum, count: count, root: root}
+	pl := c.getPlan(key(c, &cl, count*dt.Size()))
 	pl.describe(&sb, c.rank)
 	return sb.String()
 }

@@ -15,6 +15,8 @@ import (
 type planKey struct {
 	op    OpKind
 	algo  Algo
+	dt    dtype.Type
+	redop dtype.Op
 	es    int
 	count int
 	root  int
@@ -116,7 +118,7 @@ func (c *Comm) getPlan(k planKey) *plan {
 	default:
 		panic(fmt.Sprintf("coll: no planner for %v", k.op))
 	}
-	pl.sig = signature(k.op, pl.algo, k.es, k.count, k.root)
+	pl.sig = signature(k.op, pl.algo, k.es, k.count, k.root, int(k.dt), int(k.redop))
 	pl.countBytes()
 	c.planMu.Lock()
 	c.plans[k] = pl

@@ -107,8 +107,8 @@ func (c *Comm) submitPlan(ctx context.Context, cl call, pl *plan, async bool, af
 	return h, nil
 }
 
-func key(c *Comm, op OpKind, es, count, root, costBytes int) planKey {
-	return planKey{op: op, algo: c.choose(op, costBytes), es: es, count: count, root: root}
+func key(c *Comm, cl *call, costBytes int) planKey {
+	return planKey{op: cl.op, algo: c.choose(cl.op, costBytes), dt: cl.dt, redop: cl.redop, es: cl.dt.Size(), count: cl.count, root: cl.root}
 }
 
 // ---- AllReduce ----
@@ -138,7 +138,7 @@ func allReduce[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, op dt
 		copy(rb, sb)
 	}
 	cl := call{op: OpAllReduce, dt: dt, redop: op, count: len(recv), recv: rb}
-	return c.submit(ctx, cl, key(c, OpAllReduce, dt.Size(), len(recv), 0, len(rb)), async, nil)
+	return c.submit(ctx, cl, key(c, &cl, len(rb)), async, nil)
 }
 
 // ---- Broadcast ----
@@ -161,7 +161,7 @@ func broadcast[T dtype.Elem](ctx context.Context, c *Comm, buf []T, root int, as
 	dt := dtype.Of[T]()
 	b := dtype.Bytes(buf)
 	cl := call{op: OpBroadcast, dt: dt, count: len(buf), root: root, recv: b}
-	return c.submit(ctx, cl, key(c, OpBroadcast, dt.Size(), len(buf), root, len(b)), async, nil)
+	return c.submit(ctx, cl, key(c, &cl, len(b)), async, nil)
 }
 
 // ---- Reduce ----
@@ -210,7 +210,7 @@ func reduce[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, op dtype
 		owned = buf.Release
 	}
 	cl := call{op: OpReduce, dt: dt, redop: op, count: n, root: root, recv: rb}
-	return c.submit(ctx, cl, key(c, OpReduce, dt.Size(), n, root, n*dt.Size()), async, owned)
+	return c.submit(ctx, cl, key(c, &cl, n*dt.Size()), async, owned)
 }
 
 // ---- AllGather ----
@@ -244,7 +244,7 @@ func allGather[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, async
 		}
 	}
 	cl := call{op: OpAllGather, dt: dt, count: blk, recv: rb}
-	return c.submit(ctx, cl, key(c, OpAllGather, dt.Size(), blk, 0, blk*dt.Size()), async, nil)
+	return c.submit(ctx, cl, key(c, &cl, blk*dt.Size()), async, nil)
 }
 
 // ---- ReduceScatter ----
@@ -270,7 +270,7 @@ func reduceScatter[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, o
 	}
 	dt := dtype.Of[T]()
 	cl := call{op: OpReduceScatter, dt: dt, redop: op, count: len(recv), send: dtype.Bytes(send), recv: dtype.Bytes(recv)}
-	return c.submit(ctx, cl, key(c, OpReduceScatter, dt.Size(), len(recv), 0, len(recv)*dt.Size()), async, nil)
+	return c.submit(ctx, cl, key(c, &cl, len(recv)*dt.Size()), async, nil)
 }
 
 // ---- AlltoAll ----
@@ -305,7 +305,7 @@ func alltoAll[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, async 
 		owned = buf.Release
 	}
 	cl := call{op: OpAlltoAll, dt: dt, count: blk, send: sb, recv: rb}
-	return c.submit(ctx, cl, key(c, OpAlltoAll, dt.Size(), blk, 0, blk*dt.Size()), async, owned)
+	return c.submit(ctx, cl, key(c, &cl, blk*dt.Size()), async, owned)
 }
 
 // ---- Scatter, Gather ----
@@ -321,7 +321,7 @@ func Scatter[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, root in
 	}
 	dt := dtype.Of[T]()
 	cl := call{op: OpScatter, dt: dt, count: len(recv), root: root, send: dtype.Bytes(send), recv: dtype.Bytes(recv)}
-	_, err := c.submit(ctx, cl, key(c, OpScatter, dt.Size(), len(recv), root, len(recv)*dt.Size()), false, nil)
+	_, err := c.submit(ctx, cl, key(c, &cl, len(recv)*dt.Size()), false, nil)
 	return err
 }
 
@@ -336,14 +336,14 @@ func Gather[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, root int
 	}
 	dt := dtype.Of[T]()
 	cl := call{op: OpGather, dt: dt, count: len(send), root: root, send: dtype.Bytes(send), recv: dtype.Bytes(recv)}
-	_, err := c.submit(ctx, cl, key(c, OpGather, dt.Size(), len(send), root, len(send)*dt.Size()), false, nil)
+	_, err := c.submit(ctx, cl, key(c, &cl, len(send)*dt.Size()), false, nil)
 	return err
 }
 
 // Barrier returns once every rank has entered it.
 func Barrier(ctx context.Context, c *Comm) error {
 	cl := call{op: OpBarrier, dt: dtype.U8}
-	_, err := c.submit(ctx, cl, planKey{op: OpBarrier, algo: Dissemination}, false, nil)
+	_, err := c.submit(ctx, cl, planKey{op: OpBarrier, algo: Dissemination, dt: dtype.U8, es: 1}, false, nil)
 	return err
 }
 

@@ -1,0 +1,328 @@
+package coll
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/moex-ai/moex/coll/dtype"
+)
+
+// Every rank must end with an error that matches want, within the timeout.
+func wantAll(t *testing.T, errs []error, want error) {
+	t.Helper()
+	for r, err := range errs {
+		if !errors.Is(err, want) {
+			t.Errorf("rank %d: got %v, want an error matching %v", r, err, want)
+		}
+	}
+}
+
+func quick() Config { return Config{Timeout: 5 * time.Second} }
+
+func TestMismatchedCounts(t *testing.T) {
+	for _, algo := range Algorithms[OpAllReduce] {
+		start := time.Now()
+		errs := world(t, 4, Config{Timeout: 5 * time.Second, Algo: map[OpKind]Algo{OpAllReduce: algo}}, func(c *Comm) error {
+			n := 1000
+			if c.Rank() == 2 {
+				n = 1001
+			}
+			return AllReduce(context.Background(), c, nil, make([]float32, n), dtype.Sum)
+		})
+		wantAll(t, errs, ErrMismatch)
+		if d := time.Since(start); d > 4*time.Second {
+			t.Errorf("%v: mismatch took %v to surface (must not wait for the timeout)", algo, d)
+		}
+	}
+}
+
+func TestMismatchedTypes(t *testing.T) {
+	errs := world(t, 3, quick(), func(c *Comm) error {
+		if c.Rank() == 1 {
+			return AllReduce(context.Background(), c, nil, make([]int32, 64), dtype.Sum)
+		}
+		return AllReduce(context.Background(), c, nil, make([]float32, 64), dtype.Sum)
+	})
+	wantAll(t, errs, ErrMismatch)
+}
+
+// Two ranks issue the same two operations in different orders.
+func TestDifferentOrder(t *testing.T) {
+	errs := world(t, 2, quick(), func(c *Comm) error {
+		ctx := context.Background()
+		a := make([]float64, 16)
+		if c.Rank() == 0 {
+			if err := AllReduce(ctx, c, nil, a, dtype.Sum); err != nil {
+				return err
+			}
+			return Broadcast(ctx, c, a, 0)
+		}
+		if err := Broadcast(ctx, c, a, 0); err != nil {
+			return err
+		}
+		return AllReduce(ctx, c, nil, a, dtype.Sum)
+	})
+	wantAll(t, errs, ErrMismatch)
+}
+
+// Two ranks that both believe they are the root exchange no message that could show the
+// disagreement; Config.Verify catches it.
+func TestRootMismatchWithVerify(t *testing.T) {
+	errs := world(t, 2, Config{Timeout: 5 * time.Second, Verify: true}, func(c *Comm) error {
+		return Broadcast(context.Background(), c, make([]float32, 8), c.Rank())
+	})
+	wantAll(t, errs, ErrMismatch)
+}
+
+func TestWrongLengthNamesTheArgument(t *testing.T) {
+	errs := world(t, 3, quick(), func(c *Comm) error {
+		send := make([]float32, 10)
+		recv := make([]float32, 10)
+		if c.Rank() == 1 {
+			recv = recv[:9]
+		}
+		return AllReduce(context.Background(), c, send, recv, dtype.Sum)
+	})
+	var ae *ArgError
+	if !errors.As(errs[1], &ae) || ae.Arg != "recv" {
+		t.Fatalf("rank 1: got %v, want ArgError naming recv", errs[1])
+	}
+	// The others learn of it, quickly, as an abort caused by an invalid argument.
+	for _, r := range []int{0, 2} {
+		var abort *AbortError
+		if !errors.As(errs[r], &abort) || abort.Rank != 1 || !errors.Is(errs[r], ErrInvalidArgument) {
+			t.Fatalf("rank %d: got %v, want AbortError by rank 1 wrapping ErrInvalidArgument", r, errs[r])
+		}
+	}
+}
+
+func TestRootOutOfRange(t *testing.T) {
+	for _, root := range []int{-1, 3, 99} {
+		errs := world(t, 3, quick(), func(c *Comm) error {
+			return Broadcast(context.Background(), c, make([]int64, 4), root)
+		})
+		for r, err := range errs {
+			var ae *ArgError
+			if !errors.As(err, &ae) || ae.Arg != "root" {
+				if !errors.Is(err, ErrInvalidArgument) {
+					t.Fatalf("root %d, rank %d: got %v, want ArgError naming root", root, r, err)
+				}
+			}
+		}
+	}
+}
+
+func TestNegativeCounts(t *testing.T) {
+	errs := world(t, 3, quick(), func(c *Comm) error {
+		sc := []int{1, 1, 1}
+		if c.Rank() == 0 {
+			sc[2] = -4
+		}
+		return AlltoAllv(context.Background(), c, make([]float32, 3), sc, nil, make([]float32, 3), []int{1, 1, 1}, nil)
+	})
+	var ae *ArgError
+	if !errors.As(errs[0], &ae) || ae.Arg != "sendCounts[2]" {
+		t.Fatalf("rank 0: got %v, want ArgError naming sendCounts[2]", errs[0])
+	}
+	wantAll(t, errs, ErrInvalidArgument)
+}
+
+func TestAlltoAllvCountsDisagree(t *testing.T) {
+	body := func(c *Comm) error {
+		rc := []int{2, 2, 2}
+		if c.Rank() == 1 {
+			rc[0] = 3 // rank 0 sends 2
+		}
+		err := AlltoAllv(context.Background(), c, make([]float32, 6), []int{2, 2, 2}, nil, make([]float32, 7), rc, nil)
+		if err != nil {
+			return err
+		}
+		// Ranks not involved may have finished; their next operation reports it.
+		return Barrier(context.Background(), c)
+	}
+	for _, algo := range Algorithms[OpAlltoAllv] {
+		errs := world(t, 3, Config{Timeout: 5 * time.Second, Algo: map[OpKind]Algo{OpAlltoAllv: algo}}, body)
+		wantAll(t, errs, ErrMismatch)
+	}
+	// With Verify every rank fails the AlltoAllv itself.
+	errs := world(t, 3, Config{Timeout: 5 * time.Second, Verify: true}, func(c *Comm) error {
+		rc := []int{2, 2, 2}
+		if c.Rank() == 1 {
+			rc[0] = 3
+		}
+		return AlltoAllv(context.Background(), c, make([]float32, 6), []int{2, 2, 2}, nil, make([]float32, 7), rc, nil)
+	})
+	wantAll(t, errs, ErrMismatch)
+}
+
+func TestBadOp(t *testing.T) {
+	errs := world(t, 2, quick(), func(c *Comm) error {
+		return AllReduce(context.Background(), c, nil, make([]float32, 4), dtype.Op(77))
+	})
+	wantAll(t, errs, ErrInvalidArgument)
+}
+
+// A rank that never shows up: everyone else times out (no hang), and the communicator is
+// unusable afterwards.
+func TestTimeout(t *testing.T) {
+	cs, err := Local(4, Config{Timeout: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	start := time.Now()
+	errs := runOn(cs[:3], func(c *Comm) error {
+		return AllReduce(context.Background(), c, nil, make([]float32, 100), dtype.Sum)
+	})
+	wantAll(t, errs, ErrTimeout)
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("timeout of 300ms took %v", d)
+	}
+	// Rank 3 was told: its next op fails at once.
+	err = Barrier(context.Background(), cs[3])
+	if !errors.Is(err, ErrAborted) || !errors.Is(err, ErrTimeout) {
+		t.Fatalf("rank 3 after the others timed out: %v", err)
+	}
+}
+
+func TestContextDeadline(t *testing.T) {
+	errs := world(t, 2, Config{}, func(c *Comm) error {
+		if c.Rank() == 1 {
+			time.Sleep(300 * time.Millisecond)
+			return Barrier(context.Background(), c)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		return Barrier(ctx, c)
+	})
+	if !errors.Is(errs[0], ErrTimeout) || !errors.Is(errs[0], context.DeadlineExceeded) {
+		t.Fatalf("rank 0: %v", errs[0])
+	}
+	if !errors.Is(errs[1], ErrAborted) {
+		t.Fatalf("rank 1: %v", errs[1])
+	}
+}
+
+// A rank that dies (its endpoint closes mid-operation) fails the operation on every other
+// rank with an error naming it.
+func TestDeadPeerNamed(t *testing.T) {
+	cs, err := Local(4, Config{Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		cs[2].Close()
+	}()
+	start := time.Now()
+	errs := runOn([]*Comm{cs[0], cs[1], cs[3]}, func(c *Comm) error {
+		return AllReduce(context.Background(), c, nil, make([]float32, 1<<16), dtype.Sum)
+	})
+	for i, err := range errs {
+		var pe *PeerError
+		if !errors.As(err, &pe) || pe.Rank != 2 {
+			t.Errorf("survivor %d: got %v, want a PeerError naming rank 2", i, err)
+		}
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("took %v to notice", d)
+	}
+	// Later operations fail at once too.
+	if err := Barrier(context.Background(), cs[0]); !errors.Is(err, ErrAborted) {
+		t.Fatalf("after the death: %v", err)
+	}
+}
+
+func TestAbortUnblocks(t *testing.T) {
+	cs, err := Local(3, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	go func() {
+		time.Sleep(30 * time.Millisecond)
+		cs[0].Abort("operator said stop")
+	}()
+	errs := runOn(cs[1:], func(c *Comm) error {
+		return AllReduce(context.Background(), c, nil, make([]float32, 8), dtype.Sum)
+	})
+	for r, err := range errs {
+		var ae *AbortError
+		if !errors.As(err, &ae) || ae.Rank != 0 {
+			t.Fatalf("rank %d: %v", r+1, err)
+		}
+	}
+}
+
+func TestClosedComm(t *testing.T) {
+	cs, err := Local(1, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs[0].Close()
+	if err := Barrier(context.Background(), cs[0]); !errors.Is(err, ErrClosed) {
+		t.Fatalf("got %v", err)
+	}
+	if err := cs[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestAlgoOverrides(t *testing.T) {
+	m, err := ParseAlgoOverrides("allreduce:ring, alltoall:bruck")
+	if err != nil || m[OpAllReduce] != Ring || m[OpAlltoAll] != Bruck {
+		t.Fatalf("%v %v", m, err)
+	}
+	for _, bad := range []string{"allreduce", "allreduce:bruck", "frobnicate:ring", "allreduce:fast"} {
+		if _, err := ParseAlgoOverrides(bad); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("%q: got %v", bad, err)
+		}
+	}
+}
+
+// The model picks the latency-bound algorithm for small messages and the bandwidth-bound
+// one for large, and the choice is the same on every rank.
+func TestCostModelChoices(t *testing.T) {
+	cs, err := Local(8, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	c := cs[0]
+	small, large := c.choose(OpAllReduce, 64), c.choose(OpAllReduce, 16<<20)
+	if small != RecDoubling || (large != Ring && large != Rabenseifner) {
+		t.Fatalf("allreduce: small %v, large %v", small, large)
+	}
+	if a := c.choose(OpAllGather, 8); a == Ring {
+		t.Fatalf("allgather of 8 bytes on 8 ranks chose %v", a)
+	}
+	for op := range Algorithms {
+		for _, n := range []int{0, 8, 1 << 10, 1 << 20, 64 << 20} {
+			a0 := cs[0].choose(op, n)
+			for _, o := range cs[1:] {
+				if o.choose(op, n) != a0 {
+					t.Fatalf("%v %d: ranks disagree", op, n)
+				}
+			}
+		}
+	}
+}
