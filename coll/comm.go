@@ -101,7 +101,8 @@ type Comm struct {
 	execPool sync.Pool
 	stats    Stats
 
-	owned []func() error // closed with the communicator that created them (world only)
+	owned        []func() error // closed with the communicator that created them (world only)
+	closeBarrier bool           // Close waits for every rank first (communicators from Init)
 }
 
 // Stats counts a communicator's work.
@@ -394,7 +395,18 @@ func (c *Comm) nextSeq() uint32 {
 // Close releases the communicator: its watchers stop, and the transport and rendezvous
 // (for the communicator Init or Local created) are closed. Pending operations fail with
 // ErrClosed. Close does not talk to other ranks; they see this rank leave.
+//
+// For the communicator Init returned, Close is collective: it first waits (for at most the
+// timeout, or 30 s) until every rank has reached Close, so that a rank that finishes early
+// does not fail the last operation of a slower one by leaving.
 func (c *Comm) Close() error {
+	if c.closeBarrier && !c.closed.Load() && c.Err() == nil && c.size > 1 {
+		ctx, cancel := context.WithTimeout(context.Background(), min(c.cfg.Timeout, 30*time.Second))
+		if err := Barrier(ctx, c); err != nil {
+			c.log.Warn("moex: not every rank reached Close", "rank", c.rank, "err", err)
+		}
+		cancel()
+	}
 	if c.closed.Swap(true) {
 		return nil
 	}
@@ -508,6 +520,7 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 	}
 	c := newComm(tr, 1, ranks, hosts, env.Rank, cfg, link)
 	c.owned = append(c.owned, rv.Close, tr.Close)
+	c.closeBarrier = true
 	if log.Enabled(ctx, slog.LevelInfo) {
 		pr, _ := tr.(transport.PathReporter)
 		for q := 0; q < env.Size; q++ {

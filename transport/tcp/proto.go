@@ -132,7 +132,20 @@ func (p *peer) reap() {
 	recvErr, sendErr := p.peerErr("recv"), p.peerErr("send")
 	var done []func()
 	p.posted.Drain(0, func(r *recvReq) { done = append(done, func() { r.Complete(0, recvErr) }) })
-	p.unexp.Drain(0, func(u *unexpected) { t.putUnexpected(u) })
+	// Messages the peer sent before it left stay deliverable (Irecv looks at them before it
+	// looks at dead); announcements of large ones cannot be, and go. A closing transport
+	// drops everything.
+	var keep []*unexpected
+	p.unexp.Drain(0, func(u *unexpected) {
+		if u.rts || t.closed.Load() {
+			t.putUnexpected(u)
+		} else {
+			keep = append(keep, u)
+		}
+	})
+	for _, u := range keep {
+		p.unexp.Push(0, u.tag.Key(), u)
+	}
 	for _, s := range p.streams {
 		s.qmu.Lock()
 		for f := s.ctlHead; f != nil; f = f.next {

@@ -1,0 +1,414 @@
+// Package bench measures moex the way nccl-tests measures NCCL: per message size, time per
+// operation, algorithm bandwidth and bus bandwidth, and a correctness check of the result,
+// printed as a table or as one JSON object per line. It also runs the MoE scenarios
+// behind `moex bench moe` and the point-to-point tests behind `moex bench p2p`.
+//
+// Every figure sits beside memcpy of the same bytes measured in the same run, since the
+// machines moex is developed on are shared and noisy. bench runs collectives over a
+// communicator it is given; launching ranks is the command's business (cmd/moex).
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+)
+
+// CollOpts selects what to measure.
+type CollOpts struct {
+	Op       coll.OpKind
+	MinBytes int
+	MaxBytes int
+	Factor   int // size step (default 2)
+	DType    dtype.Type
+	RedOp    dtype.Op
+	Root     int
+	Iters    int // timed iterations per size (0: about 0.2 s worth, at least 5)
+	Warmup   int
+	Check    bool // verify the result of the last iteration (default on via the CLI)
+}
+
+// CollResult is one row: the fields of `moex bench coll --json`.
+type CollResult struct {
+	Op        string  `json:"op"`
+	Ranks     int     `json:"ranks"`
+	Transport string  `json:"transport"`
+	Bytes     int     `json:"bytes"`
+	Count     int     `json:"count"`
+	DType     string  `json:"dtype"`
+	RedOp     string  `json:"redop,omitempty"`
+	Root      int     `json:"root"`
+	Algo      string  `json:"algo"`
+	TimeUS    float64 `json:"time_us"`
+	AlgBW     float64 `json:"algbw_gbs"`
+	BusBW     float64 `json:"busbw_gbs"`
+	Wrong     int     `json:"wrong"`
+	MemcpyGBs float64 `json:"memcpy_gbs"`
+	Iters     int     `json:"iters"`
+}
+
+// BusFactor is nccl-tests' conversion from algorithm to bus bandwidth.
+func BusFactor(op coll.OpKind, n int) float64 {
+	if n <= 1 {
+		return 0
+	}
+	f := float64(n)
+	switch op {
+	case coll.OpAllReduce:
+		return 2 * (f - 1) / f
+	case coll.OpAlltoAll, coll.OpAlltoAllv, coll.OpAllGather, coll.OpReduceScatter:
+		return (f - 1) / f
+	}
+	return 1
+}
+
+// Memcpy measures copy() bandwidth for n bytes in GB/s.
+func Memcpy(n int) float64 {
+	if n == 0 {
+		return 0
+	}
+	src, dst := make([]byte, n), make([]byte, n)
+	for i := range src {
+		src[i] = byte(i)
+	}
+	iters := max(3, (64<<20)/n)
+	start := time.Now()
+	for i := 0; i < iters; i++ {
+		copy(dst, src)
+	}
+	return float64(n) * float64(iters) / time.Since(start).Seconds() / 1e9
+}
+
+// sizes returns the message sizes from min to max by factor, each a multiple of the
+// granularity the op needs (element size, and the rank count for split buffers).
+func sizes(o CollOpts, ranks int) []int {
+	gran := o.DType.Size()
+	switch o.Op {
+	case coll.OpAlltoAll, coll.OpAllGather, coll.OpReduceScatter:
+		gran *= ranks
+	}
+	var out []int
+	for s := max(o.MinBytes, 0); s <= o.MaxBytes; s *= o.Factor {
+		n := s / gran * gran
+		if len(out) == 0 || out[len(out)-1] != n {
+			out = append(out, n)
+		}
+		if s == 0 {
+			s = 1
+		}
+	}
+	return out
+}
+
+// Coll runs the benchmark on every rank of c (collectively) and returns the rows on
+// rank 0 (nil elsewhere).
+func Coll(ctx context.Context, c *coll.Comm, o CollOpts) ([]CollResult, error) {
+	if o.Factor < 2 {
+		o.Factor = 2
+	}
+	if o.DType == 0 {
+		o.DType = dtype.F32
+	}
+	if o.RedOp == 0 {
+		o.RedOp = dtype.Sum
+	}
+	if o.Warmup == 0 {
+		o.Warmup = 3
+	}
+	p := c.Size()
+	var rows []CollResult
+	for _, size := range sizes(o, p) {
+		r, err := collOne(ctx, c, o, size)
+		if err != nil {
+			return nil, fmt.Errorf("%v %d bytes: %w", o.Op, size, err)
+		}
+		if c.Rank() == 0 {
+			rows = append(rows, r)
+		}
+	}
+	return rows, nil
+}
+
+// op bundles one benchmark's buffers and its operation.
+type benchOp struct {
+	run   func() error
+	prep  func() // reset inputs before a checked run
+	check func() int
+}
+
+func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResult, error) {
+	p, r := c.Size(), c.Rank()
+	es := o.DType.Size()
+	count := size / es
+	res := CollResult{Op: o.Op.String(), Ranks: p, Transport: c.Transport().Name(), Bytes: size, Count: count,
+		DType: o.DType.String(), Root: o.Root}
+	bo, algoCount, err := makeOp(ctx, c, o, size)
+	if err != nil {
+		return res, err
+	}
+	switch o.Op {
+	case coll.OpAllReduce, coll.OpReduce, coll.OpReduceScatter:
+		res.RedOp = o.RedOp.String()
+	}
+	res.Algo = algoName(c, o.Op, o.DType, algoCount, o.Root)
+	for i := 0; i < o.Warmup; i++ {
+		if err := bo.run(); err != nil {
+			return res, err
+		}
+	}
+	iters := o.Iters
+	if iters <= 0 {
+		// Agree on an iteration count from a timed probe (max over ranks).
+		start := time.Now()
+		if err := bo.run(); err != nil {
+			return res, err
+		}
+		per := []float64{time.Since(start).Seconds()}
+		if err := coll.AllReduce(ctx, c, nil, per, dtype.Max); err != nil {
+			return res, err
+		}
+		iters = int(math.Min(1000, math.Max(5, 0.2/math.Max(per[0], 1e-7))))
+	}
+	if err := coll.Barrier(ctx, c); err != nil {
+		return res, err
+	}
+	start := time.Now()
+	for i := 0; i < iters; i++ {
+		if err := bo.run(); err != nil {
+			return res, err
+		}
+	}
+	el := []float64{time.Since(start).Seconds() / float64(iters)}
+	if err := coll.AllReduce(ctx, c, nil, el, dtype.Max); err != nil {
+		return res, err
+	}
+	if o.Check {
+		bo.prep()
+		if err := bo.run(); err != nil {
+			return res, err
+		}
+		wrong := []int64{int64(bo.check())}
+		if err := coll.AllReduce(ctx, c, nil, wrong, dtype.Sum); err != nil {
+			return res, err
+		}
+		res.Wrong = int(wrong[0])
+	}
+	res.Iters = iters
+	res.TimeUS = el[0] * 1e6
+	if el[0] > 0 {
+		res.AlgBW = float64(size) / el[0] / 1e9
+	}
+	res.BusBW = res.AlgBW * BusFactor(o.Op, p)
+	if r == 0 {
+		res.MemcpyGBs = Memcpy(size)
+	}
+	return res, nil
+}
+
+func algoName(c *coll.Comm, op coll.OpKind, dt dtype.Type, count, root int) string {
+	d := c.Describe(op, dt, count, root)
+	// "rank 0: allreduce/ring, ..." -> "ring"
+	if i := strings.Index(d, "/"); i >= 0 {
+		rest := d[i+1:]
+		if j := strings.IndexAny(rest, ", "); j >= 0 {
+			return rest[:j]
+		}
+	}
+	return "?"
+}
+
+// makeOp allocates buffers for one size; the inputs are small integers so that every
+// reduction is exact and the result can be checked against a closed form.
+func makeOp(ctx context.Context, c *coll.Comm, o CollOpts, size int) (benchOp, int, error) {
+	p, r := c.Size(), c.Rank()
+	n := size / 4
+	if o.DType != dtype.F32 {
+		return benchOp{}, 0, fmt.Errorf("bench: only f32 is wired into the command so far (got %v)", o.DType)
+	}
+	val := func(rank, i int) float32 { return float32((rank+i)%7 - 3) }
+	var bo benchOp
+	switch o.Op {
+	case coll.OpAllReduce:
+		buf := make([]float32, n)
+		bo.prep = func() {
+			for i := range buf {
+				buf[i] = val(r, i)
+			}
+		}
+		bo.run = func() error { return coll.AllReduce(ctx, c, nil, buf, o.RedOp) }
+		bo.check = func() int {
+			wrong := 0
+			for i, v := range buf {
+				want := float32(0)
+				for q := 0; q < p; q++ {
+					want += val(q, i)
+				}
+				if o.RedOp == dtype.Avg {
+					want /= float32(p)
+				}
+				if o.RedOp == dtype.Sum || o.RedOp == dtype.Avg {
+					if v != want {
+						wrong++
+					}
+				}
+			}
+			return wrong
+		}
+		return bo, n, nil
+	case coll.OpAlltoAll:
+		send, recv := make([]float32, n), make([]float32, n)
+		blk := n / p
+		bo.prep = func() {
+			for i := range send {
+				send[i] = float32(r*1000003 + i)
+			}
+		}
+		bo.prep()
+		bo.run = func() error { return coll.AlltoAll(ctx, c, send, recv) }
+		bo.check = func() int {
+			wrong := 0
+			for q := 0; q < p; q++ {
+				for k := 0; k < blk; k++ {
+					if recv[q*blk+k] != float32(q*1000003+r*blk+k) {
+						wrong++
+					}
+				}
+			}
+			return wrong
+		}
+		return bo, blk, nil
+	case coll.OpAllGather:
+		blk := n / p
+		send, recv := make([]float32, blk), make([]float32, n)
+		bo.prep = func() {
+			for i := range send {
+				send[i] = float32(r*7 + i)
+			}
+		}
+		bo.prep()
+		bo.run = func() error { return coll.AllGather(ctx, c, send, recv) }
+		bo.check = func() int {
+			wrong := 0
+			for q := 0; q < p; q++ {
+				for k := 0; k < blk; k++ {
+					if recv[q*blk+k] != float32(q*7+k) {
+						wrong++
+					}
+				}
+			}
+			return wrong
+		}
+		return bo, blk, nil
+	case coll.OpReduceScatter:
+		blk := n / p
+		send, recv := make([]float32, n), make([]float32, blk)
+		bo.prep = func() {
+			for i := range send {
+				send[i] = val(r, i)
+			}
+		}
+		bo.prep()
+		bo.run = func() error { return coll.ReduceScatter(ctx, c, send, recv, dtype.Sum) }
+		bo.check = func() int {
+			wrong := 0
+			for k, v := range recv {
+				want := float32(0)
+				for q := 0; q < p; q++ {
+					want += val(q, r*blk+k)
+				}
+				if v != want {
+					wrong++
+				}
+			}
+			return wrong
+		}
+		return bo, blk, nil
+	case coll.OpBroadcast:
+		buf := make([]float32, n)
+		bo.prep = func() {
+			for i := range buf {
+				buf[i] = 0
+				if r == o.Root {
+					buf[i] = float32(i)
+				}
+			}
+		}
+		bo.prep()
+		bo.run = func() error { return coll.Broadcast(ctx, c, buf, o.Root) }
+		bo.check = func() int {
+			wrong := 0
+			for i, v := range buf {
+				if v != float32(i) {
+					wrong++
+				}
+			}
+			return wrong
+		}
+		return bo, n, nil
+	case coll.OpReduce:
+		send, recv := make([]float32, n), make([]float32, n)
+		bo.prep = func() {
+			for i := range send {
+				send[i] = val(r, i)
+			}
+		}
+		bo.prep()
+		bo.run = func() error { return coll.Reduce(ctx, c, send, recv, dtype.Sum, o.Root) }
+		bo.check = func() int {
+			if r != o.Root {
+				return 0
+			}
+			wrong := 0
+			for i, v := range recv {
+				want := float32(0)
+				for q := 0; q < p; q++ {
+					want += val(q, i)
+				}
+				if v != want {
+					wrong++
+				}
+			}
+			return wrong
+		}
+		return bo, n, nil
+	}
+	return bo, 0, fmt.Errorf("bench: operation %v is not benchmarked (allreduce, alltoall, allgather, reducescatter, broadcast, reduce)", o.Op)
+}
+
+// PrintColl writes rows as an nccl-tests-style table.
+func PrintColl(w io.Writer, rows []CollResult) {
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "# moex bench coll: %s, %d ranks, transport %s\n", rows[0].Op, rows[0].Ranks, rows[0].Transport)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "size (B)\tcount\ttype\tredop\troot\talgo\ttime (us)\talgbw (GB/s)\tbusbw (GB/s)\t#wrong\tmemcpy (GB/s)\t")
+	for _, r := range rows {
+		red := r.RedOp
+		if red == "" {
+			red = "none"
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%s\t%.1f\t%.2f\t%.2f\t%d\t%.1f\t\n",
+			r.Bytes, r.Count, r.DType, red, r.Root, r.Algo, r.TimeUS, r.AlgBW, r.BusBW, r.Wrong, r.MemcpyGBs)
+	}
+	tw.Flush()
+}
+
+// PrintJSON writes one JSON object per row.
+func PrintJSON[T any](w io.Writer, rows []T) error {
+	enc := json.NewEncoder(w)
+	for _, r := range rows {
+		if err := enc.Encode(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}

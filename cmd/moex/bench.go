@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/moex-ai/moex/bench"
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/internal/launch"
+)
+
+func cmdBench(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return &usageError{"usage: moex bench coll|p2p|moe [flags]"}
+	}
+	switch args[0] {
+	case "coll":
+		return benchColl(ctx, args[1:])
+	case "p2p":
+		return benchP2P(ctx, args[1:])
+	case "moe":
+		return benchMoE(ctx, args[1:])
+	}
+	return &usageError{fmt.Sprintf("moex bench: unknown benchmark %q (coll, p2p, moe)", args[0])}
+}
+
+// parseBytes reads sizes like 4096, 64K, 64KiB, 16M, 1G.
+func parseBytes(s string) (int, error) {
+	t := strings.ToUpper(strings.TrimSpace(s))
+	t = strings.TrimSuffix(strings.TrimSuffix(t, "IB"), "B")
+	mul := 1
+	switch {
+	case strings.HasSuffix(t, "K"):
+		mul, t = 1<<10, t[:len(t)-1]
+	case strings.HasSuffix(t, "M"):
+		mul, t = 1<<20, t[:len(t)-1]
+	case strings.HasSuffix(t, "G"):
+		mul, t = 1<<30, t[:len(t)-1]
+	}
+	n, err := strconv.Atoi(t)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("bad size %q (want e.g. 4096, 64K, 16M)", s)
+	}
+	return n * mul, nil
+}
+
+type bytesFlag struct{ v *int }
+
+func (b bytesFlag) String() string {
+	if b.v == nil {
+		return ""
+	}
+	return strconv.Itoa(*b.v)
+}
+
+func (b bytesFlag) Set(s string) error {
+	n, err := parseBytes(s)
+	if err != nil {
+		return err
+	}
+	*b.v = n
+	return nil
+}
+
+// common flags of the multi-rank benchmarks.
+type rankFlags struct {
+	ranks     int
+	transport string
+	json      bool
+}
+
+func (r *rankFlags) register(fs *flag.FlagSet, defRanks int) {
+	fs.IntVar(&r.ranks, "ranks", defRanks, "number of ranks")
+	fs.StringVar(&r.transport, "transport", "inproc", "inproc (goroutines of this process), tcp, shm or ucx (processes launched by moex)")
+	fs.BoolVar(&r.json, "json", false, "print one JSON object per line")
+}
+
+// worker reports whether this process is a rank launched by a benchmark.
+func worker() bool { return os.Getenv("MOEX_BENCH_WORKER") == "1" }
+
+// comms returns this process's communicators: all of them for inproc, or this rank's
+// (the benchmark relaunches itself as ranks for the other transports, and the caller
+// returns launched=true in the parent).
+func comms(ctx context.Context, rf rankFlags, args []string) (cs []*coll.Comm, launched bool, err error) {
+	switch rf.transport {
+	case "inproc":
+		cs, err = coll.Local(rf.ranks, coll.Config{})
+		return cs, false, err
+	case "tcp", "shm", "ucx":
+	default:
+		return nil, false, &usageError{fmt.Sprintf("unknown transport %q (inproc, tcp, shm, ucx)", rf.transport)}
+	}
+	if !worker() {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, false, err
+		}
+		return nil, true, launch.Run(ctx, launch.Config{
+			N: rf.ranks, Prog: exe, Args: args, NoPrefix: true,
+			Env: []string{"MOEX_BENCH_WORKER=1", "MOEX_TRANSPORT=" + rf.transport},
+		})
+	}
+	c, err := coll.Init(ctx, coll.Config{})
+	if err != nil {
+		return nil, false, err
+	}
+	return []*coll.Comm{c}, false, nil
+}
+
+// onEvery runs f on every local communicator concurrently.
+func onEvery(cs []*coll.Comm, f func(c *coll.Comm) error) error {
+	errs := make(chan error, len(cs))
+	for _, c := range cs {
+		go func() { errs <- f(c) }()
+	}
+	var first error
+	for range cs {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+func closeAll(cs []*coll.Comm) {
+	for _, c := range cs {
+		c.Close()
+	}
+}
+
+func benchColl(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("moex bench coll", flag.ContinueOnError)
+	var rf rankFlags
+	rf.register(fs, 4)
+	opName := fs.String("op", "allreduce", "allreduce, alltoall, allgather, reducescatter, broadcast, reduce")
+	o := bench.CollOpts{MinBytes: 64 << 10, MaxBytes: 16 << 20}
+	fs.Var(bytesFlag{&o.MinBytes}, "min-bytes", "smallest size (per rank buffer)")
+	fs.Var(bytesFlag{&o.MaxBytes}, "max-bytes", "largest size")
+	fs.IntVar(&o.Factor, "factor", 2, "size multiplier between rows")
+	fs.IntVar(&o.Iters, "iters", 0, "timed iterations per size (0: about 0.2 s worth)")
+	fs.IntVar(&o.Root, "root", 0, "root of broadcast and reduce")
+	redop := fs.String("redop", "sum", "reduction")
+	check := fs.Bool("check", true, "check the results (#wrong column)")
+	if err := fs.Parse(args); err != nil {
+		return &usageError{err.Error()}
+	}
+	op, err := coll.ParseOpKind(*opName)
+	if err != nil {
+		return &usageError{err.Error()}
+	}
+	o.Op, o.DType, o.Check = op, dtype.F32, *check
+	if o.RedOp, err = dtype.ParseOp(*redop); err != nil {
+		return &usageError{err.Error()}
+	}
+	if o.MaxBytes < o.MinBytes {
+		return &usageError{"--max-bytes is smaller than --min-bytes"}
+	}
+	cs, launched, err := comms(ctx, rf, append([]string{"bench", "coll"}, args...))
+	if launched || err != nil {
+		return err
+	}
+	defer closeAll(cs)
+	var rows []bench.CollResult
+	err = onEvery(cs, func(c *coll.Comm) error {
+		r, err := bench.Coll(ctx, c, o)
+		if c.Rank() == 0 {
+			rows = r
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if rf.json {
+		return bench.PrintJSON(os.Stdout, rows)
+	}
+	bench.PrintColl(os.Stdout, rows)
+	return nil
+}
+
+func benchP2P(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("moex bench p2p", flag.ContinueOnError)
+	var rf rankFlags
+	rf.register(fs, 2)
+	minB, maxB := 8, 16<<20
+	fs.Var(bytesFlag{&minB}, "min-bytes", "smallest message")
+	fs.Var(bytesFlag{&maxB}, "max-bytes", "largest message")
+	factor := fs.Int("factor", 8, "size multiplier between rows")
+	iters := fs.Int("iters", 0, "messages per size (0: automatic)")
+	if err := fs.Parse(args); err != nil {
+		return &usageError{err.Error()}
+	}
+	if rf.ranks < 2 {
+		return &usageError{"p2p needs --ranks 2 or more"}
+	}
+	var sizes []int
+	for s := max(minB, 1); s <= maxB; s *= max(*factor, 2) {
+		sizes = append(sizes, s)
+	}
+	cs, launched, err := comms(ctx, rf, append([]string{"bench", "p2p"}, args...))
+	if launched || err != nil {
+		return err
+	}
+	defer closeAll(cs)
+	var rows []bench.P2PResult
+	err = onEvery(cs, func(c *coll.Comm) error {
+		r, err := bench.P2P(ctx, c, sizes, *iters)
+		if c.Rank() == 0 {
+			rows = r
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if rf.json {
+		return bench.PrintJSON(os.Stdout, rows)
+	}
+	bench.PrintP2P(os.Stdout, rows)
+	return nil
+}

@@ -1,0 +1,90 @@
+// Command moex is the command-line face of moex: a local launcher (run), benchmarks
+// (bench coll, bench p2p, bench moe), and diagnostics (doctor, flow).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/moex-ai/moex/internal/launch"
+)
+
+const usage = `moex: Mixture-of-Experts expert parallelism for Go
+
+usage:
+  moex run -n N [--] prog [args...]   start N local ranks (like torchrun --standalone)
+  moex bench coll [flags]             collective benchmark, nccl-tests style
+  moex bench p2p [flags]              point-to-point bandwidth and latency
+  moex bench moe [flags]              MoE dispatch/combine throughput (the main job)
+  moex doctor                         what this machine and job would use, and why
+  moex flow [flags]                   the data flow of one MoE step
+  moex env                            the environment variables moex reads
+
+Run "moex <command> -h" for a command's flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:]))
+}
+
+func run(ctx context.Context, args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return 2
+	}
+	var err error
+	switch args[0] {
+	case "run":
+		err = cmdRun(ctx, args[1:])
+	case "bench":
+		err = cmdBench(ctx, args[1:])
+	case "doctor":
+		err = cmdDoctor(ctx, args[1:])
+	case "flow":
+		err = cmdFlow(ctx, args[1:])
+	case "env":
+		err = cmdEnv(args[1:])
+	case "-h", "-help", "--help", "help":
+		fmt.Print(usage)
+		return 0
+	default:
+		fmt.Fprintf(os.Stderr, "moex: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+	return exitCode(err)
+}
+
+// usageError is a bad invocation: exit code 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var re *launch.RankError
+	if errors.As(err, &re) {
+		fmt.Fprintln(os.Stderr, "moex:", err)
+		if re.Code > 0 {
+			return re.Code
+		}
+		return 1
+	}
+	if errors.Is(err, launch.ErrInterrupted) {
+		fmt.Fprintln(os.Stderr, "moex: interrupted")
+		return 130
+	}
+	fmt.Fprintln(os.Stderr, "moex:", err)
+	var ue *usageError
+	if errors.As(err, &ue) {
+		return 2
+	}
+	return 1
+}

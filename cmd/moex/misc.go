@@ -1,0 +1,31 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	"github.com/moex-ai/moex/transport"
+)
+
+func cmdEnv(args []string) error {
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "VARIABLE\tMEANING\tVALUE")
+	for _, v := range transport.EnvVars {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", v.Name, v.Meaning, os.Getenv(v.Name))
+	}
+	return tw.Flush()
+}
+
+func cmdDoctor(ctx context.Context, args []string) error {
+	return fmt.Errorf("moex doctor: not implemented yet")
+}
+
+func cmdFlow(ctx context.Context, args []string) error {
+	return fmt.Errorf("moex flow: not implemented yet")
+}
+
+func benchMoE(ctx context.Context, args []string) error {
+	return fmt.Errorf("moex bench moe: not implemented yet")
+}

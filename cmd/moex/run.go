@@ -1,0 +1,34 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+
+	"github.com/moex-ai/moex/internal/launch"
+)
+
+// cmdRun: moex run -n N [--] prog args...
+func cmdRun(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("moex run", flag.ContinueOnError)
+	n := fs.Int("n", 1, "number of ranks")
+	noPrefix := fs.Bool("no-prefix", false, "do not prefix output lines with [rank]")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: moex run -n N [--] prog [args...]\n\nStarts N ranks of prog on this host with MOEX_RANK, MOEX_WORLD_SIZE, MOEX_LOCAL_RANK,\nMOEX_LOCAL_SIZE, MOEX_ADDR and a fresh MOEX_JOB_TOKEN; prefixes output with the rank;\nstops every rank when one fails (exit code: the failed rank's); forwards Ctrl-C.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return &usageError{err.Error()}
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		fs.Usage()
+		return &usageError{"moex run: no program given"}
+	}
+	if *n < 1 {
+		return &usageError{fmt.Sprintf("moex run: -n %d: need at least one rank", *n)}
+	}
+	return launch.Run(ctx, launch.Config{N: *n, Prog: rest[0], Args: rest[1:], NoPrefix: *noPrefix,
+		Stdout: os.Stdout, Stderr: os.Stderr})
+}

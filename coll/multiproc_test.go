@@ -1,0 +1,239 @@
+package coll
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moex-ai/moex/coll/dtype"
+)
+
+// TestHelperCollRank is one rank of the multi-process tests; it runs only when launched by
+// them (MOEX_COLL_HELPER names the scenario).
+func TestHelperCollRank(t *testing.T) {
+	scenario := os.Getenv("MOEX_COLL_HELPER")
+	if scenario == "" {
+		t.Skip("helper rank: runs only under TestMultiProcess*")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c, err := Init(ctx, Config{Timeout: 20 * time.Second})
+	if err != nil {
+		fmt.Println("init failed:", err)
+		os.Exit(3)
+	}
+	switch scenario {
+	case "subset":
+		err = helperSubset(ctx, c)
+	case "death":
+		err = helperDeath(ctx, c)
+	}
+	if err != nil {
+		fmt.Printf("rank %d failed: %v\n", c.Rank(), err)
+		os.Exit(1)
+	}
+	if err := c.Close(); err != nil {
+		fmt.Printf("rank %d close: %v\n", c.Rank(), err)
+		os.Exit(1)
+	}
+	fmt.Printf("rank %d ok\n", c.Rank())
+	os.Exit(0)
+}
+
+func helperSubset(ctx context.Context, c *Comm) error {
+	p, r := c.Size(), c.Rank()
+	// AllReduce under every algorithm, f32 and bf16, small and 1 MiB.
+	for _, algo := range Algorithms[OpAllReduce] {
+		c.cfg.Algo = map[OpKind]Algo{OpAllReduce: algo}
+		for _, n := range []int{1, 1001, 1 << 18} {
+			x := make([]float32, n)
+			for i := range x {
+				x[i] = float32((r+i)%5 - 2)
+			}
+			if err := AllReduce(ctx, c, nil, x, dtype.Sum); err != nil {
+				return err
+			}
+			for i, v := range x {
+				want := float32(0)
+				for q := 0; q < p; q++ {
+					want += float32((q+i)%5 - 2)
+				}
+				if v != want {
+					return fmt.Errorf("allreduce %v n=%d: [%d] = %v want %v", algo, n, i, v, want)
+				}
+			}
+			h := make([]dtype.BFloat16, n)
+			for i := range h {
+				h[i] = dtype.ToBF16(float32(r + 1))
+			}
+			if err := AllReduce(ctx, c, nil, h, dtype.Max); err != nil {
+				return err
+			}
+			for _, v := range h {
+				if v.Float32() != float32(p) {
+					return fmt.Errorf("bf16 max %v", v.Float32())
+				}
+			}
+		}
+	}
+	c.cfg.Algo = map[OpKind]Algo{}
+	// AlltoAllv with random uneven counts (same seed on every rank).
+	rng := rand.New(rand.NewPCG(7, 7))
+	for trial := 0; trial < 5; trial++ {
+		m := make([][]int, p)
+		for i := range m {
+			m[i] = make([]int, p)
+			for j := range m[i] {
+				if rng.IntN(3) > 0 {
+					m[i][j] = rng.IntN(50000)
+				}
+			}
+		}
+		sc, rc := make([]int, p), make([]int, p)
+		st, rt := 0, 0
+		for j := 0; j < p; j++ {
+			sc[j], rc[j] = m[r][j], m[j][r]
+			st += sc[j]
+			rt += rc[j]
+		}
+		send, recv := make([]int32, st), make([]int32, rt)
+		o := 0
+		for j := 0; j < p; j++ {
+			for k := 0; k < sc[j]; k++ {
+				send[o] = int32(r*1e8 + j*1e6 + k)
+				o++
+			}
+		}
+		if err := AlltoAllv(ctx, c, send, sc, nil, recv, rc, nil); err != nil {
+			return err
+		}
+		o = 0
+		for i := 0; i < p; i++ {
+			for k := 0; k < rc[i]; k++ {
+				if recv[o] != int32(i*1e8+r*1e6+k) {
+					return fmt.Errorf("alltoallv trial %d: element %d from %d wrong", trial, k, i)
+				}
+				o++
+			}
+		}
+	}
+	// Broadcast, AllGather, ReduceScatter, Barrier.
+	b := make([]byte, 3<<20)
+	if r == p-1 {
+		for i := range b {
+			b[i] = byte(i * 7)
+		}
+	}
+	if err := Broadcast(ctx, c, b, p-1); err != nil {
+		return err
+	}
+	for i := range b {
+		if b[i] != byte(i*7) {
+			return fmt.Errorf("broadcast byte %d", i)
+		}
+	}
+	g := make([]int64, 4*p)
+	if err := AllGather(ctx, c, []int64{int64(r), 1, 2, 3}, g); err != nil {
+		return err
+	}
+	for q := 0; q < p; q++ {
+		if g[4*q] != int64(q) {
+			return fmt.Errorf("allgather %v", g)
+		}
+	}
+	rs := make([]float64, 10)
+	in := make([]float64, 10*p)
+	for i := range in {
+		in[i] = float64(i)
+	}
+	if err := ReduceScatter(ctx, c, in, rs, dtype.Sum); err != nil {
+		return err
+	}
+	for k, v := range rs {
+		if v != float64(p*(r*10+k)) {
+			return fmt.Errorf("reducescatter %v", rs)
+		}
+	}
+	return Barrier(ctx, c)
+}
+
+// helperDeath: rank 1 vanishes (exits without closing) in the middle of an AllReduce;
+// every other rank must fail that AllReduce with an error naming rank 1, quickly.
+func helperDeath(ctx context.Context, c *Comm) error {
+	x := make([]float32, 1<<20)
+	if err := AllReduce(ctx, c, nil, x, dtype.Sum); err != nil {
+		return err
+	}
+	if c.Rank() == 1 {
+		fmt.Println("rank 1 ok (vanishing)")
+		os.Exit(0)
+	}
+	start := time.Now()
+	err := AllReduce(ctx, c, nil, x, dtype.Sum)
+	var pe *PeerError
+	if !errors.As(err, &pe) || pe.Rank != 1 {
+		return fmt.Errorf("got %v, want a PeerError naming rank 1", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		return fmt.Errorf("took %v to notice", d)
+	}
+	fmt.Printf("rank %d saw: %v\n", c.Rank(), err)
+	c.Close()
+	fmt.Printf("rank %d ok\n", c.Rank())
+	os.Exit(0)
+	return nil
+}
+
+// buildMoex builds the moex command once per test binary run.
+func buildMoex(t *testing.T) string {
+	t.Helper()
+	exe := filepath.Join(t.TempDir(), "moex")
+	cmd := exec.Command("go", "build", "-o", exe, "github.com/moex-ai/moex/cmd/moex")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building moex: %v\n%s", err, out)
+	}
+	return exe
+}
+
+func moexRun(t *testing.T, moex string, n int, scenario string) string {
+	t.Helper()
+	cmd := exec.Command(moex, "run", "-n", fmt.Sprint(n), "--", os.Args[0], "-test.run=^TestHelperCollRank$")
+	cmd.Env = append(os.Environ(), "MOEX_COLL_HELPER="+scenario, "MOEX_TRANSPORT=tcp")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("moex run: %v\n%s", err, out.String())
+	}
+	return out.String()
+}
+
+// A subset of the collectives, over TCP, as separate processes started by `moex run`.
+func TestMultiProcessTCP(t *testing.T) {
+	moex := buildMoex(t)
+	for _, n := range []int{3, 4} {
+		out := moexRun(t, moex, n, "subset")
+		if c := strings.Count(out, " ok"); c != n {
+			t.Fatalf("%d ranks, %d reported ok:\n%s", n, c, out)
+		}
+	}
+}
+
+// A process that dies mid-collective is named in the error of every other rank.
+func TestMultiProcessDeadPeer(t *testing.T) {
+	moex := buildMoex(t)
+	out := moexRun(t, moex, 4, "death")
+	if c := strings.Count(out, " ok"); c != 4 {
+		t.Fatalf("%d of 4 ranks ok:\n%s", c, out)
+	}
+	if c := strings.Count(out, "rank 1"); c < 3 {
+		t.Fatalf("survivors did not name rank 1:\n%s", out)
+	}
+}
