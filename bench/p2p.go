@@ -15,7 +15,7 @@ import (
 type P2PResult struct {
 	Transport string  `json:"transport"`
 	Bytes     int     `json:"bytes"`
-	RTTUS     float64 `json:"rtt_us"`      // round trip of a message of this size
+	RTTUS     float64 `json:"rtt_us"`        // round trip of a message of this size
 	GBs       float64 `json:"bandwidth_gbs"` // one way, back-to-back messages
 	MemcpyGBs float64 `json:"memcpy_gbs"`
 	Path      string  `json:"path"`
