@@ -258,7 +258,13 @@ func (s *Spinner) Idle() bool {
 		return false
 	}
 	if s.budget > 0 {
-		if s.n&15 != 0 || nanotime()-s.start < s.budget {
+		if s.n&15 != 0 {
+			return false
+		}
+		if nanotime()-s.start < s.budget {
+			// A goroutine this one woke (by completing its request) waits in this P's run
+			// queue, and nothing preempts a spinning goroutine for milliseconds: let it run.
+			runtime.Gosched()
 			return false
 		}
 	}

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"runtime"
 	"slices"
 	"sort"
 	"strings"
@@ -438,7 +439,11 @@ func Local(n int, cfg Config) ([]*Comm, error) {
 	if cfg.Hosts != nil && len(cfg.Hosts) != n {
 		return nil, &ArgError{Arg: "Hosts", Reason: fmt.Sprintf("%d entries for %d ranks", len(cfg.Hosts), n)}
 	}
-	poller := busypoll.New(busypoll.Config{Mode: cfg.Poll.Mode, MaxSpin: cfg.Poll.MaxSpin, Oversubscribed: cfg.Poll.Oversubscribed})
+	// The ranks are goroutines: with no P to spare, a spinning rank takes the P another
+	// rank needs (measured: P=2 on GOMAXPROCS=2, 64 KiB AllReduce, adaptive spinning 10.9us
+	// against 8.3us parking).
+	poller := busypoll.New(busypoll.Config{Mode: cfg.Poll.Mode, MaxSpin: cfg.Poll.MaxSpin,
+		Oversubscribed: cfg.Poll.Oversubscribed || n >= runtime.GOMAXPROCS(0)})
 	eps := inproc.New(n, inproc.Config{Poller: poller, Pool: cfg.Pool})
 	ranks := make([]int, n)
 	for i := range ranks {
