@@ -400,25 +400,41 @@ func evenLayout(p, b int) vlayout {
 	return l
 }
 
+// stepAt returns step i of pl, emptied, reusing the storage of an earlier plan built into
+// pl (AlltoAllv plans are rebuilt per call without allocating).
+func (pl *plan) stepAt(i int) *step {
+	if i >= len(pl.steps) {
+		if i < cap(pl.steps) {
+			pl.steps = pl.steps[:i+1]
+		} else {
+			pl.steps = append(pl.steps, step{})
+		}
+	}
+	s := &pl.steps[i]
+	s.pre, s.recvs, s.sends, s.post = s.pre[:0], s.recvs[:0], s.sends[:0], s.post[:0]
+	return s
+}
+
 func planAlltoAllLinear(pl *plan, p, r int, l vlayout) {
-	var s step
-	s.pre = []local{{kind: lCopy, dst: region{bRecv, l.recvOff[r], l.recvLen[r]}, src: region{bSend, l.sendOff[r], l.sendLen[r]}}}
+	pl.steps = pl.steps[:0]
+	s := pl.stepAt(0)
+	s.pre = append(s.pre, local{kind: lCopy, dst: region{bRecv, l.recvOff[r], l.recvLen[r]}, src: region{bSend, l.sendOff[r], l.sendLen[r]}})
 	for k := 1; k < p; k++ {
 		from, to := mod(r-k, p), mod(r+k, p)
 		s.recvs = append(s.recvs, xfer{from, 0, region{bRecv, l.recvOff[from], l.recvLen[from]}})
 		s.sends = append(s.sends, xfer{to, 0, region{bSend, l.sendOff[to], l.sendLen[to]}})
 	}
-	pl.add(s)
 }
 
 func planAlltoAllPairwise(pl *plan, p, r int, l vlayout) {
-	pl.add(step{pre: []local{{kind: lCopy, dst: region{bRecv, l.recvOff[r], l.recvLen[r]}, src: region{bSend, l.sendOff[r], l.sendLen[r]}}}})
+	pl.steps = pl.steps[:0]
+	s := pl.stepAt(0)
+	s.pre = append(s.pre, local{kind: lCopy, dst: region{bRecv, l.recvOff[r], l.recvLen[r]}, src: region{bSend, l.sendOff[r], l.sendLen[r]}})
 	for k := 1; k < p; k++ {
 		from, to := mod(r-k, p), mod(r+k, p)
-		pl.add(step{
-			recvs: []xfer{{from, uint32(k), region{bRecv, l.recvOff[from], l.recvLen[from]}}},
-			sends: []xfer{{to, uint32(k), region{bSend, l.sendOff[to], l.sendLen[to]}}},
-		})
+		s := pl.stepAt(k)
+		s.recvs = append(s.recvs, xfer{from, uint32(k), region{bRecv, l.recvOff[from], l.recvLen[from]}})
+		s.sends = append(s.sends, xfer{to, uint32(k), region{bSend, l.sendOff[to], l.sendLen[to]}})
 	}
 }
 

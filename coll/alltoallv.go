@@ -125,6 +125,7 @@ func alltoAllv[T dtype.Elem](ctx context.Context, c *Comm, send []T, sendCounts,
 // VPlan is a reusable AlltoAllv schedule for a count matrix every rank knows.
 type VPlan struct {
 	pl               *plan
+	lay              vlayout
 	sendLen, recvLen int
 	// Algo is the algorithm the cost model chose.
 	Algo Algo
@@ -134,51 +135,76 @@ type VPlan struct {
 // unit bytes go from rank i to rank j, blocks packed in rank order on both sides. Every
 // rank must pass the same matrix (it is part of the operation's signature).
 func (c *Comm) PlanAlltoAllv(counts [][]int, unit int) (*VPlan, error) {
+	vp := &VPlan{pl: &plan{}}
+	return vp, c.ReplanAlltoAllv(vp, counts, unit)
+}
+
+// ReplanAlltoAllv rebuilds vp for a new count matrix, reusing its storage: with the
+// linear and pairwise algorithms a steady stream of new matrices allocates nothing.
+func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 	if len(counts) != c.size {
-		return nil, &ArgError{Arg: "counts", Reason: fmt.Sprintf("%d rows for %d ranks", len(counts), c.size)}
+		return &ArgError{Arg: "counts", Reason: fmt.Sprintf("%d rows for %d ranks", len(counts), c.size)}
 	}
 	if unit <= 0 {
-		return nil, &ArgError{Arg: "unit", Reason: fmt.Sprintf("%d bytes", unit)}
+		return &ArgError{Arg: "unit", Reason: fmt.Sprintf("%d bytes", unit)}
 	}
-	m := make([][]int, c.size)
-	var l vlayout
-	l.sendOff, l.sendLen, l.recvOff, l.recvLen = make([]int, c.size), make([]int, c.size), make([]int, c.size), make([]int, c.size)
+	if vp.pl == nil {
+		vp.pl = &plan{}
+	}
+	l := &vp.lay
+	l.sendOff, l.sendLen = growInts(l.sendOff, c.size), growInts(l.sendLen, c.size)
+	l.recvOff, l.recvLen = growInts(l.recvOff, c.size), growInts(l.recvLen, c.size)
 	total, h := 0, 0
 	for i, row := range counts {
 		if len(row) != c.size {
-			return nil, &ArgError{Arg: fmt.Sprintf("counts[%d]", i), Reason: fmt.Sprintf("%d entries for %d ranks", len(row), c.size)}
+			return &ArgError{Arg: fmt.Sprintf("counts[%d]", i), Reason: fmt.Sprintf("%d entries for %d ranks", len(row), c.size)}
 		}
-		m[i] = make([]int, c.size)
 		for j, n := range row {
 			if n < 0 {
-				return nil, &ArgError{Arg: fmt.Sprintf("counts[%d][%d]", i, j), Reason: "negative"}
+				return &ArgError{Arg: fmt.Sprintf("counts[%d][%d]", i, j), Reason: "negative"}
 			}
-			m[i][j] = n * unit
 			total += n * unit
 			h = h*31 + n
 		}
 	}
 	so, ro := 0, 0
 	for j := 0; j < c.size; j++ {
-		l.sendOff[j], l.sendLen[j] = so, m[c.rank][j]
-		so += m[c.rank][j]
-		l.recvOff[j], l.recvLen[j] = ro, m[j][c.rank]
-		ro += m[j][c.rank]
+		l.sendOff[j], l.sendLen[j] = so, counts[c.rank][j]*unit
+		so += l.sendLen[j]
+		l.recvOff[j], l.recvLen[j] = ro, counts[j][c.rank]*unit
+		ro += l.recvLen[j]
 	}
 	avg := total / max(1, c.size*c.size)
 	algo := c.choose(OpAlltoAllv, avg)
-	pl := &plan{op: OpAlltoAllv, algo: algo}
+	pl := vp.pl
+	pl.op, pl.algo, pl.tmp = OpAlltoAllv, algo, 0
 	switch algo {
 	case Bruck:
-		planAlltoAllBruck(pl, c.size, c.rank, l, m)
+		m := make([][]int, c.size)
+		for i := range m {
+			m[i] = make([]int, c.size)
+			for j := range m[i] {
+				m[i][j] = counts[i][j] * unit
+			}
+		}
+		pl.steps = nil
+		planAlltoAllBruck(pl, c.size, c.rank, *l, m)
 	case Pairwise:
-		planAlltoAllPairwise(pl, c.size, c.rank, l)
+		planAlltoAllPairwise(pl, c.size, c.rank, *l)
 	default:
-		planAlltoAllLinear(pl, c.size, c.rank, l)
+		planAlltoAllLinear(pl, c.size, c.rank, *l)
 	}
 	pl.sig = signature(OpAlltoAllv, algo, unit, h)
 	pl.countBytes()
-	return &VPlan{pl: pl, sendLen: so, recvLen: ro, Algo: algo}, nil
+	vp.sendLen, vp.recvLen, vp.Algo = so, ro, algo
+	return nil
+}
+
+func growInts(s []int, n int) []int {
+	if cap(s) < n {
+		return make([]int, n)
+	}
+	return s[:n]
 }
 
 // SendBytes and RecvBytes are the buffer sizes the plan needs on this rank.
