@@ -3,9 +3,10 @@
 //
 // Each expert rank first sums, weighted, the outputs of its experts for the same token
 // (in the order of the token's choices), so one row per (token, rank) goes back, in one
-// fused AlltoAllv over the layout the dispatch Handle remembers. The origin then adds the
-// per-rank partial sums in ascending rank order, so the result is bitwise identical run
-// to run.
+// fused AlltoAllv over the layout the dispatch Handle remembers. The origin starts from the
+// terms of the experts it holds itself (in the order of the token's choices), then adds
+// the other ranks' partial sums in ascending rank order: a fixed order, so the result is
+// bitwise identical run to run.
 //
 // What is guaranteed: for a fixed number of ranks, placement and wire type, Combine's
 // output is bitwise reproducible whatever the timing. Across different rank counts the
@@ -35,13 +36,12 @@ var (
 
 // Combiner brings expert outputs back. One per Dispatcher.
 type Combiner struct {
-	d       *dispatch.Dispatcher
-	plan    coll.VPlan
-	send    []byte
-	recv    []byte
-	part    []float32
-	partOwn []float32
-	row     int
+	d    *dispatch.Dispatcher
+	plan coll.VPlan
+	send []byte
+	recv []byte
+	part []float32
+	row  int
 }
 
 // New returns a combiner for the dispatches of d.
@@ -77,54 +77,50 @@ func (c *Combiner) Combine(ctx context.Context, h dispatch.Handle, y []float32, 
 	if cap(c.part) < hid {
 		c.part = make([]float32, hid)
 	}
+	ownTokens := h.RowsTo(me) // incoming rows from this rank are its own tokens, in this order
 	part := c.part[:hid]
-	// Expert side: one weighted partial sum per incoming row; rows of other origins go
-	// into the send buffer (origin ascending), our own are kept for the local sum.
+	// Expert side: one weighted partial sum per incoming row. Rows of other origins are
+	// summed straight into the send buffer (origin ascending); our own tokens' terms are
+	// added straight into out.
 	clear(out)
 	off := 0
-	var own []float32 // partials of our own tokens, in RowsTo(me) order
-	ownStart, ownEnd := h.Incoming(me)
-	if n := ownEnd - ownStart; n > 0 {
-		if cap(c.partOwn) < n*hid {
-			c.partOwn = make([]float32, n*hid)
-		}
-		own = c.partOwn[:n*hid]
-	}
 	for s := 0; s < p; s++ {
 		a, b := h.Incoming(s)
 		for i := a; i < b; i++ {
 			rows, ws := h.Contributions(i)
-			clear(part)
-			for j, r := range rows {
-				axpy(part, ws[j], y[int(r)*hid:(int(r)+1)*hid])
-			}
 			if s == me {
-				copy(own[(i-a)*hid:], part)
+				t := int(ownTokens[i-a])
+				dst := out[t*hid : (t+1)*hid]
+				for j, r := range rows {
+					axpy(dst, ws[j], y[int(r)*hid:(int(r)+1)*hid])
+				}
 				continue
 			}
 			dst := c.send[off : off+c.row]
 			off += c.row
+			acc := part
+			if cfg.WireDType == dtype.F32 {
+				acc = dtype.FromBytes[float32](dst[:hid*4])
+			}
+			clear(acc)
+			for j, r := range rows {
+				axpy(acc, ws[j], y[int(r)*hid:(int(r)+1)*hid])
+			}
 			if cfg.WireDType == dtype.BF16 {
-				dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](dst[:hid*2]), part)
-			} else {
-				copy(dst, dtype.Bytes(part))
+				dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](dst[:hid*2]), acc)
 			}
 		}
 	}
 	if err := comm.RunAlltoAllv(ctx, &c.plan, c.send, c.recv); err != nil {
 		return err
 	}
-	// Origin side: add the partial sums in ascending rank order.
+	// Origin side: add the other ranks' partial sums in ascending rank order.
 	off = 0
 	for q := 0; q < p; q++ {
-		toks := h.RowsTo(q)
 		if q == me {
-			for i, t := range toks {
-				addTo(out[int(t)*hid:(int(t)+1)*hid], own[i*hid:(i+1)*hid])
-			}
 			continue
 		}
-		for _, t := range toks {
+		for _, t := range h.RowsTo(q) {
 			src := c.recv[off : off+c.row]
 			off += c.row
 			dst := out[int(t)*hid : (int(t)+1)*hid]

@@ -201,17 +201,26 @@ func check(t *testing.T, s scenario, plKind string, wire dtype.Type, align int) 
 			}
 			for tok := 0; tok < r.T; tok++ {
 				for k := 0; k < s.hid; k++ {
-					// Per serving rank, the weighted sum of its experts (exact: small dyadic
-					// values); partials from other ranks cross the wire in the wire type.
+					// This rank's own experts' terms first (choice order), then each other
+					// serving rank's partial sum (exact: small dyadic values), which crosses
+					// the wire in the wire type, in ascending rank order.
 					want := float32(0)
+					for j := 0; j < s.k; j++ {
+						if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == me {
+							want += r.Weights[tok*s.k+j] * expert(e, x[tok*s.hid+k])
+						}
+					}
 					for q := 0; q < s.p; q++ {
+						if q == me {
+							continue
+						}
 						part := float32(0)
 						for j := 0; j < s.k; j++ {
 							if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == q {
 								part += r.Weights[tok*s.k+j] * expert(e, x[tok*s.hid+k])
 							}
 						}
-						if q != me && wire == dtype.BF16 {
+						if wire == dtype.BF16 {
 							part = dtype.ToBF16(part).Float32()
 						}
 						want += part

@@ -25,7 +25,3 @@ func cmdDoctor(ctx context.Context, args []string) error {
 func cmdFlow(ctx context.Context, args []string) error {
 	return fmt.Errorf("moex flow: not implemented yet")
 }
-
-func benchMoE(ctx context.Context, args []string) error {
-	return fmt.Errorf("moex bench moe: not implemented yet")
-}

@@ -1,0 +1,361 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/models"
+	"github.com/moex-ai/moex/router"
+	"github.com/moex-ai/moex/transport"
+)
+
+// MoEOpts selects an expert-parallel MoE measurement.
+type MoEOpts struct {
+	Model     string
+	Tokens    int        // tokens per rank
+	Wire      dtype.Type // F32 or BF16
+	Compute   string     // "none" (identity experts) or "ffn" (the reference SwiGLU)
+	Placement string     // "contiguous" (default), "roundrobin"
+	Iters     int        // 0: about a second's worth, 3..50
+	Warmup    int
+	Seed      uint64
+	Naive     bool // also time the naive dispatch (one message per token-expert pair)
+	// LocalRanks is how many ranks share this process (memory budget for --compute ffn).
+	LocalRanks int
+}
+
+// MoEResult is the outcome, the fields of `moex bench moe --json`.
+type MoEResult struct {
+	Model          string  `json:"model"`
+	Ranks          int     `json:"ranks"`
+	Transport      string  `json:"transport"`
+	TokensPerRank  int     `json:"tokens_per_rank"`
+	Hidden         int     `json:"hidden"`
+	TopK           int     `json:"top_k"`
+	Experts        int     `json:"experts"`
+	Wire           string  `json:"wire_dtype"`
+	Compute        string  `json:"compute"`
+	DispatchUS     float64 `json:"dispatch_us"`
+	ComputeUS      float64 `json:"compute_us"`
+	CombineUS      float64 `json:"combine_us"`
+	TokensPerS     float64 `json:"tokens_per_s"`
+	WireBytes      int64   `json:"wire_bytes"`         // bytes all ranks put on the wire per step (dispatch + combine)
+	DispatchAlgBW  float64 `json:"dispatch_algbw_gbs"` // slowest rank's dispatch bytes / dispatch time
+	ExpertImbal    float64 `json:"expert_imbalance"`   // max/mean tokens per expert
+	RankImbal      float64 `json:"rank_imbalance"`     // max/mean rows received per rank
+	AuxLoss        float64 `json:"aux_loss"`
+	Algo           string  `json:"alltoallv_algo"`
+	ConvertUS      float64 `json:"convert_us,omitempty"` // f32<->bf16 conversion of one dispatch's rows, measured apart
+	NaiveUS        float64 `json:"naive_dispatch_us,omitempty"`
+	NaiveMessages  int64   `json:"naive_messages,omitempty"`
+	FusedOverNaive float64 `json:"naive_over_fused,omitempty"`
+	Iters          int     `json:"iters"`
+}
+
+func memTotal() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 8 << 30
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) >= 2 && fs[0] == "MemTotal:" {
+			kb, _ := strconv.ParseInt(fs[1], 10, 64)
+			return kb << 10
+		}
+	}
+	return 8 << 30
+}
+
+// MoE runs the measurement on every rank of c (collectively); the result on rank 0.
+func MoE(ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResult, error) {
+	cfg, err := models.Get(o.Model)
+	if err != nil {
+		return nil, err
+	}
+	if o.Wire == 0 {
+		o.Wire = dtype.F32
+	}
+	if o.Warmup == 0 {
+		o.Warmup = 2
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	p, me := c.Size(), c.Rank()
+	kind := router.Contiguous
+	if o.Placement == "roundrobin" {
+		kind = router.RoundRobin
+	}
+	pl, err := router.NewPlacement(kind, cfg.Experts, p)
+	if err != nil {
+		return nil, err
+	}
+	experts := []int{}
+	switch o.Compute {
+	case "none", "":
+		o.Compute = "none"
+	case "ffn":
+		experts = pl.Local[me]
+	default:
+		return nil, fmt.Errorf("bench: --compute %q (want none or ffn)", o.Compute)
+	}
+	budget := memTotal() * 6 / 10 / int64(max(o.LocalRanks, 1))
+	layer, err := models.NewLayer(cfg, o.Seed, experts, budget)
+	if err != nil {
+		return nil, fmt.Errorf("%w (use --compute none, a smaller model or fewer ranks per process)", err)
+	}
+	ep, err := models.NewEP(c, layer, pl, o.Wire)
+	if err != nil {
+		return nil, err
+	}
+	x := models.Floats(cfg.Tokens(o.Seed, me, o.Tokens))
+	r, err := layer.Route(x, o.Tokens)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]float32, len(x))
+	var tDisp, tComp, tComb time.Duration
+	step := func(timed bool) error {
+		t0 := time.Now()
+		dout, h, err := ep.D.Dispatch(ctx, x, r)
+		if err != nil {
+			return err
+		}
+		t1 := time.Now()
+		if o.Compute == "ffn" {
+			if err := ep.Experts(dout); err != nil {
+				return err
+			}
+		} else {
+			ep.Identity(dout)
+		}
+		t2 := time.Now()
+		if err := ep.C.Combine(ctx, h, ep.Output(), out); err != nil {
+			return err
+		}
+		if timed {
+			tDisp += t1.Sub(t0)
+			tComp += t2.Sub(t1)
+			tComb += time.Since(t2)
+		}
+		return nil
+	}
+	for i := 0; i < o.Warmup; i++ {
+		if err := step(false); err != nil {
+			return nil, err
+		}
+	}
+	iters := o.Iters
+	if iters <= 0 {
+		start := time.Now()
+		if err := step(false); err != nil {
+			return nil, err
+		}
+		per := []float64{time.Since(start).Seconds()}
+		if err := coll.AllReduce(ctx, c, nil, per, dtype.Max); err != nil {
+			return nil, err
+		}
+		iters = int(min(50, max(3, 1/max(per[0], 1e-6))))
+	}
+	if err := coll.Barrier(ctx, c); err != nil {
+		return nil, err
+	}
+	for i := 0; i < iters; i++ {
+		if err := step(true); err != nil {
+			return nil, err
+		}
+	}
+	st := ep.D.Stats()
+	// Slowest rank per phase; totals of bytes and loads.
+	times := []float64{tDisp.Seconds() / float64(iters), tComp.Seconds() / float64(iters), tComb.Seconds() / float64(iters),
+		tDisp.Seconds() / float64(iters) / float64(max(st.BytesSent, 1))}
+	if err := coll.AllReduce(ctx, c, nil, times, dtype.Max); err != nil {
+		return nil, err
+	}
+	stats := r.Stats()
+	loads := make([]int64, 2+p+cfg.Experts)
+	loads[0] = int64(st.BytesSent)
+	for q, n := range st.RowsPerRank {
+		loads[2+q] = int64(n)
+	}
+	for e, n := range stats.TokensPerExpert {
+		loads[2+p+e] = int64(n)
+	}
+	if err := coll.AllReduce(ctx, c, nil, loads, dtype.Sum); err != nil {
+		return nil, err
+	}
+	res := &MoEResult{
+		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), TokensPerRank: o.Tokens, Hidden: cfg.Hidden,
+		TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(), Compute: o.Compute,
+		DispatchUS: times[0] * 1e6, ComputeUS: times[1] * 1e6, CombineUS: times[2] * 1e6, Iters: iters,
+		Algo: st.Algo.String(), AuxLoss: stats.AuxLoss,
+	}
+	// Combine moves one row per (token, serving rank) back: the same count as dispatch,
+	// with payload only.
+	combineRow := (cfg.Hidden*o.Wire.Size() + 7) &^ 7
+	res.WireBytes = loads[0] + loads[0]/int64(ep.D.RowBytes())*int64(combineRow)
+	if times[0] > 0 {
+		res.DispatchAlgBW = float64(loads[0]) / float64(p) / times[0] / 1e9
+	}
+	total := times[0] + times[1] + times[2]
+	if total > 0 {
+		res.TokensPerS = float64(p*o.Tokens) / total
+	}
+	rowsPerRank := make([]int, p)
+	for q := range rowsPerRank {
+		rowsPerRank[q] = int(loads[2+q])
+	}
+	res.RankImbal = router.Imbalance(rowsPerRank)
+	perExpert := make([]int, cfg.Experts)
+	for e := range perExpert {
+		perExpert[e] = int(loads[2+p+e])
+	}
+	res.ExpertImbal = router.Imbalance(perExpert)
+	if o.Wire == dtype.BF16 {
+		res.ConvertUS = convertCost(st.RowsSent+st.RowsReceived, cfg.Hidden)
+	}
+	if o.Naive {
+		us, msgs, err := naiveDispatch(ctx, c, x, r, pl, cfg.Hidden, o.Wire)
+		if err != nil {
+			return nil, err
+		}
+		res.NaiveUS, res.NaiveMessages = us, msgs
+		if res.DispatchUS > 0 {
+			res.FusedOverNaive = us / res.DispatchUS
+		}
+	}
+	if me != 0 {
+		return nil, nil
+	}
+	return res, nil
+}
+
+// convertCost times converting rows rows of hidden float32s to bf16 and back.
+func convertCost(rows, hidden int) float64 {
+	n := rows * hidden
+	if n == 0 {
+		return 0
+	}
+	src := make([]float32, n)
+	mid := make([]dtype.BFloat16, n)
+	start := time.Now()
+	const reps = 3
+	for i := 0; i < reps; i++ {
+		dtype.F32ToBF16(mid, src)
+		dtype.BF16ToF32(src, mid)
+	}
+	return time.Since(start).Seconds() / reps * 1e6
+}
+
+// naiveDispatch sends one message per (token, expert) pair, each with its own row and
+// metadata, the way a first implementation would: the per-message cost the fused path
+// avoids. It returns the slowest rank's time and the total number of messages.
+func naiveDispatch(ctx context.Context, c *coll.Comm, x []float32, r *router.Routing, pl *router.Placement, hid int, wire dtype.Type) (float64, int64, error) {
+	p, me := c.Size(), c.Rank()
+	tr := c.Transport()
+	rowBytes := 8 + hid*wire.Size()
+	iters := 3
+	var el time.Duration
+	var msgs int64
+	for it := 0; it < iters+1; it++ {
+		if err := coll.Barrier(ctx, c); err != nil {
+			return 0, 0, err
+		}
+		start := time.Now()
+		// Counts exchange, as the fused path does.
+		counts := make([]int64, p)
+		for i, e := range r.Experts {
+			if e >= 0 {
+				counts[pl.RankOf(int(e), me, i/r.K)]++
+			}
+		}
+		all := make([]int64, p*p)
+		if err := coll.AllGather(ctx, c, counts, all); err != nil {
+			return 0, 0, err
+		}
+		var reqs []transport.Request
+		tag := transport.Tag{Comm: 0x6e616976, Seq: uint32(it)} // a private tag space
+		for q := 0; q < p; q++ {
+			n := int(all[q*p+me])
+			for i := 0; i < n; i++ {
+				buf := make([]byte, rowBytes)
+				tag.Tag = uint32(i)
+				rq, err := tr.Irecv(c.WorldRank(q), tag, buf)
+				if err != nil {
+					return 0, 0, err
+				}
+				reqs = append(reqs, rq)
+			}
+		}
+		sent := make([]int, p)
+		for i, e := range r.Experts {
+			if e < 0 {
+				continue
+			}
+			t := i / r.K
+			q := pl.RankOf(int(e), me, t)
+			buf := make([]byte, rowBytes)
+			copy(buf[8:], dtype.Bytes(x[t*hid : (t+1)*hid])[:hid*wire.Size()])
+			tag.Tag = uint32(sent[q])
+			sent[q]++
+			rq, err := tr.Isend(c.WorldRank(q), tag, buf)
+			if err != nil {
+				return 0, 0, err
+			}
+			reqs = append(reqs, rq)
+		}
+		if err := transport.WaitAll(ctx, reqs...); err != nil {
+			return 0, 0, err
+		}
+		if it > 0 {
+			el += time.Since(start)
+			msgs = 0
+			for _, v := range counts {
+				msgs += v
+			}
+		}
+	}
+	v := []float64{el.Seconds() / float64(iters) * 1e6, float64(msgs)}
+	if err := coll.AllReduce(ctx, c, nil, v[:1], dtype.Max); err != nil {
+		return 0, 0, err
+	}
+	m := []int64{msgs}
+	if err := coll.AllReduce(ctx, c, nil, m, dtype.Sum); err != nil {
+		return 0, 0, err
+	}
+	return v[0], m[0], nil
+}
+
+// PrintMoE writes the result as a table.
+func PrintMoE(w io.Writer, r *MoEResult) {
+	fmt.Fprintf(w, "# moex bench moe: %s (hidden %d, %d experts, top-%d), %d ranks over %s, %d tokens per rank, %s on the wire, experts: %s\n",
+		r.Model, r.Hidden, r.Experts, r.TopK, r.Ranks, r.Transport, r.TokensPerRank, r.Wire, r.Compute)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
+	row("dispatch", fmt.Sprintf("%.1f us (alltoallv: %s, %.2f GB/s per rank)", r.DispatchUS, r.Algo, r.DispatchAlgBW))
+	row("expert compute", fmt.Sprintf("%.1f us", r.ComputeUS))
+	row("combine", fmt.Sprintf("%.1f us", r.CombineUS))
+	row("tokens/s", fmt.Sprintf("%.0f", r.TokensPerS))
+	row("bytes on the wire per step", fmt.Sprintf("%d (dispatch + combine, all ranks)", r.WireBytes))
+	row("load imbalance", fmt.Sprintf("experts %.2f, ranks %.2f (max/mean); aux loss %.3f", r.ExpertImbal, r.RankImbal, r.AuxLoss))
+	if r.ConvertUS > 0 {
+		row("bf16 conversion", fmt.Sprintf("%.1f us for this rank's rows (measured apart)", r.ConvertUS))
+	}
+	if r.NaiveUS > 0 {
+		row("naive dispatch", fmt.Sprintf("%.1f us, %d messages: fused is %.1fx faster", r.NaiveUS, r.NaiveMessages, r.FusedOverNaive))
+	}
+	row("iterations", strconv.Itoa(r.Iters))
+	tw.Flush()
+}

@@ -1,0 +1,185 @@
+package models
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+	"gorgonia.org/tensor"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/router"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestConfigs(t *testing.T) {
+	for _, name := range Names() {
+		c, err := Get(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc := c.RouterConfig()
+		if err := rc.Validate(); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+		if c.Source == "" || c.Hidden <= 0 || c.ExpertFFN <= 0 {
+			t.Errorf("%s: incomplete", name)
+		}
+	}
+	ds, _ := Get("deepseek-v3")
+	if ds.Experts != 256 || ds.TopK != 8 || ds.Groups != 8 || ds.TopKGroups != 4 || ds.Scaling != 2.5 || ds.Shared != 1 {
+		t.Fatalf("deepseek-v3: %+v", ds)
+	}
+	if _, err := Get("gpt-5"); err == nil {
+		t.Fatal("unknown model accepted")
+	}
+	// DeepSeek-V3's routed experts are 45 GiB per layer in float32.
+	if gib := float64(ds.LayerBytes()) / (1 << 30); gib < 40 || gib > 50 {
+		t.Fatalf("deepseek-v3 layer %.1f GiB", gib)
+	}
+	if _, err := NewLayer(ds, 1, nil, 8<<30); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("oversized layer: %v", err)
+	}
+}
+
+// maxRowAbs is the largest magnitude in each row.
+func maxRowAbs(x []float32, hid int) []float64 {
+	m := make([]float64, len(x)/hid)
+	for i, v := range x {
+		m[i/hid] = math.Max(m[i/hid], math.Abs(float64(v)))
+	}
+	return m
+}
+
+// The expert-parallel forward over P ranks equals the single-rank reference.
+//
+// Tolerance, f32 on the wire: |ep - ref| <= 2^-13 * max|ref row| per element. The experts
+// run the same float32 arithmetic, but gonum's GEMM blocks large products by their
+// shape, so a row computed in a batch of n rows may round differently from the same row
+// alone (seen: 1 ulp in 4 significant digits); and the K weighted expert outputs are
+// added per serving rank, then across ranks, not in choice order. Both are rounding-level
+// effects, orders of magnitude below 2^-13.
+//
+// bf16 on the wire: |ep - ref| <= 2^-6 * max|ref row|: each row is rounded to bf16
+// (relative error 2^-9) on its way to the experts and each partial sum on its way back.
+func TestExpertParallelEqualsReference(t *testing.T) {
+	for _, name := range []string{"tiny-mixtral", "tiny-deepseek", "tiny-qwen", "tiny-olmoe"} {
+		cfg, _ := Get(name)
+		const seed, tokens = 42, 37
+		ref, err := NewLayer(cfg, seed, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []int{1, 2, 3, 4, 5, 7, 8} {
+			for _, kind := range []string{"contiguous", "roundrobin", "replicated"} {
+				for _, wire := range []dtype.Type{dtype.F32, dtype.BF16} {
+					t.Run(fmt.Sprintf("%s/P=%d/%s/%v", name, p, kind, wire), func(t *testing.T) {
+						checkEP(t, cfg, ref, seed, tokens, p, kind, wire)
+					})
+				}
+			}
+		}
+	}
+}
+
+func checkEP(t *testing.T, cfg Config, ref *Layer, seed uint64, tokens, p int, kind string, wire dtype.Type) {
+	var pl *router.Placement
+	var err error
+	switch kind {
+	case "roundrobin":
+		pl, err = router.NewPlacement(router.RoundRobin, cfg.Experts, p)
+	default:
+		pl, err = router.NewPlacement(router.Contiguous, cfg.Experts, p)
+		if kind == "replicated" && err == nil {
+			err = pl.Replicate([]int{0, cfg.Experts - 1}, min(2, p))
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := coll.Local(p, coll.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	errs := make([]error, p)
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := c.Rank()
+			errs[r] = func() error {
+				l, err := NewLayer(cfg, seed, pl.Local[r], 0) // only this rank's experts
+				if err != nil {
+					return err
+				}
+				ep, err := NewEP(c, l, pl, wire)
+				if err != nil {
+					return err
+				}
+				n := tokens + 3*r
+				if r == 1 {
+					n = 0 // a rank with no tokens
+				}
+				x := cfg.Tokens(seed, r, n)
+				got, err := ep.Forward(context.Background(), x)
+				if err != nil {
+					return err
+				}
+				want, err := ref.Forward(cfg.Tokens(seed, r, n))
+				if err != nil {
+					return err
+				}
+				g, w := Floats(got), Floats(want)
+				tol := math.Ldexp(1, -13)
+				if wire == dtype.BF16 {
+					tol = math.Ldexp(1, -6)
+				}
+				scale := maxRowAbs(w, cfg.Hidden)
+				for i := range w {
+					if d := math.Abs(float64(g[i] - w[i])); d > tol*scale[i/cfg.Hidden]+1e-7 {
+						return fmt.Errorf("token %d element %d: expert-parallel %v, reference %v (diff %g, bound %g)",
+							i/cfg.Hidden, i%cfg.Hidden, g[i], w[i], d, tol*scale[i/cfg.Hidden])
+					}
+				}
+				return nil
+			}()
+			if errs[r] != nil {
+				c.Abort(errs[r].Error())
+			}
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+}
+
+func TestForwardInputErrors(t *testing.T) {
+	cfg, _ := Get("tiny-mixtral")
+	l, _ := NewLayer(cfg, 1, nil, 0)
+	if _, err := l.Forward(tensor.New(tensor.WithShape(2, 5), tensor.Of(tensor.Float32))); err == nil {
+		t.Fatal("wrong hidden size accepted")
+	}
+	if _, err := l.Forward(tensor.New(tensor.WithShape(2, 32), tensor.Of(tensor.Float64))); err == nil {
+		t.Fatal("float64 accepted")
+	}
+	nan := make([]float32, 32)
+	nan[3] = float32(math.NaN())
+	if _, err := l.Forward(tensor.New(tensor.WithShape(1, 32), tensor.WithBacking(nan))); !errors.Is(err, router.ErrNonFinite) {
+		t.Fatalf("NaN input: %v", err)
+	}
+}
