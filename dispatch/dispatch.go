@@ -240,6 +240,23 @@ func (d *Dispatcher) Dispatch(ctx context.Context, x []float32, r *router.Routin
 	return &d.out, Handle{d: d, gen: d.gen}, nil
 }
 
+// Abandon takes part in a dispatch that this rank cannot make (its router failed, for
+// instance): the other ranks' Dispatch returns a PeerInputError naming this rank, in the
+// same call, instead of waiting; the communicator stays usable. It returns cause.
+func (d *Dispatcher) Abandon(ctx context.Context, cause error) error {
+	d.gen++
+	p := d.c.Size()
+	d.hdr[0], d.hdr[1], d.hdr[2] = codeRouting, int64(d.cfg.Hidden), int64(d.cfg.WireDType)
+	d.hdr[3], d.hdr[4], d.hdr[5] = int64(d.cfg.TopK), int64(d.cfg.Placement.Experts), int64(p)
+	for q := 0; q < p; q++ {
+		d.hdr[hdrLen+q] = 0
+	}
+	if err := coll.AllGather(ctx, d.c, d.hdr, d.all); err != nil {
+		return errors.Join(cause, err)
+	}
+	return cause
+}
+
 // Redispatch moves new activations x with the routing of h (same tokens, same experts):
 // no counts exchange, the plans and maps of h are reused. Every rank must call it.
 func (d *Dispatcher) Redispatch(ctx context.Context, h Handle, x []float32) (*Output, error) {

@@ -43,7 +43,8 @@ func (ep *EP) Forward(ctx context.Context, x *tensor.Dense) (*tensor.Dense, erro
 	}
 	r, err := ep.L.Route(in, rows)
 	if err != nil {
-		return nil, err
+		// The other ranks are about to dispatch: tell them, rather than leave them waiting.
+		return nil, ep.D.Abandon(ctx, err)
 	}
 	out := make([]float32, rows*ep.L.Cfg.Hidden)
 	if err := ep.ForwardRouted(ctx, in, r, out); err != nil {

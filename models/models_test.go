@@ -13,6 +13,7 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/router"
 )
 
@@ -181,5 +182,57 @@ func TestForwardInputErrors(t *testing.T) {
 	nan[3] = float32(math.NaN())
 	if _, err := l.Forward(tensor.New(tensor.WithShape(1, 32), tensor.WithBacking(nan))); !errors.Is(err, router.ErrNonFinite) {
 		t.Fatalf("NaN input: %v", err)
+	}
+}
+
+// A rank whose activations make non-finite logits fails with router.ErrNonFinite; the
+// others fail in the same call with dispatch.ErrInput naming it; nobody hangs, and the
+// next forward works.
+func TestNonFiniteLogitsOnOneRank(t *testing.T) {
+	cfg, _ := Get("tiny-qwen")
+	pl, _ := router.NewPlacement(router.Contiguous, cfg.Experts, 3)
+	cs, err := coll.Local(3, coll.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for _, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := c.Rank()
+			errs[r] = func() error {
+				l, _ := NewLayer(cfg, 3, pl.Local[r], 0)
+				ep, err := NewEP(c, l, pl, dtype.F32)
+				if err != nil {
+					return err
+				}
+				x := cfg.Tokens(3, r, 5)
+				if r == 2 {
+					Floats(x)[7] = float32(math.Inf(1))
+				}
+				_, err = ep.Forward(context.Background(), x)
+				switch {
+				case r == 2 && !errors.Is(err, router.ErrNonFinite):
+					return fmt.Errorf("rank with Inf: %v", err)
+				case r != 2 && !errors.Is(err, dispatch.ErrInput):
+					return fmt.Errorf("other rank: %v", err)
+				}
+				_, err = ep.Forward(context.Background(), cfg.Tokens(3, r, 5))
+				return err
+			}()
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
 	}
 }

@@ -129,9 +129,12 @@ func (v FP8E4M3Val) Float32() float32 {
 	return math.Float32frombits(sign | (e-7+127)<<23 | m<<20)
 }
 
-// F32ToBF16 converts src into dst (same length).
+// F32ToBF16 converts src into dst (same length). On amd64 with AVX2 it runs 16 values at
+// a time in assembly (conv_amd64.s); the rest, and other machines, take this loop.
 func F32ToBF16(dst []BFloat16, src []float32) {
 	dst = dst[:len(src)]
+	k := f32ToBF16Fast(dst, src)
+	dst, src = dst[k:], src[k:]
 	for i, f := range src {
 		b := math.Float32bits(f)
 		if b&0x7fffffff > 0x7f800000 {
@@ -142,9 +145,11 @@ func F32ToBF16(dst []BFloat16, src []float32) {
 	}
 }
 
-// BF16ToF32 converts src into dst (same length).
+// BF16ToF32 converts src into dst (same length), with AVX2 where available.
 func BF16ToF32(dst []float32, src []BFloat16) {
 	dst = dst[:len(src)]
+	k := bf16ToF32Fast(dst, src)
+	dst, src = dst[k:], src[k:]
 	for i, h := range src {
 		dst[i] = math.Float32frombits(uint32(h) << 16)
 	}

@@ -127,6 +127,8 @@ func reduceBF16(op Op, d, s []BFloat16) {
 	s = s[:len(d)]
 	switch op {
 	case Sum:
+		k := bf16SumFast(d, s)
+		d, s = d[k:], s[k:]
 		for i := range d {
 			d[i] = ToBF16(d[i].Float32() + s[i].Float32())
 		}
