@@ -20,6 +20,7 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/obuf"
 )
 
 // CollOpts selects what to measure.
@@ -34,6 +35,9 @@ type CollOpts struct {
 	Iters    int // timed iterations per size (0: about 0.2 s worth, at least 5)
 	Warmup   int
 	Check    bool // verify the result of the last iteration (default on via the CLI)
+	// Heap allocates the buffers with make (Go heap, 4 KiB pages) instead of taking them
+	// from obuf (huge pages from 2 MiB on), to show what the buffers' origin costs.
+	Heap bool
 }
 
 // CollResult is one row: the fields of `moex bench coll --json`.
@@ -79,6 +83,7 @@ func Memcpy(n int) float64 {
 	for i := range src {
 		src[i] = byte(i)
 	}
+	copy(dst, src) // fault the pages in before timing
 	iters := max(3, (64<<20)/n)
 	start := time.Now()
 	for i := 0; i < iters; i++ {
@@ -121,7 +126,7 @@ func Coll(ctx context.Context, c *coll.Comm, o CollOpts) ([]CollResult, error) {
 		o.RedOp = dtype.Sum
 	}
 	if o.Warmup == 0 {
-		o.Warmup = 3
+		o.Warmup = 20 // pools, plans, page faults, the pollers' adaptive budgets settle
 	}
 	p := c.Size()
 	var rows []CollResult
@@ -230,6 +235,14 @@ func algoName(c *coll.Comm, op coll.OpKind, dt dtype.Type, count, root int) stri
 func makeOp(ctx context.Context, c *coll.Comm, o CollOpts, size int) (benchOp, int, error) {
 	p, r := c.Size(), c.Rank()
 	n := size / 4
+	mk := func(k int) []float32 {
+		if o.Heap {
+			return make([]float32, k)
+		}
+		// obuf buffers, as a user following moex's advice would have them; they go back
+		// to the pool when the garbage collector finds them unreachable.
+		return dtype.FromBytes[float32](obuf.Default.Get(4 * k).Bytes())
+	}
 	if o.DType != dtype.F32 {
 		return benchOp{}, 0, fmt.Errorf("bench: only f32 is wired into the command so far (got %v)", o.DType)
 	}
@@ -237,7 +250,7 @@ func makeOp(ctx context.Context, c *coll.Comm, o CollOpts, size int) (benchOp, i
 	var bo benchOp
 	switch o.Op {
 	case coll.OpAllReduce:
-		buf := make([]float32, n)
+		buf := mk(n)
 		bo.prep = func() {
 			for i := range buf {
 				buf[i] = val(r, i)
@@ -264,7 +277,7 @@ func makeOp(ctx context.Context, c *coll.Comm, o CollOpts, size int) (benchOp, i
 		}
 		return bo, n, nil
 	case coll.OpAlltoAll:
-		send, recv := make([]float32, n), make([]float32, n)
+		send, recv := mk(n), mk(n)
 		blk := n / p
 		bo.prep = func() {
 			for i := range send {
@@ -287,7 +300,7 @@ func makeOp(ctx context.Context, c *coll.Comm, o CollOpts, size int) (benchOp, i
 		return bo, blk, nil
 	case coll.OpAllGather:
 		blk := n / p
-		send, recv := make([]float32, blk), make([]float32, n)
+		send, recv := mk(blk), mk(n)
 		bo.prep = func() {
 			for i := range send {
 				send[i] = float32(r*7 + i)
@@ -309,7 +322,7 @@ func makeOp(ctx context.Context, c *coll.Comm, o CollOpts, size int) (benchOp, i
 		return bo, blk, nil
 	case coll.OpReduceScatter:
 		blk := n / p
-		send, recv := make([]float32, n), make([]float32, blk)
+		send, recv := mk(n), mk(blk)
 		bo.prep = func() {
 			for i := range send {
 				send[i] = val(r, i)
@@ -332,7 +345,7 @@ func makeOp(ctx context.Context, c *coll.Comm, o CollOpts, size int) (benchOp, i
 		}
 		return bo, blk, nil
 	case coll.OpBroadcast:
-		buf := make([]float32, n)
+		buf := mk(n)
 		bo.prep = func() {
 			for i := range buf {
 				buf[i] = 0
@@ -354,7 +367,7 @@ func makeOp(ctx context.Context, c *coll.Comm, o CollOpts, size int) (benchOp, i
 		}
 		return bo, n, nil
 	case coll.OpReduce:
-		send, recv := make([]float32, n), make([]float32, n)
+		send, recv := mk(n), mk(n)
 		bo.prep = func() {
 			for i := range send {
 				send[i] = val(r, i)

@@ -73,12 +73,18 @@ type Config struct {
 	Yields int
 	// Oversubscribed says that more ranks than CPUs share this host. Then a waiter that
 	// spins takes the CPU from the rank it waits for, so the adaptive budget is capped at
-	// OversubscribedSpin (zero: waiters park at once, as a blocking receive would).
+	// OversubscribedSpin; instead the waiter polls between yields of the CPU to the
+	// kernel (sched_yield, which runs another rank at once) for up to YieldSpin, then
+	// parks.
 	Oversubscribed bool
+	// YieldSpin bounds the yield-polling of oversubscribed waiters (0: 200µs; negative:
+	// none, park at once).
+	YieldSpin time.Duration
 }
 
 const (
-	defaultMaxSpin = 50 * time.Microsecond
+	defaultMaxSpin   = 50 * time.Microsecond
+	defaultYieldSpin = 200 * time.Microsecond
 	defaultYields  = 4
 	minSpin        = 0
 	probeEvery     = 64 // an adaptive poller with a collapsed budget re-probes this often
@@ -104,6 +110,16 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		return c, err
 	}
 	c.Mode = m
+	if s := getenv("MOEX_YIELD_US"); s != "" {
+		us, err := strconv.Atoi(s)
+		if err != nil || us < 0 {
+			return c, fmt.Errorf("busypoll: MOEX_YIELD_US=%q: want a non-negative integer", s)
+		}
+		c.YieldSpin = time.Duration(us) * time.Microsecond
+		if us == 0 {
+			c.YieldSpin = -1
+		}
+	}
 	if s := getenv("MOEX_SPIN_US"); s != "" {
 		us, err := strconv.Atoi(s)
 		if err != nil || us < 0 {
@@ -136,8 +152,9 @@ func (s Stats) String() string {
 // Poller holds a policy, its adaptive state and its counters. It is safe for concurrent use;
 // one Poller per transport (or per rank) is the usual arrangement.
 type Poller struct {
-	mode    Mode
-	maxSpin int64
+	mode      Mode
+	maxSpin   int64
+	yieldSpin int64 // oversubscribed: poll between sched_yields this long before parking
 	yields  int
 	budget  atomic.Int64 // adaptive spin budget in ns
 	probe   atomic.Uint64
@@ -160,6 +177,12 @@ func New(c Config) *Poller {
 	}
 	if c.Oversubscribed {
 		p.maxSpin = min(p.maxSpin, int64(OversubscribedSpin))
+		switch {
+		case c.YieldSpin == 0:
+			p.yieldSpin = int64(defaultYieldSpin)
+		case c.YieldSpin > 0:
+			p.yieldSpin = int64(c.YieldSpin)
+		}
 	}
 	p.budget.Store(p.maxSpin)
 	return p
@@ -273,10 +296,19 @@ func (s *Spinner) Idle() bool {
 		yield(s.yielded)
 		return false
 	}
+	if s.p.yieldSpin > 0 && s.p.mode == Adaptive && nanotime()-s.start < s.p.yieldSpin {
+		// Oversubscribed: let the kernel run another rank (likely the one we wait for),
+		// then look again.
+		s.yielded++
+		osYield()
+		return false
+	}
 	s.parked = true
 	s.release()
 	return true
 }
+
+func osYield() { syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // End records how the wait went and adapts the budget.
 func (s *Spinner) End() {
@@ -328,7 +360,7 @@ func yield(i int) {
 		runtime.Gosched()
 		return
 	}
-	syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+	osYield()
 }
 
 // Wait polls ready under the policy until it returns true, parking on ev when the policy

@@ -411,14 +411,15 @@ func (pl *plan) stepAt(i int) *step {
 		}
 	}
 	s := &pl.steps[i]
-	s.pre, s.recvs, s.sends, s.post = s.pre[:0], s.recvs[:0], s.sends[:0], s.post[:0]
+	s.pre, s.recvs, s.sends, s.mid, s.post = s.pre[:0], s.recvs[:0], s.sends[:0], s.mid[:0], s.post[:0]
 	return s
 }
 
 func planAlltoAllLinear(pl *plan, p, r int, l vlayout) {
 	pl.steps = pl.steps[:0]
 	s := pl.stepAt(0)
-	s.pre = append(s.pre, local{kind: lCopy, dst: region{bRecv, l.recvOff[r], l.recvLen[r]}, src: region{bSend, l.sendOff[r], l.sendLen[r]}})
+	// Our own block is copied while the transfers are under way.
+	s.mid = append(s.mid, local{kind: lCopy, dst: region{bRecv, l.recvOff[r], l.recvLen[r]}, src: region{bSend, l.sendOff[r], l.sendLen[r]}})
 	for k := 1; k < p; k++ {
 		from, to := mod(r-k, p), mod(r+k, p)
 		s.recvs = append(s.recvs, xfer{from, 0, region{bRecv, l.recvOff[from], l.recvLen[from]}})
@@ -428,13 +429,18 @@ func planAlltoAllLinear(pl *plan, p, r int, l vlayout) {
 
 func planAlltoAllPairwise(pl *plan, p, r int, l vlayout) {
 	pl.steps = pl.steps[:0]
-	s := pl.stepAt(0)
-	s.pre = append(s.pre, local{kind: lCopy, dst: region{bRecv, l.recvOff[r], l.recvLen[r]}, src: region{bSend, l.sendOff[r], l.sendLen[r]}})
 	for k := 1; k < p; k++ {
 		from, to := mod(r-k, p), mod(r+k, p)
-		s := pl.stepAt(k)
+		s := pl.stepAt(k - 1)
+		if k == 1 { // our own block, while the first exchange is under way
+			s.mid = append(s.mid, local{kind: lCopy, dst: region{bRecv, l.recvOff[r], l.recvLen[r]}, src: region{bSend, l.sendOff[r], l.sendLen[r]}})
+		}
 		s.recvs = append(s.recvs, xfer{from, uint32(k), region{bRecv, l.recvOff[from], l.recvLen[from]}})
 		s.sends = append(s.sends, xfer{to, uint32(k), region{bSend, l.sendOff[to], l.sendLen[to]}})
+	}
+	if p == 1 {
+		s := pl.stepAt(0)
+		s.pre = append(s.pre, local{kind: lCopy, dst: region{bRecv, l.recvOff[r], l.recvLen[r]}, src: region{bSend, l.sendOff[r], l.sendLen[r]}})
 	}
 }
 

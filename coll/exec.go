@@ -198,6 +198,9 @@ func (c *Comm) execute(pl *plan, seq uint32, cl *call) error {
 		if postErr != nil {
 			_ = c.fail(postErr) // aborts: the waits below end at once
 		}
+		for _, l := range st.mid {
+			doLocal(l)
+		}
 		var first error
 		for i, r := range es.reqs {
 			n, err := r.Wait(c.actx)

@@ -52,6 +52,7 @@ type local struct {
 type step struct {
 	pre          []local
 	recvs, sends []xfer
+	mid          []local // after posting the transfers, before waiting for them (overlap)
 	post         []local
 }
 
@@ -89,6 +90,9 @@ func (p *plan) describe(w io.Writer, rank int) {
 		}
 		for _, x := range s.sends {
 			parts = append(parts, fmt.Sprintf("send %s->%d", x.region, x.peer))
+		}
+		for _, l := range s.mid {
+			parts = append(parts, l.String()+" (while waiting)")
 		}
 		for _, l := range s.post {
 			parts = append(parts, l.String())

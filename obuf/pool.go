@@ -8,6 +8,11 @@
 // can hand them to the kernel or the NIC as they are); and small messages paying large-
 // message costs (size classes start at one page).
 //
+// Buffers of 2 MiB and more are mappings of their own, 2 MiB aligned and advised to use
+// transparent huge pages: the kernel then pins them (cross-memory attach, RDMA
+// registration) a huge page at a time, and process_vm_readv runs at memcpy speed instead
+// of 40% of it (measured: 25 against 9.9 GB/s at 2 MiB).
+//
 // Cheap invariants are always checked (release below zero, release while a send is in
 // flight). Build with -tags moexdebug to also catch writes to a buffer while a send reads
 // it (checksum at Lend, verified at Return) and writes after release (poison on release,
@@ -19,6 +24,7 @@ package obuf
 import (
 	"fmt"
 	"math/bits"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -79,6 +85,7 @@ func classOf(n int) int {
 // Buf is a pooled buffer. It starts with one reference (the caller's).
 type Buf struct {
 	b        []byte // whole class-sized, page-aligned storage
+	huge     bool   // backed by a mapping that asked for transparent huge pages
 	n        int
 	class    int // -1: not pooled (larger than the biggest class)
 	refs     atomic.Int32
@@ -108,15 +115,29 @@ func (p *Pool) Get(n int) *Buf {
 		if b != nil {
 			b.dbg.onGet(b)
 		} else {
-			b = &Buf{b: alignedAlloc(1 << (c + minShift)), class: c, pool: p}
+			b = newBuf(1<<(c+minShift), c, p)
 			p.news.Add(1)
 		}
 	} else {
-		b = &Buf{b: alignedAlloc(n), class: -1, pool: p}
+		b = newBuf(n, -1, p)
 		p.news.Add(1)
 	}
 	b.n = n
 	b.refs.Store(1)
+	return b
+}
+
+func newBuf(n, class int, p *Pool) *Buf {
+	b := &Buf{class: class, pool: p}
+	if n >= HugeThreshold {
+		if m, ok := hugeAlloc(n); ok {
+			b.b = m
+			b.huge = true
+			runtime.AddCleanup(b, hugeFree, m)
+			return b
+		}
+	}
+	b.b = alignedAlloc(n)
 	return b
 }
 
@@ -131,6 +152,10 @@ func (b *Buf) Bytes() []byte { return b.b[:b.n] }
 
 // Len returns the length asked of Get.
 func (b *Buf) Len() int { return b.n }
+
+// Huge reports whether the buffer is backed by (transparent) huge pages where the kernel
+// grants them: buffers of HugeThreshold bytes or more are.
+func (b *Buf) Huge() bool { return b.huge }
 
 // Cap returns the size of the buffer's storage.
 func (b *Buf) Cap() int { return len(b.b) }

@@ -111,3 +111,24 @@ func BenchmarkGetRelease(b *testing.B) {
 		x.Release()
 	}
 }
+
+func TestHugeBuffers(t *testing.T) {
+	p := NewPool(2)
+	b := p.Get(3 << 20)
+	if !b.Huge() {
+		t.Skip("this platform gives no huge-page mappings (not linux)")
+	}
+	if addr := uintptr(unsafe.Pointer(unsafe.SliceData(b.Bytes()))); addr%(2<<20) != 0 {
+		t.Fatalf("huge buffer at %#x is not 2 MiB aligned", addr)
+	}
+	for i := range b.Bytes() {
+		b.Bytes()[i] = byte(i)
+	}
+	b.Release()
+	if c := p.Get(3 << 20); c != b {
+		t.Fatal("huge buffer not reused")
+	}
+	if small := p.Get(1 << 20); small.Huge() {
+		t.Fatal("1 MiB buffer is huge-page backed")
+	}
+}

@@ -146,6 +146,7 @@ func benchColl(ctx context.Context, args []string) error {
 	fs.IntVar(&o.Root, "root", 0, "root of broadcast and reduce")
 	redop := fs.String("redop", "sum", "reduction")
 	check := fs.Bool("check", true, "check the results (#wrong column)")
+	fs.BoolVar(&o.Heap, "heap", false, "allocate buffers with make (4 KiB pages) instead of obuf (huge pages from 2 MiB)")
 	if err := fs.Parse(args); err != nil {
 		return &usageError{err.Error()}
 	}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
 	"syscall"
 
 	"github.com/moex-ai/moex/internal/launch"
@@ -30,6 +32,17 @@ Run "moex <command> -h" for a command's flags.
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if dir := os.Getenv("MOEX_CPUPROFILE"); dir != "" {
+		// Profiling switch for benchmark ranks: one profile per process.
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("cpu-%s-%d.prof", os.Getenv("MOEX_RANK"), os.Getpid())))
+		if err == nil {
+			_ = pprof.StartCPUProfile(f)
+			code := run(ctx, os.Args[1:])
+			pprof.StopCPUProfile()
+			f.Close()
+			os.Exit(code)
+		}
+	}
 	os.Exit(run(ctx, os.Args[1:]))
 }
 

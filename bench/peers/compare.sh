@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# moex against Open MPI on this host: MPI_Alltoall and MPI_Allreduce (f32 sum) against
+# `moex bench coll --transport shm`, same ranks and sizes, the two run alternately
+# (ROUNDS times each), the best time of each kept. Prints one line per (op, ranks, size)
+# with both times and the ratio (Open MPI time / moex time: above 1, moex is faster), and
+# the AlltoAll bandwidth beside memcpy of the same bytes.
+#
+# Installs Open MPI from Debian's packages when missing (needs root for apt-get).
+# usage: bench/peers/compare.sh [ROUNDS]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rounds=${1:-3}
+if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
+	echo "# installing Open MPI (openmpi-bin, libopenmpi-dev)" >&2
+	apt-get update >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends openmpi-bin libopenmpi-dev >/dev/null
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+mpicc -O2 -o "$work/mpi_coll" bench/peers/mpi_coll.c
+go build -o "$work/moex" ./cmd/moex
+mpirun_version=$(mpirun --version 2>&1 | head -1)
+echo "# $mpirun_version; moex $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(nproc) CPUs; $(date -u +%FT%TZ)"
+printf "%-10s %5s %10s %12s %12s %8s %s\n" op ranks bytes moex_us ompi_us ratio note
+
+best() { # field of the best (lowest time) JSON line for a size, from a file of lines
+	python3 -c '
+import sys, json
+size, field = int(sys.argv[1]), sys.argv[2]
+rows = [json.loads(l) for l in open(sys.argv[3]) if l.startswith("{")]
+rows = [r for r in rows if r["bytes"] == size]
+if not rows: print("nan"); sys.exit()
+b = min(rows, key=lambda r: r["time_us"])
+print(b[field])' "$@"
+}
+
+for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 16777216"; do
+	set -- $spec
+	op=$1 size=$2
+	for p in 2 4 8; do
+		if [ "$op" = allreduce ] && [ "$p" = 8 ]; then continue; fi
+		: >"$work/moex.json"
+		: >"$work/ompi.json"
+		for r in $(seq "$rounds"); do
+			"$work/moex" bench coll --op "$op" --ranks "$p" --transport shm --min-bytes "$size" --max-bytes "$size" --json >>"$work/moex.json"
+			mpirun --allow-run-as-root --oversubscribe -np "$p" "$work/mpi_coll" "$op" "$size" "$size" >>"$work/ompi.json" 2>/dev/null
+		done
+		m=$(best "$size" time_us "$work/moex.json")
+		o=$(best "$size" time_us "$work/ompi.json")
+		note=""
+		if [ "$op" = alltoall ]; then
+			bw=$(best "$size" algbw_gbs "$work/moex.json")
+			mc=$(best "$size" memcpy_gbs "$work/moex.json")
+			note=$(python3 -c "print(f'moex algbw {float(\"$bw\"):.1f} GB/s = {float(\"$bw\")/float(\"$mc\")*100:.0f}% of memcpy ({float(\"$mc\"):.1f} GB/s)')")
+		fi
+		ratio=$(python3 -c "print(f'{float(\"$o\")/float(\"$m\"):.2f}x')")
+		printf "%-10s %5s %10s %12.1f %12.1f %8s %s\n" "$op" "$p" "$size" "$m" "$o" "$ratio" "$note"
+	done
+done

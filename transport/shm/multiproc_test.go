@@ -1,0 +1,192 @@
+package shm_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moex-ai/moex/busypoll"
+	"github.com/moex-ai/moex/internal/launch"
+	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/shm"
+	"github.com/moex-ai/moex/transport/transporttest"
+)
+
+// TestHelperRank is a rank of the multi-process tests; it runs only when launched by them.
+func TestHelperRank(t *testing.T) {
+	mode := os.Getenv("MOEX_SHM_HELPER")
+	if mode == "" {
+		t.Skip("helper rank: runs only under TestMultiProcess* and BenchmarkAllToAllProcs")
+	}
+	iters, _ := strconv.Atoi(os.Getenv("MOEX_SHM_HELPER_ITERS"))
+	size, _ := strconv.Atoi(os.Getenv("MOEX_SHM_HELPER_SIZE"))
+	if err := helperRank(mode, max(iters, 1), size); err != nil {
+		fmt.Fprintln(os.Stderr, "rank failed:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func helperRank(mode string, iters, size int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	env, err := transport.FromEnv()
+	if err != nil {
+		return err
+	}
+	rv, err := transport.Join(ctx, env, nil)
+	if err != nil {
+		return err
+	}
+	defer rv.Close()
+	cfg := shm.Config{Rank: env.Rank, Size: env.Size, Exchange: rv.AllGather}
+	if err := cfg.ConfigFromEnv(os.Getenv); err != nil {
+		return err
+	}
+	cfg.Poll.Oversubscribed = busypoll.Oversubscribed(env.LocalSize)
+	tr, err := shm.New(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	n, me := env.Size, env.Rank
+	if mode == "die" {
+		// Rank 1 dies (exits without closing) while rank 0 waits for it.
+		if me == 1 {
+			time.Sleep(50 * time.Millisecond)
+			os.Exit(0)
+		}
+		if me == 0 {
+			r, err := tr.Irecv(1, transport.Tag{Comm: 9}, make([]byte, 8))
+			if err != nil {
+				return err
+			}
+			start := time.Now()
+			_, err = r.Wait(ctx)
+			fmt.Printf("rank 0: waited %v: %v\n", time.Since(start).Round(time.Millisecond), err)
+			if err == nil {
+				return fmt.Errorf("receive from a dead rank succeeded")
+			}
+		}
+		return nil
+	}
+	if size == 0 {
+		size = 20000
+	}
+	send := make([][]byte, n)
+	recv := make([][]byte, n)
+	for p := 0; p < n; p++ {
+		send[p] = make([]byte, size+me*13+p)
+		transporttest.Pattern(send[p], uint64(me*100+p))
+		recv[p] = make([]byte, size+p*13+me)
+	}
+	reqs := make([]transport.Request, 0, 2*n)
+	var start time.Time
+	for it := 0; it < iters+5; it++ {
+		if it == 5 {
+			start = time.Now()
+		}
+		reqs = reqs[:0]
+		tg := transport.Tag{Comm: 1, Seq: uint32(it)}
+		for p := 0; p < n; p++ {
+			r, err := tr.Irecv(p, tg, recv[p])
+			if err != nil {
+				return err
+			}
+			reqs = append(reqs, r)
+		}
+		for p := 0; p < n; p++ {
+			s, err := tr.Isend(p, tg, send[p])
+			if err != nil {
+				return err
+			}
+			reqs = append(reqs, s)
+		}
+		if err := transport.WaitAll(ctx, reqs...); err != nil {
+			return err
+		}
+	}
+	el := time.Since(start)
+	for p := 0; p < n; p++ {
+		if err := transporttest.Check(recv[p], uint64(p*100+me)); err != nil {
+			return fmt.Errorf("from rank %d: %w", p, err)
+		}
+	}
+	fmt.Printf("alltoall ok us_per_iter=%.1f mode=%s poll=%s\n", float64(el.Microseconds())/float64(iters), tr.Mode(), tr.Poller().Stats())
+	return nil
+}
+
+func runProcs(t testing.TB, n, iters, size int, env ...string) (string, error) {
+	var out bytes.Buffer
+	err := launch.Run(context.Background(), launch.Config{
+		N: n, Prog: os.Args[0], Args: []string{"-test.run=^TestHelperRank$"},
+		Env: append([]string{"MOEX_SHM_HELPER=alltoall", "MOEX_SHM_HELPER_ITERS=" + strconv.Itoa(iters),
+			"MOEX_SHM_HELPER_SIZE=" + strconv.Itoa(size)}, env...),
+		Stdout: &out, Stderr: &out,
+	})
+	return out.String(), err
+}
+
+// Eight processes on two cores exchange all-to-all through shared memory, every byte
+// checked, under each receive policy and both large-message paths.
+func TestMultiProcessAllToAll(t *testing.T) {
+	for _, env := range [][]string{{"MOEX_POLL=adaptive"}, {"MOEX_POLL=block"}, {"MOEX_SHM_CMA=0"}} {
+		for _, size := range []int{100, 20000, 300000} {
+			out, err := runProcs(t, 8, 10, size, env...)
+			if err != nil {
+				t.Fatalf("%v size %d: %v\n%s", env, size, err, out)
+			}
+			if c := strings.Count(out, "alltoall ok"); c != 8 {
+				t.Fatalf("%v size %d: %d ranks ok:\n%s", env, size, c, out)
+			}
+		}
+	}
+}
+
+// A process that dies is noticed (pidfd) and fails the receive waiting for it.
+func TestMultiProcessPeerDeath(t *testing.T) {
+	var out bytes.Buffer
+	err := launch.Run(context.Background(), launch.Config{
+		N: 2, Prog: os.Args[0], Args: []string{"-test.run=^TestHelperRank$"},
+		Env: []string{"MOEX_SHM_HELPER=die"}, Stdout: &out, Stderr: &out,
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "rank 1") || !strings.Contains(out.String(), "exited") {
+		t.Fatalf("rank 0 did not name the dead rank:\n%s", out.String())
+	}
+}
+
+var usRe = regexp.MustCompile(`us_per_iter=([0-9.]+)`)
+
+// BenchmarkAllToAllProcs: the slowest rank's time per all-to-all (processes over shared
+// memory), per rank count, message size and receive policy.
+func BenchmarkAllToAllProcs(b *testing.B) {
+	for _, n := range []int{2, 4, 8} {
+		for _, size := range []int{16 << 10, 1 << 20} {
+			for _, mode := range []string{"adaptive", "block"} {
+				b.Run(fmt.Sprintf("P=%d/%dKiB/%s", n, size>>10, mode), func(b *testing.B) {
+					worst := 0.0
+					for b.Loop() {
+						out, err := runProcs(b, n, 300, size, "MOEX_POLL="+mode)
+						if err != nil {
+							b.Fatalf("%v\n%s", err, out)
+						}
+						for _, m := range usRe.FindAllStringSubmatch(out, -1) {
+							v, _ := strconv.ParseFloat(m[1], 64)
+							worst = max(worst, v)
+						}
+					}
+					b.ReportMetric(worst, "us/alltoall")
+				})
+			}
+		}
+	}
+}

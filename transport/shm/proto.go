@@ -1,0 +1,1090 @@
+package shm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
+	"golang.org/x/sys/unix"
+
+	"github.com/moex-ai/moex/internal/wire"
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/internal/core"
+)
+
+const hdrSize = wire.HeaderSize
+
+// Frames: TypeEager (payload inline), TypeRTS (payload: the sender's buffer address, u64),
+// TypeCTS (ID: the sender's request; Aux 0: the receiver copied the message (FIN); Aux
+// non-zero: stream it through the ring to receive request Aux), TypeData (ID: receive
+// request, Aux: offset), TypeAbort (per-message notices, as in the tcp transport) and
+// TypeBye.
+const (
+	noticeTruncated = 1
+	noticeMismatch  = 2
+	noticeCanceled  = 3 // sender to receiver: withdraw the announcement if unmatched
+	noticeCancelAck = 4 // receiver to sender: withdrawn, your buffer is yours again
+)
+
+// errWithdrawn completes a send whose announcement the receiver gave back.
+var errWithdrawn = errors.New("shm: send withdrawn")
+
+type peer struct {
+	t     *Transport
+	rank  int
+	pid   int
+	pidfd int
+	seg   *segment // the peer's segment: we produce into seg.ring(our rank)
+	in    ring     // the ring we consume (in our segment)
+	out   ring     // the ring we produce into (in the peer's segment)
+	cma   bool
+
+	outMu   sync.Mutex
+	pending []outFrame // frames waiting for ring space, in order
+	done    []*sendReq // scratch of flushOut
+	streams []*stream  // large messages going through the ring (no CMA)
+
+	mu     sync.Mutex
+	posted core.Queue[*recvReq]
+	unexp  core.Queue[*unexpected]
+	dead   error
+}
+
+type outFrame struct {
+	h       wire.Header
+	payload []byte
+	send    *sendReq // completes when published (eager)
+}
+
+type stream struct {
+	send   *sendReq
+	recvID uint64
+	off    int
+}
+
+type unexpected struct {
+	tag      transport.Tag
+	eager    *obuf.Buf
+	rts      bool
+	senderID uint64
+	length   int
+	addr     uint64
+}
+
+// ---- producing ----
+
+// slotsFor is the number of slots a frame with n payload bytes occupies: the header in
+// the first, the payload from there on, across as many slots as it needs.
+func (r ring) slotsFor(n int) uint64 { return uint64((hdrSize + n + r.slotSize - 1) / r.slotSize) }
+
+// data returns the ring's slot area.
+func (r ring) data() []byte {
+	off := r.base + ringHdr
+	return r.seg.mem[off : off+int(r.slots)*r.slotSize]
+}
+
+// publishLocked writes one frame into the ring if there is room.
+func (p *peer) publishLocked(h *wire.Header, payload []byte) bool {
+	r := p.out
+	k := r.slotsFor(len(payload))
+	head := atomic.LoadUint64(r.head())
+	if head+k-atomic.LoadUint64(r.tail()) > r.slots {
+		atomic.StoreUint32(r.wantSpace(), 1)
+		// The consumer may have freed slots between our look and the flag: look again.
+		if head+k-atomic.LoadUint64(r.tail()) > r.slots {
+			p.t.full.Add(1)
+			return false
+		}
+	}
+	d := r.data()
+	off := int(head%r.slots) * r.slotSize
+	h.Length = uint64(len(payload))
+	h.Encode(d[off : off+hdrSize])
+	n := copy(d[off+hdrSize:], payload)
+	copy(d, payload[n:]) // wrapped around the end of the ring
+	atomic.StoreUint64(r.head(), head+k)
+	p.t.slotsOut.Add(k)
+	p.t.ringBytes.Add(uint64(len(payload)))
+	return true
+}
+
+// send publishes a frame now, or queues it behind earlier ones; it reports whether it
+// went out now. Frames queued are flushed by the progress loop.
+func (p *peer) send(f outFrame) bool {
+	p.outMu.Lock()
+	ok := len(p.pending) == 0 && p.publishLocked(&f.h, f.payload)
+	if !ok {
+		p.pending = append(p.pending, f)
+	}
+	p.outMu.Unlock()
+	if ok {
+		p.seg.ringDoorbell()
+	} else {
+		p.t.own.ringDoorbell() // our progress loop flushes the queue
+	}
+	return ok
+}
+
+// flushOut publishes queued frames and streams as room allows; it reports progress.
+func (p *peer) flushOut() bool {
+	p.outMu.Lock()
+	n := 0
+	done := p.done[:0] // flushOut runs in the progress loop only: the scratch is its own
+	for n < len(p.pending) {
+		f := &p.pending[n]
+		if !p.publishLocked(&f.h, f.payload) {
+			break
+		}
+		if f.send != nil {
+			done = append(done, f.send)
+		}
+		n++
+	}
+	if n > 0 {
+		copy(p.pending, p.pending[n:])
+		for i := len(p.pending) - n; i < len(p.pending); i++ {
+			p.pending[i] = outFrame{}
+		}
+		p.pending = p.pending[:len(p.pending)-n]
+	}
+	moved := n > 0
+	for len(p.pending) == 0 && len(p.streams) > 0 {
+		st := p.streams[0]
+		buf := st.send.buf
+		chunk := min(len(buf)-st.off, p.out.slotSize-hdrSize)
+		h := wire.Header{Type: wire.TypeData, Src: uint32(p.t.rank), ID: st.recvID, Aux: uint64(st.off)}
+		if !p.publishLocked(&h, buf[st.off:st.off+chunk]) {
+			break
+		}
+		moved = true
+		st.off += chunk
+		if st.off >= len(buf) {
+			copy(p.streams, p.streams[1:])
+			p.streams[len(p.streams)-1] = nil
+			p.streams = p.streams[:len(p.streams)-1]
+			p.t.sends.Delete(st.send.id)
+			done = append(done, st.send)
+		}
+	}
+	p.outMu.Unlock()
+	if moved {
+		p.seg.ringDoorbell()
+	}
+	for i, s := range done {
+		done[i] = nil
+		s.Complete(len(s.buf), nil)
+	}
+	p.done = done[:0]
+	return moved
+}
+
+// hasWork reports slots to consume, or frames to produce into a ring with room (a full
+// ring is not work: its consumer rings our doorbell when it frees a slot).
+func (p *peer) hasWork() bool {
+	if atomic.LoadUint64(p.in.head()) != atomic.LoadUint64(p.in.tail()) {
+		return true
+	}
+	p.outMu.Lock()
+	w := len(p.pending) > 0 || len(p.streams) > 0
+	p.outMu.Unlock()
+	return w && atomic.LoadUint64(p.out.head())-atomic.LoadUint64(p.out.tail()) < p.out.slots
+}
+
+func (p *peer) bye() {
+	p.outMu.Lock()
+	h := wire.Header{Type: wire.TypeBye, Src: uint32(p.t.rank)}
+	if len(p.pending) == 0 {
+		p.publishLocked(&h, nil)
+	}
+	p.outMu.Unlock()
+	p.seg.ringDoorbell()
+}
+
+// ---- consuming ----
+
+// drainIn handles every published frame; it reports whether there were any.
+func (p *peer) drainIn() bool {
+	r := p.in
+	tail := atomic.LoadUint64(r.tail())
+	head := atomic.LoadUint64(r.head())
+	if tail == head {
+		return false
+	}
+	d := r.data()
+	for tail < head {
+		off := int(tail%r.slots) * r.slotSize
+		k := uint64(1)
+		if !p.isDead() {
+			var err error
+			k, err = p.handle(d, off, head-tail)
+			if err != nil {
+				p.fail(err)
+				k = head - tail // the rest of the ring cannot be trusted
+			}
+		}
+		tail += k
+		atomic.StoreUint64(r.tail(), tail)
+		p.t.slotsIn.Add(k)
+	}
+	if atomic.LoadUint32(r.wantSpace()) != 0 {
+		// The producer found the ring full: wake its progress loop to flush.
+		atomic.StoreUint32(r.wantSpace(), 0)
+		p.seg.ringDoorbell()
+	}
+	return true
+}
+
+// payload is a frame's payload, in one piece or, when it wraps around the end of the
+// ring, two.
+type payload struct{ a, b []byte }
+
+func (pl payload) len() int { return len(pl.a) + len(pl.b) }
+
+func (pl payload) copyTo(dst []byte) {
+	n := copy(dst, pl.a)
+	copy(dst[n:], pl.b)
+}
+
+func (p *peer) isDead() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dead != nil
+}
+
+// handle processes the frame at offset off of the ring's slot area d, with avail slots
+// published; it returns how many slots the frame occupies.
+func (p *peer) handle(d []byte, off int, avail uint64) (uint64, error) {
+	t := p.t
+	r := p.in
+	var h wire.Header
+	if err := h.Decode(d[off : off+hdrSize]); err != nil {
+		return 1, fmt.Errorf("%w: %v", transport.ErrProtocol, err)
+	}
+	if h.Src != uint32(p.rank) {
+		return 1, fmt.Errorf("%w: frame claims source rank %d in the ring of rank %d", transport.ErrProtocol, h.Src, p.rank)
+	}
+	maxLen := r.slotSize - hdrSize
+	if h.Type == wire.TypeEager {
+		maxLen = t.eager
+	}
+	if h.Length > uint64(maxLen) {
+		return 1, fmt.Errorf("%w: %v frame of %d bytes (limit %d)", transport.ErrProtocol, h.Type, h.Length, maxLen)
+	}
+	k := r.slotsFor(int(h.Length))
+	if k > avail {
+		return 1, fmt.Errorf("%w: frame of %d slots with %d published", transport.ErrProtocol, k, avail)
+	}
+	var pl payload
+	n := int(h.Length)
+	start := off + hdrSize
+	if start+n <= len(d) {
+		pl.a = d[start : start+n]
+	} else {
+		pl.a, pl.b = d[start:], d[:n-(len(d)-start)]
+	}
+	if h.Flags&wire.FlagChecksum != 0 {
+		if err := verify(&h, pl); err != nil {
+			return k, fmt.Errorf("%w: %v", transport.ErrProtocol, err)
+		}
+	}
+	return k, p.frame(&h, pl)
+}
+
+// frame acts on one decoded frame.
+func (p *peer) frame(h *wire.Header, pl payload) error {
+	t := p.t
+	tag := transport.Tag{Comm: h.Comm, Seq: h.Seq, Tag: h.Tag, Sig: h.Sig}
+	switch h.Type {
+	case wire.TypeEager:
+		p.mu.Lock()
+		if r, ok := p.posted.Take(0, tag.Key()); ok {
+			p.mu.Unlock()
+			n, err := matchCheck(p.rank, r, tag, pl.len())
+			if err == nil {
+				pl.copyTo(r.buf)
+			}
+			t.handoff(r.Complete(n, err))
+			return nil
+		}
+		u := t.getUnexpected()
+		u.tag, u.eager = tag, t.pool.Get(pl.len())
+		pl.copyTo(u.eager.Bytes())
+		p.unexp.Push(0, tag.Key(), u)
+		p.mu.Unlock()
+		return nil
+
+	case wire.TypeRTS:
+		if len(pl.a) != 8 {
+			return fmt.Errorf("%w: RTS without an address", transport.ErrProtocol)
+		}
+		if h.Aux > wire.MaxLength {
+			return fmt.Errorf("%w: RTS announces %d bytes", transport.ErrProtocol, h.Aux)
+		}
+		addr := binary.LittleEndian.Uint64(pl.a)
+		p.mu.Lock()
+		r, ok := p.posted.Take(0, tag.Key())
+		if !ok {
+			u := t.getUnexpected()
+			u.tag, u.rts, u.senderID, u.length, u.addr = tag, true, h.ID, int(h.Aux), addr
+			p.unexp.Push(0, tag.Key(), u)
+			p.mu.Unlock()
+			return nil
+		}
+		p.mu.Unlock()
+		p.matchRTS(r, tag, h.ID, int(h.Aux), addr)
+		return nil
+
+	case wire.TypeCTS:
+		s := t.sends.Get(h.ID)
+		if s == nil || s.p != p {
+			return nil // withdrawn; the receiver got our notice
+		}
+		if h.Aux == 0 { // FIN: the receiver copied our buffer
+			t.sends.Delete(h.ID)
+			t.handoff(s.Complete(len(s.buf), nil))
+			return nil
+		}
+		p.mu.Lock()
+		if s.state != ssAnnounced {
+			p.mu.Unlock()
+			return nil
+		}
+		s.state = ssStreaming
+		p.mu.Unlock()
+		p.outMu.Lock()
+		s.stream = stream{send: s, recvID: h.Aux}
+		p.streams = append(p.streams, &s.stream)
+		p.outMu.Unlock()
+		return nil
+
+	case wire.TypeData:
+		r := t.recvs.Get(h.ID)
+		if r == nil || r.p != p {
+			return fmt.Errorf("%w: data for unknown receive %#x", transport.ErrProtocol, h.ID)
+		}
+		off := int(h.Aux)
+		if h.Aux > uint64(r.total) || pl.len() > r.total-off {
+			return fmt.Errorf("%w: data [%d,+%d) outside a %d-byte message", transport.ErrProtocol, h.Aux, pl.len(), r.total)
+		}
+		pl.copyTo(r.buf[off:])
+		r.got += pl.len()
+		if r.got == r.total {
+			t.recvs.Delete(h.ID)
+			t.handoff(r.Complete(r.total, nil))
+		}
+		return nil
+
+	case wire.TypeAbort:
+		p.notice(h.ID, h.Aux, string(pl.a))
+		return nil
+
+	case wire.TypeBye:
+		p.fail(transport.ErrPeerClosed)
+		return nil
+	}
+	return fmt.Errorf("%w: unexpected %v frame", transport.ErrProtocol, h.Type)
+}
+
+// handoff yields the CPU to a waiter the progress loop just woke: it was queued on this
+// goroutine's P, which would otherwise keep polling.
+func (t *Transport) handoff(woke bool) {
+	if woke {
+		runtime.Gosched()
+	}
+}
+
+func matchCheck(peerRank int, r *recvReq, tag transport.Tag, n int) (int, error) {
+	if tag.Sig != r.tag.Sig {
+		return 0, &transport.PeerError{Rank: peerRank, Op: "recv", Err: fmt.Errorf(
+			"%w: rank %d sent signature %#x at %v, this receive expects %#x",
+			transport.ErrMismatch, peerRank, tag.Sig, tag.Key(), r.tag.Sig)}
+	}
+	if n > len(r.buf) {
+		return 0, &transport.PeerError{Rank: peerRank, Op: "recv", Err: fmt.Errorf(
+			"%w: %d bytes into a %d-byte buffer", transport.ErrTruncated, n, len(r.buf))}
+	}
+	return n, nil
+}
+
+// matchRTS pairs an announced message with receive r: copy it across (cma), ask for it
+// through the ring, or reject it.
+func (p *peer) matchRTS(r *recvReq, tag transport.Tag, senderID uint64, length int, addr uint64) {
+	t := p.t
+	if _, err := matchCheck(p.rank, r, tag, length); err != nil {
+		code := uint64(noticeTruncated)
+		if errors.Is(err, transport.ErrMismatch) {
+			code = noticeMismatch
+		}
+		p.notify(senderID, code, err.Error())
+		r.Complete(0, err)
+		return
+	}
+	r.total, r.got, r.senderID = length, 0, senderID
+	if !p.cma {
+		r.id = t.recvs.Put(r)
+		p.send(outFrame{h: wire.Header{Type: wire.TypeCTS, Src: uint32(t.rank), ID: senderID, Aux: r.id}})
+		return
+	}
+	// The copy itself runs in the progress loop (or right here when we are it).
+	r.addr = addr
+	t.jobMu.Lock()
+	t.jobs = append(t.jobs, r)
+	t.jobMu.Unlock()
+	t.own.ringDoorbell()
+}
+
+// copyAcross reads a matched message from the sender's memory and tells it.
+func (t *Transport) copyAcross(r *recvReq) {
+	p := r.p
+	done := 0
+	var err error
+	local, remote := t.liov[:], t.riov[:]
+	for done < r.total {
+		local[0] = unix.Iovec{Base: &r.buf[done]}
+		local[0].SetLen(r.total - done)
+		remote[0] = unix.RemoteIovec{Base: uintptr(r.addr) + uintptr(done), Len: r.total - done}
+		n, e := unix.ProcessVMReadv(p.pid, local, remote, 0)
+		if e != nil {
+			if e == unix.EINTR {
+				continue
+			}
+			err = e
+			break
+		}
+		if n == 0 {
+			err = errors.New("process_vm_readv made no progress")
+			break
+		}
+		done += n
+	}
+	if err != nil {
+		r.Complete(0, &transport.PeerError{Rank: p.rank, Op: "recv", Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, p.rank, err)})
+		return
+	}
+	t.cmaBytes.Add(uint64(done))
+	p.send(outFrame{h: wire.Header{Type: wire.TypeCTS, Src: uint32(t.rank), ID: r.senderID, Aux: 0}})
+	t.handoff(r.Complete(r.total, nil))
+}
+
+func (t *Transport) runJobs() bool {
+	t.jobMu.Lock()
+	jobs := t.jobs
+	t.jobs, t.spare = t.spare[:0], nil
+	t.jobMu.Unlock()
+	for i, r := range jobs {
+		jobs[i] = nil
+		if r.p.isDead() {
+			r.Complete(0, r.p.peerErr("recv"))
+			continue
+		}
+		t.copyAcross(r)
+	}
+	t.jobMu.Lock()
+	t.spare = jobs[:0] // double buffering: no allocation per job in steady state
+	t.jobMu.Unlock()
+	return len(jobs) > 0
+}
+
+func (t *Transport) failJobs() {
+	t.jobMu.Lock()
+	jobs := t.jobs
+	t.jobs = nil
+	t.jobMu.Unlock()
+	for _, r := range jobs {
+		r.Complete(0, transport.ErrClosed)
+	}
+}
+
+func (p *peer) notify(id, code uint64, reason string) {
+	if max := p.out.slotSize - hdrSize; len(reason) > max {
+		reason = reason[:max]
+	}
+	p.send(outFrame{h: wire.Header{Type: wire.TypeAbort, Src: uint32(p.t.rank), ID: id, Aux: code}, payload: []byte(reason)})
+}
+
+// notice handles a per-message notice from the peer.
+func (p *peer) notice(id, code uint64, reason string) {
+	t := p.t
+	switch code {
+	case noticeTruncated, noticeMismatch:
+		s := t.sends.Get(id)
+		if s == nil || s.p != p {
+			return
+		}
+		p.mu.Lock()
+		if s.state != ssAnnounced {
+			p.mu.Unlock()
+			return
+		}
+		s.state = ssDone
+		t.sends.Delete(id)
+		p.mu.Unlock()
+		kind := transport.ErrTruncated
+		if code == noticeMismatch {
+			kind = transport.ErrMismatch
+		}
+		s.Complete(0, &transport.PeerError{Rank: p.rank, Op: "send", Err: fmt.Errorf("%w: rejected by the receiver: %s", kind, reason)})
+	case noticeCanceled:
+		// Still unmatched: forget it and give the buffer back. Otherwise a copy (or the
+		// stream) is under way and its completion answers the sender.
+		p.mu.Lock()
+		for _, e := range p.unexp.Entries(0) {
+			if u := e.V; u.rts && u.senderID == id {
+				p.unexp.Remove(0, u)
+				p.mu.Unlock()
+				t.putUnexpected(u)
+				p.notify(id, noticeCancelAck, "")
+				return
+			}
+		}
+		p.mu.Unlock()
+	case noticeCancelAck:
+		s := t.sends.Get(id)
+		if s == nil || s.p != p {
+			return
+		}
+		p.mu.Lock()
+		if s.state != ssAnnounced {
+			p.mu.Unlock()
+			return
+		}
+		s.state = ssDone
+		t.sends.Delete(id)
+		p.mu.Unlock()
+		s.Complete(0, errWithdrawn)
+	}
+}
+
+// ---- failure ----
+
+func (p *peer) peerErr(op string) error {
+	p.mu.Lock()
+	dead := p.dead
+	p.mu.Unlock()
+	if dead == transport.ErrClosed && p.t.closed.Load() {
+		return transport.ErrClosed
+	}
+	return &transport.PeerError{Rank: p.rank, Op: op, Err: dead}
+}
+
+// fail marks the peer gone and completes every operation pending with it. Messages it
+// sent before going stay deliverable.
+func (p *peer) fail(err error) {
+	t := p.t
+	p.mu.Lock()
+	if p.dead != nil {
+		p.mu.Unlock()
+		return
+	}
+	p.dead = err
+	var drop []*recvReq
+	p.posted.Drain(0, func(r *recvReq) { drop = append(drop, r) })
+	var keep []*unexpected
+	p.unexp.Drain(0, func(u *unexpected) {
+		if !u.rts && !t.closed.Load() {
+			keep = append(keep, u)
+		} else {
+			t.putUnexpected(u)
+		}
+	})
+	for _, u := range keep {
+		p.unexp.Push(0, u.tag.Key(), u)
+	}
+	p.mu.Unlock()
+	if err != transport.ErrClosed {
+		t.log.Info("moex shm: peer failed", "rank", t.rank, "peer", p.rank, "err", err)
+	}
+	recvErr, sendErr := p.peerErr("recv"), p.peerErr("send")
+	for _, r := range drop {
+		r.Complete(0, recvErr)
+	}
+	p.outMu.Lock()
+	pend := p.pending
+	p.pending = nil
+	p.streams = nil
+	p.outMu.Unlock()
+	for _, f := range pend {
+		if f.send != nil {
+			f.send.Complete(0, sendErr)
+		}
+	}
+	var sids, rids []uint64
+	var sreqs []*sendReq
+	var rreqs []*recvReq
+	t.sends.Each(func(id uint64, s *sendReq) {
+		if s.p == p {
+			sids, sreqs = append(sids, id), append(sreqs, s)
+		}
+	})
+	t.recvs.Each(func(id uint64, r *recvReq) {
+		if r.p == p {
+			rids, rreqs = append(rids, id), append(rreqs, r)
+		}
+	})
+	for _, id := range sids {
+		t.sends.Delete(id)
+	}
+	for _, id := range rids {
+		t.recvs.Delete(id)
+	}
+	for _, s := range sreqs {
+		s.Complete(0, sendErr)
+	}
+	for _, r := range rreqs {
+		r.Complete(0, recvErr)
+	}
+}
+
+// checkLiveness fails peers whose process exited or whose segment says closed.
+func (t *Transport) checkLiveness() {
+	for _, p := range t.peers {
+		if p == nil || p.isDead() {
+			continue
+		}
+		gone := p.seg.state() == stateClosed
+		why := "closed without a goodbye"
+		if !gone && p.pidfd >= 0 {
+			fds := []unix.PollFd{{Fd: int32(p.pidfd), Events: unix.POLLIN}}
+			if n, _ := unix.Poll(fds, 0); n > 0 {
+				gone, why = true, fmt.Sprintf("process %d exited", p.pid)
+			}
+		}
+		if gone {
+			p.drainIn() // what it sent before going is still in the ring
+			p.fail(fmt.Errorf("%w: %s", transport.ErrPeerClosed, why))
+		}
+	}
+}
+
+// ---- the progress loop ----
+
+// step does one round of progress: copies due, slots to consume, frames to produce. It
+// runs under progMu, in the progress goroutine or in a waiting goroutine.
+func (t *Transport) step() bool {
+	worked := t.runJobs()
+	for _, p := range t.peers {
+		if p == nil {
+			continue
+		}
+		if p.drainIn() {
+			worked = true
+		}
+		if p.flushOut() {
+			worked = true
+		}
+	}
+	if now := nanotime(); now-t.lastCheck.Load() > int64(5*time.Millisecond) {
+		t.lastCheck.Store(now)
+		t.checkLiveness()
+	}
+	return worked
+}
+
+// tryStep runs a step unless another goroutine is running one.
+func (t *Transport) tryStep() bool {
+	if !t.progMu.TryLock() {
+		return false
+	}
+	defer t.progMu.Unlock()
+	if t.closed.Load() {
+		return false
+	}
+	return t.step()
+}
+
+// await waits for a request the way MPI does: the waiting goroutine itself polls the
+// rings (no wake-up between the slot and the waiter) under the adaptive policy, and
+// parks, leaving progress to the progress goroutine, when the policy says so.
+//
+// While a goroutine waits this way the progress goroutine stays parked (they would only
+// compete for the CPU and the rings); a waiter that parks wakes it to take over.
+func (t *Transport) await(ctx context.Context, r *core.Req) error {
+	if r.Test() {
+		return nil
+	}
+	t.waiters.Add(1)
+	s := t.poller.Begin()
+	for i := 0; !r.Test(); i++ {
+		if t.tryStep() {
+			continue
+		}
+		if s.Idle() {
+			s.End()
+			// Hand progress back to the progress goroutine, which may be asleep without
+			// having asked producers to wake it (it was not needed while we polled).
+			t.waiters.Add(-1)
+			atomic.AddUint32(t.own.u32(offDoorbell), 1)
+			futexWake(t.own.u32(offDoorbell))
+			return r.Await(ctx, t.waitPoller)
+		}
+		if i&255 == 0 && ctx.Err() != nil {
+			s.End()
+			t.waiters.Add(-1)
+			return ctx.Err()
+		}
+	}
+	s.End()
+	t.waiters.Add(-1)
+	return nil
+}
+
+func (t *Transport) progress() {
+	defer t.wg.Done()
+	sleeping := t.own.u32(offSleeping)
+	doorbell := t.own.u32(offDoorbell)
+	for {
+		select {
+		case <-t.stop:
+			return
+		default:
+		}
+		t.progMu.Lock()
+		worked := t.step()
+		t.progMu.Unlock()
+		if worked {
+			continue
+		}
+		// Park on the doorbell at once: waiting goroutines do the spinning (they poll the
+		// rings themselves); a progress goroutine that spun too would take the process's
+		// spinner slot from them and double the wake-ups. Announce (unless waiters poll:
+		// then producers need not wake us, and the last waiter to park does), look once
+		// more, sleep.
+		seq := atomic.LoadUint32(doorbell)
+		if t.waiters.Load() == 0 {
+			atomic.StoreUint32(sleeping, 1)
+		}
+		if !t.anyWork() {
+			t.parks.Add(1)
+			futexWaitOn(doorbell, seq, int64(20*time.Millisecond))
+		}
+		atomic.StoreUint32(sleeping, 0)
+	}
+}
+
+var epoch = time.Now()
+
+func nanotime() int64 { return int64(time.Since(epoch)) }
+
+func (t *Transport) anyWork() bool {
+	select {
+	case <-t.stop:
+		return true
+	default:
+	}
+	t.jobMu.Lock()
+	j := len(t.jobs) > 0
+	t.jobMu.Unlock()
+	if j {
+		return true
+	}
+	for _, p := range t.peers {
+		if p != nil && p.hasWork() {
+			return true
+		}
+	}
+	return false
+}
+
+// ---- requests ----
+
+type sendState uint8
+
+const (
+	ssEager sendState = iota + 1
+	ssAnnounced
+	ssStreaming
+	ssDone
+)
+
+type sendReq struct {
+	core.Req
+	addr      [8]byte // the RTS payload: this buffer's address
+	t         *Transport
+	p         *peer
+	tag       transport.Tag
+	buf       []byte
+	id        uint64
+	state     sendState // guarded by p.mu
+	canceling bool      // guarded by p.mu
+	stream    stream    // when streamed through the ring
+}
+
+type recvReq struct {
+	core.Req
+	t        *Transport
+	p        *peer
+	tag      transport.Tag
+	buf      []byte
+	id       uint64
+	senderID uint64
+	total    int
+	got      int
+	addr     uint64
+}
+
+func (t *Transport) getSend() *sendReq {
+	t.freeMu.Lock()
+	var s *sendReq
+	if n := len(t.freeSends); n > 0 {
+		s = t.freeSends[n-1]
+		t.freeSends = t.freeSends[:n-1]
+	}
+	t.freeMu.Unlock()
+	if s == nil {
+		s = &sendReq{t: t}
+		s.Init()
+	}
+	return s
+}
+
+func (t *Transport) putSend(s *sendReq) {
+	s.Reset()
+	s.p, s.buf, s.id, s.state, s.canceling = nil, nil, 0, 0, false
+	t.freeMu.Lock()
+	t.freeSends = append(t.freeSends, s)
+	t.freeMu.Unlock()
+}
+
+func (t *Transport) getRecv() *recvReq {
+	t.freeMu.Lock()
+	var r *recvReq
+	if n := len(t.freeRecvs); n > 0 {
+		r = t.freeRecvs[n-1]
+		t.freeRecvs = t.freeRecvs[:n-1]
+	}
+	t.freeMu.Unlock()
+	if r == nil {
+		r = &recvReq{t: t}
+		r.Init()
+	}
+	return r
+}
+
+func (t *Transport) putRecv(r *recvReq) {
+	r.Reset()
+	r.p, r.buf, r.id, r.senderID, r.total, r.got, r.addr = nil, nil, 0, 0, 0, 0, 0
+	t.freeMu.Lock()
+	t.freeRecvs = append(t.freeRecvs, r)
+	t.freeMu.Unlock()
+}
+
+func (t *Transport) peerFor(peer int) (*peer, error) {
+	if err := transport.CheckPeer(peer, t.size); err != nil {
+		return nil, err
+	}
+	if t.closed.Load() {
+		return nil, transport.ErrClosed
+	}
+	p := t.peers[peer]
+	if p == nil && peer != t.rank {
+		return nil, &transport.ArgError{Arg: "peer", Reason: fmt.Sprintf("rank %d is not on this host", peer)}
+	}
+	return p, nil
+}
+
+// Isend implements transport.Transport.
+func (t *Transport) Isend(peer int, tag transport.Tag, buf []byte) (transport.Request, error) {
+	t.life.RLock()
+	defer t.life.RUnlock()
+	p, err := t.peerFor(peer)
+	if err != nil {
+		return nil, err
+	}
+	if p == nil {
+		return t.self.Isend(0, tag, buf)
+	}
+	s := t.getSend()
+	s.p, s.tag, s.buf = p, tag, buf
+	h := wire.Header{Comm: tag.Comm, Src: uint32(t.rank), Seq: tag.Seq, Tag: tag.Tag, Sig: tag.Sig}
+	p.mu.Lock()
+	if p.dead != nil {
+		p.mu.Unlock()
+		s.Complete(0, p.peerErr("send"))
+		return s, nil
+	}
+	if len(buf) <= t.eager {
+		s.state = ssEager
+		p.mu.Unlock()
+		h.Type = wire.TypeEager
+		if p.send(outFrame{h: h, payload: buf, send: s}) {
+			s.Complete(len(buf), nil)
+		}
+		return s, nil
+	}
+	s.state = ssAnnounced
+	s.id = t.sends.Put(s)
+	p.mu.Unlock()
+	h.Type, h.ID, h.Aux = wire.TypeRTS, s.id, uint64(len(buf))
+	binary.LittleEndian.PutUint64(s.addr[:], uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))))
+	p.send(outFrame{h: h, payload: s.addr[:]})
+	return s, nil
+}
+
+// Irecv implements transport.Transport.
+func (t *Transport) Irecv(peer int, tag transport.Tag, buf []byte) (transport.Request, error) {
+	t.life.RLock()
+	defer t.life.RUnlock()
+	p, err := t.peerFor(peer)
+	if err != nil {
+		return nil, err
+	}
+	if p == nil {
+		return t.self.Irecv(0, tag, buf)
+	}
+	r := t.getRecv()
+	r.p, r.tag, r.buf = p, tag, buf
+	p.mu.Lock()
+	if u, ok := p.unexp.Take(0, tag.Key()); ok {
+		p.mu.Unlock()
+		if u.rts {
+			tag, id, n, addr := u.tag, u.senderID, u.length, u.addr
+			t.putUnexpected(u)
+			p.matchRTS(r, tag, id, n, addr)
+			return r, nil
+		}
+		n, err := matchCheck(peer, r, u.tag, u.eager.Len())
+		if err == nil {
+			copy(r.buf, u.eager.Bytes())
+		}
+		t.putUnexpected(u)
+		r.Complete(n, err)
+		return r, nil
+	}
+	if p.dead != nil {
+		p.mu.Unlock()
+		r.Complete(0, p.peerErr("recv"))
+		return r, nil
+	}
+	p.posted.Push(0, tag.Key(), r)
+	p.mu.Unlock()
+	return r, nil
+}
+
+// Wait implements transport.Request.
+func (s *sendReq) Wait(ctx context.Context) (int, error) {
+	t := s.t
+	if err := t.await(ctx, &s.Req); err != nil {
+		if s.cancel() {
+			t.putSend(s)
+			return 0, transport.CtxError(err)
+		}
+		s.awaitGrace()
+		if _, e := s.Result(); e == errWithdrawn {
+			t.putSend(s)
+			return 0, transport.CtxError(err)
+		}
+	}
+	n, err := s.Result()
+	t.putSend(s)
+	return n, err
+}
+
+// cancel withdraws a send that no receiver has matched.
+func (s *sendReq) cancel() bool {
+	p := s.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s.Test() {
+		return false
+	}
+	switch s.state {
+	case ssEager:
+		p.outMu.Lock()
+		defer p.outMu.Unlock()
+		for i := range p.pending {
+			if p.pending[i].send == s {
+				p.pending = append(p.pending[:i], p.pending[i+1:]...)
+				s.state = ssDone
+				return true
+			}
+		}
+	case ssAnnounced:
+		// The receiver may be reading our buffer right now: ask it to give the
+		// announcement back; its answer (withdrawn, or the copy done) completes us.
+		if !s.canceling {
+			s.canceling = true
+			t := s.t
+			t.life.RLock()
+			if !t.closed.Load() {
+				p.notify(s.id, noticeCanceled, "")
+			}
+			t.life.RUnlock()
+		}
+	}
+	return false
+}
+
+func (s *sendReq) awaitGrace() {
+	ctx, cancel := context.WithTimeout(context.Background(), s.t.grace)
+	defer cancel()
+	if s.Await(ctx, s.t.waitPoller) != nil {
+		s.p.fail(fmt.Errorf("%w: a cancelled transfer did not finish within %v", transport.ErrTimeout, s.t.grace))
+		s.AwaitUncancelable(s.t.waitPoller)
+	}
+}
+
+// Wait implements transport.Request.
+func (r *recvReq) Wait(ctx context.Context) (int, error) {
+	t := r.t
+	if err := t.await(ctx, &r.Req); err != nil {
+		if r.cancel() {
+			t.putRecv(r)
+			return 0, transport.CtxError(err)
+		}
+		ctx2, cancel := context.WithTimeout(context.Background(), t.grace)
+		if r.Await(ctx2, t.waitPoller) != nil {
+			r.p.fail(fmt.Errorf("%w: a cancelled receive did not finish within %v", transport.ErrTimeout, t.grace))
+			r.AwaitUncancelable(t.waitPoller)
+		}
+		cancel()
+	}
+	n, err := r.Result()
+	t.putRecv(r)
+	return n, err
+}
+
+func (r *recvReq) cancel() bool {
+	p := r.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.posted.Remove(0, r)
+}
+
+func (t *Transport) getUnexpected() *unexpected {
+	t.freeMu.Lock()
+	defer t.freeMu.Unlock()
+	if n := len(t.freeUnexp); n > 0 {
+		u := t.freeUnexp[n-1]
+		t.freeUnexp = t.freeUnexp[:n-1]
+		return u
+	}
+	return &unexpected{}
+}
+
+func (t *Transport) putUnexpected(u *unexpected) {
+	if u.eager != nil {
+		u.eager.Release()
+	}
+	*u = unexpected{}
+	t.freeMu.Lock()
+	t.freeUnexp = append(t.freeUnexp, u)
+	t.freeMu.Unlock()
+}
+
+func verify(h *wire.Header, pl payload) error {
+	d := xxhash.New()
+	d.Write(pl.a)
+	d.Write(pl.b)
+	if d.Sum64() != h.Sum {
+		return wire.ErrChecksum
+	}
+	return nil
+}

@@ -1,0 +1,425 @@
+// Package shm is the transport between ranks that are processes on one host: one
+// /dev/shm segment per rank holding a single-producer single-consumer ring of slots per
+// source rank, synchronised with atomics, for small messages; large messages move in one
+// copy, the receiver reading the sender's buffer with process_vm_readv (cross-memory
+// attach), or, where the kernel refuses that, in pipelined ring copies.
+//
+// Each rank runs one progress goroutine that polls its incoming rings under the adaptive
+// busy-poll policy and parks on a futex in its segment when idle; producers ring that
+// doorbell after publishing. Segments are unlinked as soon as every rank has mapped them,
+// so nothing is left in /dev/shm when processes exit, however they exit; segments of jobs
+// that died during start-up are found by their pid and removed at the next start.
+// A peer process that dies is detected through a pidfd, and every pending operation
+// with it fails with an error naming it.
+//
+// The package owns its segments, mappings, pidfds and progress goroutine; Close releases
+// all of them.
+package shm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moex-ai/moex/busypoll"
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/inproc"
+	"github.com/moex-ai/moex/transport/internal/core"
+)
+
+// Defaults.
+const (
+	DefaultSlots    = 64
+	DefaultSlotSize = 16 << 10
+	// MaxEager is the largest message copied through the ring (spanning several slots);
+	// larger ones move in one copy across (cma). Below it, two copies cost less than the
+	// announcement's round trip.
+	MaxEager = 64 << 10
+)
+
+// Config describes one rank's endpoint.
+type Config struct {
+	Rank, Size int
+	// Local[q] says rank q is on this host; nil means every rank is. Operations with other
+	// ranks are refused (a transport.Mux sends them elsewhere).
+	Local []bool
+	// Exchange all-gathers one blob per rank (the rendezvous store's AllGather); used
+	// twice during New.
+	Exchange func(ctx context.Context, mine []byte) ([][]byte, error)
+	Slots    int // slots per ring (default 64)
+	SlotSize int // bytes per slot, header included (default 16 KiB)
+	// CMA: 0 detects whether process_vm_readv works between the ranks; -1 never uses it
+	// (large messages go through the rings); 1 requires it.
+	CMA         int
+	Poll        busypoll.Config
+	Poller      *busypoll.Poller
+	Pool        *obuf.Pool
+	Logger      *slog.Logger
+	CancelGrace time.Duration
+}
+
+// ConfigFromEnv reads MOEX_SHM_CMA (auto, 0, 1) and the polling variables.
+func (c *Config) ConfigFromEnv(getenv func(string) string) error {
+	switch v := getenv("MOEX_SHM_CMA"); v {
+	case "", "auto":
+	case "0", "off":
+		c.CMA = -1
+	case "1", "on":
+		c.CMA = 1
+	default:
+		return &transport.EnvError{Var: "MOEX_SHM_CMA", Value: v, Reason: "want auto, 0 or 1"}
+	}
+	p, err := busypoll.ConfigFromEnv(getenv)
+	if err != nil {
+		return err
+	}
+	c.Poll = p
+	return nil
+}
+
+// Stats counts traffic.
+type Stats struct {
+	SlotsOut, SlotsIn uint64
+	CMABytes          uint64 // bytes read with process_vm_readv
+	RingBytes         uint64 // payload bytes through the rings
+	Parks             uint64 // times the progress loop slept on its doorbell
+	FullRing          uint64 // times a producer found a ring full
+}
+
+// Transport is one rank's shared-memory endpoint.
+type Transport struct {
+	rank, size int
+	slotSize   int
+	eager      int
+	grace      time.Duration
+	poller     *busypoll.Poller
+	waitPoller *busypoll.Poller
+	pool       *obuf.Pool
+	log        *slog.Logger
+
+	own   *segment
+	peers []*peer
+	self  *inproc.Transport
+	sends core.Table[sendReq]
+	recvs core.Table[recvReq]
+
+	jobMu sync.Mutex
+	jobs  []*recvReq // matched announcements waiting for their copy
+	spare []*recvReq
+
+	freeMu    sync.Mutex
+	freeSends []*sendReq
+	freeRecvs []*recvReq
+	freeUnexp []*unexpected
+
+	liov [1]unix.Iovec // process_vm_readv vectors (progress loop only)
+	riov [1]unix.RemoteIovec
+
+	closed    atomic.Bool
+	progMu    sync.Mutex   // one goroutine at a time runs a progress step
+	waiters   atomic.Int32 // goroutines driving progress themselves (see await)
+	lastCheck atomic.Int64 // last liveness check (nanotime)
+	life      sync.RWMutex // held shared while touching peers' mappings; Close takes it to unmap
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	mode      string
+
+	slotsOut, slotsIn, cmaBytes, ringBytes, parks, full atomic.Uint64
+}
+
+var _ transport.Transport = (*Transport)(nil)
+var _ transport.PathReporter = (*Transport)(nil)
+
+// setup blob: name, pid, address of a probe word for the CMA check.
+type hello struct {
+	name  string
+	pid   int
+	probe uint64
+}
+
+func (h hello) encode() []byte {
+	b := binary.LittleEndian.AppendUint32(nil, uint32(h.pid))
+	b = binary.LittleEndian.AppendUint64(b, h.probe)
+	return append(b, h.name...)
+}
+
+func decodeHello(b []byte) (hello, bool) {
+	if len(b) < 12 {
+		return hello{}, false
+	}
+	return hello{pid: int(binary.LittleEndian.Uint32(b)), probe: binary.LittleEndian.Uint64(b[4:]), name: string(b[12:])}, true
+}
+
+// probeWord is read by peers to test cross-memory attach.
+var probeWord = [8]byte{'m', 'o', 'e', 'x', 'c', 'm', 'a', '!'}
+
+// New creates this rank's segment, exchanges names with the other ranks on this host,
+// maps their segments, tests cross-memory attach, unlinks its segment once everyone has
+// mapped it, and starts the progress loop.
+func New(ctx context.Context, cfg Config) (*Transport, error) {
+	if cfg.Size < 1 || cfg.Rank < 0 || cfg.Rank >= cfg.Size {
+		return nil, &transport.ArgError{Arg: "rank", Reason: fmt.Sprintf("rank %d of %d", cfg.Rank, cfg.Size)}
+	}
+	if cfg.Local != nil && len(cfg.Local) != cfg.Size {
+		return nil, &transport.ArgError{Arg: "Local", Reason: fmt.Sprintf("%d entries for %d ranks", len(cfg.Local), cfg.Size)}
+	}
+	if cfg.Size > 1 && cfg.Exchange == nil {
+		return nil, &transport.ArgError{Arg: "Exchange", Reason: "nil with more than one rank"}
+	}
+	if cfg.Slots <= 0 {
+		cfg.Slots = DefaultSlots
+	}
+	if cfg.SlotSize <= 0 {
+		cfg.SlotSize = DefaultSlotSize
+	}
+	if cfg.SlotSize < 1024 || cfg.SlotSize%64 != 0 {
+		return nil, &transport.ArgError{Arg: "SlotSize", Reason: fmt.Sprintf("%d: want a multiple of 64, at least 1024", cfg.SlotSize)}
+	}
+	t := &Transport{
+		rank: cfg.Rank, size: cfg.Size, slotSize: cfg.SlotSize,
+		eager: min(MaxEager, cfg.Slots/2*cfg.SlotSize-hdrSize),
+		grace: cfg.CancelGrace, poller: cfg.Poller, pool: cfg.Pool, log: cfg.Logger, stop: make(chan struct{}),
+	}
+	if t.grace <= 0 {
+		t.grace = 5 * time.Second
+	}
+	if t.poller == nil {
+		t.poller = busypoll.New(cfg.Poll)
+	}
+	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block})
+	if t.pool == nil {
+		t.pool = obuf.Default
+	}
+	if t.log == nil {
+		t.log = slog.New(slog.DiscardHandler)
+	}
+	t.self = inproc.New(1, inproc.Config{Poller: t.waitPoller, Pool: t.pool})[0]
+	local := cfg.Local
+	if local == nil {
+		local = make([]bool, cfg.Size)
+		for i := range local {
+			local[i] = true
+		}
+	}
+	if removed, _ := CleanStale(); len(removed) > 0 {
+		t.log.Info("moex shm: removed segments of dead processes", "segments", removed)
+	}
+	var jb [6]byte
+	_, _ = rand.Read(jb[:])
+	own, err := createSegment(segmentName(hex.EncodeToString(jb[:]), cfg.Rank), cfg.Rank, cfg.Size, cfg.Slots, cfg.SlotSize)
+	if err != nil {
+		return nil, err
+	}
+	t.own = own
+	fail := func(err error) (*Transport, error) {
+		os.Remove(DevShm + "/" + own.name)
+		t.unmapAll()
+		return nil, err
+	}
+	t.peers = make([]*peer, cfg.Size)
+	if cfg.Size == 1 {
+		os.Remove(DevShm + "/" + own.name)
+		t.mode = "single rank"
+		t.start()
+		return t, nil
+	}
+	me := hello{name: own.name, pid: os.Getpid(), probe: uint64(uintptr(unsafe.Pointer(&probeWord[0])))}
+	if !local[cfg.Rank] {
+		me = hello{}
+	}
+	blobs, err := cfg.Exchange(ctx, me.encode())
+	if err != nil {
+		return fail(fmt.Errorf("shm: exchanging segment names: %w", err))
+	}
+	cmaOK := true
+	var cmaErr error
+	for q := 0; q < cfg.Size; q++ {
+		if q == cfg.Rank || !local[q] {
+			continue
+		}
+		h, ok := decodeHello(blobs[q])
+		if !ok || h.name == "" {
+			return fail(fmt.Errorf("shm: rank %d is said to be on this host but published no segment", q))
+		}
+		seg, err := openSegment(h.name, q, cfg.Size)
+		if err != nil {
+			return fail(err)
+		}
+		p := &peer{t: t, rank: q, seg: seg, pid: h.pid, in: own.ring(q), out: seg.ring(cfg.Rank), pidfd: -1,
+			posted: core.NewQueue[*recvReq](1), unexp: core.NewQueue[*unexpected](1)}
+		t.peers[q] = p
+		if fd, err := unix.PidfdOpen(h.pid, 0); err == nil {
+			p.pidfd = fd
+		}
+		if cfg.CMA >= 0 && cmaErr == nil {
+			var got [8]byte
+			local := []unix.Iovec{{Base: &got[0], Len: 8}}
+			remote := []unix.RemoteIovec{{Base: uintptr(h.probe), Len: 8}}
+			if n, err := unix.ProcessVMReadv(h.pid, local, remote, 0); err != nil || n != 8 || got != probeWord {
+				cmaOK = false
+				cmaErr = fmt.Errorf("process_vm_readv from rank %d (pid %d): n=%d err=%v", q, h.pid, n, err)
+			}
+		}
+	}
+	switch {
+	case cfg.CMA < 0:
+		cmaOK = false
+		t.mode = "ring copies (cross-memory attach disabled by configuration)"
+	case cmaOK:
+		t.mode = "cma single copy for messages over " + strconv.Itoa(t.eager) + " B"
+	case cfg.CMA > 0:
+		return fail(fmt.Errorf("shm: cross-memory attach required but refused: %v", cmaErr))
+	default:
+		t.mode = "ring copies (cross-memory attach refused: " + cmaErr.Error() + ")"
+		t.log.Warn("moex shm: process_vm_readv refused; large messages go through the rings", "rank", cfg.Rank, "err", cmaErr)
+	}
+	for _, p := range t.peers {
+		if p != nil {
+			p.cma = cmaOK
+		}
+	}
+	// Every rank has mapped every segment: unlink ours, so that it disappears with the
+	// last process that maps it, whatever happens to them.
+	if _, err := cfg.Exchange(ctx, nil); err != nil {
+		return fail(fmt.Errorf("shm: start-up barrier: %w", err))
+	}
+	os.Remove(DevShm + "/" + own.name)
+	t.start()
+	t.log.Info("moex shm: ready", "rank", cfg.Rank, "mode", t.mode, "slots", cfg.Slots, "slot_size", cfg.SlotSize)
+	return t, nil
+}
+
+func (t *Transport) start() {
+	t.wg.Add(1)
+	go t.progress()
+}
+
+func (t *Transport) unmapAll() {
+	for _, p := range t.peers {
+		if p != nil {
+			p.seg.unmap()
+			if p.pidfd >= 0 {
+				unix.Close(p.pidfd)
+				p.pidfd = -1
+			}
+		}
+	}
+	if t.own != nil {
+		t.own.unmap()
+	}
+}
+
+// Rank implements transport.Transport.
+func (t *Transport) Rank() int { return t.rank }
+
+// Size implements transport.Transport.
+func (t *Transport) Size() int { return t.size }
+
+// Name implements transport.Transport.
+func (t *Transport) Name() string { return "shm" }
+
+// Poller returns the progress loop's poller (for its counters).
+func (t *Transport) Poller() *busypoll.Poller { return t.poller }
+
+// Mode says how large messages move ("cma single copy ..." or "ring copies (...)").
+func (t *Transport) Mode() string { return t.mode }
+
+// Path implements transport.PathReporter.
+func (t *Transport) Path(peer int) string {
+	switch {
+	case peer == t.rank:
+		return "shm: self, in-process copy"
+	case peer < 0 || peer >= t.size || t.peers[peer] == nil:
+		return "shm: not on this host"
+	}
+	return fmt.Sprintf("shm: same host (pid %d), %d-slot rings of %d B, %s, progress poll %s",
+		t.peers[peer].pid, t.own.slots, t.slotSize, t.mode, t.poller.Mode())
+}
+
+// Stats returns the counters.
+func (t *Transport) Stats() Stats {
+	return Stats{SlotsOut: t.slotsOut.Load(), SlotsIn: t.slotsIn.Load(), CMABytes: t.cmaBytes.Load(),
+		RingBytes: t.ringBytes.Load(), Parks: t.parks.Load(), FullRing: t.full.Load()}
+}
+
+// Close tells the peers, stops the progress loop and unmaps everything. Pending requests
+// complete with ErrClosed.
+func (t *Transport) Close() error {
+	if t.closed.Swap(true) {
+		return nil
+	}
+	for _, p := range t.peers {
+		if p != nil {
+			p.bye()
+		}
+	}
+	atomic.StoreUint32(t.own.u32(offState), stateClosed)
+	close(t.stop)
+	t.own.ringDoorbell()
+	t.wg.Wait()
+	for _, p := range t.peers {
+		if p != nil {
+			p.fail(transport.ErrClosed)
+		}
+	}
+	t.failJobs()
+	t.life.Lock()
+	t.unmapAll()
+	t.life.Unlock()
+	return t.self.Close()
+}
+
+// Kill stops without telling anyone, as a crash would (for tests; the peers see this
+// process as dead only if it really exits, so tests mark the segment closed too).
+func (t *Transport) Kill() {
+	if t.closed.Swap(true) {
+		return
+	}
+	atomic.StoreUint32(t.own.u32(offState), stateClosed)
+	close(t.stop)
+	t.own.ringDoorbell()
+	t.wg.Wait()
+	for _, p := range t.peers {
+		if p != nil {
+			p.fail(transport.ErrClosed)
+		}
+	}
+	t.failJobs()
+	t.life.Lock()
+	t.unmapAll()
+	t.life.Unlock()
+	_ = t.self.Close()
+}
+
+// InjectRaw writes b into the ring to peer as one slot, bypassing framing (for tests).
+func (t *Transport) InjectRaw(peer int, b []byte) error {
+	if peer == t.rank || peer < 0 || peer >= t.size || t.peers[peer] == nil {
+		return &transport.ArgError{Arg: "peer", Reason: "no ring"}
+	}
+	p := t.peers[peer]
+	p.outMu.Lock()
+	defer p.outMu.Unlock()
+	h := atomic.LoadUint64(p.out.head())
+	if h-atomic.LoadUint64(p.out.tail()) >= p.out.slots {
+		return errors.New("shm: ring full")
+	}
+	s := p.out.slot(h)
+	clear(s)
+	copy(s, b)
+	atomic.StoreUint64(p.out.head(), h+1)
+	p.seg.ringDoorbell()
+	return nil
+}
