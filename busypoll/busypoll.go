@@ -85,9 +85,9 @@ type Config struct {
 const (
 	defaultMaxSpin   = 50 * time.Microsecond
 	defaultYieldSpin = 200 * time.Microsecond
-	defaultYields  = 4
-	minSpin        = 0
-	probeEvery     = 64 // an adaptive poller with a collapsed budget re-probes this often
+	defaultYields    = 4
+	minSpin          = 0
+	probeEvery       = 64 // an adaptive poller with a collapsed budget re-probes this often
 	// OversubscribedSpin caps the adaptive budget when ranks outnumber CPUs. Measured with
 	// 8 processes on 2 cores (BenchmarkAllToAll8Procs in transport/tcp): a 2µs spin plus
 	// yields made an all-to-all 40% slower than parking at once; zero matches blocking.
@@ -155,9 +155,9 @@ type Poller struct {
 	mode      Mode
 	maxSpin   int64
 	yieldSpin int64 // oversubscribed: poll between sched_yields this long before parking
-	yields  int
-	budget  atomic.Int64 // adaptive spin budget in ns
-	probe   atomic.Uint64
+	yields    int
+	budget    atomic.Int64 // adaptive spin budget in ns
+	probe     atomic.Uint64
 
 	waits, spins, yieldsN, parks, hits atomic.Uint64
 	spinNS                             atomic.Int64

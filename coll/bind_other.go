@@ -4,4 +4,6 @@ package coll
 
 import "errors"
 
-func bindToCPU(k int) (int, error) { return -1, errors.New("binding to a core is supported on Linux only") }
+func bindToCPU(k int) (int, error) {
+	return -1, errors.New("binding to a core is supported on Linux only")
+}
