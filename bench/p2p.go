@@ -40,24 +40,34 @@ func P2P(ctx context.Context, c *coll.Comm, sizes []int, iters int) ([]P2PResult
 		var rtt, bw float64
 		if r <= 1 {
 			peer := 1 - r
-			// Round trips.
-			start := time.Now()
-			for i := 0; i < it; i++ {
-				if r == 0 {
-					if err := coll.Send(ctx, c, buf, peer, 1); err != nil {
-						return nil, err
-					}
-					if _, err := coll.Recv(ctx, c, buf, peer, 2); err != nil {
-						return nil, err
-					}
-				} else {
-					if _, err := coll.Recv(ctx, c, buf, peer, 1); err != nil {
-						return nil, err
-					}
-					if err := coll.Send(ctx, c, buf, peer, 2); err != nil {
-						return nil, err
+			roundTrips := func(n int) error {
+				for i := 0; i < n; i++ {
+					if r == 0 {
+						if err := coll.Send(ctx, c, buf, peer, 1); err != nil {
+							return err
+						}
+						if _, err := coll.Recv(ctx, c, buf, peer, 2); err != nil {
+							return err
+						}
+					} else {
+						if _, err := coll.Recv(ctx, c, buf, peer, 1); err != nil {
+							return err
+						}
+						if err := coll.Send(ctx, c, buf, peer, 2); err != nil {
+							return err
+						}
 					}
 				}
+				return nil
+			}
+			// Warm up (connections made on first use, pollers' learned spin budgets,
+			// registrations), then time the round trips.
+			if err := roundTrips(max(2, it/10)); err != nil {
+				return nil, err
+			}
+			start := time.Now()
+			if err := roundTrips(it); err != nil {
+				return nil, err
 			}
 			rtt = time.Since(start).Seconds() / float64(it)
 			// One way, then one acknowledgement.

@@ -75,6 +75,7 @@ type Comm struct {
 	hosts []int // comm rank -> host index
 	cfg   Config
 	link  LinkCost
+	why   string // why the transport was chosen
 	log   *slog.Logger
 	pool  *obuf.Pool
 
@@ -130,6 +131,31 @@ func (c *Comm) ID() uint32 { return c.id }
 
 // Transport returns the transport under the communicator.
 func (c *Comm) Transport() transport.Transport { return c.tr }
+
+// Link describes how this rank reaches one peer.
+type Link struct {
+	Peer      int    // rank in the communicator
+	Host      int    // host index (ranks with equal Host share memory)
+	Transport string // the transport's name ("shm", "tcp", "ucx", "shm+tcp" ...)
+	Path      string // the path the transport reports for the peer (lanes, copies)
+	Why       string // why this transport was chosen
+}
+
+// Links reports, for every peer, which transport and path carry the traffic and why:
+// what `moex doctor` prints, and the first thing to read when a link is slower than
+// expected.
+func (c *Comm) Links() []Link {
+	pr, _ := c.tr.(transport.PathReporter)
+	out := make([]Link, c.size)
+	for q := range out {
+		l := Link{Peer: q, Host: c.hosts[q], Transport: c.tr.Name(), Why: c.why}
+		if pr != nil {
+			l.Path = pr.Path(c.ranks[q])
+		}
+		out[q] = l
+	}
+	return out
+}
 
 // WorldRank maps a rank of this communicator to its rank in the transport (the world).
 func (c *Comm) WorldRank(r int) int { return c.ranks[r] }
@@ -457,6 +483,7 @@ func Local(n int, cfg Config) ([]*Comm, error) {
 	cs := make([]*Comm, n)
 	for i, e := range eps {
 		cs[i] = newComm(e, 1, ranks, hosts, i, cfg, CostInproc)
+		cs[i].why = "inproc: every rank in this process (Local)"
 		cs[i].owned = append(cs[i].owned, e.Close)
 	}
 	return cs, nil
@@ -516,11 +543,11 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 	}
 	poll := *cfg.Poll
 	poll.Oversubscribed = poll.Oversubscribed || busypoll.Oversubscribed(localSize)
-	// Bind each rank to a core of its own when there are enough (MOEX_BIND=auto, the
+	// Bind each rank to a core of its own when there are enough (MOEX_CPU_BIND=auto, the
 	// default, or core; none leaves placement to the kernel). Measured: P=2 AlltoAll of
 	// 64 KiB over shm took 5-7us bound, and 7-37us (bimodal) unbound, as both busy
 	// ranks landed on one core now and then.
-	switch bind := os.Getenv("MOEX_BIND"); bind {
+	switch bind := os.Getenv("MOEX_CPU_BIND"); bind {
 	case "", "auto", "core":
 		if localSize > 1 && localSize <= runtime.NumCPU() {
 			localRank := 0
@@ -537,8 +564,8 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 		}
 	case "none":
 	default:
-		fail(&ArgError{Arg: "MOEX_BIND", Reason: fmt.Sprintf("%q: want auto, core or none", bind)})
-		return nil, &ArgError{Arg: "MOEX_BIND", Reason: fmt.Sprintf("%q: want auto, core or none", bind)}
+		fail(&ArgError{Arg: "MOEX_CPU_BIND", Reason: fmt.Sprintf("%q: want auto, core or none", bind)})
+		return nil, &ArgError{Arg: "MOEX_CPU_BIND", Reason: fmt.Sprintf("%q: want auto, core or none", bind)}
 	}
 	tr, why, link, err := openTransport(ctx, env, rv, hosts, poll, log)
 	if err != nil {
@@ -549,6 +576,7 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 		ranks[i] = i
 	}
 	c := newComm(tr, 1, ranks, hosts, env.Rank, cfg, link)
+	c.why = why
 	c.owned = append(c.owned, rv.Close, tr.Close)
 	c.closeBarrier = true
 	if log.Enabled(ctx, slog.LevelInfo) {
@@ -567,19 +595,21 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 }
 
 // openTransport picks and connects the transport: one process: inproc; ranks on one
-// host: shm; ranks across hosts: tcp (with shm for the peers on this host, through a
-// transport.Mux). MOEX_TRANSPORT forces a choice; ucx is preferred when built and RDMA is
-// available (see openOptional).
+// host: shm; ranks across hosts: shm for the peers on this host and, for the others, UCX
+// when this binary has it and every rank reaches its remote peers over RDMA, else tcp
+// (through a transport.Mux). MOEX_TRANSPORT forces a choice.
 func openTransport(ctx context.Context, env transport.Env, rv *transport.Rendezvous, hosts []int, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, LinkCost, error) {
 	if env.Size == 1 {
 		return inproc.New(1, inproc.Config{})[0], "inproc: single rank", CostInproc, nil
 	}
 	me := hosts[env.Rank]
 	local := make([]bool, env.Size)
+	remote := make([]bool, env.Size)
 	nLocal, nHosts := 0, 0
 	seen := map[int]bool{}
 	for q, h := range hosts {
 		local[q] = h == me
+		remote[q] = !local[q]
 		if local[q] {
 			nLocal++
 		}
@@ -596,13 +626,17 @@ func openTransport(ctx context.Context, env transport.Env, rv *transport.Rendezv
 			return nil, "", LinkCost{}, &ArgError{Arg: "MOEX_TRANSPORT", Reason: fmt.Sprintf("shm needs every rank on one host; the ranks span %d hosts", nHosts)}
 		}
 	case "ucx":
-		return openOptional(ctx, env, rv, hosts, poll, log)
-	case "auto":
-		if t, why, link, err := openOptional(ctx, env, rv, hosts, poll, log); t != nil || err != nil {
-			return t, why, link, err
+		t, why, err := openOptional(ctx, env, rv, nil, true, poll, log)
+		if err != nil {
+			return nil, "", LinkCost{}, err
 		}
+		link := CostNet
+		if nHosts == 1 {
+			link = CostShm
+		}
+		return t, why, link, nil
 	}
-	// Every rank takes part in both set-ups (their exchanges are collective), even when it
+	// Every rank takes part in each set-up (their exchanges are collective), even when it
 	// has no peer to use one of them for.
 	useShm := env.Transport != "tcp"
 	var sh *shm.Transport
@@ -620,40 +654,56 @@ func openTransport(ctx context.Context, env transport.Env, rv *transport.Rendezv
 			return sh, "shm: every rank on this host (" + sh.Mode() + ")", CostShm, nil
 		}
 	}
-	bind, err := env.BindHost()
-	if err != nil {
-		closeIf(sh)
-		return nil, "", LinkCost{}, err
+	var net transport.Transport
+	var netWhy string
+	if env.Transport == "tcp" {
+		netWhy = "MOEX_TRANSPORT=tcp"
+	} else {
+		u, why, err := openOptional(ctx, env, rv, remote, false, poll, log)
+		if err != nil {
+			closeIf(sh)
+			return nil, "", LinkCost{}, err
+		}
+		net, netWhy = u, why
 	}
-	cfg := tcp.Config{Rank: env.Rank, Size: env.Size, Exchange: rv.AllGather, Bind: bind, Token: []byte(env.Token), Logger: log}
-	if err := cfg.ConfigFromEnv(os.Getenv); err != nil {
-		closeIf(sh)
-		return nil, "", LinkCost{}, err
-	}
-	cfg.Poll = poll
-	t, err := tcp.New(ctx, cfg)
-	if err != nil {
-		closeIf(sh)
-		return nil, "", LinkCost{}, err
+	if net == nil {
+		bind, err := env.BindHost()
+		if err != nil {
+			closeIf(sh)
+			return nil, "", LinkCost{}, err
+		}
+		cfg := tcp.Config{Rank: env.Rank, Size: env.Size, Exchange: rv.AllGather, Bind: bind, Token: []byte(env.Token), Logger: log}
+		if err := cfg.ConfigFromEnv(os.Getenv); err != nil {
+			closeIf(sh)
+			return nil, "", LinkCost{}, err
+		}
+		cfg.Poll = poll
+		t, err := tcp.New(ctx, cfg)
+		if err != nil {
+			closeIf(sh)
+			return nil, "", LinkCost{}, err
+		}
+		net = t
+		netWhy = "tcp: " + netWhy
 	}
 	if sh == nil {
-		return t, "tcp: " + tcpReason(env.Transport), CostNet, nil
+		return net, netWhy, CostNet, nil
 	}
 	by := make([]transport.Transport, env.Size)
 	for q := range by {
 		if local[q] {
 			by[q] = sh
 		} else {
-			by[q] = t
+			by[q] = net
 		}
 	}
-	m, err := transport.NewMux("shm+tcp", by)
+	m, err := transport.NewMux("shm+"+net.Name(), by)
 	if err != nil {
 		sh.Close()
-		t.Close()
+		net.Close()
 		return nil, "", LinkCost{}, err
 	}
-	return m, "shm for the ranks on this host, tcp for the others (" + tcpReason(env.Transport) + ")", CostNet, nil
+	return m, "shm for the ranks on this host; for the others " + netWhy, CostNet, nil
 }
 
 func closeIf(t *shm.Transport) {
@@ -662,20 +712,15 @@ func closeIf(t *shm.Transport) {
 	}
 }
 
-// openOptional is replaced by transports registered at init (ucx, in builds with -tags ucx).
-var openOptional = func(ctx context.Context, env transport.Env, rv *transport.Rendezvous, hosts []int, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, LinkCost, error) {
-	if env.Transport == "ucx" {
-		return nil, "", LinkCost{}, &ArgError{Arg: "MOEX_TRANSPORT", Reason: "ucx: this binary was not built with -tags ucx"}
+// openOptional opens UCX (in builds with -tags ucx; see ucx.go) for the ranks in peers
+// (nil: all). With force it must succeed; otherwise it returns a nil transport and the
+// reason tcp is used instead when UCX is missing or offers no RDMA to some rank. Every
+// rank calls it with the same force, so the exchanges inside stay collective.
+var openOptional = func(ctx context.Context, env transport.Env, rv *transport.Rendezvous, peers []bool, force bool, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, error) {
+	if force {
+		return nil, "", &ArgError{Arg: "MOEX_TRANSPORT", Reason: "ucx: this binary was not built with -tags ucx"}
 	}
-	return nil, "", LinkCost{}, nil
-}
-
-// tcpReason says why tcp carries inter-host traffic (replaced in ucx builds).
-var tcpReason = func(requested string) string {
-	if requested == "tcp" {
-		return "MOEX_TRANSPORT=tcp"
-	}
-	return "UCX not built (build with -tags ucx for RDMA)"
+	return nil, "UCX not built (build with -tags ucx for RDMA)", nil
 }
 
 // Split partitions the communicator: ranks that pass the same color form a new
@@ -722,6 +767,7 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 		id ^= 0x5a5a5a5a
 	}
 	sub := newComm(c.tr, id, ranks, hostsDense(hosts), me, c.cfg, c.link)
+	sub.why = c.why
 	return sub, nil
 }
 

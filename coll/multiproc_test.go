@@ -23,6 +23,10 @@ func TestHelperCollRank(t *testing.T) {
 	if scenario == "" {
 		t.Skip("helper rank: runs only under TestMultiProcess*")
 	}
+	if os.Getenv("MOEX_COLL_TWO_HOSTS") != "" {
+		// Pretend even and odd ranks live on two hosts (hierarchical paths, Mux).
+		os.Setenv("MOEX_HOST_ID", "pretend-host-"+fmt.Sprint(envInt("MOEX_RANK")%2))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	c, err := Init(ctx, Config{Timeout: 20 * time.Second})
@@ -44,8 +48,14 @@ func TestHelperCollRank(t *testing.T) {
 		fmt.Printf("rank %d close: %v\n", c.Rank(), err)
 		os.Exit(1)
 	}
-	fmt.Printf("rank %d ok\n", c.Rank())
+	fmt.Printf("rank %d ok transport=%s\n", c.Rank(), c.Transport().Name())
 	os.Exit(0)
+}
+
+func envInt(k string) int {
+	var v int
+	fmt.Sscan(os.Getenv(k), &v)
+	return v
 }
 
 func helperSubset(ctx context.Context, c *Comm) error {
@@ -193,20 +203,22 @@ func helperDeath(ctx context.Context, c *Comm) error {
 }
 
 // buildMoex builds the moex command once per test binary run.
-func buildMoex(t *testing.T) string {
+func buildMoex(t *testing.T, flags ...string) string {
 	t.Helper()
 	exe := filepath.Join(t.TempDir(), "moex")
-	cmd := exec.Command("go", "build", "-o", exe, "github.com/moex-ai/moex/cmd/moex")
+	args := append([]string{"build", "-o", exe}, flags...)
+	cmd := exec.Command("go", append(args, "github.com/moex-ai/moex/cmd/moex")...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building moex: %v\n%s", err, out)
 	}
 	return exe
 }
 
-func moexRun(t *testing.T, moex string, n int, scenario string) string {
+func moexRun(t *testing.T, moex string, n int, scenario string, env ...string) string {
 	t.Helper()
 	cmd := exec.Command(moex, "run", "-n", fmt.Sprint(n), "--", os.Args[0], "-test.run=^TestHelperCollRank$")
 	cmd.Env = append(os.Environ(), "MOEX_COLL_HELPER="+scenario, "MOEX_TRANSPORT=tcp")
+	cmd.Env = append(cmd.Env, env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
@@ -235,5 +247,15 @@ func TestMultiProcessDeadPeer(t *testing.T) {
 	}
 	if c := strings.Count(out, "rank 1"); c < 3 {
 		t.Fatalf("survivors did not name rank 1:\n%s", out)
+	}
+}
+
+// Ranks on two (pretend) hosts under the automatic choice: shm between the ranks of a
+// host, the network transport between hosts, through a transport.Mux.
+func TestMultiProcessTwoHosts(t *testing.T) {
+	moex := buildMoex(t)
+	out := moexRun(t, moex, 4, "subset", "MOEX_TRANSPORT=auto", "MOEX_COLL_TWO_HOSTS=1")
+	if c := strings.Count(out, " ok transport=shm+tcp"); c != 4 {
+		t.Fatalf("want 4 ranks ok over shm+tcp:\n%s", out)
 	}
 }

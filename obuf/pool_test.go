@@ -132,3 +132,35 @@ func TestHugeBuffers(t *testing.T) {
 		t.Fatal("1 MiB buffer is huge-page backed")
 	}
 }
+
+func TestRegCacheRegistersOnce(t *testing.T) {
+	calls, released := 0, 0
+	c := NewRegCache(func(b []byte) (any, error) { calls++; return calls, nil }, func(h any) { released++ })
+	p := NewPool(2)
+	a, b := p.Get(10000), p.Get(3<<20)
+	for i := 0; i < 5; i++ {
+		if h, err := c.Register(a); err != nil || h != 1 {
+			t.Fatalf("register a: %v %v", h, err)
+		}
+	}
+	if h, _ := c.Register(b); h != 2 {
+		t.Fatalf("register b: %v", h)
+	}
+	if calls != 2 {
+		t.Fatalf("%d registrations for 2 buffers", calls)
+	}
+	// A send from the middle of a registered buffer finds its handle; foreign memory none.
+	if h := c.Lookup(a.Bytes()[100:200]); h != 1 {
+		t.Fatalf("lookup inside a: %v", h)
+	}
+	if h := c.Lookup(b.Bytes()[1<<20:]); h != 2 {
+		t.Fatalf("lookup inside b: %v", h)
+	}
+	if h := c.Lookup(make([]byte, 100)); h != nil {
+		t.Fatalf("lookup of foreign memory: %v", h)
+	}
+	c.Close()
+	if released != 2 || c.Len() != 0 {
+		t.Fatalf("released %d", released)
+	}
+}

@@ -38,7 +38,7 @@ var EnvVars = []EnvVar{
 	{"MOEX_TRANSPORT", "auto (default), inproc, tcp, shm or ucx"},
 	{"MOEX_TIMEOUT", "deadline for every collective, as a Go duration (default 5m)"},
 	{"MOEX_POLL", "receiver waiting policy: adaptive (default), spin or block"},
-	{"MOEX_BIND", "auto (default): bind each rank to a core of its own when the host has enough cores; none: leave it to the kernel"},
+	{"MOEX_CPU_BIND", "auto (default): bind each rank to a core of its own when the host has enough cores; none: leave it to the kernel"},
 	{"MOEX_SHM_CMA", "auto (default), 1 or 0: large shared-memory messages with process_vm_readv, or through the rings"},
 	{"MOEX_SPIN_US", "longest adaptive spin before yielding, in microseconds (default 50)"},
 	{"MOEX_TCP_STREAMS", "TCP connections per peer (default 1)"},

@@ -154,3 +154,35 @@ func WaitAll(ctx context.Context, reqs ...Request) error {
 	}
 	return first
 }
+
+// MemType says where a buffer lives.
+type MemType int
+
+const (
+	MemHost MemType = iota
+	MemCUDA
+	MemCUDAManaged
+	MemROCm
+)
+
+func (m MemType) String() string {
+	switch m {
+	case MemHost:
+		return "host"
+	case MemCUDA:
+		return "cuda"
+	case MemCUDAManaged:
+		return "cuda-managed"
+	case MemROCm:
+		return "rocm"
+	}
+	return fmt.Sprintf("memtype(%d)", int(m))
+}
+
+// DeviceTransport is implemented by transports that move device (GPU) memory directly,
+// such as UCX built with CUDA (GPUDirect RDMA): the buffer is a device pointer, never
+// touched by the CPU.
+type DeviceTransport interface {
+	IsendDevice(peer int, tag Tag, ptr uintptr, n int, mt MemType) (Request, error)
+	IrecvDevice(peer int, tag Tag, ptr uintptr, n int, mt MemType) (Request, error)
+}

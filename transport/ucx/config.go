@@ -1,0 +1,72 @@
+package ucx
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/moex-ai/moex/busypoll"
+)
+
+// Config describes one rank's UCX endpoint.
+type Config struct {
+	Rank, Size int
+	// Exchange all-gathers one blob per rank (the rendezvous store's AllGather): the
+	// worker addresses.
+	Exchange func(ctx context.Context, mine []byte) ([][]byte, error)
+	// Peers[q] says q is reached through UCX (nil: every rank). Operations with other
+	// ranks are refused (a transport.Mux sends them elsewhere).
+	Peers       []bool
+	Poll        busypoll.Config
+	Logger      *slog.Logger
+	CancelGrace time.Duration
+}
+
+// rdmaTransports are UCX transport names that mean an RDMA NIC (verbs, RoCE, EFA via
+// libfabric does not go through UCX).
+var rdmaTransports = []string{"rc", "rc_verbs", "rc_mlx5", "dc", "dc_mlx5", "ud", "ud_verbs", "ud_mlx5", "ib", "roce", "gdr_copy", "cuda_ipc"}
+
+// isRDMA reports whether a UCX transport name is an RDMA (or GPU) one.
+func isRDMA(tl string) bool {
+	for _, r := range rdmaTransports {
+		if tl == r || strings.HasPrefix(tl, r+"_") {
+			return true
+		}
+	}
+	return false
+}
+
+// parseLanes extracts the transport names from ucp_ep_print_info's output: lines like
+// "#   lane[0]:  1:posix/memory.0 md[1] ..." give "posix".
+func parseLanes(info string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, line := range strings.Split(info, "\n") {
+		i := strings.Index(line, "lane[")
+		if i < 0 {
+			continue
+		}
+		rest := line[i:]
+		j := strings.Index(rest, ":")
+		if j < 0 {
+			continue
+		}
+		f := strings.Fields(rest[j+1:])
+		if len(f) == 0 {
+			continue
+		}
+		tl := f[0]
+		if k := strings.Index(tl, ":"); k >= 0 {
+			tl = tl[k+1:]
+		}
+		if k := strings.Index(tl, "/"); k >= 0 {
+			tl = tl[:k]
+		}
+		if tl != "" && !seen[tl] {
+			seen[tl] = true
+			out = append(out, tl)
+		}
+	}
+	return out
+}

@@ -1,0 +1,25 @@
+package ucx
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestParseLanes(t *testing.T) {
+	info := `#
+# UCP endpoint
+#
+#               peer: <no debug data>
+#                 lane[0]:  0:posix/memory.0 md[0]           -> md[0]/posix/sysdev[255] am am_bw#0
+#                 lane[1]:  3:cma/memory.0 md[2]             -> md[2]/cma/sysdev[255] rma_bw#0
+#                 lane[2]:  5:tcp/lo.0 md[4]                 -> md[4]/tcp/sysdev[255] am_bw#1
+#                 lane[3]: 11:rc_mlx5/mlx5_0:1.0 md[7]      -> md[7]/ib/sysdev[255] rma_bw#1 rkey_ptr
+`
+	got := parseLanes(info)
+	if !slices.Equal(got, []string{"posix", "cma", "tcp", "rc_mlx5"}) {
+		t.Fatalf("lanes %v", got)
+	}
+	if !isRDMA("rc_mlx5") || !isRDMA("dc_mlx5") || isRDMA("tcp") || isRDMA("posix") || isRDMA("cma") {
+		t.Fatal("isRDMA")
+	}
+}

@@ -1,0 +1,221 @@
+//go:build ucx
+
+package ucx_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"go.uber.org/goleak"
+
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/transporttest"
+	"github.com/moex-ai/moex/transport/ucx"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type exchanger struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	round []int
+	vals  [][][]byte
+	n     int
+}
+
+func newExchanger(n int) *exchanger {
+	e := &exchanger{n: n, round: make([]int, n)}
+	e.cond = sync.NewCond(&e.mu)
+	return e
+}
+
+func (e *exchanger) fn(rank int) func(context.Context, []byte) ([][]byte, error) {
+	return func(ctx context.Context, mine []byte) ([][]byte, error) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		r := e.round[rank]
+		e.round[rank]++
+		for len(e.vals) <= r {
+			e.vals = append(e.vals, make([][]byte, e.n))
+		}
+		e.vals[r][rank] = append([]byte{1}, mine...)
+		e.cond.Broadcast()
+		for {
+			done := true
+			for _, v := range e.vals[r] {
+				if v == nil {
+					done = false
+				}
+			}
+			if done {
+				out := make([][]byte, e.n)
+				for i, v := range e.vals[r] {
+					out[i] = v[1:]
+				}
+				return out, nil
+			}
+			e.cond.Wait()
+		}
+	}
+}
+
+func start(t testing.TB, n int) []*ucx.Transport {
+	t.Helper()
+	ex := newExchanger(n)
+	ts := make([]*ucx.Transport, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for r := 0; r < n; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			ts[r], errs[r] = ucx.New(ctx, ucx.Config{Rank: r, Size: n, Exchange: ex.fn(r), CancelGrace: 2 * time.Second})
+		}(r)
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, x := range ts {
+			_ = x.Close()
+		}
+	})
+	return ts
+}
+
+func factory(t *testing.T, n int) *transporttest.World {
+	ts := start(t, n)
+	w := &transporttest.World{}
+	for _, x := range ts {
+		w.T = append(w.T, x)
+	}
+	if ts[0].PeerErrors() {
+		w.Kill = func(r int) { ts[r].Kill() }
+	}
+	return w
+}
+
+// The conformance suite, over whichever UCX transports UCX_TLS selects (CI runs it with
+// UCX_TLS=tcp and UCX_TLS=sm).
+func TestConformance(t *testing.T) {
+	t.Logf("UCX %s, UCX_TLS=%q", ucx.Version(), os.Getenv("UCX_TLS"))
+	transporttest.Run(t, factory, transporttest.Options{SkipAllocs: "UCX requests are C memory; Go-side allocations are not the measure here"})
+}
+
+func TestPathNamesTheTransports(t *testing.T) {
+	ts := start(t, 2)
+	p := ts[0].Path(1)
+	t.Logf("path: %s (lanes %v)", p, ts[0].Lanes(1))
+	if len(ts[0].Lanes(1)) == 0 {
+		t.Fatalf("no lanes read back: %s", p)
+	}
+}
+
+// Registered buffers are mapped with UCX once, however many messages use them (whole or
+// in part), and the bytes arrive intact.
+func TestRegisterOncePerBuffer(t *testing.T) {
+	ts := start(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool := obuf.NewPool(2)
+	src, dst := pool.Get(4<<20), pool.Get(4<<20)
+	defer src.Release()
+	defer dst.Release()
+	for _, b := range []*obuf.Buf{src, dst} {
+		if err := ts[0].Register(b); err != nil {
+			t.Fatal(err)
+		}
+		if err := ts[1].Register(b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := ts[0].Registrations() + ts[1].Registrations()
+	for i, n := range []int{100, 64 << 10, 1 << 20, 4 << 20, 3<<20 + 7} {
+		off := (i * 4096) % (1 << 20)
+		n = min(n, src.Len()-off)
+		msg, got := src.Bytes()[off:off+n], dst.Bytes()[:n]
+		transporttest.Pattern(msg, uint64(i+1))
+		tg := transport.Tag{Comm: 4, Tag: uint32(i)}
+		r, err := ts[1].Irecv(0, tg, got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := ts[0].Isend(1, tg, msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := transport.WaitAll(ctx, r, s); err != nil {
+			t.Fatal(err)
+		}
+		if err := transporttest.Check(got, uint64(i+1)); err != nil {
+			t.Fatalf("%d bytes at offset %d: %v", n, off, err)
+		}
+	}
+	if after := ts[0].Registrations() + ts[1].Registrations(); after != before {
+		t.Fatalf("%d more registrations for messages in registered buffers", after-before)
+	}
+	if before != 4 {
+		t.Fatalf("%d registrations for 2 buffers on 2 ranks", before)
+	}
+}
+
+// The device path (a raw pointer and a memory type, as a CUDA-enabled UCX takes device
+// memory) moves host memory given as a pointer; a memory type this UCX cannot move is
+// refused with an ArgError naming it, not handed to UCX.
+func TestDevicePointerPath(t *testing.T) {
+	ts := start(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	t.Logf("memory types: %v", ts[0].MemTypes())
+	pool := obuf.NewPool(2)
+	src, dst := pool.Get(4<<20), pool.Get(4<<20) // mmap'd: outside the Go heap
+	defer src.Release()
+	defer dst.Release()
+	for i, n := range []int{64, 1 << 20} {
+		transporttest.Pattern(src.Bytes()[:n], uint64(i+7))
+		tg := transport.Tag{Comm: 5, Tag: uint32(i)}
+		r, err := ts[1].IrecvDevice(0, tg, uintptr(unsafe.Pointer(unsafe.SliceData(dst.Bytes()))), n, transport.MemHost)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := ts[0].IsendDevice(1, tg, uintptr(unsafe.Pointer(unsafe.SliceData(src.Bytes()))), n, transport.MemHost)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := r.Wait(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got != n {
+			t.Fatalf("received %d bytes, want %d", got, n)
+		}
+		if err := transporttest.Check(dst.Bytes()[:n], uint64(i+7)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !slices.Contains(ts[0].MemTypes(), transport.MemCUDA) {
+		_, err := ts[0].IsendDevice(1, transport.Tag{Comm: 5, Tag: 9}, 0x1000, 64, transport.MemCUDA)
+		var ae *transport.ArgError
+		if !errors.As(err, &ae) || ae.Arg != "mt" {
+			t.Fatalf("CUDA memory on a UCX without CUDA: got %v, want an ArgError on mt", err)
+		}
+	}
+	if _, err := ts[0].IsendDevice(1, transport.Tag{Comm: 5, Tag: 9}, 0, 64, transport.MemHost); err == nil {
+		t.Fatal("nil pointer accepted")
+	}
+}
