@@ -297,9 +297,11 @@ func (s *Spinner) Idle() bool {
 		return false
 	}
 	if s.p.yieldSpin > 0 && s.p.mode == Adaptive && nanotime()-s.start < s.p.yieldSpin {
-		// Oversubscribed: let the kernel run another rank (likely the one we wait for),
-		// then look again.
+		// Oversubscribed: let another rank run (likely the one we wait for), then look
+		// again: a goroutine of this process (ranks as goroutines, or the transport's own
+		// goroutines) through Go's scheduler, another process through the kernel's.
 		s.yielded++
+		runtime.Gosched()
 		osYield()
 		return false
 	}

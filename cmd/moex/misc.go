@@ -18,10 +18,6 @@ func cmdEnv(args []string) error {
 	return tw.Flush()
 }
 
-func cmdDoctor(ctx context.Context, args []string) error {
-	return fmt.Errorf("moex doctor: not implemented yet")
-}
-
 func cmdFlow(ctx context.Context, args []string) error {
 	return fmt.Errorf("moex flow: not implemented yet")
 }

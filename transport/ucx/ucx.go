@@ -250,7 +250,8 @@ type Transport struct {
 	// noErr[q]: the endpoint to q has no peer-failure reports; pidfds[q] (or -1) then
 	// watches q's process when it is on this host.
 	noErr     []bool
-	pidfds    []int
+	pidfds    []int  // the progress goroutine's
+	watched   []bool // a pidfd was opened (set in New, read-only after)
 	nextWatch time.Time
 
 	mu       sync.Mutex
@@ -346,6 +347,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	t.rdmaAll = true
 	t.noErr = make([]bool, cfg.Size)
 	t.pidfds = make([]int, cfg.Size)
+	t.watched = make([]bool, cfg.Size)
 	for q := range t.pidfds {
 		t.pidfds[q] = -1
 	}
@@ -551,8 +553,11 @@ func (t *Transport) Path(peer int) string {
 	}
 	l := t.lanes[peer]
 	note := ""
-	if t.noPeerErrors {
-		note = "; UCX cannot report a dead peer here (the timeout does)"
+	switch {
+	case t.noErr[peer] && t.watched[peer]:
+		note = "; UCX cannot report a dead peer on these lanes: moex watches its process"
+	case t.noErr[peer]:
+		note = "; UCX cannot report a dead peer on these lanes (the communicator's timeout does)"
 	}
 	switch {
 	case t.rdmaTo(peer):
@@ -1435,6 +1440,7 @@ func (t *Transport) watchProcesses(addrs [][]byte) {
 		}
 		if fd, err := unix.PidfdOpen(int(binary.LittleEndian.Uint32(a)), 0); err == nil {
 			t.pidfds[q] = fd
+			t.watched[q] = true
 		}
 	}
 }

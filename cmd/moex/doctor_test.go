@@ -1,0 +1,78 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/transport"
+)
+
+// Every rank's links reach rank 0, each with its transport and path; rank 0's own links
+// carry a measured round trip and bandwidth.
+func TestDiagnoseGathersEveryLink(t *testing.T) {
+	cs, err := coll.Local(3, coll.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(cs)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	reps := make([]*doctorReport, len(cs))
+	err = onEvery(cs, func(c *coll.Comm) error {
+		r, err := diagnose(ctx, c)
+		reps[c.Rank()] = r
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep := reps[0]
+	if len(rep.links) != 6 {
+		t.Fatalf("%d links, want 6: %+v", len(rep.links), rep.links)
+	}
+	seen := map[[2]int]bool{}
+	for _, l := range rep.links {
+		seen[[2]int{l.from, l.to}] = true
+		if l.transport != "inproc" || !strings.HasPrefix(l.path, "inproc") || l.why == "" {
+			t.Fatalf("link %+v", l)
+		}
+		if (l.from == 0) != (l.rttUS > 0 && l.gbs > 0) {
+			t.Fatalf("measurement on the wrong links: %+v", l)
+		}
+	}
+	if len(seen) != 6 {
+		t.Fatalf("duplicate links: %v", seen)
+	}
+	var out bytes.Buffer
+	rep.print(&out, 3, transport.Env{Launcher: "none"})
+	for _, want := range []string{"cpus", "RDMA devices", "UCX", "links", "why"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// `moex doctor` as a user runs it: it starts the ranks, and with MOEX_TRANSPORT=tcp on
+// one host it says that shared memory would be faster.
+func TestDoctorCommand(t *testing.T) {
+	exe := filepath.Join(t.TempDir(), "moex")
+	if out, err := exec.Command("go", "build", "-o", exe, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, out)
+	}
+	out, err := exec.Command(exe, "doctor", "--ranks", "2", "--transport", "tcp").CombinedOutput()
+	if err != nil {
+		t.Fatalf("moex doctor: %v\n%s", err, out)
+	}
+	s := string(out)
+	for _, want := range []string{"launcher moex, MOEX_TRANSPORT=tcp", "  0     1   0     tcp", "tcp: MOEX_TRANSPORT=tcp", "ranks on one host talk over tcp"} {
+		if !strings.Contains(s, want) {
+			t.Fatalf("output lacks %q:\n%s", want, s)
+		}
+	}
+}
