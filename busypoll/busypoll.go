@@ -301,8 +301,11 @@ func (s *Spinner) Idle() bool {
 		// again: a goroutine of this process (ranks as goroutines, or the transport's own
 		// goroutines) through Go's scheduler, another process through the kernel's.
 		s.yielded++
-		runtime.Gosched()
-		osYield()
+		if s.yielded&1 == 0 {
+			runtime.Gosched()
+		} else {
+			osYield()
+		}
 		return false
 	}
 	s.parked = true
