@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"text/tabwriter"
@@ -16,8 +15,4 @@ func cmdEnv(args []string) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", v.Name, v.Meaning, os.Getenv(v.Name))
 	}
 	return tw.Flush()
-}
-
-func cmdFlow(ctx context.Context, args []string) error {
-	return fmt.Errorf("moex flow: not implemented yet")
 }
