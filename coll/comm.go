@@ -281,6 +281,10 @@ func (c *Comm) watch(q int, req transport.Request) {
 		return
 	}
 	if err != nil {
+		c.awaitNotice(err)
+		if c.actx.Err() != nil {
+			return
+		}
 		c.abortLocal(err) // the transport says q (or the link to it) is gone
 		return
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/obuf"
@@ -133,6 +134,7 @@ func (c *Comm) getPlan(k planKey) *plan {
 // fail turns an error seen during an op into the op's result, aborting the communicator
 // for everyone if it is not aborted already.
 func (c *Comm) fail(err error) error {
+	c.awaitNotice(err)
 	if cause := c.Err(); cause != nil {
 		return cause
 	}
@@ -141,6 +143,26 @@ func (c *Comm) fail(err error) error {
 	}
 	c.abortLocal(err)
 	return err
+}
+
+// noticeGrace is how long an error from a peer that said goodbye waits for an abort
+// notice that explains it.
+const noticeGrace = 500 * time.Millisecond
+
+// awaitNotice: a peer that closed its end in the middle of an operation has usually seen
+// the communicator abort (another rank died, or failed); that abort's notice is on its
+// way on another connection. Wait for it a moment, so that every rank's error names the
+// cause rather than the rank that left because of it.
+func (c *Comm) awaitNotice(err error) {
+	if !errors.Is(err, transport.ErrPeerLeft) || c.actx.Err() != nil {
+		return
+	}
+	t := time.NewTimer(noticeGrace)
+	select {
+	case <-c.actx.Done():
+	case <-t.C:
+	}
+	t.Stop()
 }
 
 // execute runs pl's steps on the transport.

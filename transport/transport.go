@@ -91,6 +91,10 @@ var (
 	ErrMismatch   = errors.New("transport: operation mismatch")
 	ErrProtocol   = errors.New("transport: protocol error")
 	ErrPeerClosed = errors.New("transport: peer closed the connection")
+	// ErrPeerLeft is the ErrPeerClosed of a peer that said goodbye (it closed its end
+	// on purpose, often after an abort that explains why); errors.Is(err, ErrPeerClosed)
+	// holds for it too.
+	ErrPeerLeft = fmt.Errorf("%w (it said goodbye)", ErrPeerClosed)
 	ErrAborted    = errors.New("transport: aborted")
 	ErrAuth       = errors.New("transport: authentication failed")
 )

@@ -69,6 +69,7 @@ type Transport struct {
 	w      *world
 	rank   int
 	closed atomic.Bool
+	why    atomic.Pointer[error] // what peers are told once closed (a goodbye, or a crash)
 
 	mu     sync.Mutex
 	posted core.Queue[*req] // receives posted on this endpoint, by source
@@ -150,7 +151,7 @@ func (t *Transport) Isend(peer int, tag transport.Tag, buf []byte) (transport.Re
 	dst.mu.Lock()
 	if dst.closed.Load() {
 		dst.mu.Unlock()
-		s.Complete(0, &transport.PeerError{Rank: peer, Op: "send", Err: transport.ErrPeerClosed})
+		s.Complete(0, &transport.PeerError{Rank: peer, Op: "send", Err: dst.leftWith()})
 		return s, nil
 	}
 	if r, ok := dst.posted.Take(t.rank, tag.Key()); ok {
@@ -206,7 +207,7 @@ func (t *Transport) Irecv(peer int, tag transport.Tag, buf []byte) (transport.Re
 	}
 	if t.w.eps[peer].closed.Load() {
 		t.mu.Unlock()
-		r.Complete(0, &transport.PeerError{Rank: peer, Op: "recv", Err: transport.ErrPeerClosed})
+		r.Complete(0, &transport.PeerError{Rank: peer, Op: "recv", Err: t.w.eps[peer].leftWith()})
 		return r, nil
 	}
 	r.owner, r.queued = t, true
@@ -270,11 +271,26 @@ func (r *req) cancel() bool {
 // Close implements transport.Transport. Pending requests of this rank complete with
 // ErrClosed; receives that other ranks posted from this rank complete with a PeerError.
 // Small messages this rank sent before closing stay deliverable.
-func (t *Transport) Close() error {
+func (t *Transport) Close() error { return t.close(transport.ErrPeerLeft) }
+
+// leftWith is the error peers get for this closed endpoint.
+func (t *Transport) leftWith() error {
+	if p := t.why.Load(); p != nil {
+		return *p
+	}
+	return transport.ErrPeerLeft
+}
+
+// Kill closes the endpoint as a crash would look to its peers: their errors do not say
+// that it left on purpose (for tests).
+func (t *Transport) Kill() { _ = t.close(transport.ErrPeerClosed) }
+
+func (t *Transport) close(why error) error {
+	t.why.CompareAndSwap(nil, &why)
 	if t.closed.Swap(true) {
 		return nil
 	}
-	gone := &transport.PeerError{Rank: t.rank, Op: "recv", Err: transport.ErrPeerClosed}
+	gone := &transport.PeerError{Rank: t.rank, Op: "recv", Err: why}
 	for _, o := range t.w.eps {
 		if o == t {
 			continue
@@ -309,7 +325,7 @@ func (t *Transport) Close() error {
 				m.eager.Release()
 				t.w.put(m)
 			} else {
-				m.Complete(0, &transport.PeerError{Rank: t.rank, Op: "send", Err: transport.ErrPeerClosed})
+				m.Complete(0, &transport.PeerError{Rank: t.rank, Op: "send", Err: why})
 			}
 		})
 	}

@@ -17,7 +17,7 @@ func factory(t *testing.T, n int) *transporttest.World {
 	for _, e := range eps {
 		w.T = append(w.T, e)
 	}
-	w.Kill = func(r int) { _ = eps[r].Close() }
+	w.Kill = func(r int) { eps[r].Kill() }
 	t.Cleanup(func() {
 		for _, e := range eps {
 			_ = e.Close()

@@ -387,7 +387,7 @@ func (p *peer) frame(h *wire.Header, pl payload) error {
 		return nil
 
 	case wire.TypeBye:
-		p.fail(transport.ErrPeerClosed)
+		p.fail(transport.ErrPeerLeft)
 		return nil
 	}
 	return fmt.Errorf("%w: unexpected %v frame", transport.ErrProtocol, h.Type)

@@ -558,7 +558,7 @@ func (s *stream) readLoop() {
 			return
 		}
 		if bye {
-			p.fail(transport.ErrPeerClosed)
+			p.fail(transport.ErrPeerLeft)
 			return
 		}
 		if s.woke {

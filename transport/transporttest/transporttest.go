@@ -562,6 +562,11 @@ func testPeerClosed(t *testing.T, f Factory) {
 		}
 		_, err := r.Wait(ctx)
 		wantPeerErr(t, "pending receive from the departed rank", err, 0)
+		if left := errors.Is(err, transport.ErrPeerLeft); left == crash {
+			// A goodbye tells a peer that left on purpose (often after an abort, whose
+			// notice the communicator then waits for) from one that crashed.
+			t.Fatalf("crash=%v: got %v; ErrPeerLeft is for peers that said goodbye, and only for them", crash, err)
+		}
 		_, err = big.Wait(ctx)
 		wantPeerErr(t, "pending send to the departed rank", err, 0)
 		// New operations with it fail too, promptly.

@@ -961,7 +961,7 @@ func (t *Transport) finish(r *req) {
 	switch {
 	case r.kind == kBye:
 		if r.err == nil && !t.closed.Load() {
-			t.markDead(r.peer, transport.ErrPeerClosed)
+			t.markDead(r.peer, transport.ErrPeerLeft)
 		}
 		t.putReq(r)
 	case gone:
