@@ -95,8 +95,8 @@ var (
 	// on purpose, often after an abort that explains why); errors.Is(err, ErrPeerClosed)
 	// holds for it too.
 	ErrPeerLeft = fmt.Errorf("%w (it said goodbye)", ErrPeerClosed)
-	ErrAborted    = errors.New("transport: aborted")
-	ErrAuth       = errors.New("transport: authentication failed")
+	ErrAborted  = errors.New("transport: aborted")
+	ErrAuth     = errors.New("transport: authentication failed")
 )
 
 // PeerError reports a failure of an operation with a given peer.
