@@ -62,10 +62,14 @@ const (
 	TypeAbort
 	// TypeBye is a graceful close: no more frames follow.
 	TypeBye
+	// TypePad fills a shared-memory ring from its position to the end of the ring, Aux
+	// slots: the consumer skips them. A producer that finds its ring empty rewinds so to
+	// the start, whose memory is still in cache.
+	TypePad
 	typeEnd
 )
 
-var typeNames = [...]string{"", "hello", "eager", "rts", "cts", "data", "abort", "bye"}
+var typeNames = [...]string{"", "hello", "eager", "rts", "cts", "data", "abort", "bye", "pad"}
 
 func (t Type) String() string {
 	if t > 0 && t < typeEnd {

@@ -105,7 +105,19 @@ func (p *peer) publishLocked(h *wire.Header, payload []byte) bool {
 		}
 	}
 	d := r.data()
-	off := int(head%r.slots) * r.slotSize
+	pos := head % r.slots
+	if pos != 0 && k <= pos && head == atomic.LoadUint64(r.tail()) {
+		// The consumer has taken everything: rather than go on into memory last touched a
+		// lap ago (rings of all peers together outgrow the caches), pad to the end and
+		// start over at the ring's first slot, which this frame's predecessors left warm.
+		pad := wire.Header{Type: wire.TypePad, Src: uint32(p.t.rank), Aux: r.slots - pos}
+		pad.Encode(d[int(pos)*r.slotSize:])
+		head += r.slots - pos
+		p.t.slotsOut.Add(r.slots - pos)
+		pos = 0
+		p.t.rewinds.Add(1)
+	}
+	off := int(pos) * r.slotSize
 	h.Length = uint64(len(payload))
 	h.Encode(d[off : off+hdrSize])
 	n := copy(d[off+hdrSize:], payload)
@@ -270,6 +282,14 @@ func (p *peer) handle(d []byte, off int, avail uint64) (uint64, error) {
 	}
 	if h.Src != uint32(p.rank) {
 		return 1, fmt.Errorf("%w: frame claims source rank %d in the ring of rank %d", transport.ErrProtocol, h.Src, p.rank)
+	}
+	if h.Type == wire.TypePad {
+		// Skip to the end of the ring (the producer rewound to its start).
+		want := r.slots - uint64(off/r.slotSize)
+		if h.Aux != want || h.Length != 0 || want > avail {
+			return 1, fmt.Errorf("%w: pad of %d slots at slot %d of %d (%d published)", transport.ErrProtocol, h.Aux, off/r.slotSize, r.slots, avail)
+		}
+		return want, nil
 	}
 	maxLen := r.slotSize - hdrSize
 	if h.Type == wire.TypeEager {

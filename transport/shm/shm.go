@@ -97,6 +97,7 @@ type Stats struct {
 	RingBytes         uint64 // payload bytes through the rings
 	Parks             uint64 // times the progress loop slept on its doorbell
 	FullRing          uint64 // times a producer found a ring full
+	Rewinds           uint64 // times a producer found its ring empty and went back to its start
 }
 
 // Transport is one rank's shared-memory endpoint.
@@ -137,7 +138,7 @@ type Transport struct {
 	wg        sync.WaitGroup
 	mode      string
 
-	slotsOut, slotsIn, cmaBytes, ringBytes, parks, full atomic.Uint64
+	slotsOut, slotsIn, cmaBytes, ringBytes, parks, full, rewinds atomic.Uint64
 }
 
 var _ transport.Transport = (*Transport)(nil)
@@ -352,7 +353,8 @@ func (t *Transport) Path(peer int) string {
 // Stats returns the counters.
 func (t *Transport) Stats() Stats {
 	return Stats{SlotsOut: t.slotsOut.Load(), SlotsIn: t.slotsIn.Load(), CMABytes: t.cmaBytes.Load(),
-		RingBytes: t.ringBytes.Load(), Parks: t.parks.Load(), FullRing: t.full.Load()}
+		RingBytes: t.ringBytes.Load(), Parks: t.parks.Load(), FullRing: t.full.Load(),
+		Rewinds: t.rewinds.Load()}
 }
 
 // Close tells the peers, stops the progress loop and unmaps everything. Pending requests

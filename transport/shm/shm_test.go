@@ -2,6 +2,7 @@ package shm_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"slices"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/moex-ai/moex/internal/wire"
 	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/shm"
 	"github.com/moex-ai/moex/transport/transporttest"
@@ -206,5 +208,94 @@ func TestCleanStale(t *testing.T) {
 	}
 	if _, err := os.Stat(name); !os.IsNotExist(err) {
 		t.Fatal("stale segment still there")
+	}
+}
+
+// A producer that finds its ring empty pads to the end and starts over at the first slot
+// (warm in cache). Messages of 1 to 3 slots, one at a time (the ring empties between them:
+// rewinds) and in bursts (it does not: frames wrap around the end), arrive intact.
+func TestRingRewind(t *testing.T) {
+	ts := start(t, 2, func(c *shm.Config) { c.CMA = -1; c.Slots = 8; c.SlotSize = 1024 })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sizes := []int{0, 1, 900, 1000, 1900, 2500, 3000, 10}
+	seq := uint32(0)
+	roundTrip := func(burst int) {
+		var sends, recvs []transport.Request
+		bufs := make([][]byte, burst)
+		for i := 0; i < burst; i++ {
+			n := sizes[(int(seq)+i)%len(sizes)]
+			bufs[i] = make([]byte, n)
+			r, err := ts[1].Irecv(0, transport.Tag{Comm: 1, Seq: seq + uint32(i)}, bufs[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			recvs = append(recvs, r)
+		}
+		for i := 0; i < burst; i++ {
+			n := sizes[(int(seq)+i)%len(sizes)]
+			msg := make([]byte, n)
+			transporttest.Pattern(msg, uint64(seq)+uint64(i))
+			s, err := ts[0].Isend(1, transport.Tag{Comm: 1, Seq: seq + uint32(i)}, msg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sends = append(sends, s)
+		}
+		for i := range sends {
+			if _, err := sends[i].Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			n, err := recvs[i].Wait(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n != len(bufs[i]) {
+				t.Fatalf("message %d: %d bytes, want %d", seq+uint32(i), n, len(bufs[i]))
+			}
+			if err := transporttest.Check(bufs[i], uint64(seq)+uint64(i)); err != nil {
+				t.Fatalf("message %d (%d bytes): %v", seq+uint32(i), len(bufs[i]), err)
+			}
+		}
+		seq += uint32(burst)
+	}
+	for i := 0; i < 40; i++ {
+		roundTrip(1)
+	}
+	rewinds := ts[0].Stats().Rewinds
+	if rewinds == 0 {
+		t.Fatal("40 messages one at a time through an emptied ring: no rewind")
+	}
+	for i := 0; i < 20; i++ {
+		roundTrip(5) // 5 messages of up to 3 slots each: more than the ring holds
+	}
+	if st := ts[0].Stats(); st.FullRing == 0 {
+		t.Logf("bursts never filled the ring (stats %+v)", st)
+	}
+	// Every slot sent was consumed, pads included.
+	if out, in := ts[0].Stats().SlotsOut, ts[1].Stats().SlotsIn; out != in {
+		t.Fatalf("rank 0 published %d slots, rank 1 consumed %d", out, in)
+	}
+}
+
+// A pad frame that does not end at the end of the ring is a protocol error.
+func TestRingBadPad(t *testing.T) {
+	ts := start(t, 2, func(c *shm.Config) { c.Slots = 8; c.SlotSize = 1024 })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := ts[1].Irecv(0, transport.Tag{Comm: 1, Tag: 5}, make([]byte, 10))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := wire.Header{Type: wire.TypePad, Src: 0, Aux: 3} // at slot 0 of 8 it would be 8
+	frame := make([]byte, wire.HeaderSize)
+	h.Encode(frame)
+	if err := ts[0].InjectRaw(1, frame); err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.Wait(ctx)
+	var pe *transport.PeerError
+	if !errors.Is(err, transport.ErrProtocol) || !errors.As(err, &pe) || pe.Rank != 0 {
+		t.Fatalf("got %v, want a protocol error naming rank 0", err)
 	}
 }
