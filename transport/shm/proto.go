@@ -106,10 +106,11 @@ func (p *peer) publishLocked(h *wire.Header, payload []byte) bool {
 	}
 	d := r.data()
 	pos := head % r.slots
-	if pos != 0 && k <= pos && head == atomic.LoadUint64(r.tail()) {
+	if p.t.rewind && pos != 0 && k <= pos && head == atomic.LoadUint64(r.tail()) {
 		// The consumer has taken everything: rather than go on into memory last touched a
-		// lap ago (rings of all peers together outgrow the caches), pad to the end and
-		// start over at the ring's first slot, which this frame's predecessors left warm.
+		// lap ago, pad to the end and start over at the ring's first slot, which this
+		// frame's predecessors left warm. With ranks taking turns on a CPU, the rings of
+		// all peers together otherwise outgrow the caches (see Config.Rewind).
 		pad := wire.Header{Type: wire.TypePad, Src: uint32(p.t.rank), Aux: r.slots - pos}
 		pad.Encode(d[int(pos)*r.slotSize:])
 		head += r.slots - pos

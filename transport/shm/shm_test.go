@@ -3,6 +3,7 @@ package shm_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"sync"
@@ -34,53 +35,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-type exchanger struct {
-	mu    sync.Mutex
-	cond  *sync.Cond
-	round []int
-	vals  [][][]byte
-	n     int
-}
-
-func newExchanger(n int) *exchanger {
-	e := &exchanger{n: n, round: make([]int, n)}
-	e.cond = sync.NewCond(&e.mu)
-	return e
-}
-
-func (e *exchanger) fn(rank int) func(context.Context, []byte) ([][]byte, error) {
-	return func(ctx context.Context, mine []byte) ([][]byte, error) {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		r := e.round[rank]
-		e.round[rank]++
-		for len(e.vals) <= r {
-			e.vals = append(e.vals, make([][]byte, e.n))
-		}
-		e.vals[r][rank] = append([]byte{1}, mine...)
-		e.cond.Broadcast()
-		for {
-			done := true
-			for _, v := range e.vals[r] {
-				if v == nil {
-					done = false
-				}
-			}
-			if done {
-				out := make([][]byte, e.n)
-				for i, v := range e.vals[r] {
-					out[i] = v[1:]
-				}
-				return out, nil
-			}
-			e.cond.Wait()
-		}
-	}
-}
-
 func start(t testing.TB, n int, tweak func(*shm.Config)) []*shm.Transport {
 	t.Helper()
-	ex := newExchanger(n)
+	ex := transporttest.NewExchange(n)
 	ts := make([]*shm.Transport, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -90,7 +47,7 @@ func start(t testing.TB, n int, tweak func(*shm.Config)) []*shm.Transport {
 		wg.Add(1)
 		go func(r int) {
 			defer wg.Done()
-			cfg := shm.Config{Rank: r, Size: n, Exchange: ex.fn(r)}
+			cfg := shm.Config{Rank: r, Size: n, Exchange: ex.For(r)}
 			if tweak != nil {
 				tweak(&cfg)
 			}
@@ -132,7 +89,7 @@ func TestConformanceCMA(t *testing.T) {
 // The fallback for kernels that refuse cross-memory attach: large messages through the
 // rings.
 func TestConformanceRingCopies(t *testing.T) {
-	transporttest.Run(t, factory(func(c *shm.Config) { c.CMA = -1; c.Slots = 16; c.SlotSize = 4096 }), transporttest.Options{})
+	transporttest.Run(t, factory(func(c *shm.Config) { c.CMA = -1; c.Slots = 16; c.SlotSize = 4096; c.Rewind = 1 }), transporttest.Options{})
 }
 
 func TestPathSaysHow(t *testing.T) {
@@ -161,7 +118,7 @@ func indexOf(s, sub string) int {
 
 // A rank that is not on this host is refused with an argument error.
 func TestNonLocalPeer(t *testing.T) {
-	ex := newExchanger(3)
+	ex := transporttest.NewExchange(3)
 	ts := make([]*shm.Transport, 3)
 	var wg sync.WaitGroup
 	local := []bool{true, true, false}
@@ -174,7 +131,7 @@ func TestNonLocalPeer(t *testing.T) {
 				l = []bool{false, false, true}
 			}
 			var err error
-			ts[r], err = shm.New(context.Background(), shm.Config{Rank: r, Size: 3, Local: l, Exchange: ex.fn(r)})
+			ts[r], err = shm.New(context.Background(), shm.Config{Rank: r, Size: 3, Local: l, Exchange: ex.For(r)})
 			if err != nil {
 				t.Error(err)
 			}
@@ -215,7 +172,13 @@ func TestCleanStale(t *testing.T) {
 // (warm in cache). Messages of 1 to 3 slots, one at a time (the ring empties between them:
 // rewinds) and in bursts (it does not: frames wrap around the end), arrive intact.
 func TestRingRewind(t *testing.T) {
-	ts := start(t, 2, func(c *shm.Config) { c.CMA = -1; c.Slots = 8; c.SlotSize = 1024 })
+	for _, rewind := range []int{1, -1} {
+		t.Run(fmt.Sprintf("rewind=%d", rewind), func(t *testing.T) { testRingRewind(t, rewind) })
+	}
+}
+
+func testRingRewind(t *testing.T, rewind int) {
+	ts := start(t, 2, func(c *shm.Config) { c.CMA = -1; c.Slots = 8; c.SlotSize = 1024; c.Rewind = rewind })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	sizes := []int{0, 1, 900, 1000, 1900, 2500, 3000, 10}
@@ -262,9 +225,11 @@ func TestRingRewind(t *testing.T) {
 	for i := 0; i < 40; i++ {
 		roundTrip(1)
 	}
-	rewinds := ts[0].Stats().Rewinds
-	if rewinds == 0 {
+	switch rewinds := ts[0].Stats().Rewinds; {
+	case rewind > 0 && rewinds == 0:
 		t.Fatal("40 messages one at a time through an emptied ring: no rewind")
+	case rewind < 0 && rewinds != 0:
+		t.Fatalf("%d rewinds with rewinding off", rewinds)
 	}
 	for i := 0; i < 20; i++ {
 		roundTrip(5) // 5 messages of up to 3 slots each: more than the ring holds
