@@ -15,37 +15,9 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// exchanger is an in-memory all-gather for n ranks in one process.
-type exchanger struct {
-	mu   sync.Mutex
-	cond *sync.Cond
-	vals [][]byte
-	got  int
-}
-
-func newExchanger(n int) *exchanger {
-	e := &exchanger{vals: make([][]byte, n)}
-	e.cond = sync.NewCond(&e.mu)
-	return e
-}
-
-func (e *exchanger) fn(rank int) func(context.Context, []byte) ([][]byte, error) {
-	return func(ctx context.Context, mine []byte) ([][]byte, error) {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		e.vals[rank] = mine
-		e.got++
-		e.cond.Broadcast()
-		for e.got < len(e.vals) {
-			e.cond.Wait()
-		}
-		return e.vals, nil
-	}
-}
-
 func start(t testing.TB, n int, tweak func(*tcp.Config)) []*tcp.Transport {
 	t.Helper()
-	ex := newExchanger(n)
+	ex := transporttest.NewExchange(n)
 	ts := make([]*tcp.Transport, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -55,7 +27,7 @@ func start(t testing.TB, n int, tweak func(*tcp.Config)) []*tcp.Transport {
 		wg.Add(1)
 		go func(r int) {
 			defer wg.Done()
-			cfg := tcp.Config{Rank: r, Size: n, Exchange: ex.fn(r), Token: []byte("test-secret")}
+			cfg := tcp.Config{Rank: r, Size: n, Exchange: ex.For(r), Token: []byte("test-secret")}
 			if tweak != nil {
 				tweak(&cfg)
 			}

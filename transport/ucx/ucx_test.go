@@ -22,53 +22,9 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-type exchanger struct {
-	mu    sync.Mutex
-	cond  *sync.Cond
-	round []int
-	vals  [][][]byte
-	n     int
-}
-
-func newExchanger(n int) *exchanger {
-	e := &exchanger{n: n, round: make([]int, n)}
-	e.cond = sync.NewCond(&e.mu)
-	return e
-}
-
-func (e *exchanger) fn(rank int) func(context.Context, []byte) ([][]byte, error) {
-	return func(ctx context.Context, mine []byte) ([][]byte, error) {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		r := e.round[rank]
-		e.round[rank]++
-		for len(e.vals) <= r {
-			e.vals = append(e.vals, make([][]byte, e.n))
-		}
-		e.vals[r][rank] = append([]byte{1}, mine...)
-		e.cond.Broadcast()
-		for {
-			done := true
-			for _, v := range e.vals[r] {
-				if v == nil {
-					done = false
-				}
-			}
-			if done {
-				out := make([][]byte, e.n)
-				for i, v := range e.vals[r] {
-					out[i] = v[1:]
-				}
-				return out, nil
-			}
-			e.cond.Wait()
-		}
-	}
-}
-
 func start(t testing.TB, n int) []*ucx.Transport {
 	t.Helper()
-	ex := newExchanger(n)
+	ex := transporttest.NewExchange(n)
 	ts := make([]*ucx.Transport, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -78,7 +34,7 @@ func start(t testing.TB, n int) []*ucx.Transport {
 		wg.Add(1)
 		go func(r int) {
 			defer wg.Done()
-			ts[r], errs[r] = ucx.New(ctx, ucx.Config{Rank: r, Size: n, Exchange: ex.fn(r), CancelGrace: 2 * time.Second})
+			ts[r], errs[r] = ucx.New(ctx, ucx.Config{Rank: r, Size: n, Exchange: ex.For(r), CancelGrace: 2 * time.Second})
 		}(r)
 	}
 	wg.Wait()

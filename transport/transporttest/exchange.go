@@ -1,0 +1,50 @@
+package transporttest
+
+import (
+	"context"
+	"sync"
+)
+
+// Exchange is an in-memory all-gather among n ranks of one process: the rendezvous
+// store's role when a test starts a transport's ranks as goroutines. Each call of a rank's
+// function is one round; round r returns once every rank has made its r-th call, or with
+// the context's error if that ends first.
+type Exchange struct {
+	mu     sync.Mutex
+	n      int
+	rounds []*exchangeRound
+	next   []int // next round of each rank
+}
+
+type exchangeRound struct {
+	vals [][]byte
+	left int
+	done chan struct{}
+}
+
+// NewExchange returns an Exchange for n ranks.
+func NewExchange(n int) *Exchange { return &Exchange{n: n, next: make([]int, n)} }
+
+// For returns rank's all-gather function (the Exchange field of a transport's Config).
+func (e *Exchange) For(rank int) func(ctx context.Context, mine []byte) ([][]byte, error) {
+	return func(ctx context.Context, mine []byte) ([][]byte, error) {
+		e.mu.Lock()
+		r := e.next[rank]
+		e.next[rank]++
+		for len(e.rounds) <= r {
+			e.rounds = append(e.rounds, &exchangeRound{vals: make([][]byte, e.n), left: e.n, done: make(chan struct{})})
+		}
+		rd := e.rounds[r]
+		rd.vals[rank] = append([]byte(nil), mine...)
+		if rd.left--; rd.left == 0 {
+			close(rd.done)
+		}
+		e.mu.Unlock()
+		select {
+		case <-rd.done:
+			return rd.vals, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
