@@ -688,7 +688,7 @@ func (t *Transport) checkLiveness() {
 // ---- the progress loop ----
 
 // step does one round of progress: copies due, slots to consume, frames to produce. It
-// runs under progMu, in the progress goroutine or in a waiting goroutine.
+// runs under drv.Mu, in the progress goroutine or in a waiting goroutine (core.Driver).
 func (t *Transport) step() bool {
 	worked := t.runJobs()
 	for _, p := range t.peers {
@@ -709,54 +709,6 @@ func (t *Transport) step() bool {
 	return worked
 }
 
-// tryStep runs a step unless another goroutine is running one.
-func (t *Transport) tryStep() bool {
-	if !t.progMu.TryLock() {
-		return false
-	}
-	defer t.progMu.Unlock()
-	if t.closed.Load() {
-		return false
-	}
-	return t.step()
-}
-
-// await waits for a request the way MPI does: the waiting goroutine itself polls the
-// rings (no wake-up between the slot and the waiter) under the adaptive policy, and
-// parks, leaving progress to the progress goroutine, when the policy says so.
-//
-// While a goroutine waits this way the progress goroutine stays parked (they would only
-// compete for the CPU and the rings); a waiter that parks wakes it to take over.
-func (t *Transport) await(ctx context.Context, r *core.Req) error {
-	if r.Test() {
-		return nil
-	}
-	t.waiters.Add(1)
-	s := t.poller.Begin()
-	for i := 0; !r.Test(); i++ {
-		if t.tryStep() {
-			continue
-		}
-		if s.Idle() {
-			s.End()
-			// Hand progress back to the progress goroutine, which may be asleep without
-			// having asked producers to wake it (it was not needed while we polled).
-			t.waiters.Add(-1)
-			atomic.AddUint32(t.own.u32(offDoorbell), 1)
-			futexWake(t.own.u32(offDoorbell))
-			return r.Await(ctx, t.waitPoller)
-		}
-		if i&255 == 0 && ctx.Err() != nil {
-			s.End()
-			t.waiters.Add(-1)
-			return ctx.Err()
-		}
-	}
-	s.End()
-	t.waiters.Add(-1)
-	return nil
-}
-
 func (t *Transport) progress() {
 	defer t.wg.Done()
 	sleeping := t.own.u32(offSleeping)
@@ -767,9 +719,9 @@ func (t *Transport) progress() {
 			return
 		default:
 		}
-		t.progMu.Lock()
+		t.drv.Mu.Lock()
 		worked := t.step()
-		t.progMu.Unlock()
+		t.drv.Mu.Unlock()
 		if worked {
 			continue
 		}
@@ -779,7 +731,7 @@ func (t *Transport) progress() {
 		// then producers need not wake us, and the last waiter to park does), look once
 		// more, sleep.
 		seq := atomic.LoadUint32(doorbell)
-		if t.waiters.Load() == 0 {
+		if t.drv.Waiters() == 0 {
 			atomic.StoreUint32(sleeping, 1)
 		}
 		if !t.anyWork() {
@@ -992,7 +944,7 @@ func (t *Transport) Irecv(peer int, tag transport.Tag, buf []byte) (transport.Re
 // Wait implements transport.Request.
 func (s *sendReq) Wait(ctx context.Context) (int, error) {
 	t := s.t
-	if err := t.await(ctx, &s.Req); err != nil {
+	if err := t.drv.Await(ctx, &s.Req); err != nil {
 		if s.cancel() {
 			t.putSend(s)
 			return 0, transport.CtxError(err)
@@ -1055,7 +1007,7 @@ func (s *sendReq) awaitGrace() {
 // Wait implements transport.Request.
 func (r *recvReq) Wait(ctx context.Context) (int, error) {
 	t := r.t
-	if err := t.await(ctx, &r.Req); err != nil {
+	if err := t.drv.Await(ctx, &r.Req); err != nil {
 		if r.cancel() {
 			t.putRecv(r)
 			return 0, transport.CtxError(err)

@@ -136,8 +136,7 @@ type Transport struct {
 	riov [1]unix.RemoteIovec
 
 	closed    atomic.Bool
-	progMu    sync.Mutex   // one goroutine at a time runs a progress step
-	waiters   atomic.Int32 // goroutines driving progress themselves (see await)
+	drv       core.Driver  // waiting goroutines drive progress themselves
 	lastCheck atomic.Int64 // last liveness check (nanotime)
 	life      sync.RWMutex // held shared while touching peers' mappings; Close takes it to unmap
 	stop      chan struct{}
@@ -208,6 +207,11 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		t.poller = busypoll.New(cfg.Poll)
 	}
 	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block})
+	t.drv = core.Driver{Step: t.step, Closed: t.closed.Load, Poller: t.poller, Park: t.waitPoller,
+		Handoff: func() {
+			atomic.AddUint32(t.own.u32(offDoorbell), 1)
+			futexWake(t.own.u32(offDoorbell))
+		}}
 	if t.pool == nil {
 		t.pool = obuf.Default
 	}

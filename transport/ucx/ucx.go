@@ -233,7 +233,7 @@ type Transport struct {
 	econn      syscall.RawConn // efile's
 	eReady     func(uintptr) bool
 	eFirst     bool
-	lenBuf     *C.size_t // C scratch for received lengths (under progMu)
+	lenBuf     *C.size_t // C scratch for received lengths (under drv.Mu)
 	memTypes   uint64    // bit per ucs_memory_type_t UCX supports
 	regCalls   atomic.Int64
 	self       *inproc.Transport
@@ -256,15 +256,14 @@ type Transport struct {
 
 	mu       sync.Mutex
 	inflight []*req
-	scratch  []*req // step's copy of inflight (under progMu)
+	scratch  []*req // step's copy of inflight (under drv.Mu)
 	dead     []error
 	freeReqs []*req
 
-	progMu  sync.Mutex
-	waiters atomic.Int32
-	closed  atomic.Bool
-	stop    chan struct{}
-	wg      sync.WaitGroup
+	drv    core.Driver // waiting goroutines drive progress themselves
+	closed atomic.Bool
+	stop   chan struct{}
+	wg     sync.WaitGroup
 }
 
 var _ transport.Transport = (*Transport)(nil)
@@ -297,6 +296,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	}
 	t.poller = busypoll.New(cfg.Poll)
 	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block})
+	t.drv = core.Driver{Step: t.step, Closed: t.closed.Load, Handoff: t.kick, Poller: t.poller, Park: t.waitPoller}
 	t.self = inproc.New(1, inproc.Config{Poller: t.waitPoller})[0]
 	t.peers = cfg.Peers
 	if t.peers == nil {
@@ -1105,46 +1105,6 @@ func (t *Transport) checkPeers() {
 	}
 }
 
-func (t *Transport) tryStep() bool {
-	if !t.progMu.TryLock() {
-		return false
-	}
-	defer t.progMu.Unlock()
-	if t.closed.Load() {
-		return false
-	}
-	return t.step()
-}
-
-// await: the waiting goroutine drives progress itself under the adaptive policy, and parks
-// (leaving progress to the progress goroutine) when the policy says so.
-func (t *Transport) await(ctx context.Context, r *core.Req) error {
-	if r.Test() {
-		return nil
-	}
-	t.waiters.Add(1)
-	s := t.poller.Begin()
-	for i := 0; !r.Test(); i++ {
-		if t.tryStep() {
-			continue
-		}
-		if s.Idle() {
-			s.End()
-			t.waiters.Add(-1) // progress is the progress goroutine's again
-			t.kick()
-			return r.Await(ctx, t.waitPoller)
-		}
-		if i&255 == 0 && ctx.Err() != nil {
-			s.End()
-			t.waiters.Add(-1)
-			return ctx.Err()
-		}
-	}
-	s.End()
-	t.waiters.Add(-1)
-	return nil
-}
-
 // kick wakes the progress goroutine out of its event wait.
 func (t *Transport) kick() {
 	if t.closed.Load() {
@@ -1167,17 +1127,17 @@ func (t *Transport) progress() {
 		// taking a spinner slot would make them park, and a wake-up through UCX's events
 		// costs tens of microseconds.
 		for {
-			t.progMu.Lock()
+			t.drv.Mu.Lock()
 			worked := t.step()
-			t.progMu.Unlock()
+			t.drv.Mu.Unlock()
 			if !worked || t.closed.Load() {
 				break
 			}
 		}
 		if t.efd >= 0 {
-			t.progMu.Lock()
+			t.drv.Mu.Lock()
 			st := C.ucp_worker_arm(t.worker)
-			t.progMu.Unlock()
+			t.drv.Mu.Unlock()
 			if st == C.UCS_ERR_BUSY {
 				continue
 			}
@@ -1217,16 +1177,16 @@ func (t *Transport) efdReady(uintptr) bool {
 // Wait implements transport.Request.
 func (r *req) Wait(ctx context.Context) (int, error) {
 	t := r.t
-	if err := t.await(ctx, &r.Req); err != nil {
+	if err := t.drv.Await(ctx, &r.Req); err != nil {
 		if !r.cancel() {
 			ctx2, cancel := context.WithTimeout(context.Background(), t.grace)
-			werr := t.await(ctx2, &r.Req)
+			werr := t.drv.Await(ctx2, &r.Req)
 			cancel()
 			if werr != nil {
 				// The transfer is stuck: declare the peer dead, which completes it.
 				t.failPeer(r.peer, fmt.Errorf("%w: a cancelled transfer did not finish within %v", transport.ErrTimeout, t.grace))
 				ctx3, cancel3 := context.WithTimeout(context.Background(), t.grace)
-				werr = t.await(ctx3, &r.Req)
+				werr = t.drv.Await(ctx3, &r.Req)
 				cancel3()
 				if werr != nil {
 					// UCX will not let go of it: abandon the request (leaked, pinned).
@@ -1242,7 +1202,7 @@ func (r *req) Wait(ctx context.Context) (int, error) {
 			return n, e
 		}
 		ctx2, cancel := context.WithTimeout(context.Background(), t.grace)
-		werr := t.await(ctx2, &r.Req) // UCX confirms the cancellation
+		werr := t.drv.Await(ctx2, &r.Req) // UCX confirms the cancellation
 		cancel()
 		if werr != nil {
 			// UCX cannot cancel this one (a rendezvous send already announced): leave it
@@ -1280,8 +1240,8 @@ func (t *Transport) release(r *req) {
 // send whose payload no receiver has matched; it reports whether it asked.
 func (r *req) cancel() bool {
 	t := r.t
-	t.progMu.Lock()
-	defer t.progMu.Unlock()
+	t.drv.Mu.Lock()
+	defer t.drv.Mu.Unlock()
 	if r.Test() {
 		return false
 	}
@@ -1352,7 +1312,7 @@ func (t *Transport) failPeer(q int, err error) {
 	}
 	list := append([]*req(nil), t.inflight...)
 	t.mu.Unlock()
-	t.progMu.Lock()
+	t.drv.Mu.Lock()
 	for _, r := range list {
 		if r.peer == q {
 			for _, p := range r.ucp {
@@ -1362,7 +1322,7 @@ func (t *Transport) failPeer(q int, err error) {
 			}
 		}
 	}
-	t.progMu.Unlock()
+	t.drv.Mu.Unlock()
 }
 
 // flushAll flushes every endpoint, driving progress until they complete or ctx ends.
@@ -1458,9 +1418,9 @@ func (t *Transport) checkProcesses() {
 		}
 		fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 		if n, _ := unix.Poll(fds, 0); n > 0 {
-			t.progMu.Lock()
+			t.drv.Mu.Lock()
 			t.markDead(q, fmt.Errorf("%w: process exited", transport.ErrPeerClosed))
-			t.progMu.Unlock()
+			t.drv.Mu.Unlock()
 			unix.Close(fd)
 			t.pidfds[q] = -1
 		}
@@ -1504,8 +1464,8 @@ func (t *Transport) Kill() {
 }
 
 func (t *Transport) shutdown(force bool) {
-	t.progMu.Lock()
-	defer t.progMu.Unlock()
+	t.drv.Mu.Lock()
+	defer t.drv.Mu.Unlock()
 	if !force {
 		t.sayBye()
 		for i := 0; i < 1000 && C.ucp_worker_progress(t.worker) > 0; i++ {
