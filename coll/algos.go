@@ -9,40 +9,108 @@ package coll
 // ---- AllReduce ----
 
 func planAllReduceRing(sh shape) *plan {
-	p, r := sh.p, sh.rank
 	pl := &plan{op: OpAllReduce, algo: Ring}
-	if p == 1 {
+	if sh.p == 1 {
 		pl.add(step{post: []local{{kind: lFinish, dst: region{bRecv, 0, sh.count * sh.es}}}})
 		return pl
 	}
-	off, ln := split(sh.count, p, sh.es)
-	for _, l := range ln {
-		pl.tmp = max(pl.tmp, l)
+	all := make([]int, sh.p)
+	for i := range all {
+		all[i] = i
 	}
-	next, prev := mod(r+1, p), mod(r-1, p)
 	tag := uint32(0)
-	// Reduce-scatter: after p-1 steps rank r holds chunk r+1 fully reduced.
-	for k := 0; k < p-1; k++ {
-		si, ri := mod(r-k, p), mod(r-k-1, p)
-		s := step{
-			sends: []xfer{{next, tag, region{bRecv, off[si], ln[si]}}},
-			recvs: []xfer{{prev, tag, region{bTmp, 0, ln[ri]}}},
-			post:  []local{{kind: lReduce, dst: region{bRecv, off[ri], ln[ri]}, src: region{bTmp, 0, ln[ri]}}},
+	off, cnt := ringReduceScatter(pl, all, sh.rank, 0, sh.count, sh.es, true, &tag)
+	ringAllGather(pl, all, sh.rank, off, cnt, sh.es, &tag)
+	return pl
+}
+
+// ringReduceScatter appends a ring reduce-scatter among members (comm ranks; this rank
+// is members[me]) of the elements [first, first+count) of recv, cut into len(members)
+// chunks: after it, members[i] holds chunk (i+1) mod len(members) reduced over all of
+// them (finished when finish is set). It returns the chunks' element offsets (in recv)
+// and counts.
+func ringReduceScatter(pl *plan, members []int, me, first, count, es int, finish bool, tag *uint32) (off, cnt []int) {
+	m := len(members)
+	if m == 1 {
+		if finish {
+			pl.add(step{post: []local{{kind: lFinish, dst: region{bRecv, first * es, count * es}}}})
 		}
-		if k == p-2 {
-			s.post = append(s.post, local{kind: lFinish, dst: region{bRecv, off[ri], ln[ri]}})
+		return []int{first}, []int{count}
+	}
+	boff, blen := split(count, m, es)
+	off, cnt = make([]int, m), make([]int, m)
+	for i := range boff {
+		off[i], cnt[i] = first+boff[i]/es, blen[i]/es
+		pl.tmp = max(pl.tmp, blen[i])
+	}
+	reg := func(i int) region { return region{bRecv, off[i] * es, cnt[i] * es} }
+	next, prev := members[mod(me+1, m)], members[mod(me-1, m)]
+	for k := 0; k < m-1; k++ {
+		si, ri := mod(me-k, m), mod(me-k-1, m)
+		tmp := region{bTmp, 0, cnt[ri] * es}
+		s := step{
+			sends: []xfer{{next, *tag, reg(si)}},
+			recvs: []xfer{{prev, *tag, tmp}},
+			post:  []local{{kind: lReduce, dst: reg(ri), src: tmp}},
+		}
+		if finish && k == m-2 {
+			s.post = append(s.post, local{kind: lFinish, dst: reg(ri)})
 		}
 		pl.add(s)
-		tag++
+		*tag++
 	}
-	// All-gather the reduced chunks: every rank ends with the owners' bits.
-	for k := 0; k < p-1; k++ {
-		si, ri := mod(r+1-k, p), mod(r-k, p)
+	return off, cnt
+}
+
+// ringAllGather appends the ring all-gather that follows ringReduceScatter: members[i]
+// starts with chunk (i+1) mod len(members), every member ends with all of them.
+func ringAllGather(pl *plan, members []int, me int, off, cnt []int, es int, tag *uint32) {
+	m := len(members)
+	reg := func(i int) region { return region{bRecv, off[i] * es, cnt[i] * es} }
+	next, prev := members[mod(me+1, m)], members[mod(me-1, m)]
+	for k := 0; k < m-1; k++ {
+		si, ri := mod(me+1-k, m), mod(me-k, m)
 		pl.add(step{
-			sends: []xfer{{next, tag, region{bRecv, off[si], ln[si]}}},
-			recvs: []xfer{{prev, tag, region{bRecv, off[ri], ln[ri]}}},
+			sends: []xfer{{next, *tag, reg(si)}},
+			recvs: []xfer{{prev, *tag, reg(ri)}},
 		})
-		tag++
+		*tag++
+	}
+}
+
+// planAllReduceHier is the two-level AllReduce for ranks on several hosts: a ring
+// reduce-scatter among the ranks of each host, then a ring AllReduce of each rank's chunk
+// among the ranks with the same local index on every host (all of a host's ranks use
+// the network at once, each for 1/m of the data), then a ring all-gather within each host.
+// Only 2(H-1) of its steps cross hosts, against 2(P-1) for a flat ring, and a rank order
+// that alternates hosts cannot turn every ring hop into a network hop. Hosts with unequal
+// numbers of ranks get the flat ring.
+func planAllReduceHier(sh shape, t topology) *plan {
+	if !t.uniform || sh.p == 1 {
+		pl := planAllReduceRing(sh)
+		pl.algo = Hier
+		return pl
+	}
+	pl := &plan{op: OpAllReduce, algo: Hier}
+	host, li := t.hostOf[sh.rank], t.local[sh.rank]
+	local := t.members[host]
+	across := make([]int, len(t.members))
+	for h, ms := range t.members {
+		across[h] = ms[li]
+	}
+	m := len(local)
+	tag := uint32(0)
+	first, count := 0, sh.count
+	var off, cnt []int
+	if m > 1 {
+		off, cnt = ringReduceScatter(pl, local, li, 0, sh.count, sh.es, false, &tag)
+		c := mod(li+1, m)
+		first, count = off[c], cnt[c]
+	}
+	xoff, xcnt := ringReduceScatter(pl, across, host, first, count, sh.es, true, &tag)
+	ringAllGather(pl, across, host, xoff, xcnt, sh.es, &tag)
+	if m > 1 {
+		ringAllGather(pl, local, li, off, cnt, sh.es, &tag)
 	}
 	return pl
 }

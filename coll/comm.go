@@ -47,8 +47,12 @@ type Config struct {
 	Timeout time.Duration
 	// Algo overrides the cost model per operation (MOEX_ALGO).
 	Algo map[OpKind]Algo
-	// Link overrides the cost-model parameters (default: by transport).
+	// Link overrides the cost-model parameters (default: by transport; with ranks on
+	// several hosts, those of the network between them).
 	Link *LinkCost
+	// HostLink overrides the cost-model parameters between ranks of one host when the
+	// ranks span hosts (default: shared memory's).
+	HostLink *LinkCost
 	// Logger receives INFO lines (transport per peer, algorithm per operation) when
 	// enabled; default: slog to stderr at the MOEX_DEBUG level, else discarded.
 	Logger *slog.Logger
@@ -73,9 +77,11 @@ type Comm struct {
 	size  int
 	id    uint32
 	hosts []int // comm rank -> host index
+	topo  topology
 	cfg   Config
-	link  LinkCost
-	why   string // why the transport was chosen
+	link  LinkCost // the cost model's link: the slowest (between hosts when ranks span hosts)
+	intra LinkCost // between ranks of one host
+	why   string   // why the transport was chosen
 	log   *slog.Logger
 	pool  *obuf.Pool
 
@@ -250,6 +256,11 @@ func newComm(tr transport.Transport, id uint32, ranks, hosts []int, rank int, cf
 	if cfg.Link != nil {
 		c.link = *cfg.Link
 	}
+	c.intra = c.link
+	if cfg.HostLink != nil {
+		c.intra = *cfg.HostLink
+	}
+	c.topo = newTopology(hosts)
 	c.actx, c.acancel = context.WithCancelCause(context.Background())
 	c.timer = time.AfterFunc(time.Hour, c.checkProgress)
 	c.timer.Stop()
@@ -581,6 +592,9 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 	}
 	c := newComm(tr, 1, ranks, hosts, env.Rank, cfg, link)
 	c.why = why
+	if c.topo.hosts > 1 && cfg.HostLink == nil && env.Transport != "tcp" {
+		c.intra = CostShm // the ranks of a host talk through shared memory
+	}
 	c.owned = append(c.owned, rv.Close, tr.Close)
 	c.closeBarrier = true
 	if log.Enabled(ctx, slog.LevelInfo) {
@@ -772,6 +786,10 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	}
 	sub := newComm(c.tr, id, ranks, hostsDense(hosts), me, c.cfg, c.link)
 	sub.why = c.why
+	if sub.topo.hosts == 1 {
+		sub.link = c.intra // every link of this one is within a host
+	}
+	sub.intra = c.intra
 	return sub, nil
 }
 

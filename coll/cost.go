@@ -58,11 +58,12 @@ const (
 	Bruck
 	RecHalving
 	Dissemination
+	Hier
 	algoEnd
 )
 
 var algoNames = [...]string{"auto", "ring", "recdbl", "rabenseifner", "binomial", "linear",
-	"pairwise", "bruck", "rechalving", "dissemination"}
+	"pairwise", "bruck", "rechalving", "dissemination", "hier"}
 
 func (a Algo) String() string {
 	if a < algoEnd {
@@ -86,7 +87,7 @@ var Algorithms = map[OpKind][]Algo{
 	OpBarrier:       {Dissemination},
 	OpBroadcast:     {Binomial, Linear},
 	OpReduce:        {Binomial, Linear},
-	OpAllReduce:     {Ring, RecDoubling, Rabenseifner},
+	OpAllReduce:     {Ring, RecDoubling, Rabenseifner, Hier},
 	OpReduceScatter: {Ring, RecHalving},
 	OpAllGather:     {Ring, RecDoubling, Bruck},
 	OpAlltoAll:      {Linear, Pairwise, Bruck},
@@ -201,11 +202,93 @@ func (c *Comm) choose(op OpKind, n int) Algo {
 	algos := Algorithms[op]
 	best, bestT := algos[0], time.Duration(1<<62)
 	for _, a := range algos {
-		if t := c.link.Estimate(op, a, c.size, n); t < bestT {
+		if a == Hier && !c.topo.uniform {
+			continue // one host, or hosts with unequal numbers of ranks: nothing to gain
+		}
+		if t := c.estimate(op, a, n); t < bestT {
 			best, bestT = a, t
 		}
 	}
 	return best
+}
+
+// estimate is the model's time for op with algo on this communicator. Ranks on several
+// hosts: flat algorithms pay the network for every step, and when several ranks of a
+// host send across at once (a ring whose order alternates hosts, the far steps of
+// recursive doubling) they share the host's link; the hierarchical algorithm pays the
+// host-local cost within hosts and the network only between them.
+func (c *Comm) estimate(op OpKind, algo Algo, n int) time.Duration {
+	t := c.topo
+	if algo == Hier && t.uniform {
+		m, h := len(t.members[0]), len(t.members)
+		chunk := n / m
+		net := c.link
+		net.Beta *= float64(m) // a host's m ranks cross at once
+		return c.intra.Estimate(OpReduceScatter, Ring, m, chunk) + net.Estimate(OpAllReduce, Ring, h, chunk) +
+			c.intra.Estimate(OpAllGather, Ring, m, chunk)
+	}
+	l := c.link
+	if op == OpAllReduce && t.hosts > 1 {
+		l.Beta *= float64(t.sharing(algo))
+	}
+	return l.Estimate(op, algo, c.size, n)
+}
+
+// topology is how a communicator's ranks sit on hosts.
+type topology struct {
+	hosts   int
+	members [][]int // per host (ordered by its lowest rank): its comm ranks, ascending
+	hostOf  []int   // comm rank -> index into members
+	local   []int   // comm rank -> index within its host's members
+	uniform bool    // two hosts or more, each with the same number of ranks (two or more)
+}
+
+func newTopology(hosts []int) topology {
+	t := topology{hostOf: make([]int, len(hosts)), local: make([]int, len(hosts))}
+	idx := map[int]int{}
+	for r, h := range hosts {
+		i, ok := idx[h]
+		if !ok {
+			i = len(t.members)
+			idx[h] = i
+			t.members = append(t.members, nil)
+		}
+		t.hostOf[r], t.local[r] = i, len(t.members[i])
+		t.members[i] = append(t.members[i], r)
+	}
+	t.hosts = len(t.members)
+	t.uniform = t.hosts > 1 && len(t.members[0]) > 1
+	for _, ms := range t.members {
+		t.uniform = t.uniform && len(ms) == len(t.members[0])
+	}
+	return t
+}
+
+// sharing is how many ranks of one host send to other hosts in the same step of a flat
+// AllReduce (at most; at least 1): they share the host's link.
+func (t topology) sharing(algo Algo) int {
+	p := len(t.hostOf)
+	most := 1
+	count := func(peer func(r int) int) {
+		per := make([]int, t.hosts)
+		for r := 0; r < p; r++ {
+			if q := peer(r); q >= 0 && q < p && t.hostOf[q] != t.hostOf[r] {
+				per[t.hostOf[r]]++
+			}
+		}
+		for _, n := range per {
+			most = max(most, n)
+		}
+	}
+	switch algo {
+	case Ring:
+		count(func(r int) int { return (r + 1) % p })
+	default: // recursive doubling and halving: partners r^mask
+		for mask := 1; mask < p; mask <<= 1 {
+			count(func(r int) int { return r ^ mask })
+		}
+	}
+	return most
 }
 
 // ParseAlgoOverrides parses MOEX_ALGO: "op:algo[,op:algo...]".

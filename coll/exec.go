@@ -60,6 +60,8 @@ func (c *Comm) getPlan(k planKey) *plan {
 		switch k.algo {
 		case Ring:
 			pl = planAllReduceRing(sh)
+		case Hier:
+			pl = planAllReduceHier(sh, c.topo)
 		default:
 			pl = planAllReduceRecDbl(sh, k.algo)
 		}

@@ -60,6 +60,12 @@ func envInt(k string) int {
 
 func helperSubset(ctx context.Context, c *Comm) error {
 	p, r := c.Size(), c.Rank()
+	if c.Hosts() > 1 {
+		// Even and odd ranks on two hosts: a flat ring would cross hosts at every hop.
+		if a := c.choose(OpAllReduce, 16<<20); a != Hier {
+			return fmt.Errorf("ranks on %d hosts, 16 MiB AllReduce: the model chose %v, want hier", c.Hosts(), a)
+		}
+	}
 	// AllReduce under every algorithm, f32 and bf16, small and 1 MiB.
 	for _, algo := range Algorithms[OpAllReduce] {
 		c.cfg.Algo = map[OpKind]Algo{OpAllReduce: algo}

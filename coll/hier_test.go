@@ -1,0 +1,139 @@
+package coll
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/moex-ai/moex/coll/dtype"
+)
+
+// hostLayouts are pretend placements of ranks on hosts: blocks, alternating, several
+// hosts, and hosts with unequal numbers of ranks (which get the flat ring).
+var hostLayouts = [][]int{
+	{0, 0, 1, 1},
+	{0, 1, 0, 1},
+	{0, 0, 0, 1, 1, 1},
+	{0, 0, 1, 1, 2, 2},
+	{0, 1, 2, 3, 0, 1, 2, 3},
+	{0, 0, 0, 0, 1, 1, 1, 1},
+	{5, 5, 5, 9},
+	{0, 1, 2},
+}
+
+// The hierarchical AllReduce equals the reference, bit for bit on every rank, for every
+// layout, in and out of place, with sizes smaller than the number of chunks.
+func TestAllReduceHier(t *testing.T) {
+	ctx := context.Background()
+	types := []dtype.Type{dtype.F32, dtype.BF16, dtype.I64, dtype.F64}
+	for _, hosts := range hostLayouts {
+		p := len(hosts)
+		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
+			cs, err := Local(p, Config{Hosts: hosts, Algo: map[OpKind]Algo{OpAllReduce: Hier}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				for _, c := range cs {
+					c.Close()
+				}
+			}()
+			for _, dt := range types {
+				for _, op := range []dtype.Op{dtype.Sum, dtype.Avg, dtype.Max} {
+					sizes := []int{0, 1, 3, 13, 1001}
+					if dt == dtype.F32 && op == dtype.Sum {
+						sizes = append(sizes, (1<<20)/4)
+					}
+					for _, n := range sizes {
+						want := reference(dt, op, n, p)
+						for _, inPlace := range []bool{false, true} {
+							outs := make([][]byte, p)
+							noErr(t, runOn(cs, func(c *Comm) error {
+								in := make([]byte, n*dt.Size())
+								fill(dt, op, in, c.Rank())
+								out := make([]byte, len(in))
+								outs[c.Rank()] = out
+								if inPlace {
+									copy(out, in)
+									return doAllReduce(ctx, c, dt, nil, out, op)
+								}
+								return doAllReduce(ctx, c, dt, view(in), out, op)
+							}))
+							for r, out := range outs {
+								if !bytes.Equal(out, want) {
+									t.Fatalf("%v %v n=%d inPlace=%v: rank %d differs from the reference", dt, op, n, inPlace, r)
+								}
+							}
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// crossings counts the transfers of a plan that go to a rank on another host.
+func crossings(pl *plan, hosts []int, rank int) int {
+	n := 0
+	for _, s := range pl.steps {
+		for _, x := range s.sends {
+			if hosts[x.peer] != hosts[rank] {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// Only 2(H-1) messages per rank cross hosts in the hierarchical plan, whatever the rank
+// order; a flat ring over alternating hosts crosses at every one of its 2(P-1) steps.
+func TestHierPlanCrossesHostsLess(t *testing.T) {
+	hosts := []int{0, 1, 0, 1, 0, 1, 0, 1}
+	topo := newTopology(hosts)
+	for r := range hosts {
+		sh := shape{p: len(hosts), rank: r, es: 4, count: 1 << 20}
+		if got := crossings(planAllReduceHier(sh, topo), hosts, r); got != 2*(2-1) {
+			t.Errorf("rank %d: hierarchical plan crosses hosts %d times, want 2", r, got)
+		}
+		if got := crossings(planAllReduceRing(sh), hosts, r); got != 2*(len(hosts)-1) {
+			t.Errorf("rank %d: flat ring crosses hosts %d times, want %d", r, got, 2*(len(hosts)-1))
+		}
+	}
+}
+
+// With a network between hosts and shared memory within them, the model picks the
+// hierarchical AllReduce for large messages when hosts hold several ranks each, or when
+// the rank order alternates hosts; on one host it never offers it. (With two ranks per
+// host in blocks the flat ring is as good: its per-host traffic is about the same and
+// its local and network hops overlap, and the model says so.)
+func TestModelPicksHier(t *testing.T) {
+	for _, hosts := range [][]int{{0, 0, 0, 0, 1, 1, 1, 1}, {0, 1, 0, 1, 0, 1, 0, 1}, {0, 1, 2, 3, 0, 1, 2, 3}} {
+		cs, err := Local(len(hosts), Config{Hosts: hosts, Link: &CostNet, HostLink: &CostShm})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range []int{1 << 20, 64 << 20} {
+			if a := cs[0].choose(OpAllReduce, n); a != Hier {
+				t.Errorf("hosts %v, %d B: model chose %v, want hier", hosts, n, a)
+			}
+		}
+		for _, c := range cs {
+			c.Close()
+		}
+	}
+	cs, err := Local(8, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	for _, n := range []int{8, 1 << 20, 64 << 20} {
+		if a := cs[0].choose(OpAllReduce, n); a == Hier {
+			t.Errorf("one host, %d B: model chose hier", n)
+		}
+	}
+}
