@@ -38,6 +38,14 @@ type CollOpts struct {
 	// Heap allocates the buffers with make (Go heap, 4 KiB pages) instead of taking them
 	// from obuf (huge pages from 2 MiB on), to show what the buffers' origin costs.
 	Heap bool
+	// Profile reports the wait for the last rank apart from the operation (the
+	// communicator must have been made with coll.Config.Profile).
+	Profile bool
+	// StraggleRank sleeps StraggleDelay before each timed operation: a straggler, to see
+	// what one does to everyone's time (and that profiling names it). Off when the delay
+	// is zero.
+	StraggleRank  int
+	StraggleDelay time.Duration
 }
 
 // CollResult is one row: the fields of `moex bench coll --json`.
@@ -57,6 +65,11 @@ type CollResult struct {
 	Wrong     int     `json:"wrong"`
 	MemcpyGBs float64 `json:"memcpy_gbs"`
 	Iters     int     `json:"iters"`
+	// With profiling: the longest per-op wait for the last rank and the longest per-op
+	// time after it, over the ranks, and the rank that arrived last most often.
+	WaitUS   float64 `json:"wait_us,omitempty"`
+	MoveUS   float64 `json:"move_us,omitempty"`
+	LastRank *int    `json:"last_rank,omitempty"`
 }
 
 // BusFactor is nccl-tests' conversion from algorithm to bus bandwidth.
@@ -185,8 +198,13 @@ func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResul
 	if err := coll.Barrier(ctx, c); err != nil {
 		return res, err
 	}
+	straggle := o.StraggleDelay > 0 && r == o.StraggleRank
+	prof0 := c.ProfileOf(o.Op)
 	start := time.Now()
 	for i := 0; i < iters; i++ {
+		if straggle {
+			time.Sleep(o.StraggleDelay)
+		}
 		if err := bo.run(); err != nil {
 			return res, err
 		}
@@ -194,6 +212,26 @@ func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResul
 	el := []float64{time.Since(start).Seconds() / float64(iters)}
 	if err := coll.AllReduce(ctx, c, nil, el, dtype.Max); err != nil {
 		return res, err
+	}
+	if o.Profile {
+		prof := c.ProfileOf(o.Op)
+		n := float64(max(prof.Count-prof0.Count, 1))
+		wm := []float64{(prof.Wait - prof0.Wait).Seconds() / n * 1e6, (prof.Move - prof0.Move).Seconds() / n * 1e6}
+		if err := coll.AllReduce(ctx, c, nil, wm, dtype.Max); err != nil {
+			return res, err
+		}
+		res.WaitUS, res.MoveUS = wm[0], wm[1]
+		last, most := 0, -1
+		for q := range prof.Last {
+			k := prof.Last[q]
+			if q < len(prof0.Last) {
+				k -= prof0.Last[q]
+			}
+			if k > most {
+				last, most = q, k
+			}
+		}
+		res.LastRank = &last
 	}
 	if o.Check {
 		bo.prep()
@@ -403,16 +441,28 @@ func PrintColl(w io.Writer, rows []CollResult) {
 	}
 	fmt.Fprintf(w, "# moex bench coll: %s, %d ranks, transport %s\n", rows[0].Op, rows[0].Ranks, rows[0].Transport)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "size (B)\tcount\ttype\tredop\troot\talgo\ttime (us)\talgbw (GB/s)\tbusbw (GB/s)\t#wrong\tmemcpy (GB/s)\t")
+	profiled := rows[0].LastRank != nil
+	head := "size (B)\tcount\ttype\tredop\troot\talgo\ttime (us)\talgbw (GB/s)\tbusbw (GB/s)\t#wrong\tmemcpy (GB/s)\t"
+	if profiled {
+		head += "wait (us)\tmove (us)\tlast rank\t"
+	}
+	fmt.Fprintln(tw, head)
 	for _, r := range rows {
 		red := r.RedOp
 		if red == "" {
 			red = "none"
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%s\t%.1f\t%.2f\t%.2f\t%d\t%.1f\t\n",
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%s\t%.1f\t%.2f\t%.2f\t%d\t%.1f\t",
 			r.Bytes, r.Count, r.DType, red, r.Root, r.Algo, r.TimeUS, r.AlgBW, r.BusBW, r.Wrong, r.MemcpyGBs)
+		if profiled && r.LastRank != nil {
+			fmt.Fprintf(tw, "%.1f\t%.1f\t%d\t", r.WaitUS, r.MoveUS, *r.LastRank)
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
+	if profiled {
+		fmt.Fprintln(w, "# wait: longest time a rank spent waiting for the last one to arrive; move: longest time of the operation after that (per op, over the ranks)")
+	}
 }
 
 // PrintJSON writes one JSON object per row.

@@ -29,6 +29,9 @@ type MoEOpts struct {
 	Warmup    int
 	Seed      uint64
 	Naive     bool // also time the naive dispatch (one message per token-expert pair)
+	// Profile reports how much of the AlltoAllvs' time is waiting for the last rank (the
+	// communicator must have been made with coll.Config.Profile).
+	Profile bool
 	// LocalRanks is how many ranks share this process (memory budget for --compute ffn).
 	LocalRanks int
 }
@@ -59,6 +62,12 @@ type MoEResult struct {
 	NaiveMessages  int64   `json:"naive_messages,omitempty"`
 	FusedOverNaive float64 `json:"naive_over_fused,omitempty"`
 	Iters          int     `json:"iters"`
+	// With profiling, per step (dispatch and combine together), the longest over the
+	// ranks: waiting in the AlltoAllvs for the last rank to arrive, and moving after it;
+	// and the rank that arrived last most often.
+	WaitUS   float64 `json:"wait_us,omitempty"`
+	MoveUS   float64 `json:"move_us,omitempty"`
+	LastRank *int    `json:"last_rank,omitempty"`
 }
 
 func memTotal() int64 {
@@ -172,11 +181,13 @@ func MoE(ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResult, error) {
 	if err := coll.Barrier(ctx, c); err != nil {
 		return nil, err
 	}
+	prof0 := c.ProfileOf(coll.OpAlltoAllv)
 	for i := 0; i < iters; i++ {
 		if err := step(true); err != nil {
 			return nil, err
 		}
 	}
+	prof := c.ProfileOf(coll.OpAlltoAllv)
 	st := ep.D.Stats()
 	// Slowest rank per phase; totals of bytes and loads.
 	times := []float64{tDisp.Seconds() / float64(iters), tComp.Seconds() / float64(iters), tComb.Seconds() / float64(iters),
@@ -225,6 +236,23 @@ func MoE(ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResult, error) {
 	res.ExpertImbal = router.Imbalance(perExpert)
 	if o.Wire == dtype.BF16 {
 		res.ConvertUS = convertCost(st.RowsSent+st.RowsReceived, cfg.Hidden)
+	}
+	if o.Profile {
+		wm := []float64{(prof.Wait - prof0.Wait).Seconds() / float64(iters) * 1e6, (prof.Move - prof0.Move).Seconds() / float64(iters) * 1e6}
+		if err := coll.AllReduce(ctx, c, nil, wm, dtype.Max); err != nil {
+			return nil, err
+		}
+		res.WaitUS, res.MoveUS = wm[0], wm[1]
+		last, most := 0, -1
+		for q, k := range prof.Last {
+			if q < len(prof0.Last) {
+				k -= prof0.Last[q]
+			}
+			if k > most {
+				last, most = q, k
+			}
+		}
+		res.LastRank = &last
 	}
 	if o.Naive {
 		us, msgs, err := naiveDispatch(ctx, c, x, r, pl, cfg.Hidden, o.Wire)
@@ -374,6 +402,9 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 	row("load imbalance", fmt.Sprintf("experts %.2f, ranks %.2f (max/mean); aux loss %.3f", r.ExpertImbal, r.RankImbal, r.AuxLoss))
 	if r.ConvertUS > 0 {
 		row("bf16 conversion", fmt.Sprintf("%.1f us for this rank's rows (measured apart)", r.ConvertUS))
+	}
+	if r.LastRank != nil {
+		row("alltoallv wait / move", fmt.Sprintf("%.1f / %.1f us per step (longest over the ranks); last to arrive most often: rank %d", r.WaitUS, r.MoveUS, *r.LastRank))
 	}
 	if r.NaiveUS > 0 {
 		row("naive dispatch", fmt.Sprintf("%.1f us, %d messages: fused is %.1fx faster", r.NaiveUS, r.NaiveMessages, r.FusedOverNaive))

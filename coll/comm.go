@@ -64,6 +64,10 @@ type Config struct {
 	// issued the same operation (catches what per-message signatures cannot, such as two
 	// ranks that both think they are the root). Costs one extra round trip per op.
 	Verify bool
+	// Profile measures, for every operation, how long this rank waited for the others to
+	// arrive and how long the operation itself took, and which rank arrived last
+	// (Comm.Profile; MOEX_PROFILE=1). Costs one small all-gather per operation.
+	Profile bool
 	// Hosts assigns ranks of Local communicators to pretend hosts (tests of hierarchical
 	// code); nil: one host.
 	Hosts []int
@@ -109,6 +113,7 @@ type Comm struct {
 
 	execPool sync.Pool
 	stats    Stats
+	prof     profiler
 
 	owned        []func() error // closed with the communicator that created them (world only)
 	closeBarrier bool           // Close waits for every rank first (communicators from Init)
@@ -170,13 +175,7 @@ func (c *Comm) WorldRank(r int) int { return c.ranks[r] }
 func (c *Comm) Host(r int) int { return c.hosts[r] }
 
 // Hosts returns the number of distinct hosts.
-func (c *Comm) Hosts() int {
-	m := 0
-	for _, h := range c.hosts {
-		m = max(m, h+1)
-	}
-	return m
-}
+func (c *Comm) Hosts() int { return c.topo.hosts }
 
 // Logger returns the communicator's logger.
 func (c *Comm) Logger() *slog.Logger { return c.log }
@@ -231,6 +230,15 @@ func (cfg *Config) fill() error {
 		}
 		cfg.Algo = m
 	}
+	if v := os.Getenv("MOEX_PROFILE"); v != "" && !cfg.Profile {
+		switch v {
+		case "1", "on", "true":
+			cfg.Profile = true
+		case "0", "off", "false":
+		default:
+			return &ArgError{Arg: "MOEX_PROFILE", Reason: fmt.Sprintf("%q: want 1 or 0", v)}
+		}
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = defaultLogger()
 	}
@@ -261,6 +269,10 @@ func newComm(tr transport.Transport, id uint32, ranks, hosts []int, rank int, cf
 		c.intra = *cfg.HostLink
 	}
 	c.topo = newTopology(hosts)
+	if cfg.Profile {
+		c.prof.plan = planAllGatherBruck(shape{p: c.size, rank: rank, es: 8, count: 1})
+		c.prof.plan.sig = signature(OpAllGather, Bruck, 8, 1, -2)
+	}
 	c.actx, c.acancel = context.WithCancelCause(context.Background())
 	c.timer = time.AfterFunc(time.Hour, c.checkProgress)
 	c.timer.Stop()
@@ -453,6 +465,11 @@ func (c *Comm) Close() error {
 	if c.closed.Swap(true) {
 		return nil
 	}
+	if c.cfg.Profile {
+		for _, p := range c.Profile() {
+			c.log.Info("moex: profile", "comm", c.id, "rank", c.rank, "profile", p.String())
+		}
+	}
 	c.abortOnce.Do(func() { c.acancel(ErrClosed) })
 	c.acancel(ErrClosed)
 	c.timer.Stop()
@@ -492,7 +509,9 @@ func Local(n int, cfg Config) ([]*Comm, error) {
 		ranks[i] = i
 	}
 	hosts := cfg.Hosts
-	if hosts == nil {
+	if hosts != nil {
+		hosts = hostsDense(hosts)
+	} else {
 		hosts = make([]int, n)
 	}
 	cs := make([]*Comm, n)

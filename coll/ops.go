@@ -3,6 +3,7 @@ package coll
 import (
 	"context"
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/moex-ai/moex/coll/dtype"
@@ -49,25 +50,48 @@ func (c *Comm) start(ctx context.Context) (uint32, error) {
 		return 0, err
 	}
 	seq := c.nextSeq()
+	if c.cfg.Profile {
+		c.nextSeq()
+	}
 	if c.cfg.Verify {
 		c.nextSeq()
 	}
 	return seq, nil
 }
 
+// nextOf is the sequence number after seq.
+func nextOf(seq uint32) uint32 {
+	if seq++; seq > seqMax {
+		seq = 1
+	}
+	return seq
+}
+
 func (c *Comm) exec(pl *plan, seq uint32, cl *call) error {
 	defer c.end()
+	var entered, arrived time.Time
+	var last int
+	var skew time.Duration
+	if c.cfg.Profile {
+		entered = time.Now()
+		var err error
+		if last, skew, err = c.arrive(seq, entered); err != nil {
+			return err
+		}
+		arrived = time.Now()
+		seq = nextOf(seq)
+	}
 	if c.cfg.Verify {
 		if err := c.verify(cl, pl, seq); err != nil {
 			return err
 		}
-		seq++
-		if seq > seqMax {
-			seq = 1
-		}
+		seq = nextOf(seq)
 	}
 	if err := c.execute(pl, seq, cl); err != nil {
 		return err
+	}
+	if c.cfg.Profile {
+		c.record(pl.op, arrived.Sub(entered), time.Since(arrived), skew, last)
 	}
 	c.stats.Ops.Add(1)
 	c.stats.BytesSent.Add(uint64(pl.bytes))

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/moex-ai/moex/bench"
 	"github.com/moex-ai/moex/coll"
@@ -147,6 +148,8 @@ func benchColl(ctx context.Context, args []string) error {
 	redop := fs.String("redop", "sum", "reduction")
 	check := fs.Bool("check", true, "check the results (#wrong column)")
 	fs.BoolVar(&o.Heap, "heap", false, "allocate buffers with make (4 KiB pages) instead of obuf (huge pages from 2 MiB)")
+	fs.BoolVar(&o.Profile, "profile", false, "time the wait for the last rank apart from the operation (MOEX_PROFILE=1), and name that rank")
+	straggle := fs.String("straggle", "", "RANK:DURATION: that rank sleeps so long before every timed operation (for example 3:200us)")
 	if err := fs.Parse(args); err != nil {
 		return &usageError{err.Error()}
 	}
@@ -160,6 +163,18 @@ func benchColl(ctx context.Context, args []string) error {
 	}
 	if o.MaxBytes < o.MinBytes {
 		return &usageError{"--max-bytes is smaller than --min-bytes"}
+	}
+	if *straggle != "" {
+		r, d, ok := strings.Cut(*straggle, ":")
+		rank, err1 := strconv.Atoi(r)
+		delay, err2 := time.ParseDuration(d)
+		if !ok || err1 != nil || err2 != nil || rank < 0 || rank >= rf.ranks || delay < 0 {
+			return &usageError{fmt.Sprintf("--straggle %q: want RANK:DURATION with RANK in [0,%d)", *straggle, rf.ranks)}
+		}
+		o.StraggleRank, o.StraggleDelay = rank, delay
+	}
+	if o.Profile {
+		os.Setenv("MOEX_PROFILE", "1") // for the communicators below, and ranks launched
 	}
 	cs, launched, err := comms(ctx, rf, append([]string{"bench", "coll"}, args...))
 	if launched || err != nil {

@@ -24,6 +24,7 @@ func benchMoE(ctx context.Context, args []string) error {
 	fs.StringVar(&o.Placement, "placement", "contiguous", "expert placement: contiguous or roundrobin")
 	fs.IntVar(&o.Iters, "iters", 0, "timed steps (0: about a second's worth)")
 	fs.BoolVar(&o.Naive, "naive", false, "also time a naive dispatch (one message per token-expert pair)")
+	fs.BoolVar(&o.Profile, "profile", false, "time the AlltoAllvs' wait for the last rank apart from moving (MOEX_PROFILE=1)")
 	list := fs.Bool("models", false, "list the models and exit")
 	if err := fs.Parse(args); err != nil {
 		return &usageError{err.Error()}
@@ -48,6 +49,9 @@ func benchMoE(ctx context.Context, args []string) error {
 	}
 	if o.Tokens < 0 {
 		return &usageError{"--tokens must not be negative"}
+	}
+	if o.Profile {
+		os.Setenv("MOEX_PROFILE", "1") // for the communicators below, and ranks launched
 	}
 	cs, launched, err := comms(ctx, rf, append([]string{"bench", "moe"}, args...))
 	if launched || err != nil {
