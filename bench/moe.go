@@ -129,6 +129,7 @@ func MoE(ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer ep.Close()
 	x := models.Floats(cfg.Tokens(o.Seed, me, o.Tokens))
 	r, err := layer.Route(x, o.Tokens)
 	if err != nil {

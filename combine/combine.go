@@ -26,6 +26,7 @@ import (
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/dispatch"
+	"github.com/moex-ai/moex/obuf"
 	"gonum.org/v1/gonum/blas/blas32"
 )
 
@@ -36,18 +37,29 @@ var (
 
 // Combiner brings expert outputs back. One per Dispatcher.
 type Combiner struct {
-	d    *dispatch.Dispatcher
-	plan coll.VPlan
-	send []byte
-	recv []byte
-	part []float32
-	row  int
+	d     *dispatch.Dispatcher
+	plan  coll.VPlan
+	sendS obuf.Scratch
+	recvS obuf.Scratch
+	send  []byte
+	recv  []byte
+	part  []float32
+	row   int
 }
 
 // New returns a combiner for the dispatches of d.
 func New(d *dispatch.Dispatcher) *Combiner {
 	cfg := d.Config()
-	return &Combiner{d: d, row: (cfg.Hidden*cfg.WireDType.Size() + 7) &^ 7}
+	c := &Combiner{d: d, row: (cfg.Hidden*cfg.WireDType.Size() + 7) &^ 7}
+	c.sendS.Pool, c.recvS.Pool = cfg.Pool, cfg.Pool
+	return c
+}
+
+// Close gives the combiner's buffers back to their pool; it must not be used again.
+func (c *Combiner) Close() {
+	c.send, c.recv = nil, nil
+	c.sendS.Release()
+	c.recvS.Release()
 }
 
 // Combine takes the experts' outputs y (expert-major, the layout of the dispatch Output
@@ -72,8 +84,8 @@ func (c *Combiner) Combine(ctx context.Context, h dispatch.Handle, y []float32, 
 	if err := comm.ReplanAlltoAllv(&c.plan, h.Back(), c.row); err != nil {
 		return err
 	}
-	c.send = grow(c.send, c.plan.SendBytes())
-	c.recv = grow(c.recv, c.plan.RecvBytes())
+	c.send = c.sendS.Bytes(c.plan.SendBytes())
+	c.recv = c.recvS.Bytes(c.plan.RecvBytes())
 	if cap(c.part) < hid {
 		c.part = make([]float32, hid)
 	}
@@ -132,13 +144,6 @@ func (c *Combiner) Combine(ctx context.Context, h dispatch.Handle, y []float32, 
 		}
 	}
 	return nil
-}
-
-func grow(b []byte, n int) []byte {
-	if cap(b) < n {
-		return make([]byte, n, n+n/4)
-	}
-	return b[:n]
 }
 
 // axpy: dst += a*x (gonum's assembly kernel).

@@ -15,6 +15,7 @@ import (
 	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/internal/race"
+	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
 )
 
@@ -438,8 +439,9 @@ func TestAllocs(t *testing.T) {
 		res []float32
 	}
 	sts := make([]*st, 2)
+	pools := []*obuf.Pool{obuf.NewPool(0), obuf.NewPool(0)}
 	for i, c := range cs {
-		d, _ := dispatch.New(c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, WireDType: dtype.BF16})
+		d, _ := dispatch.New(c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, WireDType: dtype.BF16, Pool: pools[i]})
 		r, x := s.routing(i)
 		sts[i] = &st{d: d, cb: combine.New(d), r: r, x: x, y: make([]float32, 4096*s.hid), res: make([]float32, len(x))}
 	}
@@ -472,5 +474,16 @@ func TestAllocs(t *testing.T) {
 	<-done
 	if n > 0 {
 		t.Fatalf("%.1f allocations per dispatch+combine", n)
+	}
+	// The wire buffers and expert inputs came from the pool, and go back to it on Close.
+	for i, x := range sts {
+		if st := pools[i].Stats(); st.Gets < 5 || st.Allocs > st.Gets {
+			t.Errorf("rank %d: pool stats %+v: dispatch and combine buffers not taken from the pool", i, st)
+		}
+		x.cb.Close()
+		x.d.Close()
+		if st := pools[i].Stats(); st.Gets != st.Releases {
+			t.Errorf("rank %d: %d buffers taken, %d given back after Close", i, st.Gets, st.Releases)
+		}
 	}
 }

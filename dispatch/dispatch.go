@@ -12,8 +12,11 @@
 // that package combine can bring the results back, and Redispatch can move new
 // activations with the same routing without the counts exchange.
 //
-// Buffers are reused across calls: in steady state a dispatch allocates nothing. The
-// Output and Handle of a call are valid until the next Dispatch on the same Dispatcher.
+// Buffers are reused across calls: in steady state a dispatch allocates nothing. The wire
+// buffers and the expert inputs (Output.X) are obuf buffers (Config.Pool): page aligned,
+// huge pages from 2 MiB, so the shared-memory transport's single copy and RDMA
+// registration run at full speed; Close gives them back. The Output and Handle of a call
+// are valid until the next Dispatch on the same Dispatcher.
 //
 // dispatch owns its buffers and the packing; the transport and collective schedule are
 // coll's. It must not import combine or models.
@@ -26,6 +29,7 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
 )
 
@@ -38,6 +42,9 @@ type Config struct {
 	// Align pads each local expert's block of rows to a multiple of Align rows (grouped
 	// GEMM kernels want this); padding rows are zero with origin -1.
 	Align int
+	// Pool provides the wire buffers and the expert inputs (Output.X): page aligned,
+	// huge pages from 2 MiB, reused across calls (default obuf.Default).
+	Pool *obuf.Pool
 }
 
 // Errors.
@@ -118,6 +125,9 @@ type Dispatcher struct {
 	matrix [][]int
 	back   [][]int
 	fwd    coll.VPlan
+	sendS  obuf.Scratch
+	recvS  obuf.Scratch
+	xS     obuf.Scratch // storage of out.X
 	send   []byte
 	recv   []byte
 	out    Output
@@ -152,6 +162,7 @@ func New(c *coll.Comm, cfg Config) (*Dispatcher, error) {
 		cfg.Align = 1
 	}
 	d := &Dispatcher{c: c, cfg: cfg, es: cfg.WireDType.Size()}
+	d.sendS.Pool, d.recvS.Pool, d.xS.Pool = cfg.Pool, cfg.Pool, cfg.Pool
 	d.row = align8(metaBytes(cfg.TopK) + cfg.Hidden*d.es)
 	p := c.Size()
 	d.hdr = make([]int64, hdrLen+p)
@@ -296,8 +307,8 @@ func (d *Dispatcher) check(x []float32, r *router.Routing) (int, error) {
 // move packs, exchanges and unpacks.
 func (d *Dispatcher) move(ctx context.Context, x []float32) error {
 	p, me := d.c.Size(), d.c.Rank()
-	d.send = growBytes(d.send, d.fwd.SendBytes())
-	d.recv = growBytes(d.recv, d.fwd.RecvBytes())
+	d.send = d.sendS.Bytes(d.fwd.SendBytes())
+	d.recv = d.recvS.Bytes(d.fwd.RecvBytes())
 	// Pack: per destination rank (ascending), its rows in token order. Our own rows are
 	// not packed: they are unpacked straight from x.
 	off := 0
@@ -323,9 +334,12 @@ func (d *Dispatcher) move(ctx context.Context, x []float32) error {
 	return nil
 }
 
-func growBytes(b []byte, n int) []byte {
-	if cap(b) < n {
-		return make([]byte, n, n+n/4)
-	}
-	return b[:n]
+// Close gives the dispatcher's buffers back to their pool. The last Output and Handle
+// are invalid afterwards, and the Dispatcher must not be used again.
+func (d *Dispatcher) Close() {
+	d.gen++
+	d.send, d.recv, d.out.X = nil, nil, nil
+	d.sendS.Release()
+	d.recvS.Release()
+	d.xS.Release()
 }

@@ -185,7 +185,7 @@ func (d *Dispatcher) unpack(x []float32) {
 		total += (c + d.cfg.Align - 1) / d.cfg.Align * d.cfg.Align
 	}
 	o.Offsets[nLocal] = total
-	o.X = growF32(o.X, total*hid)
+	o.X = dtype.FromBytes[float32](d.xS.Bytes(total * hid * 4))
 	o.Origin = growI32(o.Origin, total)
 	o.Source = growI32(o.Source, total)
 	o.Weight = growF32(o.Weight, total)

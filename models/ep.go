@@ -34,6 +34,12 @@ func NewEP(c *coll.Comm, l *Layer, pl *router.Placement, wire dtype.Type) (*EP, 
 	return &EP{L: l, D: d, C: combine.New(d), pl: pl}, nil
 }
 
+// Close gives the dispatcher's and combiner's buffers back to their pool.
+func (ep *EP) Close() {
+	ep.C.Close()
+	ep.D.Close()
+}
+
 // Forward runs the layer on this rank's tokens (a (tokens, hidden) float32 tensor).
 // Every rank must call it.
 func (ep *EP) Forward(ctx context.Context, x *tensor.Dense) (*tensor.Dense, error) {

@@ -164,3 +164,34 @@ func TestRegCacheRegistersOnce(t *testing.T) {
 		t.Fatalf("released %d", released)
 	}
 }
+
+// A Scratch grows by trading its buffer for a bigger one, keeps its storage while it
+// fits, and gives it back on Release: no allocation in steady state.
+func TestScratch(t *testing.T) {
+	p := NewPool(4)
+	s := Scratch{Pool: p}
+	a := s.Bytes(100)
+	if len(a) != 100 {
+		t.Fatalf("len %d", len(a))
+	}
+	a[0] = 7
+	if b := s.Bytes(4000); &b[0] != &a[0] || b[0] != 7 {
+		t.Fatal("a size within the capacity changed the storage")
+	}
+	big := s.Bytes(3 << 20)
+	if len(big) != 3<<20 {
+		t.Fatalf("len %d", len(big))
+	}
+	if st := p.Stats(); st.Releases != 1 {
+		t.Fatalf("growing released %d buffers, want 1", st.Releases)
+	}
+	allocs := testing.AllocsPerRun(100, func() { s.Bytes(1 << 20); s.Bytes(3 << 20) })
+	if allocs != 0 {
+		t.Fatalf("%v allocations per steady-state use", allocs)
+	}
+	s.Release()
+	if st := p.Stats(); st.Gets != st.Releases {
+		t.Fatalf("gets %d, releases %d after Release", st.Gets, st.Releases)
+	}
+	s.Release() // twice is harmless
+}
