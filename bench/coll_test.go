@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,37 +14,9 @@ import (
 // With profiling, a straggler shows up as wait, and is named.
 func TestCollProfileStraggler(t *testing.T) {
 	const p, late = 3, 1
-	cs, err := coll.Local(p, coll.Config{Profile: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range cs {
-			c.Close()
-		}
-	}()
 	o := CollOpts{Op: coll.OpAllReduce, MinBytes: 4096, MaxBytes: 4096, DType: dtype.F32, RedOp: dtype.Sum,
 		Iters: 5, Check: true, Profile: true, StraggleRank: late, StraggleDelay: 5 * time.Millisecond}
-	var rows []CollResult
-	var wg sync.WaitGroup
-	errs := make([]error, p)
-	for _, c := range cs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, err := Coll(context.Background(), c, o)
-			errs[c.Rank()] = err
-			if c.Rank() == 0 {
-				rows = r
-			}
-		}()
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
-		}
-	}
+	rows := onRanks(t, p, coll.Config{Profile: true}, func(c *coll.Comm) ([]CollResult, error) { return Coll(context.Background(), c, o) })
 	if len(rows) != 1 {
 		t.Fatalf("%d rows", len(rows))
 	}

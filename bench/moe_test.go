@@ -9,8 +9,10 @@ import (
 	"github.com/moex-ai/moex/coll/dtype"
 )
 
-func runMoE(t testing.TB, p int, o MoEOpts) *MoEResult {
-	cs, err := coll.Local(p, coll.Config{})
+// onRanks runs f on p local ranks (made with cfg) and returns rank 0's result.
+func onRanks[T any](t testing.TB, p int, cfg coll.Config, f func(c *coll.Comm) (T, error)) T {
+	t.Helper()
+	cs, err := coll.Local(p, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -19,14 +21,14 @@ func runMoE(t testing.TB, p int, o MoEOpts) *MoEResult {
 			c.Close()
 		}
 	}()
-	var res *MoEResult
+	var res T
 	var wg sync.WaitGroup
 	errs := make([]error, p)
 	for _, c := range cs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r, err := MoE(context.Background(), c, o)
+			r, err := f(c)
 			errs[c.Rank()] = err
 			if c.Rank() == 0 {
 				res = r
@@ -40,6 +42,10 @@ func runMoE(t testing.TB, p int, o MoEOpts) *MoEResult {
 		}
 	}
 	return res
+}
+
+func runMoE(t testing.TB, p int, o MoEOpts) *MoEResult {
+	return onRanks(t, p, coll.Config{}, func(c *coll.Comm) (*MoEResult, error) { return MoE(context.Background(), c, o) })
 }
 
 func TestMoEBenchRuns(t *testing.T) {

@@ -20,19 +20,25 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 var testPs = []int{1, 2, 3, 4, 5, 7, 8}
 
-// world runs f on every rank of n local ranks and returns each rank's error.
-func world(t testing.TB, n int, cfg Config, f func(c *Comm) error) []error {
+// newLocal returns n local ranks, closed when the test ends.
+func newLocal(t testing.TB, n int, cfg Config) []*Comm {
 	t.Helper()
 	cs, err := Local(n, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		for _, c := range cs {
 			c.Close()
 		}
-	}()
-	return runOn(cs, f)
+	})
+	return cs
+}
+
+// world runs f on every rank of n local ranks and returns each rank's error.
+func world(t testing.TB, n int, cfg Config, f func(c *Comm) error) []error {
+	t.Helper()
+	return runOn(newLocal(t, n, cfg), f)
 }
 
 func runOn(cs []*Comm, f func(c *Comm) error) []error {
@@ -211,44 +217,43 @@ func TestAllReduceMatrix(t *testing.T) {
 			}
 			name := fmt.Sprintf("P=%d/%v", p, algos[OpAllReduce])
 			t.Run(name, func(t *testing.T) {
-				cs, err := Local(p, Config{Algo: algos})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() {
-					for _, c := range cs {
-						c.Close()
-					}
-				}()
+				cs := newLocal(t, p, Config{Algo: algos})
 				for _, dt := range dtype.Types {
 					for _, op := range dtype.Ops {
 						sizes := sizesFor(dt, bigFor(dt) && op == dtype.Sum)
 						for _, n := range sizes {
-							want := reference(dt, op, n, p)
-							for _, inPlace := range []bool{false, true} {
-								outs := make([][]byte, p)
-								errs := runOn(cs, func(c *Comm) error {
-									in := make([]byte, n*dt.Size())
-									fill(dt, op, in, c.Rank())
-									out := make([]byte, len(in))
-									outs[c.Rank()] = out
-									if inPlace {
-										copy(out, in)
-										return doAllReduce(ctx, c, dt, nil, out, op)
-									}
-									return doAllReduce(ctx, c, dt, view(in), out, op)
-								})
-								noErr(t, errs)
-								for r, out := range outs {
-									if !bytes.Equal(out, want) {
-										t.Fatalf("%v %v n=%d inPlace=%v: rank %d differs from the reference", dt, op, n, inPlace, r)
-									}
-								}
-							}
+							checkAllReduce(t, ctx, cs, dt, op, n)
 						}
 					}
 				}
 			})
+		}
+	}
+}
+
+// checkAllReduce runs an AllReduce of n elements on every rank, in and out of place, and
+// compares every rank's result, bit for bit, with the reference.
+func checkAllReduce(t *testing.T, ctx context.Context, cs []*Comm, dt dtype.Type, op dtype.Op, n int) {
+	t.Helper()
+	p := len(cs)
+	want := reference(dt, op, n, p)
+	for _, inPlace := range []bool{false, true} {
+		outs := make([][]byte, p)
+		noErr(t, runOn(cs, func(c *Comm) error {
+			in := make([]byte, n*dt.Size())
+			fill(dt, op, in, c.Rank())
+			out := make([]byte, len(in))
+			outs[c.Rank()] = out
+			if inPlace {
+				copy(out, in)
+				return doAllReduce(ctx, c, dt, nil, out, op)
+			}
+			return doAllReduce(ctx, c, dt, view(in), out, op)
+		}))
+		for r, out := range outs {
+			if !bytes.Equal(out, want) {
+				t.Fatalf("%v %v n=%d inPlace=%v: rank %d differs from the reference", dt, op, n, inPlace, r)
+			}
 		}
 	}
 }
@@ -265,15 +270,7 @@ func TestDataMovementMatrix(t *testing.T) {
 			}
 			seen[name] = true
 			t.Run(name, func(t *testing.T) {
-				cs, err := Local(p, Config{Algo: algos})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() {
-					for _, c := range cs {
-						c.Close()
-					}
-				}()
+				cs := newLocal(t, p, Config{Algo: algos})
 				for _, dt := range types {
 					for _, n := range sizesFor(dt, bigFor(dt)) {
 						es := dt.Size()
@@ -563,15 +560,7 @@ func TestAlltoAllvRandom(t *testing.T) {
 	for _, p := range testPs {
 		for _, algo := range Algorithms[OpAlltoAllv] {
 			t.Run(fmt.Sprintf("P=%d/%v", p, algo), func(t *testing.T) {
-				cs, err := Local(p, Config{Algo: map[OpKind]Algo{OpAlltoAllv: algo}})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer func() {
-					for _, c := range cs {
-						c.Close()
-					}
-				}()
+				cs := newLocal(t, p, Config{Algo: map[OpKind]Algo{OpAlltoAllv: algo}})
 				rng := rand.New(rand.NewPCG(uint64(p), uint64(algo)))
 				for trial := 0; trial < 12; trial++ {
 					m := make([][]int, p)
@@ -874,15 +863,7 @@ func TestAllocsPerOp(t *testing.T) {
 	if race.Enabled {
 		t.Skip("allocation counts are meaningless under -race (sync.Pool drops items on purpose)")
 	}
-	cs, err := Local(2, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range cs {
-			c.Close()
-		}
-	}()
+	cs := newLocal(t, 2, Config{})
 	ctx := context.Background()
 	other := make(chan struct{})
 	done := make(chan struct{})

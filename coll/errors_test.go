@@ -167,15 +167,7 @@ func TestBadOp(t *testing.T) {
 // A rank that never shows up: everyone else times out (no hang), and the communicator is
 // unusable afterwards.
 func TestTimeout(t *testing.T) {
-	cs, err := Local(4, Config{Timeout: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range cs {
-			c.Close()
-		}
-	}()
+	cs := newLocal(t, 4, Config{Timeout: 300 * time.Millisecond})
 	start := time.Now()
 	errs := runOn(cs[:3], func(c *Comm) error {
 		return AllReduce(context.Background(), c, nil, make([]float32, 100), dtype.Sum)
@@ -185,7 +177,7 @@ func TestTimeout(t *testing.T) {
 		t.Fatalf("timeout of 300ms took %v", d)
 	}
 	// Rank 3 was told: its next op fails at once.
-	err = Barrier(context.Background(), cs[3])
+	err := Barrier(context.Background(), cs[3])
 	if !errors.Is(err, ErrAborted) || !errors.Is(err, ErrTimeout) {
 		t.Fatalf("rank 3 after the others timed out: %v", err)
 	}
@@ -212,15 +204,7 @@ func TestContextDeadline(t *testing.T) {
 // A rank that dies (its endpoint closes mid-operation) fails the operation on every other
 // rank with an error naming it.
 func TestDeadPeerNamed(t *testing.T) {
-	cs, err := Local(4, Config{Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range cs {
-			c.Close()
-		}
-	}()
+	cs := newLocal(t, 4, Config{Timeout: time.Minute})
 	go func() {
 		time.Sleep(50 * time.Millisecond)
 		cs[2].Close()
@@ -245,15 +229,7 @@ func TestDeadPeerNamed(t *testing.T) {
 }
 
 func TestAbortUnblocks(t *testing.T) {
-	cs, err := Local(3, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range cs {
-			c.Close()
-		}
-	}()
+	cs := newLocal(t, 3, Config{})
 	go func() {
 		time.Sleep(30 * time.Millisecond)
 		cs[0].Abort("operator said stop")
@@ -298,15 +274,7 @@ func TestAlgoOverrides(t *testing.T) {
 // The model picks the latency-bound algorithm for small messages and the bandwidth-bound
 // one for large, and the choice is the same on every rank.
 func TestCostModelChoices(t *testing.T) {
-	cs, err := Local(8, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range cs {
-			c.Close()
-		}
-	}()
+	cs := newLocal(t, 8, Config{})
 	c := cs[0]
 	small, large := c.choose(OpAllReduce, 64), c.choose(OpAllReduce, 16<<20)
 	if small != RecDoubling || (large != Ring && large != Rabenseifner) {

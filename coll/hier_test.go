@@ -1,7 +1,6 @@
 package coll
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"testing"
@@ -30,15 +29,7 @@ func TestAllReduceHier(t *testing.T) {
 	for _, hosts := range hostLayouts {
 		p := len(hosts)
 		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
-			cs, err := Local(p, Config{Hosts: hosts, Algo: map[OpKind]Algo{OpAllReduce: Hier}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() {
-				for _, c := range cs {
-					c.Close()
-				}
-			}()
+			cs := newLocal(t, p, Config{Hosts: hosts, Algo: map[OpKind]Algo{OpAllReduce: Hier}})
 			for _, dt := range types {
 				for _, op := range []dtype.Op{dtype.Sum, dtype.Avg, dtype.Max} {
 					sizes := []int{0, 1, 3, 13, 1001}
@@ -46,26 +37,7 @@ func TestAllReduceHier(t *testing.T) {
 						sizes = append(sizes, (1<<20)/4)
 					}
 					for _, n := range sizes {
-						want := reference(dt, op, n, p)
-						for _, inPlace := range []bool{false, true} {
-							outs := make([][]byte, p)
-							noErr(t, runOn(cs, func(c *Comm) error {
-								in := make([]byte, n*dt.Size())
-								fill(dt, op, in, c.Rank())
-								out := make([]byte, len(in))
-								outs[c.Rank()] = out
-								if inPlace {
-									copy(out, in)
-									return doAllReduce(ctx, c, dt, nil, out, op)
-								}
-								return doAllReduce(ctx, c, dt, view(in), out, op)
-							}))
-							for r, out := range outs {
-								if !bytes.Equal(out, want) {
-									t.Fatalf("%v %v n=%d inPlace=%v: rank %d differs from the reference", dt, op, n, inPlace, r)
-								}
-							}
-						}
+						checkAllReduce(t, ctx, cs, dt, op, n)
 					}
 				}
 			}
@@ -109,28 +81,14 @@ func TestHierPlanCrossesHostsLess(t *testing.T) {
 // its local and network hops overlap, and the model says so.)
 func TestModelPicksHier(t *testing.T) {
 	for _, hosts := range [][]int{{0, 0, 0, 0, 1, 1, 1, 1}, {0, 1, 0, 1, 0, 1, 0, 1}, {0, 1, 2, 3, 0, 1, 2, 3}} {
-		cs, err := Local(len(hosts), Config{Hosts: hosts, Link: &CostNet, HostLink: &CostShm})
-		if err != nil {
-			t.Fatal(err)
-		}
+		cs := newLocal(t, len(hosts), Config{Hosts: hosts, Link: &CostNet, HostLink: &CostShm})
 		for _, n := range []int{1 << 20, 64 << 20} {
 			if a := cs[0].choose(OpAllReduce, n); a != Hier {
 				t.Errorf("hosts %v, %d B: model chose %v, want hier", hosts, n, a)
 			}
 		}
-		for _, c := range cs {
-			c.Close()
-		}
 	}
-	cs, err := Local(8, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range cs {
-			c.Close()
-		}
-	}()
+	cs := newLocal(t, 8, Config{})
 	for _, n := range []int{8, 1 << 20, 64 << 20} {
 		if a := cs[0].choose(OpAllReduce, n); a == Hier {
 			t.Errorf("one host, %d B: model chose hier", n)

@@ -15,10 +15,7 @@ func TestProfileNamesTheStraggler(t *testing.T) {
 	const p, late, rounds = 4, 2, 2
 	const delay = 200 * time.Millisecond
 	for _, verify := range []bool{false, true} {
-		cs, err := Local(p, Config{Profile: true, Verify: verify})
-		if err != nil {
-			t.Fatal(err)
-		}
+		cs := newLocal(t, p, Config{Profile: true, Verify: verify})
 		ctx := context.Background()
 		noErr(t, runOn(cs, func(c *Comm) error {
 			for i := 0; i < rounds; i++ {
@@ -57,20 +54,9 @@ func TestProfileNamesTheStraggler(t *testing.T) {
 		if got := cs[late].ProfileOf(OpAllReduce).Wait; got > cs[0].ProfileOf(OpAllReduce).Wait {
 			t.Errorf("the straggler waited %v, more than rank 0 (%v)", got, cs[0].ProfileOf(OpAllReduce).Wait)
 		}
-		for _, c := range cs {
-			c.Close()
-		}
 	}
 	// Off by default: nothing recorded.
-	cs, err := Local(2, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		for _, c := range cs {
-			c.Close()
-		}
-	}()
+	cs := newLocal(t, 2, Config{})
 	noErr(t, runOn(cs, func(c *Comm) error { return Barrier(context.Background(), c) }))
 	if prof := cs[0].Profile(); prof != nil {
 		t.Fatalf("profile without Config.Profile: %v", prof)
