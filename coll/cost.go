@@ -212,6 +212,11 @@ func (c *Comm) choose(op OpKind, n int) Algo {
 	return best
 }
 
+// Algorithm returns the algorithm this communicator runs op with for bytes (AllReduce,
+// Broadcast, Reduce: the whole buffer; AllGather, ReduceScatter, AlltoAll: one rank's
+// block): the MOEX_ALGO override if there is one, else the cost model's choice.
+func (c *Comm) Algorithm(op OpKind, bytes int) Algo { return c.choose(op, bytes) }
+
 // estimate is the model's time for op with algo on this communicator. Ranks on several
 // hosts: flat algorithms pay the network for every step, and when several ranks of a
 // host send across at once (a ring whose order alternates hosts, the far steps of

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -27,6 +28,7 @@ import (
 // a real job, the transport, its path and why, with a measured round trip and bandwidth.
 type doctorReport struct {
 	facts    [][2]string
+	algos    [][2]string // the collective algorithms this job would run, by size
 	links    []doctorLink
 	warnings []string
 }
@@ -86,6 +88,7 @@ func diagnose(ctx context.Context, c *coll.Comm) (*doctorReport, error) {
 	rep := &doctorReport{}
 	if c.Rank() == 0 {
 		rep.machine(c)
+		rep.collectives(c)
 	}
 	mine := c.Links()
 	// Measure rank 0 <-> q, one peer at a time.
@@ -212,6 +215,44 @@ func decodeLinks(b []byte) []doctorLink {
 	return out
 }
 
+// collectives says which algorithm the job's communicator would run per operation and
+// size, and how its ranks sit on hosts (hierarchical algorithms need several hosts with
+// the same number of ranks each).
+func (r *doctorReport) collectives(c *coll.Comm) {
+	add := func(k, v string) { r.algos = append(r.algos, [2]string{k, v}) }
+	perHost := map[int]int{}
+	for q := 0; q < c.Size(); q++ {
+		perHost[c.Host(q)]++
+	}
+	counts := make([]string, 0, len(perHost))
+	for h := 0; h < c.Hosts(); h++ {
+		counts = append(counts, strconv.Itoa(perHost[h]))
+	}
+	add("hosts", fmt.Sprintf("%d (ranks per host: %s)", c.Hosts(), strings.Join(counts, ", ")))
+	sizes := []int{8, 64 << 10, 1 << 20, 64 << 20}
+	for _, op := range []coll.OpKind{coll.OpAllReduce, coll.OpAllGather, coll.OpAlltoAll} {
+		var parts []string
+		for _, n := range sizes {
+			parts = append(parts, fmt.Sprintf("%s %v", humanBytes(n), c.Algorithm(op, n)))
+		}
+		what := "buffer"
+		if op != coll.OpAllReduce {
+			what = "block per rank"
+		}
+		add(op.String(), strings.Join(parts, ", ")+" ("+what+")")
+	}
+}
+
+func humanBytes(n int) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%d MiB", n>>20)
+	case n >= 1<<10:
+		return fmt.Sprintf("%d KiB", n>>10)
+	}
+	return fmt.Sprintf("%d B", n)
+}
+
 // machine collects the facts about this host that decide how fast ranks talk.
 func (r *doctorReport) machine(c *coll.Comm) {
 	add := func(k, v string) { r.facts = append(r.facts, [2]string{k, v}) }
@@ -333,6 +374,14 @@ func (r *doctorReport) print(w io.Writer, size int, env transport.Env) {
 		fmt.Fprintf(tw, "  %d\t%d\t%d\t%s\t%s\t%s\t%s\n", l.from, l.to, l.host, l.transport, rtt, gbs, l.path)
 	}
 	tw.Flush()
+	if len(r.algos) > 0 {
+		fmt.Fprintln(w, "\ncollectives (what the cost model picks on this job's ranks; MOEX_ALGO overrides)")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		for _, a := range r.algos {
+			fmt.Fprintf(tw, "  %s\t%s\n", a[0], a[1])
+		}
+		tw.Flush()
+	}
 	whys := map[string]bool{}
 	fmt.Fprintln(w, "\nwhy")
 	for _, l := range r.links {

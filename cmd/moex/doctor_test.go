@@ -51,7 +51,26 @@ func TestDiagnoseGathersEveryLink(t *testing.T) {
 	}
 	var out bytes.Buffer
 	rep.print(&out, 3, transport.Env{Launcher: "none"})
-	for _, want := range []string{"cpus", "RDMA devices", "UCX", "links", "why"} {
+	for _, want := range []string{"cpus", "RDMA devices", "UCX", "links", "why", "collectives", "hosts      1 (ranks per host: 3)", "allreduce  8 B "} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// Ranks on two hosts, alternating: the doctor says so and shows the hierarchical
+// AllReduce the model picks for large buffers.
+func TestDoctorCollectivesTwoHosts(t *testing.T) {
+	cs, err := coll.Local(4, coll.Config{Hosts: []int{0, 1, 0, 1}, Link: &coll.CostNet, HostLink: &coll.CostShm})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeAll(cs)
+	var rep doctorReport
+	rep.collectives(cs[0])
+	var out bytes.Buffer
+	rep.print(&out, 4, transport.Env{Launcher: "none"})
+	for _, want := range []string{"hosts      2 (ranks per host: 2, 2)", "64 MiB hier (buffer)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("report lacks %q:\n%s", want, out.String())
 		}
