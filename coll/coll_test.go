@@ -177,18 +177,14 @@ func sizesFor(dt dtype.Type, big bool) []int {
 	return s
 }
 
-// bigFor says whether the 1 MiB size runs for dt: for one type of each element size
-// (the schedules depend only on the size); f32 alone with -short or -race (the race
-// detector makes 1 MiB reductions slow; CI runs the full matrix without it too).
+// bigFor says whether the 1 MiB size runs for dt: for every type in a plain run (CI runs
+// the matrix so); f32 alone with -short or -race (the race detector makes 1 MiB
+// reductions slow, and the schedules depend only on the size, which f32 covers).
 func bigFor(dt dtype.Type) bool {
 	if testing.Short() || race.Enabled {
 		return dt == dtype.F32
 	}
-	switch dt {
-	case dtype.U8, dtype.BF16, dtype.F32, dtype.F64:
-		return true
-	}
-	return false
+	return true
 }
 
 // algoSets returns configurations that between them run every algorithm of every op.
