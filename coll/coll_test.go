@@ -859,42 +859,56 @@ func TestAllocsPerOp(t *testing.T) {
 	if race.Enabled {
 		t.Skip("allocation counts are meaningless under -race (sync.Pool drops items on purpose)")
 	}
-	cs := newLocal(t, 2, Config{})
-	ctx := context.Background()
-	other := make(chan struct{})
-	done := make(chan struct{})
-	const runs = 200
-	buf1 := make([]float32, 1<<14)
-	a2a1 := make([]float32, 1<<14)
-	go func() {
-		defer close(done)
-		for range other {
-			_ = AllReduce(ctx, cs[1], nil, buf1, dtype.Sum)
-			_ = AlltoAll(ctx, cs[1], buf1, a2a1)
-			_ = Broadcast(ctx, cs[1], buf1, 0)
+	// One host; and two hosts, where the model weighs the hierarchical AllReduce.
+	for _, cfg := range []Config{{}, {Hosts: []int{0, 0, 1, 1}, Link: &CostNet, HostLink: &CostShm}} {
+		p := max(2, len(cfg.Hosts))
+		cs := newLocal(t, p, cfg)
+		ctx := context.Background()
+		const runs = 200
+		bufs := make([][]float32, p)
+		a2as := make([][]float32, p)
+		for r := range bufs {
+			bufs[r], a2as[r] = make([]float32, 1<<14), make([]float32, 1<<14)
 		}
-	}()
-	buf := make([]float32, 1<<14)
-	a2a := make([]float32, 1<<14)
-	op := func() {
-		other <- struct{}{}
-		if err := AllReduce(ctx, cs[0], nil, buf, dtype.Sum); err != nil {
-			panic(err)
+		step := func(r int) {
+			if err := AllReduce(ctx, cs[r], nil, bufs[r], dtype.Sum); err != nil {
+				panic(err)
+			}
+			if err := AlltoAll(ctx, cs[r], bufs[r], a2as[r]); err != nil {
+				panic(err)
+			}
+			if err := Broadcast(ctx, cs[r], bufs[r], 0); err != nil {
+				panic(err)
+			}
 		}
-		if err := AlltoAll(ctx, cs[0], buf, a2a); err != nil {
-			panic(err)
+		others := make([]chan struct{}, p)
+		var wg sync.WaitGroup
+		for r := 1; r < p; r++ {
+			others[r] = make(chan struct{})
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range others[r] {
+					step(r)
+				}
+			}()
 		}
-		if err := Broadcast(ctx, cs[0], buf, 0); err != nil {
-			panic(err)
+		op := func() {
+			for r := 1; r < p; r++ {
+				others[r] <- struct{}{}
+			}
+			step(0)
 		}
-	}
-	for i := 0; i < 20; i++ {
-		op()
-	}
-	n := testing.AllocsPerRun(runs, op)
-	close(other)
-	<-done
-	if n > 0 {
-		t.Fatalf("%.2f allocations per AllReduce+AlltoAll+Broadcast", n)
+		for i := 0; i < 20; i++ {
+			op()
+		}
+		n := testing.AllocsPerRun(runs, op)
+		for r := 1; r < p; r++ {
+			close(others[r])
+		}
+		wg.Wait()
+		if n > 0 {
+			t.Fatalf("hosts %v: %.2f allocations per AllReduce+AlltoAll+Broadcast", cfg.Hosts, n)
+		}
 	}
 }

@@ -246,6 +246,9 @@ type topology struct {
 	hostOf  []int   // comm rank -> index into members
 	local   []int   // comm rank -> index within its host's members
 	uniform bool    // two hosts or more, each with the same number of ranks (two or more)
+	// How many ranks of one host send to other hosts at once in a flat ring and in
+	// recursive doubling/halving (at most; at least 1): they share the host's link.
+	ringShare, xorShare int
 }
 
 func newTopology(hosts []int) topology {
@@ -266,15 +269,9 @@ func newTopology(hosts []int) topology {
 	for _, ms := range t.members {
 		t.uniform = t.uniform && len(ms) == len(t.members[0])
 	}
-	return t
-}
-
-// sharing is how many ranks of one host send to other hosts in the same step of a flat
-// AllReduce (at most; at least 1): they share the host's link.
-func (t topology) sharing(algo Algo) int {
-	p := len(t.hostOf)
-	most := 1
-	count := func(peer func(r int) int) {
+	p := len(hosts)
+	count := func(peer func(r int) int) int {
+		most := 1
 		per := make([]int, t.hosts)
 		for r := 0; r < p; r++ {
 			if q := peer(r); q >= 0 && q < p && t.hostOf[q] != t.hostOf[r] {
@@ -284,16 +281,23 @@ func (t topology) sharing(algo Algo) int {
 		for _, n := range per {
 			most = max(most, n)
 		}
+		return most
 	}
-	switch algo {
-	case Ring:
-		count(func(r int) int { return (r + 1) % p })
-	default: // recursive doubling and halving: partners r^mask
-		for mask := 1; mask < p; mask <<= 1 {
-			count(func(r int) int { return r ^ mask })
-		}
+	t.ringShare = count(func(r int) int { return (r + 1) % p })
+	t.xorShare = 1
+	for mask := 1; mask < p; mask <<= 1 {
+		t.xorShare = max(t.xorShare, count(func(r int) int { return r ^ mask }))
 	}
-	return most
+	return t
+}
+
+// sharing is how many ranks of one host send to other hosts in the same step of a flat
+// AllReduce with algo.
+func (t topology) sharing(algo Algo) int {
+	if algo == Ring {
+		return t.ringShare
+	}
+	return t.xorShare
 }
 
 // ParseAlgoOverrides parses MOEX_ALGO: "op:algo[,op:algo...]".
