@@ -93,24 +93,24 @@ func planAllReduceHier(sh shape, t topology) *plan {
 	}
 	pl := &plan{op: OpAllReduce, algo: Hier}
 	host, li := t.hostOf[sh.rank], t.local[sh.rank]
-	local := t.members[host]
+	home := t.members[host]
 	across := make([]int, len(t.members))
 	for h, ms := range t.members {
 		across[h] = ms[li]
 	}
-	m := len(local)
+	m := len(home)
 	tag := uint32(0)
 	first, count := 0, sh.count
 	var off, cnt []int
 	if m > 1 {
-		off, cnt = ringReduceScatter(pl, local, li, 0, sh.count, sh.es, false, &tag)
+		off, cnt = ringReduceScatter(pl, home, li, 0, sh.count, sh.es, false, &tag)
 		c := mod(li+1, m)
 		first, count = off[c], cnt[c]
 	}
 	xoff, xcnt := ringReduceScatter(pl, across, host, first, count, sh.es, true, &tag)
 	ringAllGather(pl, across, host, xoff, xcnt, sh.es, &tag)
 	if m > 1 {
-		ringAllGather(pl, local, li, off, cnt, sh.es, &tag)
+		ringAllGather(pl, home, li, off, cnt, sh.es, &tag)
 	}
 	return pl
 }
@@ -613,5 +613,110 @@ func planBarrier(sh shape) *plan {
 			recvs: []xfer{{mod(sh.rank-d, sh.p), uint32(k), region{bRecv, 0, 0}}},
 		})
 	}
+	return pl
+}
+
+// ---- hierarchical AllGather and ReduceScatter ----
+
+// hierGroups returns, for ranks on hosts in topology t (uniform), the comm ranks with
+// local index j on every host, in host order: group j.
+func hierGroups(t topology) [][]int {
+	m := len(t.members[0])
+	g := make([][]int, m)
+	for j := range g {
+		g[j] = make([]int, len(t.members))
+		for h, ms := range t.members {
+			g[j][h] = ms[j]
+		}
+	}
+	return g
+}
+
+// planAllGatherHier: a ring all-gather among the ranks with this rank's local index (one
+// on each host: every rank crosses hosts H-1 times, for one block each), then a ring
+// all-gather within the host of what each gathered (a group of H blocks per step). A
+// flat ring over ranks that alternate hosts crosses at every one of its P-1 steps. Hosts
+// with unequal numbers of ranks get the flat ring.
+func planAllGatherHier(sh shape, t topology) *plan {
+	if !t.uniform {
+		pl := planAllGatherRing(sh)
+		pl.algo = Hier
+		return pl
+	}
+	b := sh.count * sh.es
+	blk := func(q int) region { return region{bRecv, q * b, b} }
+	pl := &plan{op: OpAllGather, algo: Hier}
+	host, li := t.hostOf[sh.rank], t.local[sh.rank]
+	groups := hierGroups(t)
+	across, home := groups[li], t.members[host]
+	h, m := len(across), len(home)
+	tag := uint32(0)
+	next, prev := across[mod(host+1, h)], across[mod(host-1, h)]
+	for k := 0; k < h-1; k++ {
+		pl.add(step{
+			sends: []xfer{{next, tag, blk(across[mod(host-k, h)])}},
+			recvs: []xfer{{prev, tag, blk(across[mod(host-k-1, h)])}},
+		})
+		tag++
+	}
+	next, prev = home[mod(li+1, m)], home[mod(li-1, m)]
+	for k := 0; k < m-1; k++ {
+		var s step
+		sg, rg := groups[mod(li-k, m)], groups[mod(li-k-1, m)]
+		for i := 0; i < h; i++ {
+			s.sends = append(s.sends, xfer{next, tag, blk(sg[i])})
+			s.recvs = append(s.recvs, xfer{prev, tag, blk(rg[i])})
+			tag++
+		}
+		pl.add(s)
+	}
+	return pl
+}
+
+// planReduceScatterHier: a ring reduce-scatter within the host over groups of H blocks
+// (after it, the rank with local index j holds group j summed over its host), then a ring
+// reduce-scatter of that group among the ranks with local index j, one per host (each
+// crosses hosts H-1 times, for one block each). Hosts with unequal numbers of ranks get
+// the flat ring.
+func planReduceScatterHier(sh shape, t topology) *plan {
+	if !t.uniform {
+		pl := planReduceScatterRing(sh)
+		pl.algo = Hier
+		return pl
+	}
+	p, b := sh.p, sh.count*sh.es
+	host, li := t.hostOf[sh.rank], t.local[sh.rank]
+	groups := hierGroups(t)
+	across, home := groups[li], t.members[host]
+	h, m := len(across), len(home)
+	work := func(q int) region { return region{bTmp, q * b, b} }
+	in := func(i int) region { return region{bTmp, (p + i) * b, b} }
+	pl := &plan{op: OpReduceScatter, algo: Hier, tmp: (p + h) * b}
+	pl.add(step{pre: []local{{kind: lCopy, dst: region{bTmp, 0, p * b}, src: region{bSend, 0, p * b}}}})
+	tag := uint32(0)
+	next, prev := home[mod(li+1, m)], home[mod(li-1, m)]
+	for k := 0; k < m-1; k++ {
+		var s step
+		sg, rg := groups[mod(li-k-1, m)], groups[mod(li-k-2, m)]
+		for i := 0; i < h; i++ {
+			s.sends = append(s.sends, xfer{next, tag, work(sg[i])})
+			s.recvs = append(s.recvs, xfer{prev, tag, in(i)})
+			s.post = append(s.post, local{kind: lReduce, dst: work(rg[i]), src: in(i)})
+			tag++
+		}
+		pl.add(s)
+	}
+	next, prev = across[mod(host+1, h)], across[mod(host-1, h)]
+	for k := 0; k < h-1; k++ {
+		si, ri := mod(host-k-1, h), mod(host-k-2, h)
+		pl.add(step{
+			sends: []xfer{{next, tag, work(across[si])}},
+			recvs: []xfer{{prev, tag, in(0)}},
+			post:  []local{{kind: lReduce, dst: work(across[ri]), src: in(0)}},
+		})
+		tag++
+	}
+	out := region{bRecv, 0, b}
+	pl.add(step{post: []local{{kind: lCopy, dst: out, src: work(sh.rank)}, {kind: lFinish, dst: out}}})
 	return pl
 }

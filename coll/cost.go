@@ -88,8 +88,8 @@ var Algorithms = map[OpKind][]Algo{
 	OpBroadcast:     {Binomial, Linear},
 	OpReduce:        {Binomial, Linear},
 	OpAllReduce:     {Ring, RecDoubling, Rabenseifner, Hier},
-	OpReduceScatter: {Ring, RecHalving},
-	OpAllGather:     {Ring, RecDoubling, Bruck},
+	OpReduceScatter: {Ring, RecHalving, Hier},
+	OpAllGather:     {Ring, RecDoubling, Bruck, Hier},
 	OpAlltoAll:      {Linear, Pairwise, Bruck},
 	OpAlltoAllv:     {Linear, Pairwise, Bruck},
 	OpScatter:       {Linear},
@@ -220,21 +220,32 @@ func (c *Comm) Algorithm(op OpKind, bytes int) Algo { return c.choose(op, bytes)
 // estimate is the model's time for op with algo on this communicator. Ranks on several
 // hosts: flat algorithms pay the network for every step, and when several ranks of a
 // host send across at once (a ring whose order alternates hosts, the far steps of
-// recursive doubling) they share the host's link; the hierarchical algorithm pays the
-// host-local cost within hosts and the network only between them.
+// recursive doubling) they share the host's link; the hierarchical algorithms
+// (AllReduce, AllGather, ReduceScatter) pay the host-local cost within hosts and the
+// network only between them.
 func (c *Comm) estimate(op OpKind, algo Algo, n int) time.Duration {
 	t := c.topo
 	if algo == Hier && t.uniform {
 		m, h := len(t.members[0]), len(t.members)
-		chunk := n / m
 		net := c.link
 		net.Beta *= float64(m) // a host's m ranks cross at once
+		switch op {
+		case OpAllGather, OpReduceScatter:
+			// n is one rank's block: H blocks per message within the host, one across.
+			grp := c.intra
+			grp.Alpha *= time.Duration(h) // a message per block of the group
+			return grp.Estimate(op, Ring, m, h*n) + net.Estimate(op, Ring, h, n)
+		}
+		chunk := n / m
 		return c.intra.Estimate(OpReduceScatter, Ring, m, chunk) + net.Estimate(OpAllReduce, Ring, h, chunk) +
 			c.intra.Estimate(OpAllGather, Ring, m, chunk)
 	}
 	l := c.link
-	if op == OpAllReduce && t.hosts > 1 {
-		l.Beta *= float64(t.sharing(algo))
+	switch op {
+	case OpAllReduce, OpAllGather, OpReduceScatter:
+		if t.hosts > 1 {
+			l.Beta *= float64(t.sharing(algo))
+		}
 	}
 	return l.Estimate(op, algo, c.size, n)
 }
@@ -292,7 +303,8 @@ func newTopology(hosts []int) topology {
 }
 
 // sharing is how many ranks of one host send to other hosts in the same step of a flat
-// AllReduce with algo.
+// AllReduce, AllGather or ReduceScatter with algo (recursive doubling and halving, and
+// Bruck's doubling distances, counted as partners r^mask).
 func (t topology) sharing(algo Algo) int {
 	if algo == Ring {
 		return t.ringShare

@@ -81,15 +81,20 @@ func (c *Comm) getPlan(k planKey) *plan {
 		switch k.algo {
 		case Ring:
 			pl = planAllGatherRing(sh)
+		case Hier:
+			pl = planAllGatherHier(sh, c.topo)
 		case Bruck:
 			pl = planAllGatherBruck(sh)
 		default:
 			pl = planAllGatherRecDbl(sh)
 		}
 	case OpReduceScatter:
-		if k.algo == RecHalving {
+		switch k.algo {
+		case RecHalving:
 			pl = planReduceScatterRecHalving(sh)
-		} else {
+		case Hier:
+			pl = planReduceScatterHier(sh, c.topo)
+		default:
 			pl = planReduceScatterRing(sh)
 		}
 	case OpAlltoAll:

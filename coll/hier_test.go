@@ -95,3 +95,51 @@ func TestModelPicksHier(t *testing.T) {
 		}
 	}
 }
+
+// The hierarchical AllGather and ReduceScatter deliver what the flat ones do, for every
+// layout (unequal hosts fall back to the ring), in and out of place.
+func TestAllGatherReduceScatterHier(t *testing.T) {
+	ctx := context.Background()
+	for _, hosts := range hostLayouts {
+		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
+			cs := newLocal(t, len(hosts), Config{Hosts: hosts, Algo: map[OpKind]Algo{OpAllGather: Hier, OpReduceScatter: Hier}})
+			for _, dt := range []dtype.Type{dtype.F32, dtype.BF16, dtype.I64, dtype.U8} {
+				for _, n := range []int{0, 1, 13, (256 << 10) / dt.Size()} {
+					checkAllGather(t, ctx, cs, dt, n, false)
+					checkAllGather(t, ctx, cs, dt, n, true)
+					checkReduceScatter(t, ctx, cs, dt, n)
+				}
+			}
+		})
+	}
+}
+
+// Across alternating hosts a rank sends H-1 blocks to other hosts in the hierarchical
+// AllGather and ReduceScatter, against P-1 for the flat rings.
+func TestHierGatherScatterCrossLess(t *testing.T) {
+	hosts := []int{0, 1, 0, 1, 0, 1, 0, 1}
+	topo := newTopology(hosts)
+	for r := range hosts {
+		sh := shape{p: len(hosts), rank: r, es: 4, count: 1000}
+		for _, c := range []struct {
+			name       string
+			hier, flat *plan
+		}{
+			{"allgather", planAllGatherHier(sh, topo), planAllGatherRing(sh)},
+			{"reducescatter", planReduceScatterHier(sh, topo), planReduceScatterRing(sh)},
+		} {
+			if got := crossings(c.hier, hosts, r); got != 1 {
+				t.Errorf("rank %d: hierarchical %s crosses hosts %d times, want 1", r, c.name, got)
+			}
+			if got := crossings(c.flat, hosts, r); got != len(hosts)-1 {
+				t.Errorf("rank %d: flat %s crosses hosts %d times, want %d", r, c.name, got, len(hosts)-1)
+			}
+		}
+	}
+	cs := newLocal(t, len(hosts), Config{Hosts: hosts, Link: &CostNet, HostLink: &CostShm})
+	for _, op := range []OpKind{OpAllGather, OpReduceScatter} {
+		if a := cs[0].choose(op, 4<<20); a != Hier {
+			t.Errorf("alternating hosts, %v of 4 MiB blocks: model chose %v, want hier", op, a)
+		}
+	}
+}

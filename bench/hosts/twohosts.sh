@@ -2,10 +2,11 @@
 # Two pretend hosts on this machine: network namespaces moexA and moexB joined by a veth
 # pair shaped with tc tbf to RATE (default 2gbit), RANKS/2 ranks in each. Ranks of a
 # namespace talk through shared memory, the two namespaces over TCP on the veth: the
-# shape of a two-node job with a slow network. Runs `moex bench coll --op allreduce`
-# with MOEX_ALGO=allreduce:ALGO for each ALGO in ALGOS (default: the model's choice,
-# then ring, recdbl and hier forced) and with ranks in blocks (0..n/2-1 on host A) and
-# alternating (even ranks on A).
+# shape of a two-node job with a slow network. Runs `moex bench coll --op OP` (OP:
+# allreduce by default, allgather or reducescatter) with MOEX_ALGO=OP:ALGO for each ALGO
+# in ALGOS (default: the model's choice, then ring, recdbl and hier forced; for
+# reducescatter use ALGOS="auto ring rechalving hier") and with ranks in blocks (0..n/2-1
+# on host A) and alternating (even ranks on A).
 #
 # Needs root (ip netns, tc). Sends nothing outside the two namespaces it creates, and
 # removes them on exit.
@@ -16,6 +17,7 @@ ranks=${1:-8}
 rate=${2:-2gbit}
 minb=${3:-65536}
 maxb=${4:-16777216}
+op=${OP:-allreduce}
 algos=${ALGOS:-"auto ring recdbl hier"}
 work=$(mktemp -d)
 cleanup() {
@@ -39,7 +41,7 @@ for ns in moexA moexB; do
 	ip -n $ns link set v$ns up
 	ip netns exec $ns tc qdisc add dev v$ns root tbf rate "$rate" burst 256kbit latency 50ms
 done
-echo "# two namespaces joined by a veth shaped to $rate each way; $ranks ranks; $(nproc) CPUs; $(date -u +%FT%TZ)"
+echo "# $op; two namespaces joined by a veth shaped to $rate each way; $ranks ranks; $(nproc) CPUs; $(date -u +%FT%TZ)"
 
 run() { # layout algo
 	local layout=$1 algo=$2 port=$((29500 + RANDOM % 2000)) token
@@ -57,8 +59,8 @@ run() { # layout algo
 		local env=(MOEX_BENCH_WORKER=1 MOEX_RANK=$r MOEX_WORLD_SIZE=$ranks MOEX_LOCAL_SIZE=$((ranks / 2))
 			MOEX_ADDR=10.77.0.1:$port MOEX_JOB_TOKEN=$token MOEX_BIND=$addr MOEX_HOST_ID=host-$ns
 			MOEX_TRANSPORT=auto MOEX_TIMEOUT=120s)
-		if [ "$algo" != auto ]; then env+=(MOEX_ALGO=allreduce:$algo); fi
-		ip netns exec $ns env "${env[@]}" "$work/moex" bench coll --op allreduce --transport tcp \
+		if [ "$algo" != auto ]; then env+=(MOEX_ALGO=$op:$algo); fi
+		ip netns exec $ns env "${env[@]}" "$work/moex" bench coll --op "$op" --transport tcp \
 			--min-bytes "$minb" --max-bytes "$maxb" --factor 4 --json >"$work/out.$r" 2>"$work/err.$r" &
 		pids+=($!)
 	done
