@@ -86,9 +86,7 @@ func ringAllGather(pl *plan, members []int, me int, off, cnt []int, es int, tag 
 // that alternates hosts cannot turn every ring hop into a network hop. Hosts with unequal
 // numbers of ranks get the flat ring.
 func planAllReduceHier(sh shape, t topology) *plan {
-	if !t.uniform || sh.p == 1 {
-		pl := planAllReduceRing(sh)
-		pl.algo = Hier
+	if pl := flatUnlessUniform(t, sh, planAllReduceRing); pl != nil {
 		return pl
 	}
 	pl := &plan{op: OpAllReduce, algo: Hier}
@@ -618,18 +616,37 @@ func planBarrier(sh shape) *plan {
 
 // ---- hierarchical AllGather and ReduceScatter ----
 
-// hierGroups returns, for ranks on hosts in topology t (uniform), the comm ranks with
-// local index j on every host, in host order: group j.
-func hierGroups(t topology) [][]int {
-	m := len(t.members[0])
-	g := make([][]int, m)
-	for j := range g {
-		g[j] = make([]int, len(t.members))
+// flatUnlessUniform returns the flat plan, labelled hier, when hosts hold unequal numbers
+// of ranks (or there is one host); nil when the hierarchical plan applies.
+func flatUnlessUniform(t topology, sh shape, flat func(shape) *plan) *plan {
+	if t.uniform {
+		return nil
+	}
+	pl := flat(sh)
+	pl.algo = Hier
+	return pl
+}
+
+// hierView is one rank's view of a uniform topology, for the hierarchical planners.
+type hierView struct {
+	host, li int     // this rank's host index and index within the host
+	groups   [][]int // group j: the ranks with local index j, in host order
+	across   []int   // this rank's group (one rank per host)
+	home     []int   // the ranks of this rank's host
+	h, m     int     // hosts, ranks per host
+}
+
+func newHierView(t topology, rank int) hierView {
+	v := hierView{host: t.hostOf[rank], li: t.local[rank], h: len(t.members), m: len(t.members[0])}
+	v.groups = make([][]int, v.m)
+	for j := range v.groups {
+		v.groups[j] = make([]int, v.h)
 		for h, ms := range t.members {
-			g[j][h] = ms[j]
+			v.groups[j][h] = ms[j]
 		}
 	}
-	return g
+	v.across, v.home = v.groups[v.li], t.members[v.host]
+	return v
 }
 
 // planAllGatherHier: a ring all-gather among the ranks with this rank's local index (one
@@ -638,18 +655,14 @@ func hierGroups(t topology) [][]int {
 // flat ring over ranks that alternate hosts crosses at every one of its P-1 steps. Hosts
 // with unequal numbers of ranks get the flat ring.
 func planAllGatherHier(sh shape, t topology) *plan {
-	if !t.uniform {
-		pl := planAllGatherRing(sh)
-		pl.algo = Hier
+	if pl := flatUnlessUniform(t, sh, planAllGatherRing); pl != nil {
 		return pl
 	}
 	b := sh.count * sh.es
 	blk := func(q int) region { return region{bRecv, q * b, b} }
 	pl := &plan{op: OpAllGather, algo: Hier}
-	host, li := t.hostOf[sh.rank], t.local[sh.rank]
-	groups := hierGroups(t)
-	across, home := groups[li], t.members[host]
-	h, m := len(across), len(home)
+	v := newHierView(t, sh.rank)
+	host, li, groups, across, home, h, m := v.host, v.li, v.groups, v.across, v.home, v.h, v.m
 	tag := uint32(0)
 	next, prev := across[mod(host+1, h)], across[mod(host-1, h)]
 	for k := 0; k < h-1; k++ {
@@ -679,16 +692,12 @@ func planAllGatherHier(sh shape, t topology) *plan {
 // crosses hosts H-1 times, for one block each). Hosts with unequal numbers of ranks get
 // the flat ring.
 func planReduceScatterHier(sh shape, t topology) *plan {
-	if !t.uniform {
-		pl := planReduceScatterRing(sh)
-		pl.algo = Hier
+	if pl := flatUnlessUniform(t, sh, planReduceScatterRing); pl != nil {
 		return pl
 	}
 	p, b := sh.p, sh.count*sh.es
-	host, li := t.hostOf[sh.rank], t.local[sh.rank]
-	groups := hierGroups(t)
-	across, home := groups[li], t.members[host]
-	h, m := len(across), len(home)
+	v := newHierView(t, sh.rank)
+	host, li, groups, across, home, h, m := v.host, v.li, v.groups, v.across, v.home, v.h, v.m
 	work := func(q int) region { return region{bTmp, q * b, b} }
 	in := func(i int) region { return region{bTmp, (p + i) * b, b} }
 	pl := &plan{op: OpReduceScatter, algo: Hier, tmp: (p + h) * b}
