@@ -1,7 +1,9 @@
 // Package coll is moex's general collective layer: communicators, every collective
 // (Barrier, Broadcast, Scatter, Gather, Reduce, AllReduce, ReduceScatter, AllGather,
-// AlltoAll, AlltoAllv, Send/Recv), the algorithms behind them, the alpha-beta cost model
-// that picks one, non-blocking handles, groups and a bucketing helper for small AllReduces.
+// AlltoAll, AlltoAllv, Send/Recv), the algorithms behind them (hierarchical ones for
+// ranks on several hosts), the alpha-beta cost model that picks one (it knows host-local
+// and network links apart), non-blocking handles, groups, a bucketing helper for small
+// AllReduces, and profiling that tells waiting for a late rank from moving bytes.
 //
 // Schedules (plans) are pure functions of the operation's shape; one executor runs them on
 // a transport.Transport. coll owns communicators, their watchdogs and plans; it must not
