@@ -6,7 +6,8 @@
 # allreduce by default, allgather or reducescatter) with MOEX_ALGO=OP:ALGO for each ALGO
 # in ALGOS (default: the model's choice, then ring, recdbl and hier forced; for
 # reducescatter use ALGOS="auto ring rechalving hier") and with ranks in blocks (0..n/2-1
-# on host A) and alternating (even ranks on A).
+# on host A) and alternating (even ranks on A). OP=moe runs `moex bench moe` instead
+# (MODEL, TOKENS per rank, WIRE dtype; ALGOS is ignored).
 #
 # Needs root (ip netns, tc). Sends nothing outside the two namespaces it creates, and
 # removes them on exit.
@@ -59,9 +60,13 @@ run() { # layout algo
 		local env=(MOEX_BENCH_WORKER=1 MOEX_RANK=$r MOEX_WORLD_SIZE=$ranks MOEX_LOCAL_SIZE=$((ranks / 2))
 			MOEX_ADDR=10.77.0.1:$port MOEX_JOB_TOKEN=$token MOEX_BIND=$addr MOEX_HOST_ID=host-$ns
 			MOEX_TRANSPORT=auto MOEX_TIMEOUT=120s)
-		if [ "$algo" != auto ]; then env+=(MOEX_ALGO=$op:$algo); fi
-		ip netns exec $ns env "${env[@]}" "$work/moex" bench coll --op "$op" --transport tcp \
-			--min-bytes "$minb" --max-bytes "$maxb" --factor 4 --json >"$work/out.$r" 2>"$work/err.$r" &
+		local cmd=(bench coll --op "$op" --transport tcp --min-bytes "$minb" --max-bytes "$maxb" --factor 4 --json)
+		if [ "$op" = moe ]; then
+			cmd=(bench moe --model "${MODEL:-mixtral-8x7b}" --tokens "${TOKENS:-512}" --wire-dtype "${WIRE:-f32}" --transport tcp --ranks "$ranks" --json)
+		elif [ "$algo" != auto ]; then
+			env+=(MOEX_ALGO=$op:$algo)
+		fi
+		ip netns exec $ns env "${env[@]}" "$work/moex" "${cmd[@]}" >"$work/out.$r" 2>"$work/err.$r" &
 		pids+=($!)
 	done
 	local fail=0
@@ -77,10 +82,18 @@ layout, algo, path = sys.argv[1:]
 for l in open(path):
     if l.startswith("{"):
         r = json.loads(l)
-        print(f"{layout:<12} {algo:<7} {r['algo']:<13} {r['bytes']:>10} {r['time_us']:>12.1f} {r['busbw_gbs']:>8.3f} {r['wrong']:>6}")
+        if "dispatch_us" in r:
+            print(f"{layout:<12} {r['model']:<14} {r['wire_dtype']:<5} {r['tokens_per_rank']:>6} {r['dispatch_us']/1000:>10.1f} {r['combine_us']/1000:>10.1f} {r['tokens_per_s']:>10.0f} {r['wire_bytes']:>12}")
+        else:
+            print(f"{layout:<12} {algo:<7} {r['algo']:<13} {r['bytes']:>10} {r['time_us']:>12.1f} {r['busbw_gbs']:>8.3f} {r['wrong']:>6}")
 PY
 }
-printf "%-12s %-7s %-13s %10s %12s %8s %6s\n" layout asked chosen bytes time_us busbw wrong
+if [ "$op" = moe ]; then
+	algos=auto
+	printf "%-12s %-14s %-5s %6s %10s %10s %10s %12s\n" layout model wire tokens disp_ms comb_ms tokens/s wire_bytes
+else
+	printf "%-12s %-7s %-13s %10s %12s %8s %6s\n" layout asked chosen bytes time_us busbw wrong
+fi
 for layout in blocks alternating; do
 	for algo in $algos; do
 		run "$layout" "$algo"
