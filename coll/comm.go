@@ -70,6 +70,10 @@ type Config struct {
 	// arrive and how long the operation itself took, and which rank arrived last
 	// (Comm.Profile; MOEX_PROFILE=1). Costs one small all-gather per operation.
 	Profile bool
+	// TraceDir makes Close write this rank's operations to a Chrome-trace JSON file in
+	// that directory (MOEX_TRACE=dir; see TracePath): each op with its algorithm and
+	// bytes, split into waiting for the last rank and moving. It turns Profile on.
+	TraceDir string
 	// Hosts assigns ranks of Local communicators to pretend hosts (tests of hierarchical
 	// code); nil: one host.
 	Hosts []int
@@ -231,6 +235,12 @@ func (cfg *Config) fill() error {
 			return err
 		}
 		cfg.Algo = m
+	}
+	if cfg.TraceDir == "" {
+		cfg.TraceDir = os.Getenv("MOEX_TRACE")
+	}
+	if cfg.TraceDir != "" {
+		cfg.Profile = true
 	}
 	if v := os.Getenv("MOEX_PROFILE"); v != "" && !cfg.Profile {
 		switch v {
@@ -467,9 +477,14 @@ func (c *Comm) Close() error {
 	if c.closed.Swap(true) {
 		return nil
 	}
+	var errs []error
 	if c.cfg.Profile {
 		for _, p := range c.Profile() {
 			c.log.Info("moex: profile", "comm", c.id, "rank", c.rank, "profile", p.String())
+		}
+		if err := c.writeTrace(); err != nil {
+			c.log.Warn("moex: trace not written", "rank", c.rank, "err", err)
+			errs = append(errs, err)
 		}
 	}
 	c.abortOnce.Do(func() { c.acancel(ErrClosed) })
@@ -481,7 +496,6 @@ func (c *Comm) Close() error {
 	}
 	c.ctxMu.Unlock()
 	c.watchers.Wait()
-	var errs []error
 	for i := len(c.owned) - 1; i >= 0; i-- {
 		errs = append(errs, c.owned[i]())
 	}

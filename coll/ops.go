@@ -91,7 +91,11 @@ func (c *Comm) exec(pl *plan, seq uint32, cl *call) error {
 		return err
 	}
 	if c.cfg.Profile {
-		c.record(pl.op, arrived.Sub(entered), time.Since(arrived), skew, last)
+		wait, move := arrived.Sub(entered), time.Since(arrived)
+		c.record(pl.op, wait, move, skew, last)
+		if c.cfg.TraceDir != "" {
+			c.traceOp(pl, entered, wait, move, skew, last)
+		}
 	}
 	c.stats.Ops.Add(1)
 	c.stats.BytesSent.Add(uint64(pl.bytes))

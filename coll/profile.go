@@ -48,9 +48,11 @@ func (p OpProfile) String() string {
 }
 
 type profiler struct {
-	mu   sync.Mutex
-	ops  [opKindEnd]OpProfile
-	plan *plan // the arrival all-gather
+	mu      sync.Mutex
+	ops     [opKindEnd]OpProfile
+	plan    *plan        // the arrival all-gather
+	events  []traceEvent // with Config.TraceDir
+	dropped int          // operations not recorded (beyond maxTraceEvents)
 }
 
 // arrive runs the arrival all-gather under seq and returns the last rank to enter and the

@@ -2,6 +2,8 @@ package coll
 
 import (
 	"context"
+	"encoding/json"
+	"os"
 	"testing"
 	"time"
 
@@ -60,5 +62,75 @@ func TestProfileNamesTheStraggler(t *testing.T) {
 	noErr(t, runOn(cs, func(c *Comm) error { return Barrier(context.Background(), c) }))
 	if prof := cs[0].Profile(); prof != nil {
 		t.Fatalf("profile without Config.Profile: %v", prof)
+	}
+}
+
+// With TraceDir every rank writes, at Close, a Chrome-trace file of its operations: each
+// op a slice with its algorithm, split into wait and move, naming the rank that came last.
+func TestTraceFiles(t *testing.T) {
+	dir := t.TempDir()
+	const p, late = 3, 1
+	cs, err := Local(p, Config{TraceDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	noErr(t, runOn(cs, func(c *Comm) error {
+		if c.Rank() == late {
+			time.Sleep(50 * time.Millisecond)
+		}
+		x := make([]float32, 1000)
+		if err := AllReduce(ctx, c, nil, x, dtype.Sum); err != nil {
+			return err
+		}
+		return AlltoAll(ctx, c, make([]int32, 3*p), make([]int32, 3*p))
+	}))
+	paths := make([]string, p)
+	for r, c := range cs {
+		paths[r] = c.TracePath()
+		if err := c.Close(); err != nil {
+			t.Fatalf("rank %d close: %v", r, err)
+		}
+	}
+	for r, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		var doc struct {
+			TraceEvents []struct {
+				Name string         `json:"name"`
+				Ph   string         `json:"ph"`
+				Ts   float64        `json:"ts"`
+				Dur  float64        `json:"dur"`
+				Pid  int            `json:"pid"`
+				Args map[string]any `json:"args"`
+			} `json:"traceEvents"`
+		}
+		if err := json.Unmarshal(b, &doc); err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		var ops []string
+		waits := 0
+		for _, e := range doc.TraceEvents {
+			if e.Pid != r {
+				t.Fatalf("rank %d: event of pid %d", r, e.Pid)
+			}
+			switch e.Name {
+			case "allreduce", "alltoall":
+				ops = append(ops, e.Name)
+				if e.Ph != "X" || e.Ts <= 0 || e.Args["algo"] == "" {
+					t.Fatalf("rank %d: event %+v", r, e)
+				}
+				if e.Name == "allreduce" && e.Args["last_rank"] != float64(late) {
+					t.Errorf("rank %d: allreduce names rank %v as last, want %d", r, e.Args["last_rank"], late)
+				}
+			case "wait":
+				waits++
+			}
+		}
+		if len(ops) != 2 || ops[0] != "allreduce" || ops[1] != "alltoall" || waits != 2 {
+			t.Fatalf("rank %d: ops %v, %d waits", r, ops, waits)
+		}
 	}
 }

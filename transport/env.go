@@ -47,6 +47,7 @@ var EnvVars = []EnvVar{
 	{"MOEX_CHECKSUM", "1: carry an xxhash64 of every TCP payload and verify it"},
 	{"MOEX_ALGO", "algorithm overrides, op:algo[,op:algo] (for example allreduce:ring)"},
 	{"MOEX_DEBUG", "log level: INFO logs transports per peer and algorithms per op"},
+	{"MOEX_TRACE", "directory: at Close every rank writes a Chrome-trace JSON file of its collectives (Perfetto), each split into waiting for the last rank and moving, naming that rank (turns MOEX_PROFILE on)"},
 	{"MOEX_PROFILE", "1: time every collective's wait for the last rank apart from the operation itself, and name the rank that arrived last (one small all-gather per op; logged at Close with MOEX_DEBUG=INFO)"},
 	{"MOEX_HOST_ID", "override the host identity (hostname/boot id) that decides which ranks share a host"},
 }
