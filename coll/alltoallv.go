@@ -207,6 +207,17 @@ func growInts(s []int, n int) []int {
 	return s[:n]
 }
 
+// Describe writes the plan's schedule on c's rank: steps, transfers, local copies (for
+// moex flow and debugging).
+func (v *VPlan) Describe(c *Comm) string {
+	if v.pl == nil {
+		return ""
+	}
+	var sb stringsBuilder
+	v.pl.describe(&sb, c.rank)
+	return sb.String()
+}
+
 // SendBytes and RecvBytes are the buffer sizes the plan needs on this rank.
 func (v *VPlan) SendBytes() int { return v.sendLen }
 

@@ -55,6 +55,12 @@ func New(d *dispatch.Dispatcher) *Combiner {
 	return c
 }
 
+// Plan returns the AlltoAllv schedule of the last combine (for moex flow and debugging).
+func (c *Combiner) Plan() *coll.VPlan { return &c.plan }
+
+// RowBytes is the size of one partial sum on the wire.
+func (c *Combiner) RowBytes() int { return c.row }
+
 // Close gives the combiner's buffers back to their pool; it must not be used again.
 func (c *Combiner) Close() {
 	c.send, c.recv = nil, nil

@@ -193,6 +193,13 @@ func (d *Dispatcher) RowBytes() int { return d.row }
 // Stats describes the last dispatch.
 func (d *Dispatcher) Stats() Stats { return d.stats }
 
+// Plan returns the AlltoAllv schedule of the last dispatch (for moex flow and debugging).
+func (d *Dispatcher) Plan() *coll.VPlan { return &d.fwd }
+
+// CountsExchange is how many int64 every rank contributes to the counts all-gather that
+// precedes a dispatch whose routing changed (a header, then a row count per rank).
+func (d *Dispatcher) CountsExchange() int { return len(d.hdr) }
+
 // Dispatch sends this rank's T tokens x (T x Hidden, row-major) to the experts r chose.
 // Every rank must call it (a rank with no tokens passes empty x and routing).
 func (d *Dispatcher) Dispatch(ctx context.Context, x []float32, r *router.Routing) (*Output, Handle, error) {

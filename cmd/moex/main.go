@@ -1,5 +1,5 @@
 // Command moex is the command-line face of moex: a local launcher (run), benchmarks
-// (bench coll, bench p2p, bench moe), and diagnostics (doctor, env).
+// (bench coll, bench p2p, bench moe), and diagnostics (doctor, flow, env).
 package main
 
 import (
@@ -23,6 +23,7 @@ usage:
   moex bench p2p [flags]              point-to-point bandwidth and latency
   moex bench moe [flags]              MoE dispatch/combine throughput (the main job)
   moex doctor [flags]                 what this machine and job would use, and why
+  moex flow [flags]                   the data flow of one MoE step: primitives, links, bytes
   moex env                            the environment variables moex reads
 
 Run "moex <command> -h" for a command's flags.
@@ -58,6 +59,8 @@ func run(ctx context.Context, args []string) int {
 		err = cmdBench(ctx, args[1:])
 	case "doctor":
 		err = cmdDoctor(ctx, args[1:])
+	case "flow":
+		err = cmdFlow(ctx, args[1:])
 	case "env":
 		err = cmdEnv(args[1:])
 	case "-h", "-help", "--help", "help":
