@@ -5,9 +5,6 @@ import (
 	"fmt"
 
 	"github.com/moex-ai/moex/coll"
-	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/models"
-	"github.com/moex-ai/moex/router"
 )
 
 // FlowRank is what one rank does in one MoE step: what `moex flow` draws.
@@ -32,38 +29,13 @@ type FlowRank struct {
 // Flow runs one MoE step (identity experts) on every rank of c and returns what this
 // rank did.
 func Flow(ctx context.Context, c *coll.Comm, o MoEOpts) (*FlowRank, error) {
-	cfg, err := models.Get(o.Model)
+	o.Compute = "none"
+	su, err := setup(c, &o)
 	if err != nil {
 		return nil, err
 	}
-	if o.Wire == 0 {
-		o.Wire = dtype.F32
-	}
-	if o.Seed == 0 {
-		o.Seed = 1
-	}
-	kind := router.Contiguous
-	if o.Placement == "roundrobin" {
-		kind = router.RoundRobin
-	}
-	pl, err := router.NewPlacement(kind, cfg.Experts, c.Size())
-	if err != nil {
-		return nil, err
-	}
-	layer, err := models.NewLayer(cfg, o.Seed, []int{}, 0) // no routed experts: identity
-	if err != nil {
-		return nil, err
-	}
-	ep, err := models.NewEP(c, layer, pl, o.Wire)
-	if err != nil {
-		return nil, err
-	}
-	defer ep.Close()
-	x := models.Floats(cfg.Tokens(o.Seed, c.Rank(), o.Tokens))
-	r, err := layer.Route(x, o.Tokens)
-	if err != nil {
-		return nil, err
-	}
+	defer su.ep.Close()
+	cfg, pl, ep, x, r := su.cfg, su.pl, su.ep, su.x, su.r
 	out, h, err := ep.D.Dispatch(ctx, x, r)
 	if err != nil {
 		return nil, err

@@ -87,8 +87,19 @@ func memTotal() int64 {
 	return 8 << 30
 }
 
-// MoE runs the measurement on every rank of c (collectively); the result on rank 0.
-func MoE(ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResult, error) {
+// moeSetup is one rank's expert-parallel layer and tokens, routed.
+type moeSetup struct {
+	cfg models.Config
+	pl  *router.Placement
+	ep  *models.EP
+	x   []float32
+	r   *router.Routing
+}
+
+// setup builds, on this rank, the model's layer (with this rank's experts when o.Compute
+// is ffn), its expert-parallel form and routed tokens. It fills o's defaults. The caller
+// closes s.ep.
+func setup(c *coll.Comm, o *MoEOpts) (*moeSetup, error) {
 	cfg, err := models.Get(o.Model)
 	if err != nil {
 		return nil, err
@@ -102,21 +113,20 @@ func MoE(ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResult, error) {
 	if o.Seed == 0 {
 		o.Seed = 1
 	}
-	p, me := c.Size(), c.Rank()
 	kind := router.Contiguous
 	if o.Placement == "roundrobin" {
 		kind = router.RoundRobin
 	}
-	pl, err := router.NewPlacement(kind, cfg.Experts, p)
+	pl, err := router.NewPlacement(kind, cfg.Experts, c.Size())
 	if err != nil {
 		return nil, err
 	}
-	experts := []int{}
+	experts := []int{} // none: identity experts
 	switch o.Compute {
 	case "none", "":
 		o.Compute = "none"
 	case "ffn":
-		experts = pl.Local[me]
+		experts = pl.Local[c.Rank()]
 	default:
 		return nil, fmt.Errorf("bench: --compute %q (want none or ffn)", o.Compute)
 	}
@@ -129,12 +139,24 @@ func MoE(ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer ep.Close()
-	x := models.Floats(cfg.Tokens(o.Seed, me, o.Tokens))
+	x := models.Floats(cfg.Tokens(o.Seed, c.Rank(), o.Tokens))
 	r, err := layer.Route(x, o.Tokens)
+	if err != nil {
+		ep.Close()
+		return nil, err
+	}
+	return &moeSetup{cfg: cfg, pl: pl, ep: ep, x: x, r: r}, nil
+}
+
+// MoE runs the measurement on every rank of c (collectively); the result on rank 0.
+func MoE(ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResult, error) {
+	su, err := setup(c, &o)
 	if err != nil {
 		return nil, err
 	}
+	defer su.ep.Close()
+	cfg, pl, ep, x, r := su.cfg, su.pl, su.ep, su.x, su.r
+	p, me := c.Size(), c.Rank()
 	out := make([]float32, len(x))
 	var tDisp, tComp, tComb time.Duration
 	step := func(timed bool) error {

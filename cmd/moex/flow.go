@@ -12,7 +12,6 @@ import (
 
 	"github.com/moex-ai/moex/bench"
 	"github.com/moex-ai/moex/coll"
-	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/models"
 )
 
@@ -24,10 +23,7 @@ func cmdFlow(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("moex flow", flag.ContinueOnError)
 	var o bench.MoEOpts
 	ranks := fs.Int("ranks", 4, "number of ranks")
-	fs.StringVar(&o.Model, "model", "mixtral-8x7b", "model (moex bench moe -models lists them)")
-	fs.IntVar(&o.Tokens, "tokens", 512, "tokens per rank")
-	wire := fs.String("wire-dtype", "f32", "activations on the wire: f32 or bf16")
-	fs.StringVar(&o.Placement, "placement", "contiguous", "expert placement: contiguous or roundrobin")
+	check := moeFlags(fs, &o)
 	hostsFlag := fs.String("hosts", "", "host of each rank, comma separated (for example 0,0,1,1; default: one host)")
 	plans := fs.Bool("plans", false, "also print each rank's AlltoAllv schedules")
 	if err := fs.Parse(args); err != nil {
@@ -36,16 +32,8 @@ func cmdFlow(ctx context.Context, args []string) error {
 	if *ranks < 1 {
 		return &usageError{fmt.Sprintf("--ranks %d", *ranks)}
 	}
-	if _, err := models.Get(o.Model); err != nil {
-		return &usageError{err.Error()}
-	}
-	switch *wire {
-	case "f32":
-		o.Wire = dtype.F32
-	case "bf16":
-		o.Wire = dtype.BF16
-	default:
-		return &usageError{fmt.Sprintf("--wire-dtype %q: want f32 or bf16", *wire)}
+	if err := check(); err != nil {
+		return err
 	}
 	cfg := coll.Config{}
 	if *hostsFlag != "" {

@@ -17,11 +17,8 @@ func benchMoE(ctx context.Context, args []string) error {
 	var rf rankFlags
 	rf.register(fs, 4)
 	var o bench.MoEOpts
-	fs.StringVar(&o.Model, "model", "mixtral-8x7b", "model (moex bench moe -models lists them)")
-	fs.IntVar(&o.Tokens, "tokens", 512, "tokens per rank")
-	wire := fs.String("wire-dtype", "f32", "activations on the wire: f32 or bf16")
+	check := moeFlags(fs, &o)
 	fs.StringVar(&o.Compute, "compute", "none", "experts: none (identity) or ffn (the reference SwiGLU at the model's sizes)")
-	fs.StringVar(&o.Placement, "placement", "contiguous", "expert placement: contiguous or roundrobin")
 	fs.IntVar(&o.Iters, "iters", 0, "timed steps (0: about a second's worth)")
 	fs.BoolVar(&o.Naive, "naive", false, "also time a naive dispatch (one message per token-expert pair)")
 	fs.BoolVar(&o.Profile, "profile", false, "time the AlltoAllvs' wait for the last rank apart from moving (MOEX_PROFILE=1)")
@@ -36,19 +33,8 @@ func benchMoE(ctx context.Context, args []string) error {
 		}
 		return nil
 	}
-	if _, err := models.Get(o.Model); err != nil {
-		return &usageError{err.Error()}
-	}
-	switch *wire {
-	case "f32":
-		o.Wire = dtype.F32
-	case "bf16":
-		o.Wire = dtype.BF16
-	default:
-		return &usageError{fmt.Sprintf("--wire-dtype %q: want f32 or bf16", *wire)}
-	}
-	if o.Tokens < 0 {
-		return &usageError{"--tokens must not be negative"}
+	if err := check(); err != nil {
+		return err
 	}
 	if o.Profile {
 		os.Setenv("MOEX_PROFILE", "1") // for the communicators below, and ranks launched
@@ -78,4 +64,31 @@ func benchMoE(ctx context.Context, args []string) error {
 	}
 	bench.PrintMoE(os.Stdout, res)
 	return nil
+}
+
+// moeFlags registers the flags that choose a MoE layer and its tokens (model, tokens,
+// wire type, placement) and returns the check to run after parsing, which also sets
+// o.Wire.
+func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
+	fs.StringVar(&o.Model, "model", "mixtral-8x7b", "model (moex bench moe -models lists them)")
+	fs.IntVar(&o.Tokens, "tokens", 512, "tokens per rank")
+	wire := fs.String("wire-dtype", "f32", "activations on the wire: f32 or bf16")
+	fs.StringVar(&o.Placement, "placement", "contiguous", "expert placement: contiguous or roundrobin")
+	return func() error {
+		if _, err := models.Get(o.Model); err != nil {
+			return &usageError{err.Error()}
+		}
+		switch *wire {
+		case "f32":
+			o.Wire = dtype.F32
+		case "bf16":
+			o.Wire = dtype.BF16
+		default:
+			return &usageError{fmt.Sprintf("--wire-dtype %q: want f32 or bf16", *wire)}
+		}
+		if o.Tokens < 0 {
+			return &usageError{"--tokens must not be negative"}
+		}
+		return nil
+	}
 }
