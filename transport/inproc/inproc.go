@@ -38,8 +38,7 @@ type world struct {
 	eager  int
 	poller *busypoll.Poller
 	pool   *obuf.Pool
-	mu     sync.Mutex
-	free   []*req // recycled requests: no allocation per message in steady state
+	free   core.FreeList[*req] // recycled requests: no allocation per message in steady state
 }
 
 // New returns n connected endpoints, endpoint i being rank i.
@@ -100,14 +99,8 @@ type req struct {
 }
 
 func (w *world) get(k kind, owner *Transport, peer int, tag transport.Tag, buf []byte) *req {
-	var r *req
-	w.mu.Lock()
-	if n := len(w.free); n > 0 {
-		r = w.free[n-1]
-		w.free = w.free[:n-1]
-	}
-	w.mu.Unlock()
-	if r == nil {
+	r, ok := w.free.Get()
+	if !ok {
 		r = &req{}
 		r.Init()
 	}
@@ -118,9 +111,7 @@ func (w *world) get(k kind, owner *Transport, peer int, tag transport.Tag, buf [
 func (w *world) put(r *req) {
 	r.Reset()
 	r.owner, r.buf, r.eager, r.queued = nil, nil, nil, false
-	w.mu.Lock()
-	w.free = append(w.free, r)
-	w.mu.Unlock()
+	w.free.Put(r)
 }
 
 // Rank implements transport.Transport.

@@ -804,14 +804,8 @@ type recvReq struct {
 }
 
 func (t *Transport) getSend() *sendReq {
-	t.freeMu.Lock()
-	var s *sendReq
-	if n := len(t.freeSends); n > 0 {
-		s = t.freeSends[n-1]
-		t.freeSends = t.freeSends[:n-1]
-	}
-	t.freeMu.Unlock()
-	if s == nil {
+	s, ok := t.freeSends.Get()
+	if !ok {
 		s = &sendReq{t: t}
 		s.Init()
 	}
@@ -821,20 +815,12 @@ func (t *Transport) getSend() *sendReq {
 func (t *Transport) putSend(s *sendReq) {
 	s.Reset()
 	s.p, s.buf, s.id, s.state, s.canceling = nil, nil, 0, 0, false
-	t.freeMu.Lock()
-	t.freeSends = append(t.freeSends, s)
-	t.freeMu.Unlock()
+	t.freeSends.Put(s)
 }
 
 func (t *Transport) getRecv() *recvReq {
-	t.freeMu.Lock()
-	var r *recvReq
-	if n := len(t.freeRecvs); n > 0 {
-		r = t.freeRecvs[n-1]
-		t.freeRecvs = t.freeRecvs[:n-1]
-	}
-	t.freeMu.Unlock()
-	if r == nil {
+	r, ok := t.freeRecvs.Get()
+	if !ok {
 		r = &recvReq{t: t}
 		r.Init()
 	}
@@ -844,9 +830,7 @@ func (t *Transport) getRecv() *recvReq {
 func (t *Transport) putRecv(r *recvReq) {
 	r.Reset()
 	r.p, r.buf, r.id, r.senderID, r.total, r.got, r.addr = nil, nil, 0, 0, 0, 0, 0
-	t.freeMu.Lock()
-	t.freeRecvs = append(t.freeRecvs, r)
-	t.freeMu.Unlock()
+	t.freeRecvs.Put(r)
 }
 
 func (t *Transport) peerFor(peer int) (*peer, error) {
@@ -1032,11 +1016,7 @@ func (r *recvReq) cancel() bool {
 }
 
 func (t *Transport) getUnexpected() *unexpected {
-	t.freeMu.Lock()
-	defer t.freeMu.Unlock()
-	if n := len(t.freeUnexp); n > 0 {
-		u := t.freeUnexp[n-1]
-		t.freeUnexp = t.freeUnexp[:n-1]
+	if u, ok := t.freeUnexp.Get(); ok {
 		return u
 	}
 	return &unexpected{}
@@ -1047,9 +1027,7 @@ func (t *Transport) putUnexpected(u *unexpected) {
 		u.eager.Release()
 	}
 	*u = unexpected{}
-	t.freeMu.Lock()
-	t.freeUnexp = append(t.freeUnexp, u)
-	t.freeMu.Unlock()
+	t.freeUnexp.Put(u)
 }
 
 func verify(h *wire.Header, pl payload) error {

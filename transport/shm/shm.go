@@ -127,10 +127,9 @@ type Transport struct {
 	jobs  []*recvReq // matched announcements waiting for their copy
 	spare []*recvReq
 
-	freeMu    sync.Mutex
-	freeSends []*sendReq
-	freeRecvs []*recvReq
-	freeUnexp []*unexpected
+	freeSends core.FreeList[*sendReq]
+	freeRecvs core.FreeList[*recvReq]
+	freeUnexp core.FreeList[*unexpected]
 
 	liov [1]unix.Iovec // process_vm_readv vectors (progress loop only)
 	riov [1]unix.RemoteIovec

@@ -485,14 +485,8 @@ type recvReq struct {
 }
 
 func (t *Transport) getSend() *sendReq {
-	t.freeMu.Lock()
-	var s *sendReq
-	if n := len(t.freeSends); n > 0 {
-		s = t.freeSends[n-1]
-		t.freeSends = t.freeSends[:n-1]
-	}
-	t.freeMu.Unlock()
-	if s == nil {
+	s, ok := t.freeSends.Get()
+	if !ok {
 		s = &sendReq{t: t}
 		s.Init()
 	}
@@ -503,20 +497,12 @@ func (t *Transport) putSend(s *sendReq) {
 	s.Reset()
 	s.p, s.buf, s.id, s.recvID, s.state = nil, nil, 0, 0, 0
 	s.frame.payload, s.frame.send, s.frame.next = nil, nil, nil
-	t.freeMu.Lock()
-	t.freeSends = append(t.freeSends, s)
-	t.freeMu.Unlock()
+	t.freeSends.Put(s)
 }
 
 func (t *Transport) getRecv() *recvReq {
-	t.freeMu.Lock()
-	var r *recvReq
-	if n := len(t.freeRecvs); n > 0 {
-		r = t.freeRecvs[n-1]
-		t.freeRecvs = t.freeRecvs[:n-1]
-	}
-	t.freeMu.Unlock()
-	if r == nil {
+	r, ok := t.freeRecvs.Get()
+	if !ok {
 		r = &recvReq{t: t}
 		r.cts.kind = fkCTS
 		r.Init()
@@ -527,21 +513,22 @@ func (t *Transport) getRecv() *recvReq {
 func (t *Transport) putRecv(r *recvReq) {
 	r.Reset()
 	r.p, r.buf, r.id, r.senderID, r.total = nil, nil, 0, 0, 0
-	t.freeMu.Lock()
-	t.freeRecvs = append(t.freeRecvs, r)
-	t.freeMu.Unlock()
+	t.freeRecvs.Put(r)
 }
 
-var unexpPool = sync.Pool{New: func() any { return new(unexpected) }}
-
-func (t *Transport) getUnexpected() *unexpected { return unexpPool.Get().(*unexpected) }
+func (t *Transport) getUnexpected() *unexpected {
+	if u, ok := t.freeUnexp.Get(); ok {
+		return u
+	}
+	return new(unexpected)
+}
 
 func (t *Transport) putUnexpected(u *unexpected) {
 	if u.eager != nil {
 		u.eager.Release()
 	}
 	*u = unexpected{}
-	unexpPool.Put(u)
+	t.freeUnexp.Put(u)
 }
 
 // Isend implements transport.Transport.

@@ -127,9 +127,9 @@ type Transport struct {
 	sends core.Table[sendReq]
 	recvs core.Table[recvReq]
 
-	freeMu    sync.Mutex
-	freeSends []*sendReq
-	freeRecvs []*recvReq
+	freeSends core.FreeList[*sendReq]
+	freeRecvs core.FreeList[*recvReq]
+	freeUnexp core.FreeList[*unexpected]
 
 	closed   atomic.Bool
 	wg       sync.WaitGroup

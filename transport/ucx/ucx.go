@@ -258,7 +258,7 @@ type Transport struct {
 	inflight []*req
 	scratch  []*req // step's copy of inflight (under drv.Mu)
 	dead     []error
-	freeReqs []*req
+	freeReqs core.FreeList[*req]
 
 	drv    core.Driver // waiting goroutines drive progress themselves
 	closed atomic.Bool
@@ -607,14 +607,8 @@ type req struct {
 }
 
 func (t *Transport) getReq() *req {
-	t.mu.Lock()
-	var r *req
-	if n := len(t.freeReqs); n > 0 {
-		r = t.freeReqs[n-1]
-		t.freeReqs = t.freeReqs[:n-1]
-	}
-	t.mu.Unlock()
-	if r == nil {
+	r, ok := t.freeReqs.Get()
+	if !ok {
 		r = &req{t: t, op: (*C.moex_op)(C.calloc(1, C.size_t(unsafe.Sizeof(C.moex_op{}))))}
 		r.Init()
 	}
@@ -631,9 +625,7 @@ func (t *Transport) putReq(r *req) {
 	r.Reset()
 	r.buf, r.dev, r.ucp, r.stage, r.n, r.err, r.mt = nil, 0, [2]unsafe.Pointer{}, 0, 0, nil, -1
 	r.early, r.waiterGone = false, false
-	t.mu.Lock()
-	t.freeReqs = append(t.freeReqs, r)
-	t.mu.Unlock()
+	t.freeReqs.Put(r)
 }
 
 // utag is the 64-bit UCX tag: a hash of everything that is matched (the signature is
@@ -1548,10 +1540,7 @@ func (t *Transport) destroy() {
 		t.efile.Close()
 		t.efile = nil
 	}
-	for _, r := range t.freeReqs {
-		C.free(unsafe.Pointer(r.op))
-	}
-	t.freeReqs = nil
+	t.freeReqs.Drain(func(r *req) { C.free(unsafe.Pointer(r.op)) })
 	if t.worker != nil {
 		C.ucp_worker_destroy(t.worker)
 		t.worker = nil
