@@ -382,6 +382,21 @@ func (t *Transport) Close() error {
 			p.bye()
 		}
 	}
+	return t.shutdown()
+}
+
+// Kill stops without telling anyone, as a crash would (for tests; the peers see this
+// process as dead only if it really exits, so tests mark the segment closed too).
+func (t *Transport) Kill() {
+	if t.closed.Swap(true) {
+		return
+	}
+	_ = t.shutdown()
+}
+
+// shutdown marks the segment closed, stops the progress loop, fails what is pending and
+// unmaps everything (Close after its goodbyes, Kill without them).
+func (t *Transport) shutdown() error {
 	atomic.StoreUint32(t.own.u32(offState), stateClosed)
 	close(t.stop)
 	t.own.ringDoorbell()
@@ -396,28 +411,6 @@ func (t *Transport) Close() error {
 	t.unmapAll()
 	t.life.Unlock()
 	return t.self.Close()
-}
-
-// Kill stops without telling anyone, as a crash would (for tests; the peers see this
-// process as dead only if it really exits, so tests mark the segment closed too).
-func (t *Transport) Kill() {
-	if t.closed.Swap(true) {
-		return
-	}
-	atomic.StoreUint32(t.own.u32(offState), stateClosed)
-	close(t.stop)
-	t.own.ringDoorbell()
-	t.wg.Wait()
-	for _, p := range t.peers {
-		if p != nil {
-			p.fail(transport.ErrClosed)
-		}
-	}
-	t.failJobs()
-	t.life.Lock()
-	t.unmapAll()
-	t.life.Unlock()
-	_ = t.self.Close()
 }
 
 // InjectRaw writes b into the ring to peer as one slot, bypassing framing (for tests).
