@@ -37,35 +37,13 @@ func TestMain(m *testing.M) {
 
 func start(t testing.TB, n int, tweak func(*shm.Config)) []*shm.Transport {
 	t.Helper()
-	ex := transporttest.NewExchange(n)
-	ts := make([]*shm.Transport, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for r := 0; r < n; r++ {
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			cfg := shm.Config{Rank: r, Size: n, Exchange: ex.For(r)}
-			if tweak != nil {
-				tweak(&cfg)
-			}
-			ts[r], errs[r] = shm.New(ctx, cfg)
-		}(r)
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
+	return transporttest.Start(t, n, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*shm.Transport, error) {
+		cfg := shm.Config{Rank: r, Size: n, Exchange: ex}
+		if tweak != nil {
+			tweak(&cfg)
 		}
-	}
-	t.Cleanup(func() {
-		for _, x := range ts {
-			_ = x.Close()
-		}
+		return shm.New(ctx, cfg)
 	})
-	return ts
 }
 
 func factory(tweak func(*shm.Config)) transporttest.Factory {

@@ -2,9 +2,7 @@ package tcp_test
 
 import (
 	"context"
-	"sync"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 
@@ -17,35 +15,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func start(t testing.TB, n int, tweak func(*tcp.Config)) []*tcp.Transport {
 	t.Helper()
-	ex := transporttest.NewExchange(n)
-	ts := make([]*tcp.Transport, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for r := 0; r < n; r++ {
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			cfg := tcp.Config{Rank: r, Size: n, Exchange: ex.For(r), Token: []byte("test-secret")}
-			if tweak != nil {
-				tweak(&cfg)
-			}
-			ts[r], errs[r] = tcp.New(ctx, cfg)
-		}(r)
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
+	return transporttest.Start(t, n, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*tcp.Transport, error) {
+		cfg := tcp.Config{Rank: r, Size: n, Exchange: ex, Token: []byte("test-secret")}
+		if tweak != nil {
+			tweak(&cfg)
 		}
-	}
-	t.Cleanup(func() {
-		for _, x := range ts {
-			_ = x.Close()
-		}
+		return tcp.New(ctx, cfg)
 	})
-	return ts
 }
 
 func factory(tweak func(*tcp.Config)) transporttest.Factory {

@@ -3,6 +3,8 @@ package transporttest
 import (
 	"context"
 	"sync"
+	"testing"
+	"time"
 )
 
 // Exchange is an in-memory all-gather among n ranks of one process: the rendezvous
@@ -47,4 +49,40 @@ func (e *Exchange) For(rank int) func(ctx context.Context, mine []byte) ([][]byt
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// Start opens n ranks of a transport at once, as goroutines of this process: open(ctx,
+// rank, exchange) builds rank's endpoint with exchange as its rendezvous all-gather. It
+// fails the test if any rank fails to open (within 30 s), and closes every rank when
+// the test ends.
+func Start[T interface{ Close() error }](t testing.TB, n int,
+	open func(ctx context.Context, rank int, exchange func(context.Context, []byte) ([][]byte, error)) (T, error)) []T {
+	t.Helper()
+	ex := NewExchange(n)
+	ts := make([]T, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for r := 0; r < n; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ts[r], errs[r] = open(ctx, r, ex.For(r))
+		}()
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for r, x := range ts {
+			if errs[r] == nil {
+				_ = x.Close()
+			}
+		}
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+	}
+	return ts
 }

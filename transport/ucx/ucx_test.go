@@ -7,7 +7,6 @@ import (
 	"errors"
 	"os"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -24,31 +23,9 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func start(t testing.TB, n int) []*ucx.Transport {
 	t.Helper()
-	ex := transporttest.NewExchange(n)
-	ts := make([]*ucx.Transport, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for r := 0; r < n; r++ {
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			ts[r], errs[r] = ucx.New(ctx, ucx.Config{Rank: r, Size: n, Exchange: ex.For(r), CancelGrace: 2 * time.Second})
-		}(r)
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
-		}
-	}
-	t.Cleanup(func() {
-		for _, x := range ts {
-			_ = x.Close()
-		}
+	return transporttest.Start(t, n, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*ucx.Transport, error) {
+		return ucx.New(ctx, ucx.Config{Rank: r, Size: n, Exchange: ex, CancelGrace: 2 * time.Second})
 	})
-	return ts
 }
 
 func factory(t *testing.T, n int) *transporttest.World {
