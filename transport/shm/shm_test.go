@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -96,35 +95,17 @@ func indexOf(s, sub string) int {
 
 // A rank that is not on this host is refused with an argument error.
 func TestNonLocalPeer(t *testing.T) {
-	ex := transporttest.NewExchange(3)
-	ts := make([]*shm.Transport, 3)
-	var wg sync.WaitGroup
-	local := []bool{true, true, false}
-	for r := 0; r < 3; r++ {
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			l := local
-			if r == 2 {
-				l = []bool{false, false, true}
-			}
-			var err error
-			ts[r], err = shm.New(context.Background(), shm.Config{Rank: r, Size: 3, Local: l, Exchange: ex.For(r)})
-			if err != nil {
-				t.Error(err)
-			}
-		}(r)
-	}
-	wg.Wait()
-	defer func() {
-		for _, x := range ts {
-			if x != nil {
-				x.Close()
-			}
+	ts := transporttest.Start(t, 3, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*shm.Transport, error) {
+		l := []bool{true, true, false}
+		if r == 2 {
+			l = []bool{false, false, true}
 		}
-	}()
-	if _, err := ts[0].Isend(2, transport.Tag{}, nil); err == nil {
-		t.Fatal("send to a rank on another host accepted")
+		return shm.New(ctx, shm.Config{Rank: r, Size: 3, Local: l, Exchange: ex})
+	})
+	_, err := ts[0].Isend(2, transport.Tag{}, nil)
+	var ae *transport.ArgError
+	if !errors.As(err, &ae) {
+		t.Fatalf("send to a rank on another host: %v, want an ArgError", err)
 	}
 }
 
