@@ -113,11 +113,17 @@ func comms(ctx context.Context, rf rankFlags, args []string) (cs []*coll.Comm, l
 	return []*coll.Comm{c}, false, nil
 }
 
-// onEvery runs f on every local communicator concurrently.
-func onEvery(cs []*coll.Comm, f func(c *coll.Comm) error) error {
+// onEvery runs f on every local communicator concurrently and returns their results
+// (indexed like cs) and the first error.
+func onEvery[T any](cs []*coll.Comm, f func(c *coll.Comm) (T, error)) ([]T, error) {
+	outs := make([]T, len(cs))
 	errs := make(chan error, len(cs))
-	for _, c := range cs {
-		go func() { errs <- f(c) }()
+	for i, c := range cs {
+		go func() {
+			var err error
+			outs[i], err = f(c)
+			errs <- err
+		}()
 	}
 	var first error
 	for range cs {
@@ -125,7 +131,20 @@ func onEvery(cs []*coll.Comm, f func(c *coll.Comm) error) error {
 			first = err
 		}
 	}
-	return first
+	return outs, first
+}
+
+// onRank0 runs f on every local communicator and returns rank 0's result (the zero value
+// in a launched rank other than 0, which prints nothing).
+func onRank0[T any](cs []*coll.Comm, f func(c *coll.Comm) (T, error)) (T, error) {
+	outs, err := onEvery(cs, f)
+	for i, c := range cs {
+		if c.Rank() == 0 {
+			return outs[i], err
+		}
+	}
+	var zero T
+	return zero, err
 }
 
 func closeAll(cs []*coll.Comm) {
@@ -181,14 +200,7 @@ func benchColl(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeAll(cs)
-	var rows []bench.CollResult
-	err = onEvery(cs, func(c *coll.Comm) error {
-		r, err := bench.Coll(ctx, c, o)
-		if c.Rank() == 0 {
-			rows = r
-		}
-		return err
-	})
+	rows, err := onRank0(cs, func(c *coll.Comm) ([]bench.CollResult, error) { return bench.Coll(ctx, c, o) })
 	if err != nil {
 		return err
 	}
@@ -223,14 +235,7 @@ func benchP2P(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeAll(cs)
-	var rows []bench.P2PResult
-	err = onEvery(cs, func(c *coll.Comm) error {
-		r, err := bench.P2P(ctx, c, sizes, *iters)
-		if c.Rank() == 0 {
-			rows = r
-		}
-		return err
-	})
+	rows, err := onRank0(cs, func(c *coll.Comm) ([]bench.P2PResult, error) { return bench.P2P(ctx, c, sizes, *iters) })
 	if err != nil {
 		return err
 	}

@@ -23,12 +23,7 @@ func TestDiagnoseGathersEveryLink(t *testing.T) {
 	defer closeAll(cs)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	reps := make([]*doctorReport, len(cs))
-	err = onEvery(cs, func(c *coll.Comm) error {
-		r, err := diagnose(ctx, c)
-		reps[c.Rank()] = r
-		return err
-	})
+	reps, err := onEvery(cs, func(c *coll.Comm) (*doctorReport, error) { return diagnose(ctx, c) })
 	if err != nil {
 		t.Fatal(err)
 	}

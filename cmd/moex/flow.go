@@ -57,12 +57,7 @@ func cmdFlow(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeAll(cs)
-	frs := make([]*bench.FlowRank, len(cs))
-	err = onEvery(cs, func(c *coll.Comm) error {
-		fr, err := bench.Flow(ctx, c, o)
-		frs[c.Rank()] = fr
-		return err
-	})
+	frs, err := onEvery(cs, func(c *coll.Comm) (*bench.FlowRank, error) { return bench.Flow(ctx, c, o) })
 	if err != nil {
 		return err
 	}

@@ -20,12 +20,7 @@ func TestFlow(t *testing.T) {
 	}
 	defer closeAll(cs)
 	o := bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40}
-	frs := make([]*bench.FlowRank, len(cs))
-	err = onEvery(cs, func(c *coll.Comm) error {
-		fr, err := bench.Flow(context.Background(), c, o)
-		frs[c.Rank()] = fr
-		return err
-	})
+	frs, err := onEvery(cs, func(c *coll.Comm) (*bench.FlowRank, error) { return bench.Flow(context.Background(), c, o) })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -45,14 +45,7 @@ func benchMoE(ctx context.Context, args []string) error {
 	}
 	defer closeAll(cs)
 	o.LocalRanks = len(cs)
-	var res *bench.MoEResult
-	err = onEvery(cs, func(c *coll.Comm) error {
-		r, err := bench.MoE(ctx, c, o)
-		if c.Rank() == 0 {
-			res = r
-		}
-		return err
-	})
+	res, err := onRank0(cs, func(c *coll.Comm) (*bench.MoEResult, error) { return bench.MoE(ctx, c, o) })
 	if err != nil {
 		return err
 	}
