@@ -4,9 +4,9 @@
 # namespace talk through shared memory, the two namespaces over TCP on the veth: the
 # shape of a two-node job with a slow network. Runs `moex bench coll --op OP` (OP:
 # allreduce by default, allgather or reducescatter) with MOEX_ALGO=OP:ALGO for each ALGO
-# in ALGOS (default: the model's choice, then ring, recdbl and hier forced; for
-# reducescatter use ALGOS="auto ring rechalving hier") and with ranks in blocks (0..n/2-1
-# on host A) and alternating (even ranks on A). OP=moe runs `moex bench moe` instead
+# in ALGOS (default: the model's choice, then ring, recursive doubling (rechalving for
+# reducescatter) and hier forced) and with ranks in blocks (0..n/2-1 on host A) and
+# alternating (even ranks on A). OP=moe runs `moex bench moe` instead
 # (MODEL, TOKENS per rank, WIRE dtype; ALGOS is ignored).
 #
 # Needs root (ip netns, tc). Sends nothing outside the two namespaces it creates, and
@@ -19,7 +19,10 @@ rate=${2:-2gbit}
 minb=${3:-65536}
 maxb=${4:-16777216}
 op=${OP:-allreduce}
-algos=${ALGOS:-"auto ring recdbl hier"}
+case $op in
+reducescatter) algos=${ALGOS:-"auto ring rechalving hier"} ;;
+*) algos=${ALGOS:-"auto ring recdbl hier"} ;;
+esac
 work=$(mktemp -d)
 cleanup() {
 	ip netns del moexA 2>/dev/null || true

@@ -76,16 +76,22 @@ type Config struct {
 	CancelGrace time.Duration
 }
 
-// ConfigFromEnv reads MOEX_SHM_CMA (auto, 0, 1) and the polling variables.
+// ConfigFromEnv reads MOEX_SHM_CMA and MOEX_SHM_REWIND (auto, 0, 1) and the polling
+// variables.
 func (c *Config) ConfigFromEnv(getenv func(string) string) error {
-	switch v := getenv("MOEX_SHM_CMA"); v {
-	case "", "auto":
-	case "0", "off":
-		c.CMA = -1
-	case "1", "on":
-		c.CMA = 1
-	default:
-		return &transport.EnvError{Var: "MOEX_SHM_CMA", Value: v, Reason: "want auto, 0 or 1"}
+	for _, v := range []struct {
+		name string
+		dst  *int
+	}{{"MOEX_SHM_CMA", &c.CMA}, {"MOEX_SHM_REWIND", &c.Rewind}} {
+		switch s := getenv(v.name); s {
+		case "", "auto":
+		case "0", "off":
+			*v.dst = -1
+		case "1", "on":
+			*v.dst = 1
+		default:
+			return &transport.EnvError{Var: v.name, Value: s, Reason: "want auto, 0 or 1"}
+		}
 	}
 	p, err := busypoll.ConfigFromEnv(getenv)
 	if err != nil {

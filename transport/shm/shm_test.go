@@ -223,3 +223,31 @@ func TestRingBadPad(t *testing.T) {
 		t.Fatalf("got %v, want a protocol error naming rank 0", err)
 	}
 }
+
+// MOEX_SHM_CMA and MOEX_SHM_REWIND: auto, 1 or 0; anything else is an EnvError naming
+// the variable.
+func TestConfigFromEnv(t *testing.T) {
+	for _, c := range []struct {
+		env          map[string]string
+		cma, rewind  int
+		wantErrNamed string
+	}{
+		{env: nil},
+		{env: map[string]string{"MOEX_SHM_CMA": "0", "MOEX_SHM_REWIND": "1"}, cma: -1, rewind: 1},
+		{env: map[string]string{"MOEX_SHM_CMA": "on", "MOEX_SHM_REWIND": "off"}, cma: 1, rewind: -1},
+		{env: map[string]string{"MOEX_SHM_REWIND": "sometimes"}, wantErrNamed: "MOEX_SHM_REWIND"},
+	} {
+		var cfg shm.Config
+		err := cfg.ConfigFromEnv(func(k string) string { return c.env[k] })
+		if c.wantErrNamed != "" {
+			var ee *transport.EnvError
+			if !errors.As(err, &ee) || ee.Var != c.wantErrNamed {
+				t.Fatalf("%v: got %v, want an EnvError naming %s", c.env, err, c.wantErrNamed)
+			}
+			continue
+		}
+		if err != nil || cfg.CMA != c.cma || cfg.Rewind != c.rewind {
+			t.Fatalf("%v: CMA %d rewind %d err %v, want %d %d", c.env, cfg.CMA, cfg.Rewind, err, c.cma, c.rewind)
+		}
+	}
+}
