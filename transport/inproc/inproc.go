@@ -209,14 +209,8 @@ func (t *Transport) Irecv(peer int, tag transport.Tag, buf []byte) (transport.Re
 
 // deliver copies a matched message into receive r.
 func deliver(r *req, tag transport.Tag, msg []byte) (int, error) {
-	if tag.Sig != r.tag.Sig {
-		return 0, &transport.PeerError{Rank: r.peer, Op: "recv", Err: fmt.Errorf(
-			"%w: rank %d sent signature %#x at %v, this receive expects %#x",
-			transport.ErrMismatch, r.peer, tag.Sig, tag.Key(), r.tag.Sig)}
-	}
-	if len(msg) > len(r.buf) {
-		return 0, &transport.PeerError{Rank: r.peer, Op: "recv", Err: fmt.Errorf(
-			"%w: %d bytes into a %d-byte buffer", transport.ErrTruncated, len(msg), len(r.buf))}
+	if err := core.CheckMatch(r.peer, r.tag, tag, len(msg), len(r.buf)); err != nil {
+		return 0, err
 	}
 	return copy(r.buf, msg), nil
 }

@@ -25,14 +25,8 @@ const hdrSize = wire.HeaderSize
 // Frames: TypeEager (payload inline), TypeRTS (payload: the sender's buffer address, u64),
 // TypeCTS (ID: the sender's request; Aux 0: the receiver copied the message (FIN); Aux
 // non-zero: stream it through the ring to receive request Aux), TypeData (ID: receive
-// request, Aux: offset), TypeAbort (per-message notices, as in the tcp transport) and
-// TypeBye.
-const (
-	noticeTruncated = 1
-	noticeMismatch  = 2
-	noticeCanceled  = 3 // sender to receiver: withdraw the announcement if unmatched
-	noticeCancelAck = 4 // receiver to sender: withdrawn, your buffer is yours again
-)
+// request, Aux: offset), TypeAbort (per-message notices, core.Notice*; a sender that
+// cancels an announcement waits for core.NoticeCancelAck) and TypeBye.
 
 // errWithdrawn completes a send whose announcement the receiver gave back.
 var errWithdrawn = errors.New("shm: send withdrawn")
@@ -423,14 +417,8 @@ func (t *Transport) handoff(woke bool) {
 }
 
 func matchCheck(peerRank int, r *recvReq, tag transport.Tag, n int) (int, error) {
-	if tag.Sig != r.tag.Sig {
-		return 0, &transport.PeerError{Rank: peerRank, Op: "recv", Err: fmt.Errorf(
-			"%w: rank %d sent signature %#x at %v, this receive expects %#x",
-			transport.ErrMismatch, peerRank, tag.Sig, tag.Key(), r.tag.Sig)}
-	}
-	if n > len(r.buf) {
-		return 0, &transport.PeerError{Rank: peerRank, Op: "recv", Err: fmt.Errorf(
-			"%w: %d bytes into a %d-byte buffer", transport.ErrTruncated, n, len(r.buf))}
+	if err := core.CheckMatch(peerRank, r.tag, tag, n, len(r.buf)); err != nil {
+		return 0, err
 	}
 	return n, nil
 }
@@ -440,10 +428,7 @@ func matchCheck(peerRank int, r *recvReq, tag transport.Tag, n int) (int, error)
 func (p *peer) matchRTS(r *recvReq, tag transport.Tag, senderID uint64, length int, addr uint64) {
 	t := p.t
 	if _, err := matchCheck(p.rank, r, tag, length); err != nil {
-		code := uint64(noticeTruncated)
-		if errors.Is(err, transport.ErrMismatch) {
-			code = noticeMismatch
-		}
+		code := core.RejectNotice(err)
 		p.notify(senderID, code, err.Error())
 		r.Complete(0, err)
 		return
@@ -535,7 +520,7 @@ func (p *peer) notify(id, code uint64, reason string) {
 func (p *peer) notice(id, code uint64, reason string) {
 	t := p.t
 	switch code {
-	case noticeTruncated, noticeMismatch:
+	case core.NoticeTruncated, core.NoticeMismatch:
 		s := t.sends.Get(id)
 		if s == nil || s.p != p {
 			return
@@ -548,12 +533,8 @@ func (p *peer) notice(id, code uint64, reason string) {
 		s.state = ssDone
 		t.sends.Delete(id)
 		p.mu.Unlock()
-		kind := transport.ErrTruncated
-		if code == noticeMismatch {
-			kind = transport.ErrMismatch
-		}
-		s.Complete(0, &transport.PeerError{Rank: p.rank, Op: "send", Err: fmt.Errorf("%w: rejected by the receiver: %s", kind, reason)})
-	case noticeCanceled:
+		s.Complete(0, core.Rejected(p.rank, code, reason))
+	case core.NoticeCanceled:
 		// Still unmatched: forget it and give the buffer back. Otherwise a copy (or the
 		// stream) is under way and its completion answers the sender.
 		p.mu.Lock()
@@ -562,12 +543,12 @@ func (p *peer) notice(id, code uint64, reason string) {
 				p.unexp.Remove(0, u)
 				p.mu.Unlock()
 				t.putUnexpected(u)
-				p.notify(id, noticeCancelAck, "")
+				p.notify(id, core.NoticeCancelAck, "")
 				return
 			}
 		}
 		p.mu.Unlock()
-	case noticeCancelAck:
+	case core.NoticeCancelAck:
 		s := t.sends.Get(id)
 		if s == nil || s.p != p {
 			return
@@ -971,7 +952,7 @@ func (s *sendReq) cancel() bool {
 			t := s.t
 			t.life.RLock()
 			if !t.closed.Load() {
-				p.notify(s.id, noticeCanceled, "")
+				p.notify(s.id, core.NoticeCanceled, "")
 			}
 			t.life.RUnlock()
 		}

@@ -2,7 +2,6 @@ package tcp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -16,12 +15,8 @@ import (
 // maxEager bounds an eager frame's payload, whatever a peer claims.
 const maxEager = 16 << 20
 
-// Codes carried in Aux of a TypeAbort frame with a non-zero ID (a per-message notice).
-const (
-	noticeTruncated = 1 // receiver to sender: your message is longer than my buffer
-	noticeMismatch  = 2 // receiver to sender: your message's signature differs from mine
-	noticeCanceled  = 3 // sender to receiver: I withdrew the message I announced
-)
+// A TypeAbort frame with a non-zero ID is a per-message notice: its code (core.Notice*)
+// in Aux.
 
 // peer is the state shared by the streams to one rank. mu guards the matching queues,
 // dead and reaped.
@@ -354,14 +349,8 @@ func (p *peer) deliverEager(s *stream, h *wire.Header, r *recvReq, tag transport
 
 // matchCheck checks a message against the receive it matched.
 func matchCheck(peerRank int, r *recvReq, tag transport.Tag, n int) (int, error) {
-	if tag.Sig != r.tag.Sig {
-		return 0, &transport.PeerError{Rank: peerRank, Op: "recv", Err: fmt.Errorf(
-			"%w: rank %d sent signature %#x at %v, this receive expects %#x",
-			transport.ErrMismatch, peerRank, tag.Sig, tag.Key(), r.tag.Sig)}
-	}
-	if n > len(r.buf) {
-		return 0, &transport.PeerError{Rank: peerRank, Op: "recv", Err: fmt.Errorf(
-			"%w: %d bytes into a %d-byte buffer", transport.ErrTruncated, n, len(r.buf))}
+	if err := core.CheckMatch(peerRank, r.tag, tag, n, len(r.buf)); err != nil {
+		return 0, err
 	}
 	return n, nil
 }
@@ -371,10 +360,7 @@ func matchCheck(peerRank int, r *recvReq, tag transport.Tag, n int) (int, error)
 func (p *peer) matchRTSLocked(r *recvReq, tag transport.Tag, senderID uint64, length int) {
 	t := p.t
 	if _, err := matchCheck(p.rank, r, tag, length); err != nil {
-		code := uint64(noticeTruncated)
-		if errors.Is(err, transport.ErrMismatch) {
-			code = noticeMismatch
-		}
+		code := core.RejectNotice(err)
 		p.streams[0].send(p.noticeFrame(senderID, code, err.Error()))
 		r.Complete(0, err)
 		return
@@ -400,7 +386,7 @@ func (p *peer) noticeFrame(id, code uint64, reason string) *frame {
 func (p *peer) notice(id, code uint64, reason string) {
 	t := p.t
 	switch code {
-	case noticeTruncated, noticeMismatch:
+	case core.NoticeTruncated, core.NoticeMismatch:
 		sr := t.sends.Get(id)
 		if sr == nil || sr.p != p {
 			return
@@ -413,12 +399,8 @@ func (p *peer) notice(id, code uint64, reason string) {
 		sr.state = ssDone
 		t.sends.Delete(id)
 		p.mu.Unlock()
-		kind := transport.ErrTruncated
-		if code == noticeMismatch {
-			kind = transport.ErrMismatch
-		}
-		sr.Complete(0, &transport.PeerError{Rank: p.rank, Op: "send", Err: fmt.Errorf("%w: rejected by the receiver: %s", kind, reason)})
-	case noticeCanceled:
+		sr.Complete(0, core.Rejected(p.rank, code, reason))
+	case core.NoticeCanceled:
 		canceled := &transport.PeerError{Rank: p.rank, Op: "recv", Err: fmt.Errorf("%w: the sender withdrew the message", transport.ErrCanceled)}
 		p.mu.Lock()
 		// Still unmatched: forget the announcement.
@@ -660,7 +642,7 @@ func (s *sendReq) cancel() bool {
 		s.t.sends.Delete(s.id)
 		if !st.removeCtl(&s.frame) {
 			// The RTS is out: tell the receiver we withdrew it.
-			st.send(p.noticeFrame(s.id, noticeCanceled, "send cancelled"))
+			st.send(p.noticeFrame(s.id, core.NoticeCanceled, "send cancelled"))
 		}
 		return true
 	}

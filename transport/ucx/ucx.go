@@ -1004,8 +1004,9 @@ func (t *Transport) gotHeader(r *req, length int) {
 		r.err = &transport.PeerError{Rank: r.peer, Op: "recv", Err: fmt.Errorf("%w: header says comm=%d seq=%d tag=%d from %d (tag hash collision)",
 			transport.ErrProtocol, h.comm, h.seq, h.tag, h.src)}
 	case uint32(h.sig) != r.tag.Sig:
-		r.err = &transport.PeerError{Rank: r.peer, Op: "recv", Err: fmt.Errorf("%w: rank %d sent signature %#x at %v, this receive expects %#x",
-			transport.ErrMismatch, r.peer, uint32(h.sig), r.tag.Key(), r.tag.Sig)}
+		got := r.tag
+		got.Sig = uint32(h.sig)
+		r.err = core.SignatureError(r.peer, got, r.tag.Sig)
 	}
 	if h.flags&flagSeparate == 0 {
 		if r.err == nil {
@@ -1015,7 +1016,7 @@ func (t *Transport) gotHeader(r *req, length int) {
 	}
 	n := int(h.len)
 	if r.err == nil && n > r.n {
-		r.err = &transport.PeerError{Rank: r.peer, Op: "recv", Err: fmt.Errorf("%w: %d bytes into a %d-byte buffer", transport.ErrTruncated, n, r.n)}
+		r.err = core.TruncatedError(r.peer, n, r.n)
 	}
 	var st C.ucs_status_t
 	var k C.int
