@@ -652,12 +652,7 @@ func (s *sendReq) cancel() bool {
 // awaitGrace waits for a transfer that is already on the wire; if the peer does not let
 // it finish within the grace period, the peer is declared dead, which completes it.
 func (s *sendReq) awaitGrace() {
-	ctx, cancel := context.WithTimeout(context.Background(), s.t.grace)
-	defer cancel()
-	if s.Await(ctx, s.t.waitPoller) != nil {
-		s.p.fail(fmt.Errorf("%w: a cancelled transfer did not finish within %v", transport.ErrTimeout, s.t.grace))
-		s.AwaitUncancelable(s.t.waitPoller)
-	}
+	s.AwaitGrace(s.t.waitPoller, s.t.grace, "transfer", s.p.fail)
 }
 
 // Wait implements transport.Request.
@@ -668,12 +663,7 @@ func (r *recvReq) Wait(ctx context.Context) (int, error) {
 			t.putRecv(r)
 			return 0, transport.CtxError(err)
 		}
-		ctx2, cancel := context.WithTimeout(context.Background(), t.grace)
-		if r.Await(ctx2, t.waitPoller) != nil {
-			r.p.fail(fmt.Errorf("%w: a cancelled receive did not finish within %v", transport.ErrTimeout, t.grace))
-			r.AwaitUncancelable(t.waitPoller)
-		}
-		cancel()
+		r.AwaitGrace(t.waitPoller, t.grace, "receive", r.p.fail)
 	}
 	n, err := r.Result()
 	t.putRecv(r)

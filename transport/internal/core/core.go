@@ -6,7 +6,9 @@ package core
 
 import (
 	"context"
+	"fmt"
 	"sync"
+	"time"
 
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/transport"
@@ -51,6 +53,18 @@ func (r *Req) Await(ctx context.Context, p *busypoll.Poller) error {
 // are known to finish (a copy in progress, a transfer the peer is draining).
 func (r *Req) AwaitUncancelable(p *busypoll.Poller) {
 	_ = p.Wait(context.Background(), &r.ev, r.ev.IsSet)
+}
+
+// AwaitGrace waits for a request whose transfer is already under way and could not be
+// cancelled. If it has not completed within grace, fail gets a timeout error (the
+// transport declares the peer dead, which completes the request) and the wait goes on.
+func (r *Req) AwaitGrace(p *busypoll.Poller, grace time.Duration, what string, fail func(error)) {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if r.Await(ctx, p) != nil {
+		fail(fmt.Errorf("%w: a cancelled %s did not finish within %v", transport.ErrTimeout, what, grace))
+		r.AwaitUncancelable(p)
+	}
 }
 
 // Entry is an element of a Queue.
