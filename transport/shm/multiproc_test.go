@@ -79,46 +79,11 @@ func helperRank(mode string, iters, size int) error {
 	if size == 0 {
 		size = 20000
 	}
-	send := make([][]byte, n)
-	recv := make([][]byte, n)
-	for p := 0; p < n; p++ {
-		send[p] = make([]byte, size+me*13+p)
-		transporttest.Pattern(send[p], uint64(me*100+p))
-		recv[p] = make([]byte, size+p*13+me)
+	per, err := transporttest.AllToAll(ctx, tr, me, n, 5, iters, func(from, to int) int { return size + from*13 + to })
+	if err != nil {
+		return err
 	}
-	reqs := make([]transport.Request, 0, 2*n)
-	var start time.Time
-	for it := 0; it < iters+5; it++ {
-		if it == 5 {
-			start = time.Now()
-		}
-		reqs = reqs[:0]
-		tg := transport.Tag{Comm: 1, Seq: uint32(it)}
-		for p := 0; p < n; p++ {
-			r, err := tr.Irecv(p, tg, recv[p])
-			if err != nil {
-				return err
-			}
-			reqs = append(reqs, r)
-		}
-		for p := 0; p < n; p++ {
-			s, err := tr.Isend(p, tg, send[p])
-			if err != nil {
-				return err
-			}
-			reqs = append(reqs, s)
-		}
-		if err := transport.WaitAll(ctx, reqs...); err != nil {
-			return err
-		}
-	}
-	el := time.Since(start)
-	for p := 0; p < n; p++ {
-		if err := transporttest.Check(recv[p], uint64(p*100+me)); err != nil {
-			return fmt.Errorf("from rank %d: %w", p, err)
-		}
-	}
-	fmt.Printf("alltoall ok us_per_iter=%.1f mode=%s poll=%s\n", float64(el.Microseconds())/float64(iters), tr.Mode(), tr.Poller().Stats())
+	fmt.Printf("alltoall ok us_per_iter=%.1f mode=%s poll=%s\n", float64(per.Nanoseconds())/1e3, tr.Mode(), tr.Poller().Stats())
 	return nil
 }
 
