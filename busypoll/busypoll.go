@@ -219,6 +219,7 @@ type Spinner struct {
 	parked   bool
 	counted  bool
 	spinSlot bool // holds one of the process's spinner slots
+	osOnly   bool // yield to other processes only (BeginProcess)
 }
 
 var epoch = time.Now()
@@ -239,6 +240,18 @@ func (p *Poller) Begin() Spinner {
 			s.budget = p.maxSpin // look again whether spinning pays
 		}
 	}
+	return s
+}
+
+// BeginProcess starts a wait for other processes only: nothing of this process's own
+// will make the condition true (the waiting goroutine reads shared memory that other
+// ranks write), so the waiter yields the CPU to the kernel alone. runtime.Gosched would
+// hand it to this process's other goroutines, of which there are none to run, and wake
+// an idle thread of the Go runtime to look for them: a context switch that takes the CPU
+// from the ranks the waiter waits for.
+func (p *Poller) BeginProcess() Spinner {
+	s := p.Begin()
+	s.osOnly = true
 	return s
 }
 
@@ -275,7 +288,7 @@ func (s *Spinner) Idle() bool {
 	}
 	s.n++
 	if s.budget < 0 { // Spin mode: never park, yield now and then so Go can preempt
-		if s.n&63 == 0 {
+		if s.n&63 == 0 && !s.osOnly {
 			runtime.Gosched()
 		}
 		return false
@@ -285,6 +298,9 @@ func (s *Spinner) Idle() bool {
 			return false
 		}
 		if nanotime()-s.start < s.budget {
+			if s.osOnly {
+				return false
+			}
 			// A goroutine this one woke (by completing its request) waits in this P's run
 			// queue, and nothing preempts a spinning goroutine for milliseconds: let it run.
 			runtime.Gosched()
@@ -293,7 +309,11 @@ func (s *Spinner) Idle() bool {
 	}
 	if s.yielded < s.p.yields && s.budget > 0 {
 		s.yielded++
-		yield(s.yielded)
+		if s.osOnly {
+			osYield()
+		} else {
+			yield(s.yielded)
+		}
 		return false
 	}
 	if s.p.yieldSpin > 0 && s.p.mode == Adaptive && nanotime()-s.start < s.p.yieldSpin {
@@ -301,7 +321,7 @@ func (s *Spinner) Idle() bool {
 		// again: a goroutine of this process (ranks as goroutines, or the transport's own
 		// goroutines) through Go's scheduler, another process through the kernel's.
 		s.yielded++
-		if s.yielded&1 == 0 {
+		if s.yielded&1 == 0 && !s.osOnly {
 			runtime.Gosched()
 		} else {
 			osYield()
@@ -314,6 +334,9 @@ func (s *Spinner) Idle() bool {
 }
 
 func osYield() { syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
+
+// OSYield gives the CPU to another thread of any process (sched_yield).
+func OSYield() { osYield() }
 
 // End records how the wait went and adapts the budget.
 func (s *Spinner) End() {

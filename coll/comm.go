@@ -123,6 +123,7 @@ type Comm struct {
 
 	owned        []func() error // closed with the communicator that created them (world only)
 	closeBarrier bool           // Close waits for every rank first (communicators from Init)
+	direct       *shm.Direct    // the shared-memory areas (Shared), when every rank is on this host over shm
 }
 
 // Stats counts a communicator's work.
@@ -339,6 +340,9 @@ func (c *Comm) abortLocal(err error) { c.abortWith(&AbortError{Rank: c.rank, Err
 func (c *Comm) abortWith(ae *AbortError, notify bool) {
 	c.abortOnce.Do(func() {
 		c.acancel(ae)
+		if c.direct != nil {
+			c.direct.Wake() // a rank waiting in the shared area looks at actx again
+		}
 		if c.closed.Load() {
 			return
 		}
@@ -627,6 +631,9 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 	}
 	c := newComm(tr, 1, ranks, hosts, env.Rank, cfg, link)
 	c.why = why
+	if sh, ok := tr.(*shm.Transport); ok {
+		c.direct = sh.Direct()
+	}
 	if c.topo.hosts > 1 && cfg.HostLink == nil && env.Transport != "tcp" {
 		c.intra = CostShm // the ranks of a host talk through shared memory
 	}

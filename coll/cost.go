@@ -59,11 +59,15 @@ const (
 	RecHalving
 	Dissemination
 	Hier
+	// Shared moves the blocks through the shared-memory areas of the ranks' segments
+	// (shm.Direct): one copy in, one flag per rank, one copy out. Only when every rank
+	// of the communicator is on one host, over shm, and the buffer fits the area.
+	Shared
 	algoEnd
 )
 
 var algoNames = [...]string{"auto", "ring", "recdbl", "rabenseifner", "binomial", "linear",
-	"pairwise", "bruck", "rechalving", "dissemination", "hier"}
+	"pairwise", "bruck", "rechalving", "dissemination", "hier", "shared"}
 
 func (a Algo) String() string {
 	if a < algoEnd {
@@ -90,7 +94,7 @@ var Algorithms = map[OpKind][]Algo{
 	OpAllReduce:     {Ring, RecDoubling, Rabenseifner, Hier},
 	OpReduceScatter: {Ring, RecHalving, Hier},
 	OpAllGather:     {Ring, RecDoubling, Bruck, Hier},
-	OpAlltoAll:      {Linear, Pairwise, Bruck},
+	OpAlltoAll:      {Linear, Pairwise, Bruck, Shared},
 	OpAlltoAllv:     {Linear, Pairwise, Bruck},
 	OpScatter:       {Linear},
 	OpGather:        {Linear},
@@ -184,6 +188,11 @@ func (c LinkCost) Estimate(op OpKind, algo Algo, p, n int) time.Duration {
 			t = (fp-1)*(a+fn*c.Beta) + 0.1*a
 		case Bruck:
 			t = lg*(a+fp/2*fn*c.Beta) + 3*fp*fn/20e9
+		case Shared:
+			// One flag per rank instead of a message per peer (half a latency, for the
+			// wake-ups it saves), and the blocks copied twice in memory (or once
+			// across, about as fast).
+			t = a/2 + 2*(fp-1)*fn/20e9
 		}
 	case OpScatter, OpGather:
 		t = a + (fp-1)*fn*c.Beta
@@ -197,6 +206,9 @@ func (c LinkCost) Estimate(op OpKind, algo Algo, p, n int) time.Duration {
 // model (ties go to the first listed).
 func (c *Comm) choose(op OpKind, n int) Algo {
 	if a, ok := c.cfg.Algo[op]; ok && a != AlgoAuto {
+		if a == Shared && !c.sharedFits(op, n) {
+			return Linear // not on one host over shm, or too large for the area
+		}
 		return a
 	}
 	algos := Algorithms[op]
@@ -205,11 +217,19 @@ func (c *Comm) choose(op OpKind, n int) Algo {
 		if a == Hier && !c.topo.uniform {
 			continue // one host, or hosts with unequal numbers of ranks: nothing to gain
 		}
+		if a == Shared && !c.sharedFits(op, n) {
+			continue
+		}
 		if t := c.estimate(op, a, n); t < bestT {
 			best, bestT = a, t
 		}
 	}
 	return best
+}
+
+// sharedFits reports whether op on n bytes (per block) can run through the shared areas.
+func (c *Comm) sharedFits(op OpKind, n int) bool {
+	return op == OpAlltoAll && c.direct != nil && c.direct.Fits(n*c.size)
 }
 
 // Algorithm returns the algorithm this communicator runs op with for bytes (AllReduce,

@@ -43,7 +43,8 @@ type call struct {
 	root     int
 	send     []byte
 	recv     []byte
-	bytesArg int // size for the cost model
+	bytesArg int    // size for the cost model
+	turn     uint64 // Shared: the operation's place in the shared areas' order
 }
 
 // getPlan returns the cached plan for the call, computing it on first use.
@@ -102,6 +103,8 @@ func (c *Comm) getPlan(k planKey) *plan {
 		b := k.count * k.es
 		l := evenLayout(c.size, b)
 		switch k.algo {
+		case Shared:
+			// No steps: execShared runs it.
 		case Pairwise:
 			planAlltoAllPairwise(pl, c.size, c.rank, l)
 		case Bruck:
@@ -128,6 +131,9 @@ func (c *Comm) getPlan(k planKey) *plan {
 	}
 	pl.sig = signature(k.op, pl.algo, k.es, k.count, k.root, int(k.dt), int(k.redop))
 	pl.countBytes()
+	if pl.algo == Shared {
+		pl.bytes = (c.size - 1) * k.count * k.es
+	}
 	c.planMu.Lock()
 	c.plans[k] = pl
 	c.planMu.Unlock()
@@ -172,8 +178,39 @@ func (c *Comm) awaitNotice(err error) {
 	t.Stop()
 }
 
+// execShared runs an AlltoAll through the shared areas (shm.Direct).
+func (c *Comm) execShared(pl *plan, cl *call) error {
+	sig := uint64(pl.sig)<<32 | uint64(uint32(len(cl.send)))
+	err := c.direct.AllToAll(c.actx, cl.turn, cl.send, cl.recv, sig)
+	if err == nil {
+		c.progress.Store(nanotime())
+		return nil
+	}
+	if c.Err() == nil {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			err = transport.CtxError(err)
+		}
+		c.abortLocal(err)
+	}
+	return c.opError()
+}
+
+// opError is the error an operation returns once the communicator aborted: this rank's
+// own error as it saw it, or the abort that came from elsewhere.
+func (c *Comm) opError() error {
+	cause := c.Err()
+	var ae *AbortError
+	if errors.As(cause, &ae) && ae.Rank == c.rank {
+		return ae.Err
+	}
+	return cause
+}
+
 // execute runs pl's steps on the transport.
 func (c *Comm) execute(pl *plan, seq uint32, cl *call) error {
+	if pl.algo == Shared {
+		return c.execShared(pl, cl)
+	}
 	es := c.execPool.Get().(*execState)
 	defer c.execPool.Put(es)
 	var tmp *obuf.Buf
@@ -249,12 +286,8 @@ func (c *Comm) execute(pl *plan, seq uint32, cl *call) error {
 			first = postErr
 		}
 		if first != nil {
-			if cause := c.Err(); cause != nil {
-				var ae *AbortError
-				if errors.As(cause, &ae) && ae.Rank == c.rank {
-					return ae.Err // our own error: return it as seen
-				}
-				return cause
+			if c.Err() != nil {
+				return c.opError()
 			}
 			return first
 		}

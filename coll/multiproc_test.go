@@ -39,6 +39,12 @@ func TestHelperCollRank(t *testing.T) {
 		err = helperSubset(ctx, c)
 	case "death":
 		err = helperDeath(ctx, c)
+	case "sharedDeath":
+		err = helperSharedDeath(ctx, c)
+	case "shared":
+		err = helperShared(ctx, c)
+	case "sharedmismatch":
+		err = helperSharedMismatch(ctx, c)
 	}
 	if err != nil {
 		fmt.Printf("rank %d failed: %v\n", c.Rank(), err)
@@ -188,6 +194,162 @@ func helperSubset(ctx context.Context, c *Comm) error {
 	return Barrier(ctx, c)
 }
 
+// helperShared: AlltoAll through the shared areas (every rank on this host over shm):
+// sizes through the area and read across, switching between them, blocking, in place,
+// several in flight, against the point-to-point algorithm; every element checked, and no
+// allocation per operation.
+func helperShared(ctx context.Context, c *Comm) error {
+	p, r := c.Size(), c.Rank()
+	if c.direct == nil {
+		return fmt.Errorf("no shared areas over %s", c.Transport().Name())
+	}
+	val := func(op, from, to, k int) int32 { return int32(op*1e7 + from*1e5 + to*1e3 + k%1000) }
+	run := func(op, blk int, algo Algo, async bool) error {
+		c.cfg.Algo = map[OpKind]Algo{OpAlltoAll: algo}
+		defer func() { c.cfg.Algo = map[OpKind]Algo{} }()
+		send, recv := make([]int32, blk*p), make([]int32, blk*p)
+		for q := 0; q < p; q++ {
+			for k := 0; k < blk; k++ {
+				send[q*blk+k] = val(op, r, q, k)
+			}
+		}
+		var err error
+		switch {
+		case async:
+			var h *Handle
+			if h, err = IAlltoAll(ctx, c, send, recv); err == nil {
+				err = h.Wait(ctx)
+			}
+		case op%3 == 0: // in place
+			copy(recv, send)
+			err = AlltoAll(ctx, c, recv, recv)
+		default:
+			err = AlltoAll(ctx, c, send, recv)
+		}
+		if err != nil {
+			return fmt.Errorf("op %d, %d per block, %v: %w", op, blk, algo, err)
+		}
+		for q := 0; q < p; q++ {
+			for k := 0; k < blk; k++ {
+				if got := recv[q*blk+k]; got != val(op, q, r, k) {
+					return fmt.Errorf("op %d, %d per block, %v: element %d from rank %d is %d, want %d", op, blk, algo, k, q, got, val(op, q, r, k))
+				}
+			}
+		}
+		return nil
+	}
+	area := c.direct.Cap() / 4 / p // elements per block that fill the area
+	blocks := []int{0, 1, 1000, area, area + 1, 1 << 18, 7, 1 << 18, area}
+	for op, blk := range blocks {
+		if a := c.choose(OpAlltoAll, blk*4); a != Shared && blk > 0 {
+			return fmt.Errorf("%d-byte blocks: the model chose %v, want shared", blk*4, a)
+		}
+		if err := run(op, blk, AlgoAuto, false); err != nil {
+			return err
+		}
+		if err := run(op+100, blk, Linear, false); err != nil {
+			return err
+		}
+		if err := run(op+200, blk, Shared, op%2 == 1); err != nil {
+			return err
+		}
+	}
+	// Several in flight at once: they run in issue order.
+	var hs []*Handle
+	bufs := make([][]int32, 6)
+	for i := range bufs {
+		blk := 100 * (i + 1)
+		if i == 3 {
+			blk = area + 64 // read across
+		}
+		send := make([]int32, blk*p)
+		for q := 0; q < p; q++ {
+			for k := 0; k < blk; k++ {
+				send[q*blk+k] = val(300+i, r, q, k)
+			}
+		}
+		bufs[i] = make([]int32, blk*p)
+		h, err := IAlltoAll(ctx, c, send, bufs[i])
+		if err != nil {
+			return err
+		}
+		hs = append(hs, h)
+	}
+	for i, h := range hs {
+		if err := h.Wait(ctx); err != nil {
+			return fmt.Errorf("in flight %d: %w", i, err)
+		}
+		blk := len(bufs[i]) / p
+		for q := 0; q < p; q++ {
+			for k := 0; k < blk; k++ {
+				if got := bufs[i][q*blk+k]; got != val(300+i, q, r, k) {
+					return fmt.Errorf("in flight %d: element %d from rank %d is %d", i, k, q, got)
+				}
+			}
+		}
+	}
+	for _, blk := range []int{1024, area + 16} {
+		send, recv := make([]float32, blk*p), make([]float32, blk*p)
+		if n := testing.AllocsPerRun(50, func() {
+			if err := AlltoAll(ctx, c, send, recv); err != nil {
+				panic(err)
+			}
+		}); n != 0 {
+			return fmt.Errorf("%d-byte blocks through the shared areas: %v allocations per operation", blk*4, n)
+		}
+	}
+	return Barrier(ctx, c)
+}
+
+// helperSharedMismatch: the last rank's AlltoAll has twice the others' blocks; every
+// rank must fail with ErrMismatch, and quickly.
+func helperSharedMismatch(ctx context.Context, c *Comm) error {
+	blk := 256
+	if c.Rank() == c.Size()-1 {
+		blk = 512
+	}
+	start := time.Now()
+	err := AlltoAll(ctx, c, make([]int32, blk*c.Size()), make([]int32, blk*c.Size()))
+	if !errors.Is(err, ErrMismatch) {
+		return fmt.Errorf("got %v, want ErrMismatch", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		return fmt.Errorf("took %v to notice", d)
+	}
+	fmt.Printf("rank %d saw: %v\n", c.Rank(), err)
+	c.Close()
+	fmt.Printf("rank %d ok\n", c.Rank())
+	os.Exit(0)
+	return nil
+}
+
+// helperSharedDeath: rank 1 vanishes before an AlltoAll through the shared areas; every
+// other rank must fail it with an error naming rank 1, quickly.
+func helperSharedDeath(ctx context.Context, c *Comm) error {
+	if err := Barrier(ctx, c); err != nil {
+		return err
+	}
+	if c.Rank() == 1 {
+		fmt.Println("rank 1 ok (vanishing)")
+		os.Exit(0)
+	}
+	start := time.Now()
+	x := make([]float32, 64*c.Size())
+	err := AlltoAll(ctx, c, x, make([]float32, len(x)))
+	var pe *PeerError
+	if !errors.As(err, &pe) || pe.Rank != 1 {
+		return fmt.Errorf("got %v, want a PeerError naming rank 1", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		return fmt.Errorf("took %v to notice", d)
+	}
+	fmt.Printf("rank %d saw: %v\n", c.Rank(), err)
+	c.Close()
+	fmt.Printf("rank %d ok\n", c.Rank())
+	os.Exit(0)
+	return nil
+}
+
 // helperDeath: rank 1 vanishes (exits without closing) in the middle of an AllReduce;
 // every other rank must fail that AllReduce with an error naming rank 1, quickly.
 func helperDeath(ctx context.Context, c *Comm) error {
@@ -268,6 +430,45 @@ func TestMultiProcessDeadPeer(t *testing.T) {
 	}
 	if c := strings.Count(out, "rank 1"); c < 3 {
 		t.Fatalf("survivors did not name rank 1:\n%s", out)
+	}
+}
+
+// The subset over shared memory, and AlltoAll through the shared areas (shm.Direct):
+// 3 ranks (not a power of two) and 4; with the default areas and with small ones (so
+// that 1 MiB blocks are read across, and the boundary moves).
+func TestMultiProcessShm(t *testing.T) {
+	moex := buildMoex(t)
+	for _, n := range []int{3, 4} {
+		out := moexRun(t, moex, n, "subset", "MOEX_TRANSPORT=shm")
+		if c := strings.Count(out, " ok transport=shm"); c != n {
+			t.Fatalf("subset, %d ranks, %d reported ok over shm:\n%s", n, c, out)
+		}
+		for _, area := range []string{"", "16"} {
+			out := moexRun(t, moex, n, "shared", "MOEX_TRANSPORT=shm", "MOEX_SHM_AREA="+area)
+			if c := strings.Count(out, " ok transport=shm"); c != n {
+				t.Fatalf("shared, %d ranks, MOEX_SHM_AREA=%q: %d reported ok:\n%s", n, area, c, out)
+			}
+		}
+	}
+}
+
+// A process that dies before an AlltoAll through the shared areas is named in the error
+// of every other rank.
+func TestMultiProcessShmDeadPeer(t *testing.T) {
+	moex := buildMoex(t)
+	out := moexRun(t, moex, 4, "sharedDeath", "MOEX_TRANSPORT=shm")
+	if c := strings.Count(out, " ok"); c != 4 {
+		t.Fatalf("%d of 4 ranks ok:\n%s", c, out)
+	}
+}
+
+// Ranks that issue different AlltoAlls through the shared areas all fail with
+// ErrMismatch.
+func TestMultiProcessShmMismatch(t *testing.T) {
+	moex := buildMoex(t)
+	out := moexRun(t, moex, 3, "sharedmismatch", "MOEX_TRANSPORT=shm")
+	if c := strings.Count(out, " ok"); c != 3 {
+		t.Fatalf("%d of 3 ranks ok:\n%s", c, out)
 	}
 }
 

@@ -116,6 +116,9 @@ func (c *Comm) submitPlan(ctx context.Context, cl call, pl *plan, async bool, af
 		}
 		return nil, err
 	}
+	if pl.algo == Shared {
+		cl.turn = c.direct.Turn() // in issue order, as the sequence numbers
+	}
 	if !async {
 		err := c.exec(pl, seq, &cl)
 		if after != nil {

@@ -450,34 +450,34 @@ func (p *peer) matchRTS(r *recvReq, tag transport.Tag, senderID uint64, length i
 // copyAcross reads a matched message from the sender's memory and tells it.
 func (t *Transport) copyAcross(r *recvReq) {
 	p := r.p
-	done := 0
-	var err error
-	local, remote := t.liov[:], t.riov[:]
-	for done < r.total {
-		local[0] = unix.Iovec{Base: &r.buf[done]}
-		local[0].SetLen(r.total - done)
-		remote[0] = unix.RemoteIovec{Base: uintptr(r.addr) + uintptr(done), Len: r.total - done}
-		n, e := unix.ProcessVMReadv(p.pid, local, remote, 0)
-		if e != nil {
-			if e == unix.EINTR {
-				continue
-			}
-			err = e
-			break
-		}
-		if n == 0 {
-			err = errors.New("process_vm_readv made no progress")
-			break
-		}
-		done += n
-	}
-	if err != nil {
+	if err := cmaRead(p.pid, r.buf[:r.total], r.addr, &t.liov, &t.riov); err != nil {
 		r.Complete(0, &transport.PeerError{Rank: p.rank, Op: "recv", Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, p.rank, err)})
 		return
 	}
-	t.cmaBytes.Add(uint64(done))
+	t.cmaBytes.Add(uint64(r.total))
 	p.send(outFrame{h: wire.Header{Type: wire.TypeCTS, Src: uint32(t.rank), ID: r.senderID, Aux: 0}})
 	t.handoff(r.Complete(r.total, nil))
+}
+
+// cmaRead fills dst from address addr of process pid with process_vm_readv, using the
+// caller's vectors (so that it allocates nothing).
+func cmaRead(pid int, dst []byte, addr uint64, liov *[1]unix.Iovec, riov *[1]unix.RemoteIovec) error {
+	for done := 0; done < len(dst); {
+		liov[0] = unix.Iovec{Base: &dst[done]}
+		liov[0].SetLen(len(dst) - done)
+		riov[0] = unix.RemoteIovec{Base: uintptr(addr) + uintptr(done), Len: len(dst) - done}
+		n, err := unix.ProcessVMReadv(pid, liov[:], riov[:], 0)
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return err
+		case n == 0:
+			return errors.New("process_vm_readv made no progress")
+		}
+		done += n
+	}
+	return nil
 }
 
 func (t *Transport) runJobs() bool {

@@ -20,11 +20,12 @@ import (
 //
 //	0    magic "MOEXSHM1"
 //	8    pid (u32), rank (u32)
-//	16   ranks (u32), slots per ring (u32), slot size (u32)
+//	16   ranks (u32), slots per ring (u32), slot size (u32), shared-area capacity (u32)
 //	32   state (u32): 1 ready, 2 closed
 //	64   doorbell (u32 futex word): incremented by every producer after publishing
 //	128  sleeping (u32): the owner's progress loop is (about to be) parked on the doorbell
 //	256  ring of source 0, ring of source 1, ...
+//	then the shared area of the collectives (see direct.go)
 //
 // A ring: head (u64, producer) at +0, tail (u64, consumer) at +64, wantSpace (u32,
 // producer blocked on a full ring) at +128, then slots at +256. A slot is a wire.Header
@@ -37,6 +38,7 @@ const (
 	offRanks    = 16
 	offSlots    = 20
 	offSlotSize = 24
+	offAreaCap  = 28
 	offState    = 32
 	offDoorbell = 64
 	offSleeping = 128
@@ -58,21 +60,24 @@ type segment struct {
 	ranks    int
 	slots    int
 	slotSize int
+	areaCap  int // bytes of each of the two buffers of the shared area
 }
 
 func ringBytes(slots, slotSize int) int { return ringHdr + slots*slotSize }
 
-func segmentSize(ranks, slots, slotSize int) int { return offRings + ranks*ringBytes(slots, slotSize) }
+func segmentSize(ranks, slots, slotSize, areaCap int) int {
+	return offRings + ranks*ringBytes(slots, slotSize) + areaBytes(areaCap)
+}
 
 // createSegment makes and maps this rank's segment.
-func createSegment(name string, rank, ranks, slots, slotSize int) (*segment, error) {
+func createSegment(name string, rank, ranks, slots, slotSize, areaCap int) (*segment, error) {
 	path := filepath.Join(DevShm, name)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("shm: creating %s: %w", path, err)
 	}
 	defer f.Close()
-	size := segmentSize(ranks, slots, slotSize)
+	size := segmentSize(ranks, slots, slotSize, areaCap)
 	if err := f.Truncate(int64(size)); err != nil {
 		os.Remove(path)
 		return nil, fmt.Errorf("shm: sizing %s to %d bytes: %w", path, size, err)
@@ -82,13 +87,14 @@ func createSegment(name string, rank, ranks, slots, slotSize int) (*segment, err
 		os.Remove(path)
 		return nil, fmt.Errorf("shm: mapping %s: %w", path, err)
 	}
-	s := &segment{mem: mem, name: name, ranks: ranks, slots: slots, slotSize: slotSize}
+	s := &segment{mem: mem, name: name, ranks: ranks, slots: slots, slotSize: slotSize, areaCap: areaCap}
 	le := binary.LittleEndian
 	le.PutUint32(mem[offPid:], uint32(os.Getpid()))
 	le.PutUint32(mem[offRank:], uint32(rank))
 	le.PutUint32(mem[offRanks:], uint32(ranks))
 	le.PutUint32(mem[offSlots:], uint32(slots))
 	le.PutUint32(mem[offSlotSize:], uint32(slotSize))
+	le.PutUint32(mem[offAreaCap:], uint32(areaCap))
 	copy(mem[0:8], segMagic)
 	atomic.StoreUint32(s.u32(offState), stateReady)
 	return s, nil
@@ -115,14 +121,14 @@ func openSegment(name string, rank, ranks int) (*segment, error) {
 	}
 	le := binary.LittleEndian
 	s := &segment{mem: mem, name: name, ranks: int(le.Uint32(mem[offRanks:])), slots: int(le.Uint32(mem[offSlots:])),
-		slotSize: int(le.Uint32(mem[offSlotSize:]))}
+		slotSize: int(le.Uint32(mem[offSlotSize:])), areaCap: int(le.Uint32(mem[offAreaCap:]))}
 	switch {
 	case string(mem[:8]) != segMagic:
 		err = fmt.Errorf("shm: %s is not a moex segment", path)
 	case int(le.Uint32(mem[offRank:])) != rank || s.ranks != ranks:
 		err = fmt.Errorf("shm: %s belongs to rank %d of %d, expected rank %d of %d", path, le.Uint32(mem[offRank:]), s.ranks, rank, ranks)
-	case int(st.Size()) != segmentSize(s.ranks, s.slots, s.slotSize):
-		err = fmt.Errorf("shm: %s has %d bytes, its header says %d", path, st.Size(), segmentSize(s.ranks, s.slots, s.slotSize))
+	case int(st.Size()) != segmentSize(s.ranks, s.slots, s.slotSize, s.areaCap):
+		err = fmt.Errorf("shm: %s has %d bytes, its header says %d", path, st.Size(), segmentSize(s.ranks, s.slots, s.slotSize, s.areaCap))
 	}
 	if err != nil {
 		unix.Munmap(mem)
@@ -181,9 +187,15 @@ const (
 
 // futexWaitOn sleeps while *addr == val, at most timeoutNS. The word is in a shared
 // mapping: no FUTEX_PRIVATE_FLAG.
-func futexWaitOn(addr *uint32, val uint32, timeoutNS int64) {
+// It reports whether it slept until the timeout.
+func futexWaitOn(addr *uint32, val uint32, timeoutNS int64) (timedOut bool) {
 	ts := unix.NsecToTimespec(timeoutNS)
-	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), opFutexWait, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+	_, _, e := syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), opFutexWait, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+	return e == syscall.ETIMEDOUT
+}
+
+func futexWakeAll(addr *uint32) {
+	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), opFutexWake, 1<<31-1, 0, 0, 0)
 }
 
 func futexWake(addr *uint32) {

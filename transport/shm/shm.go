@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -68,7 +69,11 @@ type Config struct {
 	// when ranks outnumber CPUs (Poll.Oversubscribed), 1 always, -1 never. Measured with
 	// moex bench coll (alltoall, 64 KiB per rank, 2 CPUs): P=8 about 1.6x faster, P=4 about
 	// 1.15x, but P=2 (a CPU per rank, spinning) about 1.8x slower, hence the default.
-	Rewind      int
+	Rewind int
+	// AreaBytes is the capacity of each of the two buffers of this rank's shared area,
+	// which Direct's collectives move their blocks through (0: DefaultAreaBytes; negative:
+	// no area, no Direct).
+	AreaBytes   int
 	Poll        busypoll.Config
 	Poller      *busypoll.Poller
 	Pool        *obuf.Pool
@@ -76,8 +81,8 @@ type Config struct {
 	CancelGrace time.Duration
 }
 
-// ConfigFromEnv reads MOEX_SHM_CMA and MOEX_SHM_REWIND (auto, 0, 1) and the polling
-// variables.
+// ConfigFromEnv reads MOEX_SHM_CMA and MOEX_SHM_REWIND (auto, 0, 1), MOEX_SHM_AREA (KiB
+// per shared-area buffer; 0 turns the area off) and the polling variables.
 func (c *Config) ConfigFromEnv(getenv func(string) string) error {
 	for _, v := range []struct {
 		name string
@@ -91,6 +96,16 @@ func (c *Config) ConfigFromEnv(getenv func(string) string) error {
 			*v.dst = 1
 		default:
 			return &transport.EnvError{Var: v.name, Value: s, Reason: "want auto, 0 or 1"}
+		}
+	}
+	if s := getenv("MOEX_SHM_AREA"); s != "" {
+		n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSuffix(s, "K"), "k"))
+		if err != nil || n < 0 {
+			return &transport.EnvError{Var: "MOEX_SHM_AREA", Value: s, Reason: "want KiB per buffer (0: no shared area)"}
+		}
+		c.AreaBytes = n << 10
+		if n == 0 {
+			c.AreaBytes = -1
 		}
 	}
 	p, err := busypoll.ConfigFromEnv(getenv)
@@ -109,6 +124,9 @@ type Stats struct {
 	Parks             uint64 // times the progress loop slept on its doorbell
 	FullRing          uint64 // times a producer found a ring full
 	Rewinds           uint64 // times a producer found its ring empty and went back to its start
+	DirectOps         uint64 // collectives run through the shared areas (Direct)
+	DirectParks       uint64 // times one of them slept waiting for the other ranks
+	DirectTimeouts    uint64 // ... and woke by the timeout, not by a rank (ctx and liveness checks)
 }
 
 // Transport is one rank's shared-memory endpoint.
@@ -140,15 +158,17 @@ type Transport struct {
 	liov [1]unix.Iovec // process_vm_readv vectors (progress loop only)
 	riov [1]unix.RemoteIovec
 
-	closed    atomic.Bool
-	drv       core.Driver  // waiting goroutines drive progress themselves
-	lastCheck atomic.Int64 // last liveness check (nanotime)
-	life      sync.RWMutex // held shared while touching peers' mappings; Close takes it to unmap
-	stop      chan struct{}
-	wg        sync.WaitGroup
-	mode      string
+	closed     atomic.Bool
+	drv        core.Driver  // waiting goroutines drive progress themselves
+	lastCheck  atomic.Int64 // last liveness check (nanotime)
+	life       sync.RWMutex // held shared while touching peers' mappings; Close takes it to unmap
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	mode       string
+	directFree atomic.Bool // Direct not claimed yet
 
 	slotsOut, slotsIn, cmaBytes, ringBytes, parks, full, rewinds atomic.Uint64
+	directOps, directParks, directTimeouts                       atomic.Uint64
 }
 
 var _ transport.Transport = (*Transport)(nil)
@@ -236,7 +256,16 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	}
 	var jb [6]byte
 	_, _ = rand.Read(jb[:])
-	own, err := createSegment(segmentName(hex.EncodeToString(jb[:]), cfg.Rank), cfg.Rank, cfg.Size, cfg.Slots, cfg.SlotSize)
+	switch {
+	case cfg.AreaBytes == 0:
+		cfg.AreaBytes = DefaultAreaBytes
+	case cfg.AreaBytes < 0:
+		cfg.AreaBytes = 0
+	case cfg.AreaBytes%64 != 0 || cfg.AreaBytes > 1<<30:
+		return nil, &transport.ArgError{Arg: "AreaBytes", Reason: fmt.Sprintf("%d: want a multiple of 64, at most 1 GiB", cfg.AreaBytes)}
+	}
+	t.directFree.Store(true)
+	own, err := createSegment(segmentName(hex.EncodeToString(jb[:]), cfg.Rank), cfg.Rank, cfg.Size, cfg.Slots, cfg.SlotSize, cfg.AreaBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -374,7 +403,8 @@ func (t *Transport) Path(peer int) string {
 func (t *Transport) Stats() Stats {
 	return Stats{SlotsOut: t.slotsOut.Load(), SlotsIn: t.slotsIn.Load(), CMABytes: t.cmaBytes.Load(),
 		RingBytes: t.ringBytes.Load(), Parks: t.parks.Load(), FullRing: t.full.Load(),
-		Rewinds: t.rewinds.Load()}
+		Rewinds: t.rewinds.Load(), DirectOps: t.directOps.Load(), DirectParks: t.directParks.Load(),
+		DirectTimeouts: t.directTimeouts.Load()}
 }
 
 // Close tells the peers, stops the progress loop and unmaps everything. Pending requests
@@ -406,6 +436,10 @@ func (t *Transport) shutdown() error {
 	atomic.StoreUint32(t.own.u32(offState), stateClosed)
 	close(t.stop)
 	t.own.ringDoorbell()
+	if t.own.areaCap > 0 {
+		futexWakeAll(t.own.areaU32(areaArrived))
+		futexWakeAll(t.own.areaU32(areaReads))
+	}
 	t.wg.Wait()
 	for _, p := range t.peers {
 		if p != nil {

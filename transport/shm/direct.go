@@ -1,0 +1,365 @@
+package shm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moex-ai/moex/busypoll"
+	"github.com/moex-ai/moex/transport"
+)
+
+// The shared area: at the end of every segment, for collectives of the whole job that
+// move their blocks through shared memory instead of through the point-to-point rings
+// (Direct). Layout, from the area's start:
+//
+//	0    published (u64): operations this rank has published
+//	64   arrived (u32 futex word): publications of the other ranks (P-1 per operation)
+//	128  reads (u32 futex word): blocks the other ranks read from this rank's send
+//	     buffers (P-1 per operation read across)
+//	192  sleeping (u32): the owner is (about to be) parked on arrived or reads
+//	200  signature for buffer 0 (u64), for buffer 1 (u64)
+//	216  send-buffer address for buffer 0 (u64), for buffer 1 (u64)
+//	256  buffer 0 (areaCap bytes), buffer 1 (areaCap bytes)
+//
+// Operation n uses buffer n%2 (its signature and address slots likewise). No rank reads a
+// buffer once its owner may write it again: a rank that publishes operation n+2 into the
+// buffer of n has finished n+1, so it saw every rank publish n+1, and a rank publishes
+// n+1 only after it finished reading n. The counters only grow, so after operation n
+// every rank has arrived = (P-1)n: the rank whose increment completes a count wakes the
+// owner, which therefore sleeps at most once per wait, however many ranks it waits for.
+const (
+	areaHdr       = 256
+	areaPublished = 0
+	areaArrived   = 64
+	areaReads     = 128
+	areaSleeping  = 192
+	areaSig       = 200
+	areaAddr      = 216
+
+	// DefaultAreaBytes is the default capacity of each of the two buffers of a rank's
+	// shared area: the largest send buffer a Direct operation copies through it. Larger
+	// ones are read across (process_vm_readv) from the send buffer itself, where
+	// cross-memory attach works. Measured with moex bench coll (alltoall, 2 CPUs): two
+	// copies through the area beat one copy across up to about 1 MiB per rank.
+	DefaultAreaBytes = 1 << 20
+)
+
+func areaBytes(areaCap int) int {
+	if areaCap <= 0 {
+		return 0
+	}
+	return areaHdr + 2*areaCap
+}
+
+func (s *segment) areaBase() int { return len(s.mem) - areaBytes(s.areaCap) }
+
+func (s *segment) areaU64(off int) *uint64 { return s.u64(s.areaBase() + off) }
+func (s *segment) areaU32(off int) *uint32 { return s.u32(s.areaBase() + off) }
+
+// areaBuf is buffer i%2 of the area.
+func (s *segment) areaBuf(i uint64) []byte {
+	off := s.areaBase() + areaHdr + int(i&1)*s.areaCap
+	return s.mem[off : off+s.areaCap : off+s.areaCap]
+}
+
+// Direct runs collectives of the whole job through the shared areas of the ranks'
+// segments: each rank publishes its send buffer with one counter, copied into its own
+// area (up to Cap bytes) or, when larger, by address for the others to read across with
+// process_vm_readv; every rank then takes its blocks from the others straight away.
+// An AlltoAll of P ranks thus costs each rank one store and P-1 loads of a counter where
+// the rings take P-1 messages each way with their notifications (and, for large ones, an
+// announcement and a reply per message), and a rank that waits sleeps about once per
+// operation, not once per message: with more ranks than CPUs, where every wake-up is a
+// context switch, that is most of the cost of a small AlltoAll.
+//
+// Operations run one at a time, in the order their turns were taken (Turn), and every
+// rank must run the same operations in the same order: they are collective.
+type Direct struct {
+	t      *Transport
+	cap    int
+	pull   bool          // larger buffers are read across (cross-memory attach works)
+	pulls  uint64        // operations so far that were read across
+	next   atomic.Uint64 // turns handed out
+	done   atomic.Uint64 // operations finished
+	broken atomic.Bool   // an operation failed: the order is lost, the rest fail too
+	order  []int         // the peers, from this rank's successor on
+	wanted []int         // scratch: peers not read yet
+	liov   [1]unix.Iovec
+	riov   [1]unix.RemoteIovec
+}
+
+// Direct returns the transport's shared-area collectives, or nil when some rank is not
+// on this host or the areas are disabled (Config.AreaBytes < 0). Only one communicator
+// may use them: the first call claims them, later calls get nil.
+func (t *Transport) Direct() *Direct {
+	if t.size < 2 || t.own.areaCap <= 0 || !t.directFree.CompareAndSwap(true, false) {
+		return nil
+	}
+	c := t.own.areaCap
+	pull := true
+	for q, p := range t.peers {
+		if q == t.rank {
+			continue
+		}
+		if p == nil {
+			t.directFree.Store(true)
+			return nil
+		}
+		c = min(c, p.seg.areaCap)
+		pull = pull && p.cma
+	}
+	if c <= 0 {
+		t.directFree.Store(true)
+		return nil
+	}
+	d := &Direct{t: t, cap: c, pull: pull}
+	for i := 1; i < t.size; i++ {
+		d.order = append(d.order, (t.rank+i)%t.size)
+	}
+	d.wanted = make([]int, 0, t.size)
+	return d
+}
+
+// Cap is the largest send buffer an operation copies through the areas (the smallest
+// area of all ranks).
+func (d *Direct) Cap() int { return d.cap }
+
+// Fits reports whether an operation on send buffers of n bytes can run: through the
+// areas, or read across.
+func (d *Direct) Fits(n int) bool { return n <= d.cap || d.pull }
+
+// Turn reserves the next operation's place in the order: call it when the operation is
+// issued, in issue order, and pass the turn to the operation.
+func (d *Direct) Turn() uint64 { return d.next.Add(1) }
+
+// Wake interrupts a waiting operation so that it looks at its context again (a
+// communicator calls it when it aborts).
+func (d *Direct) Wake() {
+	futexWakeAll(d.t.own.areaU32(areaArrived))
+	futexWakeAll(d.t.own.areaU32(areaReads))
+}
+
+// ErrTooLarge is returned for an operation that Fits refuses.
+var ErrTooLarge = errors.New("shm: buffer larger than the shared area, and cross-memory attach refused")
+
+// AllToAll exchanges blocks: send and recv hold one equal block per rank, in rank order;
+// block q of send goes to rank q, and block q of recv comes from rank q. sig identifies
+// the operation (kind, sizes): a rank that finds another rank published a different sig
+// for the same turn returns a transport.PeerError wrapping transport.ErrMismatch, naming
+// it. send and recv must not overlap. ctx ends the wait (with ctx's error); a peer that
+// dies or closes is reported as a PeerError naming it (the transport's liveness checks
+// also abort the communicator, through ctx).
+func (d *Direct) AllToAll(ctx context.Context, turn uint64, send, recv []byte, sig uint64) (err error) {
+	defer func() { d.finish(turn, err) }()
+	t := d.t
+	p := t.size
+	n := len(send)
+	if len(recv) != n || n%p != 0 {
+		return &transport.ArgError{Arg: "recv", Reason: fmt.Sprintf("send %d bytes, recv %d: want equal lengths, a multiple of %d ranks", n, len(recv), p)}
+	}
+	if !d.Fits(n) {
+		return fmt.Errorf("%w: %d bytes, the area holds %d", ErrTooLarge, n, d.cap)
+	}
+	if err := d.awaitTurn(ctx, turn); err != nil {
+		return err
+	}
+	t.directOps.Add(1)
+	t.life.RLock()
+	defer t.life.RUnlock()
+	if t.closed.Load() {
+		return transport.ErrClosed
+	}
+	b := n / p
+	me := t.rank
+	own := t.own
+	pull := n > d.cap
+	par := 8 * int(turn&1)
+	if pull {
+		d.pulls++
+		if n > 0 {
+			atomic.StoreUint64(own.areaU64(areaAddr+par), uint64(uintptr(unsafe.Pointer(&send[0]))))
+		}
+	} else {
+		buf := own.areaBuf(turn)
+		for _, q := range d.order {
+			copy(buf[q*b:(q+1)*b], send[q*b:(q+1)*b])
+		}
+	}
+	atomic.StoreUint64(own.areaU64(areaSig+par), sig)
+	// Count ourselves in everywhere before publishing: a rank that sees every rank
+	// published turn, finishes it and counts itself in for the next one, must find the
+	// counts of this turn complete, or the increment that completes one would be its
+	// own, for another target, and nobody would wake the rank that sleeps on it.
+	target := uint32(uint64(p-1) * turn)
+	for _, q := range d.order {
+		d.bump(q, areaArrived, target)
+	}
+	atomic.StoreUint64(own.areaU64(areaPublished), turn)
+	copy(recv[me*b:(me+1)*b], send[me*b:(me+1)*b])
+	d.wanted = append(d.wanted[:0], d.order...)
+	if err := d.wait(ctx, areaArrived, target, func() (bool, error) { return d.collect(turn, recv, b, sig, pull) }); err != nil {
+		return err
+	}
+	if pull {
+		// The others read from send: it is ours again once they all have.
+		want := uint32(uint64(p-1) * d.pulls)
+		reads := own.areaU32(areaReads)
+		if err := d.wait(ctx, areaReads, want, func() (bool, error) { return reached(atomic.LoadUint32(reads), want), nil }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reached compares counters that wrap around.
+func reached(v, target uint32) bool { return int32(v-target) >= 0 }
+
+// bump adds one to rank q's counter at off, and wakes q if that completes target and q
+// sleeps.
+func (d *Direct) bump(q, off int, target uint32) {
+	s := d.t.peers[q].seg
+	if atomic.AddUint32(s.areaU32(off), 1) == target && atomic.LoadUint32(s.areaU32(areaSleeping)) != 0 {
+		futexWakeAll(s.areaU32(off))
+	}
+}
+
+// wait polls cond under the transport's policy until it reports done, parking, when the
+// policy says so, on this rank's counter at off until it reaches target (and every few
+// milliseconds looking at ctx, the transport and the peers still wanted).
+func (d *Direct) wait(ctx context.Context, off int, target uint32, cond func() (bool, error)) error {
+	t := d.t
+	word := t.own.areaU32(off)
+	sleeping := t.own.areaU32(areaSleeping)
+	var checked int64
+	for {
+		spin := t.poller.BeginProcess()
+		for {
+			done, err := cond()
+			if err != nil || done {
+				spin.End()
+				return err
+			}
+			if spin.Idle() {
+				// Announce, then sleep unless the count is complete already; the rank
+				// that completes it wakes us. Wake up every few milliseconds to look
+				// at ctx and at the peers' liveness.
+				atomic.StoreUint32(sleeping, 1)
+				if v := atomic.LoadUint32(word); !reached(v, target) && ctx.Err() == nil {
+					t.directParks.Add(1)
+					if futexWaitOn(word, v, int64(2*time.Millisecond)) {
+						t.directTimeouts.Add(1)
+					}
+				} else {
+					busypoll.OSYield() // counted in, about to publish: let it
+				}
+				atomic.StoreUint32(sleeping, 0)
+				spin.End()
+				break
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if t.closed.Load() {
+			return transport.ErrClosed
+		}
+		if now := nanotime(); now-checked > int64(5*time.Millisecond) {
+			checked = now
+			if err := d.checkPeers(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// collect takes the blocks of the peers that published turn, and reports whether none
+// is left to take.
+func (d *Direct) collect(turn uint64, recv []byte, b int, sig uint64, pull bool) (bool, error) {
+	me := d.t.rank
+	par := 8 * int(turn&1)
+	k := 0
+	for i, q := range d.wanted {
+		s := d.t.peers[q].seg
+		if atomic.LoadUint64(s.areaU64(areaPublished)) < turn {
+			d.wanted[k] = q
+			k++
+			continue
+		}
+		if got := atomic.LoadUint64(s.areaU64(areaSig + par)); got != sig {
+			d.wanted = append(d.wanted[:k], d.wanted[i:]...)
+			return false, &transport.PeerError{Rank: q, Op: "alltoall", Err: fmt.Errorf(
+				"%w: rank %d published operation %d with signature %#x, this rank's is %#x",
+				transport.ErrMismatch, q, turn, got, sig)}
+		}
+		dst := recv[q*b : (q+1)*b]
+		if !pull {
+			copy(dst, s.areaBuf(turn)[me*b:(me+1)*b])
+			continue
+		}
+		p := d.t.peers[q]
+		addr := atomic.LoadUint64(s.areaU64(areaAddr+par)) + uint64(me*b)
+		if err := cmaRead(p.pid, dst, addr, &d.liov, &d.riov); err != nil {
+			d.wanted = append(d.wanted[:k], d.wanted[i:]...)
+			return false, &transport.PeerError{Rank: q, Op: "alltoall", Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, q, err)}
+		}
+		d.t.cmaBytes.Add(uint64(b))
+		d.bump(q, areaReads, uint32(uint64(d.t.size-1)*d.pulls))
+	}
+	d.wanted = d.wanted[:k]
+	return k == 0, nil
+}
+
+// checkPeers reports a peer that has not published yet and never will: the transport
+// found it dead (its process exited; the progress loop looks every few milliseconds), or
+// its segment says it closed.
+func (d *Direct) checkPeers() error {
+	for _, q := range d.wanted {
+		p := d.t.peers[q]
+		if p.seg.state() == stateClosed {
+			return &transport.PeerError{Rank: q, Op: "alltoall", Err: fmt.Errorf("%w: closed", transport.ErrPeerClosed)}
+		}
+		if p.isDead() {
+			return p.peerErr("alltoall")
+		}
+	}
+	return nil
+}
+
+// ErrBroken is returned by the operations after one that failed: the ranks may no longer
+// agree on which operation is which.
+var ErrBroken = errors.New("shm: an earlier shared-area operation failed")
+
+// awaitTurn waits until the operations before turn have finished (only operations
+// issued without waiting for the previous ones queue here).
+func (d *Direct) awaitTurn(ctx context.Context, turn uint64) error {
+	for d.done.Load() != turn-1 {
+		switch {
+		case d.broken.Load():
+			return ErrBroken
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case d.t.closed.Load():
+			return transport.ErrClosed
+		}
+		time.Sleep(20 * time.Microsecond)
+	}
+	if d.broken.Load() {
+		return ErrBroken
+	}
+	return nil
+}
+
+// finish ends turn: the next may start, or, when it failed, every later one fails.
+func (d *Direct) finish(turn uint64, err error) {
+	if err != nil {
+		d.broken.Store(true)
+		return
+	}
+	d.done.Store(turn)
+}

@@ -1,0 +1,226 @@
+package shm_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/shm"
+)
+
+// directs claims every rank's Direct.
+func directs(t *testing.T, ts []*shm.Transport) []*shm.Direct {
+	t.Helper()
+	ds := make([]*shm.Direct, len(ts))
+	for r, tr := range ts {
+		if ds[r] = tr.Direct(); ds[r] == nil {
+			t.Fatalf("rank %d: no Direct", r)
+		}
+		if tr.Direct() != nil {
+			t.Fatalf("rank %d: Direct claimed twice", r)
+		}
+	}
+	return ds
+}
+
+// block fills block q of rank r's send buffer for operation op.
+func fill(b []byte, op, r, q int) {
+	for i := range b {
+		b[i] = byte(op*31 + r*7 + q*13 + i*3)
+	}
+}
+
+// Every rank sends a distinct block to every rank, through the area (buffers up to
+// AreaBytes) and read across (larger), in turns that switch between the two, with
+// operations of the same ranks and sizes back to back: every byte arrives where it
+// belongs, and the counters say what happened.
+func TestDirectAllToAll(t *testing.T) {
+	for _, cma := range []int{0, -1} {
+		t.Run(fmt.Sprintf("cma=%d", cma), func(t *testing.T) {
+			const p = 4
+			ts := start(t, p, func(c *shm.Config) { c.AreaBytes = 4096; c.CMA = cma })
+			ds := directs(t, ts)
+			if ds[0].Cap() != 4096 {
+				t.Fatalf("Cap %d, want 4096", ds[0].Cap())
+			}
+			pull := cma == 0 // cross-memory attach works here unless disabled
+			if ds[0].Fits(1<<20) != pull {
+				t.Fatalf("Fits(1 MiB) = %v with CMA %d", ds[0].Fits(1<<20), cma)
+			}
+			sizes := []int{0, p, 4096, 4096 + 4*p, 1 << 20, 64, 1 << 20, 1 << 20, 4000, 4000}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			var wg sync.WaitGroup
+			errs := make([]error, p)
+			for r := 0; r < p; r++ {
+				wg.Add(1)
+				go func(r int) {
+					defer wg.Done()
+					for op, n := range sizes {
+						if n > ds[r].Cap() && !pull {
+							continue
+						}
+						b := n / p
+						send, recv := make([]byte, n), make([]byte, n)
+						for q := 0; q < p; q++ {
+							fill(send[q*b:(q+1)*b], op, r, q)
+						}
+						if err := ds[r].AllToAll(ctx, ds[r].Turn(), send, recv, uint64(n)); err != nil {
+							errs[r] = fmt.Errorf("op %d (%d bytes): %w", op, n, err)
+							return
+						}
+						want := make([]byte, b)
+						for q := 0; q < p; q++ {
+							fill(want, op, q, r)
+							if string(recv[q*b:(q+1)*b]) != string(want) {
+								errs[r] = fmt.Errorf("op %d (%d bytes): block from rank %d wrong", op, n, q)
+								return
+							}
+						}
+					}
+				}(r)
+			}
+			wg.Wait()
+			for r, err := range errs {
+				if err != nil {
+					t.Fatalf("rank %d: %v", r, err)
+				}
+			}
+			st := ts[0].Stats()
+			if st.DirectOps == 0 || (pull && st.CMABytes == 0) || (!pull && st.CMABytes != 0) {
+				t.Fatalf("stats %+v", st)
+			}
+		})
+	}
+}
+
+// Operations issued before the previous ones finished (Turn taken in order, run by
+// several goroutines at once) run in turn order.
+func TestDirectTurns(t *testing.T) {
+	const p, ops = 3, 8
+	ts := start(t, p, nil)
+	ds := directs(t, ts)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, p*ops)
+	for r := 0; r < p; r++ {
+		for op := 0; op < ops; op++ {
+			turn := ds[r].Turn()
+			n := (op + 1) * 64 * p
+			send, recv := make([]byte, n), make([]byte, n)
+			b := n / p
+			for q := 0; q < p; q++ {
+				fill(send[q*b:(q+1)*b], op, r, q)
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := ds[r].AllToAll(ctx, turn, send, recv, uint64(n)); err != nil {
+					errs <- err
+					return
+				}
+				want := make([]byte, b)
+				for q := 0; q < p; q++ {
+					fill(want, op, q, r)
+					if string(recv[q*b:(q+1)*b]) != string(want) {
+						errs <- fmt.Errorf("rank %d op %d: block from %d wrong", r, op, q)
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+// Ranks that run different operations in the same turn get ErrMismatch naming a peer,
+// and every operation after that fails at once.
+func TestDirectMismatch(t *testing.T) {
+	const p = 3
+	ts := start(t, p, nil)
+	ds := directs(t, ts)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, p)
+	for r := 0; r < p; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			n := 64 * p
+			if r == 2 {
+				n = 128 * p
+			}
+			errs[r] = ds[r].AllToAll(ctx, ds[r].Turn(), make([]byte, n), make([]byte, n), uint64(n))
+		}(r)
+	}
+	wg.Wait()
+	for r, err := range errs {
+		var pe *transport.PeerError
+		if !errors.Is(err, transport.ErrMismatch) || !errors.As(err, &pe) {
+			t.Fatalf("rank %d: got %v, want a PeerError wrapping ErrMismatch", r, err)
+		}
+		if (r == 2) == (pe.Rank == 2) {
+			t.Fatalf("rank %d blames rank %d", r, pe.Rank)
+		}
+	}
+	err := ds[0].AllToAll(ctx, ds[0].Turn(), make([]byte, 3), make([]byte, 3), 3)
+	if !errors.Is(err, shm.ErrBroken) {
+		t.Fatalf("after a failed operation: %v, want ErrBroken", err)
+	}
+}
+
+// A rank that closes instead of taking part is reported, naming it, and a rank whose
+// context ends stops waiting: nothing hangs.
+func TestDirectPeerGone(t *testing.T) {
+	const p = 3
+	ts := start(t, p, nil)
+	ds := directs(t, ts)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ts[2].Close()
+	t0 := time.Now()
+	err := ds[0].AllToAll(ctx, ds[0].Turn(), make([]byte, 3), make([]byte, 3), 3)
+	var pe *transport.PeerError
+	if !errors.Is(err, transport.ErrPeerClosed) || !errors.As(err, &pe) || pe.Rank != 2 {
+		t.Fatalf("got %v, want a PeerError naming rank 2", err)
+	}
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Fatalf("took %v", d)
+	}
+	short, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel2()
+	// Rank 1 waits for rank 0, which never comes (rank 2's closure is seen only among
+	// the peers still missing: rank 1 finds it too, or its context ends).
+	err = ds[1].AllToAll(short, ds[1].Turn(), make([]byte, 3), make([]byte, 3), 3)
+	if err == nil {
+		t.Fatal("rank 1 finished an AllToAll that rank 0 and 2 did not take part in")
+	}
+}
+
+// Buffers that cannot be exchanged are refused with an ArgError or ErrTooLarge.
+func TestDirectBadArgs(t *testing.T) {
+	ts := start(t, 2, func(c *shm.Config) { c.AreaBytes = 1024; c.CMA = -1 })
+	ds := directs(t, ts)
+	ctx := context.Background()
+	var ae *transport.ArgError
+	if err := ds[0].AllToAll(ctx, ds[0].Turn(), make([]byte, 3), make([]byte, 3), 0); !errors.As(err, &ae) {
+		t.Fatalf("3 bytes over 2 ranks: %v", err)
+	}
+	ds = directs(t, start(t, 2, func(c *shm.Config) { c.AreaBytes = 1024; c.CMA = -1 }))
+	if err := ds[0].AllToAll(ctx, ds[0].Turn(), make([]byte, 2048), make([]byte, 2048), 0); !errors.Is(err, shm.ErrTooLarge) {
+		t.Fatalf("2 KiB through a 1 KiB area without CMA: %v", err)
+	}
+	ts2 := start(t, 2, func(c *shm.Config) { c.AreaBytes = -1 })
+	if ts2[0].Direct() != nil {
+		t.Fatal("Direct with the area disabled")
+	}
+}
