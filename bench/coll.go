@@ -14,7 +14,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"runtime"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -64,7 +66,10 @@ type CollResult struct {
 	BusBW     float64 `json:"busbw_gbs"`
 	Wrong     int     `json:"wrong"`
 	MemcpyGBs float64 `json:"memcpy_gbs"`
-	Iters     int     `json:"iters"`
+	// AlltoAll: the copy floor, the time this host takes to move every byte of the
+	// operation once with all its CPUs and no synchronisation at all (CopyFloor).
+	FloorUS float64 `json:"floor_us,omitempty"`
+	Iters   int     `json:"iters"`
 	// With profiling: the longest per-op wait for the last rank and the longest per-op
 	// time after it, over the ranks, and the rank that arrived last most often.
 	WaitUS   float64 `json:"wait_us,omitempty"`
@@ -103,6 +108,46 @@ func Memcpy(n int) float64 {
 		copy(dst, src)
 	}
 	return float64(n) * float64(iters) / time.Since(start).Seconds() / 1e9
+}
+
+// CopyFloor is a lower bound for an AlltoAll of n bytes per rank among p ranks on this
+// host that moves each byte once (cross-memory attach, or a shared mapping): the best time,
+// over a few tries, of copying p buffers of n bytes block by block into p others with as
+// many threads as there are CPUs (at most p), with no synchronisation but the final join.
+// The buffers come from obuf, as the benchmark's do. With more ranks than CPUs it bounds
+// what any implementation can reach, whatever its protocol.
+func CopyFloor(p, n int) time.Duration {
+	if p < 1 || n < p {
+		return 0
+	}
+	b := n / p
+	bufs := make([]*obuf.Buf, 2*p)
+	for i := range bufs {
+		bufs[i] = obuf.Default.Get(n)
+		defer bufs[i].Release()
+		clear(bufs[i].Bytes()) // fault the pages in
+	}
+	threads := min(p, runtime.NumCPU())
+	best := time.Duration(1 << 62)
+	for try := 0; try < max(5, min(200, (256<<20)/(p*n))); try++ {
+		start := time.Now()
+		var wg sync.WaitGroup
+		for w := 0; w < threads; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for r := w; r < p; r += threads {
+					recv := bufs[p+r].Bytes()
+					for q := 0; q < p; q++ {
+						copy(recv[q*b:(q+1)*b], bufs[q].Bytes()[r*b:(r+1)*b])
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		best = min(best, time.Since(start))
+	}
+	return best
 }
 
 // sizes returns the message sizes from min to max by factor, each a multiple of the
@@ -252,6 +297,9 @@ func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResul
 	res.BusBW = res.AlgBW * BusFactor(o.Op, p)
 	if r == 0 {
 		res.MemcpyGBs = Memcpy(size)
+		if o.Op == coll.OpAlltoAll {
+			res.FloorUS = CopyFloor(p, size).Seconds() * 1e6
+		}
 	}
 	return res, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -34,5 +35,40 @@ func TestCollProfileStraggler(t *testing.T) {
 	PrintColl(&out, rows)
 	if !strings.Contains(out.String(), "wait (us)") || !strings.Contains(out.String(), "last rank") {
 		t.Errorf("table without the profile columns:\n%s", out.String())
+	}
+}
+
+// The copy floor is a positive time for a real AlltoAll, nothing for one with no bytes
+// per block, and the AlltoAll rows carry it.
+func TestCopyFloor(t *testing.T) {
+	if d := CopyFloor(4, 64<<10); d <= 0 {
+		t.Fatalf("CopyFloor(4, 64 KiB) = %v", d)
+	}
+	if d := CopyFloor(4, 3); d != 0 {
+		t.Fatalf("CopyFloor(4, 3) = %v, want 0", d)
+	}
+	cs, err := coll.Local(2, coll.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := make([][]CollResult, 2)
+	errs := make([]error, 2)
+	var wg sync.WaitGroup
+	for r, c := range cs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rows[r], errs[r] = Coll(context.Background(), c, CollOpts{Op: coll.OpAlltoAll, MinBytes: 64 << 10, MaxBytes: 64 << 10, Iters: 3})
+		}()
+	}
+	wg.Wait()
+	for r, c := range cs {
+		c.Close()
+		if errs[r] != nil {
+			t.Fatal(errs[r])
+		}
+	}
+	if len(rows[0]) != 1 || rows[0][0].FloorUS <= 0 || rows[0][0].Wrong != 0 {
+		t.Fatalf("rows %+v", rows[0])
 	}
 }

@@ -3,7 +3,9 @@
 # `moex bench coll --transport shm`, same ranks and sizes, the two run alternately
 # (ROUNDS times each), the best time of each kept. Prints one line per (op, ranks, size)
 # with both times and the ratio (Open MPI time / moex time: above 1, moex is faster), and
-# the AlltoAll bandwidth beside memcpy of the same bytes.
+# the AlltoAll bandwidth beside memcpy of the same bytes and beside the copy floor (the
+# time this host needs to copy every byte of the operation once with all its CPUs and no
+# synchronisation: no implementation that moves each byte once can beat it).
 #
 # Installs Open MPI from Debian's packages when missing (needs root for apt-get).
 # usage: bench/peers/compare.sh [ROUNDS]
@@ -51,7 +53,8 @@ for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 167
 		if [ "$op" = alltoall ]; then
 			bw=$(best "$size" algbw_gbs "$work/moex.json")
 			mc=$(best "$size" memcpy_gbs "$work/moex.json")
-			note=$(python3 -c "print(f'moex algbw {float(\"$bw\"):.1f} GB/s = {float(\"$bw\")/float(\"$mc\")*100:.0f}% of memcpy ({float(\"$mc\"):.1f} GB/s)')")
+			fl=$(best "$size" floor_us "$work/moex.json")
+			note=$(python3 -c "print(f'moex algbw {float(\"$bw\"):.1f} GB/s = {float(\"$bw\")/float(\"$mc\")*100:.0f}% of memcpy ({float(\"$mc\"):.1f} GB/s); copy floor {float(\"$fl\"):.0f} us, 2x Open MPI needs {float(\"$o\")/2:.0f} us')")
 		fi
 		ratio=$(python3 -c "print(f'{float(\"$o\")/float(\"$m\"):.2f}x')")
 		printf "%-10s %5s %10s %12.1f %12.1f %8s %s\n" "$op" "$p" "$size" "$m" "$o" "$ratio" "$note"

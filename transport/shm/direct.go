@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -23,16 +25,23 @@ import (
 //	128  reads (u32 futex word): blocks the other ranks read from this rank's send
 //	     buffers (P-1 per operation read across)
 //	192  sleeping (u32): the owner is (about to be) parked on arrived or reads
-//	200  signature for buffer 0 (u64), for buffer 1 (u64)
-//	216  send-buffer address for buffer 0 (u64), for buffer 1 (u64)
-//	256  buffer 0 (areaCap bytes), buffer 1 (areaCap bytes)
+//	200  signature for even operations (u64), for odd ones (u64)
+//	216  where the data of even operations is (u64), of odd ones (u64): an offset in
+//	     the data space for operations through it, the send buffer's address for those
+//	     read across
+//	256  the data space: 3 x areaCap bytes
 //
-// Operation n uses buffer n%2 (its signature and address slots likewise). No rank reads a
-// buffer once its owner may write it again: a rank that publishes operation n+2 into the
-// buffer of n has finished n+1, so it saw every rank publish n+1, and a rank publishes
-// n+1 only after it finished reading n. The counters only grow, so after operation n
-// every rank has arrived = (P-1)n: the rank whose increment completes a count wakes the
-// owner, which therefore sleeps at most once per wait, however many ranks it waits for.
+// An operation through the area copies its send buffer (at most areaCap bytes) into the
+// data space, anywhere but where the previous operation's is: other ranks may still be
+// reading that one. Every rank that reads this rank's operation n has finished n-1 (it
+// published n), so older data is free. With ranks outnumbering CPUs, operations alternate
+// between the two halves of the space, which stay warm in the caches the ranks share;
+// with a CPU per rank they go round the whole space, like the rings, so that a rank
+// rarely writes lines that another CPU still holds (writing them costs a round trip to
+// that CPU per line: copying into a 64 KiB buffer that the peer had just read ran at 7
+// GB/s, against 40 for the copy out). The counters only grow, so after operation n every
+// rank has arrived = (P-1)n: the rank whose increment completes a count wakes the owner,
+// which therefore sleeps at most once per wait, however many ranks it waits for.
 const (
 	areaHdr       = 256
 	areaPublished = 0
@@ -40,13 +49,13 @@ const (
 	areaReads     = 128
 	areaSleeping  = 192
 	areaSig       = 200
-	areaAddr      = 216
+	areaWhere     = 216
 
-	// DefaultAreaBytes is the default capacity of each of the two buffers of a rank's
-	// shared area: the largest send buffer a Direct operation copies through it. Larger
-	// ones are read across (process_vm_readv) from the send buffer itself, where
-	// cross-memory attach works. Measured with moex bench coll (alltoall, 2 CPUs): two
-	// copies through the area beat one copy across up to about 1 MiB per rank.
+	// DefaultAreaBytes is the default for the largest send buffer a Direct operation
+	// copies through the area. Larger ones are read across (process_vm_readv) from the
+	// send buffer itself, where cross-memory attach works. Measured with moex bench coll
+	// (alltoall, 2 CPUs): two copies through the area beat one copy across up to about
+	// 1 MiB per rank.
 	DefaultAreaBytes = 1 << 20
 )
 
@@ -54,19 +63,22 @@ func areaBytes(areaCap int) int {
 	if areaCap <= 0 {
 		return 0
 	}
-	return areaHdr + 2*areaCap
+	return areaHdr + 3*areaCap
 }
 
 func (s *segment) areaBase() int { return len(s.mem) - areaBytes(s.areaCap) }
 
+// areaData returns n bytes of the data space from off, or nil if that is not inside it.
+func (s *segment) areaData(off uint64, n int) []byte {
+	if off > uint64(3*s.areaCap) || uint64(n) > uint64(3*s.areaCap)-off {
+		return nil
+	}
+	o := s.areaBase() + areaHdr + int(off)
+	return s.mem[o : o+n : o+n]
+}
+
 func (s *segment) areaU64(off int) *uint64 { return s.u64(s.areaBase() + off) }
 func (s *segment) areaU32(off int) *uint32 { return s.u32(s.areaBase() + off) }
-
-// areaBuf is buffer i%2 of the area.
-func (s *segment) areaBuf(i uint64) []byte {
-	off := s.areaBase() + areaHdr + int(i&1)*s.areaCap
-	return s.mem[off : off+s.areaCap : off+s.areaCap]
-}
 
 // Direct runs collectives of the whole job through the shared areas of the ranks'
 // segments: each rank publishes its send buffer with one counter, copied into its own
@@ -85,6 +97,8 @@ type Direct struct {
 	cap    int
 	pull   bool          // larger buffers are read across (cross-memory attach works)
 	pulls  uint64        // operations so far that were read across
+	end    int           // where the data of the last operation through the area ends
+	procs  bool          // waiters yield to the kernel only (the peers are other processes)
 	next   atomic.Uint64 // turns handed out
 	done   atomic.Uint64 // operations finished
 	broken atomic.Bool   // an operation failed: the order is lost, the rest fail too
@@ -118,7 +132,12 @@ func (t *Transport) Direct() *Direct {
 		t.directFree.Store(true)
 		return nil
 	}
-	d := &Direct{t: t, cap: c, pull: pull}
+	d := &Direct{t: t, cap: c, pull: pull, procs: true}
+	for _, p := range t.peers {
+		if p != nil && p.pid == os.Getpid() && t.size > runtime.GOMAXPROCS(0) {
+			d.procs = false // ranks as goroutines (tests), more than Ps: they need Go's scheduler
+		}
+	}
 	for i := 1; i < t.size; i++ {
 		d.order = append(d.order, (t.rank+i)%t.size)
 	}
@@ -183,13 +202,15 @@ func (d *Direct) AllToAll(ctx context.Context, turn uint64, send, recv []byte, s
 	if pull {
 		d.pulls++
 		if n > 0 {
-			atomic.StoreUint64(own.areaU64(areaAddr+par), uint64(uintptr(unsafe.Pointer(&send[0]))))
+			atomic.StoreUint64(own.areaU64(areaWhere+par), uint64(uintptr(unsafe.Pointer(&send[0]))))
 		}
 	} else {
-		buf := own.areaBuf(turn)
+		off := d.place(turn, n)
+		buf := own.areaData(uint64(off), n)
 		for _, q := range d.order {
 			copy(buf[q*b:(q+1)*b], send[q*b:(q+1)*b])
 		}
+		atomic.StoreUint64(own.areaU64(areaWhere+par), uint64(off))
 	}
 	atomic.StoreUint64(own.areaU64(areaSig+par), sig)
 	// Count ourselves in everywhere before publishing: a rank that sees every rank
@@ -217,6 +238,21 @@ func (d *Direct) AllToAll(ctx context.Context, turn uint64, send, recv []byte, s
 	return nil
 }
 
+// place picks where in the data space operation turn puts its n bytes (see the layout).
+func (d *Direct) place(turn uint64, n int) int {
+	space := 3 * d.t.own.areaCap
+	var off int
+	if d.t.rewind {
+		off = int(turn&1) * (space / 2 &^ 63) // each half holds areaCap: 3/2 cap >= cap
+	} else if off = d.end; off+n > space {
+		// From the start: the previous operation's data, at most areaCap bytes, ends
+		// beyond 3 cap - n >= 2 cap, so it starts beyond cap >= n.
+		off = 0
+	}
+	d.end = (off + n + 63) &^ 63
+	return off
+}
+
 // reached compares counters that wrap around.
 func reached(v, target uint32) bool { return int32(v-target) >= 0 }
 
@@ -238,7 +274,10 @@ func (d *Direct) wait(ctx context.Context, off int, target uint32, cond func() (
 	sleeping := t.own.areaU32(areaSleeping)
 	var checked int64
 	for {
-		spin := t.poller.BeginProcess()
+		spin := t.poller.Begin()
+		if d.procs {
+			spin = t.poller.BeginProcess()
+		}
 		for {
 			done, err := cond()
 			if err != nil || done {
@@ -298,12 +337,19 @@ func (d *Direct) collect(turn uint64, recv []byte, b int, sig uint64, pull bool)
 				transport.ErrMismatch, q, turn, got, sig)}
 		}
 		dst := recv[q*b : (q+1)*b]
+		where := atomic.LoadUint64(s.areaU64(areaWhere + par))
 		if !pull {
-			copy(dst, s.areaBuf(turn)[me*b:(me+1)*b])
+			src := s.areaData(where, b*d.t.size)
+			if src == nil {
+				d.wanted = append(d.wanted[:k], d.wanted[i:]...)
+				return false, &transport.PeerError{Rank: q, Op: "alltoall", Err: fmt.Errorf(
+					"%w: rank %d published %d bytes at offset %d of its area", transport.ErrProtocol, q, b*d.t.size, where)}
+			}
+			copy(dst, src[me*b:(me+1)*b])
 			continue
 		}
 		p := d.t.peers[q]
-		addr := atomic.LoadUint64(s.areaU64(areaAddr+par)) + uint64(me*b)
+		addr := where + uint64(me*b)
 		if err := cmaRead(p.pid, dst, addr, &d.liov, &d.riov); err != nil {
 			d.wanted = append(d.wanted[:k], d.wanted[i:]...)
 			return false, &transport.PeerError{Rank: q, Op: "alltoall", Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, q, err)}

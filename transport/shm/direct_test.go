@@ -36,13 +36,15 @@ func fill(b []byte, op, r, q int) {
 
 // Every rank sends a distinct block to every rank, through the area (buffers up to
 // AreaBytes) and read across (larger), in turns that switch between the two, with
-// operations of the same ranks and sizes back to back: every byte arrives where it
-// belongs, and the counters say what happened.
+// operations of the same ranks and sizes back to back, the area going round its space
+// (and, with rewinding, alternating halves): every byte arrives where it belongs, and the
+// counters say what happened.
 func TestDirectAllToAll(t *testing.T) {
-	for _, cma := range []int{0, -1} {
-		t.Run(fmt.Sprintf("cma=%d", cma), func(t *testing.T) {
+	for _, c := range []struct{ cma, rewind int }{{0, -1}, {-1, -1}, {0, 1}} {
+		cma := c.cma
+		t.Run(fmt.Sprintf("cma=%d,rewind=%d", c.cma, c.rewind), func(t *testing.T) {
 			const p = 4
-			ts := start(t, p, func(c *shm.Config) { c.AreaBytes = 4096; c.CMA = cma })
+			ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4096; cfg.CMA = cma; cfg.Rewind = c.rewind })
 			ds := directs(t, ts)
 			if ds[0].Cap() != 4096 {
 				t.Fatalf("Cap %d, want 4096", ds[0].Cap())
@@ -51,7 +53,7 @@ func TestDirectAllToAll(t *testing.T) {
 			if ds[0].Fits(1<<20) != pull {
 				t.Fatalf("Fits(1 MiB) = %v with CMA %d", ds[0].Fits(1<<20), cma)
 			}
-			sizes := []int{0, p, 4096, 4096 + 4*p, 1 << 20, 64, 1 << 20, 1 << 20, 4000, 4000}
+			sizes := []int{0, p, 4096, 4096 + 4*p, 1 << 20, 64, 1 << 20, 1 << 20, 4000, 4000, 4096, 4096, 3000, 2000, 4096, 100}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			var wg sync.WaitGroup
@@ -222,5 +224,40 @@ func TestDirectBadArgs(t *testing.T) {
 	ts2 := start(t, 2, func(c *shm.Config) { c.AreaBytes = -1 })
 	if ts2[0].Direct() != nil {
 		t.Fatal("Direct with the area disabled")
+	}
+}
+
+// BenchmarkDirectAllToAll: ranks as goroutines of one process, each with its own
+// transport, exchanging through the shared areas (64 KiB per rank: through the area; 4 MiB:
+// read across).
+func BenchmarkDirectAllToAll(b *testing.B) {
+	for _, p := range []int{2, 4} {
+		for _, n := range []int{64 << 10, 4 << 20} {
+			b.Run(fmt.Sprintf("p=%d/%dKiB", p, n>>10), func(b *testing.B) {
+				ts := start(b, p, nil)
+				ds := make([]*shm.Direct, p)
+				for r := range ts {
+					ds[r] = ts[r].Direct()
+				}
+				ctx := context.Background()
+				var wg sync.WaitGroup
+				b.SetBytes(int64(n))
+				b.ResetTimer()
+				for r := 0; r < p; r++ {
+					wg.Add(1)
+					go func(r int) {
+						defer wg.Done()
+						send, recv := make([]byte, n), make([]byte, n)
+						for i := 0; i < b.N; i++ {
+							if err := ds[r].AllToAll(ctx, ds[r].Turn(), send, recv, 1); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					}(r)
+				}
+				wg.Wait()
+			})
+		}
 	}
 }

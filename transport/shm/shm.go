@@ -70,8 +70,8 @@ type Config struct {
 	// moex bench coll (alltoall, 64 KiB per rank, 2 CPUs): P=8 about 1.6x faster, P=4 about
 	// 1.15x, but P=2 (a CPU per rank, spinning) about 1.8x slower, hence the default.
 	Rewind int
-	// AreaBytes is the capacity of each of the two buffers of this rank's shared area,
-	// which Direct's collectives move their blocks through (0: DefaultAreaBytes; negative:
+	// AreaBytes is the largest send buffer that Direct's collectives copy through this
+	// rank's shared area, which holds three times as much (0: DefaultAreaBytes; negative:
 	// no area, no Direct).
 	AreaBytes   int
 	Poll        busypoll.Config
