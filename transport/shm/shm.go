@@ -395,8 +395,12 @@ func (t *Transport) Path(peer int) string {
 	if t.rewind {
 		rings = "rings (rewound when empty)"
 	}
-	return fmt.Sprintf("shm: same host (pid %d), %d-slot %s of %d B, %s, progress poll %s",
-		t.peers[peer].pid, t.own.slots, rings, t.slotSize, t.mode, t.poller.Mode())
+	area := "no shared area"
+	if t.own.areaCap > 0 {
+		area = fmt.Sprintf("shared area for AlltoAll up to %d KiB", t.own.areaCap>>10)
+	}
+	return fmt.Sprintf("shm: same host (pid %d), %d-slot %s of %d B, %s, %s, progress poll %s",
+		t.peers[peer].pid, t.own.slots, rings, t.slotSize, t.mode, area, t.poller.Mode())
 }
 
 // Stats returns the counters.

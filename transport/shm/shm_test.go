@@ -224,18 +224,22 @@ func TestRingBadPad(t *testing.T) {
 	}
 }
 
-// MOEX_SHM_CMA and MOEX_SHM_REWIND: auto, 1 or 0; anything else is an EnvError naming
-// the variable.
+// MOEX_SHM_CMA and MOEX_SHM_REWIND: auto, 1 or 0; MOEX_SHM_AREA: KiB, 0 for none;
+// anything else is an EnvError naming the variable.
 func TestConfigFromEnv(t *testing.T) {
 	for _, c := range []struct {
-		env          map[string]string
-		cma, rewind  int
-		wantErrNamed string
+		env               map[string]string
+		cma, rewind, area int
+		wantErrNamed      string
 	}{
 		{env: nil},
 		{env: map[string]string{"MOEX_SHM_CMA": "0", "MOEX_SHM_REWIND": "1"}, cma: -1, rewind: 1},
 		{env: map[string]string{"MOEX_SHM_CMA": "on", "MOEX_SHM_REWIND": "off"}, cma: 1, rewind: -1},
+		{env: map[string]string{"MOEX_SHM_AREA": "512"}, area: 512 << 10},
+		{env: map[string]string{"MOEX_SHM_AREA": "0"}, area: -1},
 		{env: map[string]string{"MOEX_SHM_REWIND": "sometimes"}, wantErrNamed: "MOEX_SHM_REWIND"},
+		{env: map[string]string{"MOEX_SHM_AREA": "1M"}, wantErrNamed: "MOEX_SHM_AREA"},
+		{env: map[string]string{"MOEX_SHM_AREA": "-4"}, wantErrNamed: "MOEX_SHM_AREA"},
 	} {
 		var cfg shm.Config
 		err := cfg.ConfigFromEnv(func(k string) string { return c.env[k] })
@@ -246,8 +250,8 @@ func TestConfigFromEnv(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || cfg.CMA != c.cma || cfg.Rewind != c.rewind {
-			t.Fatalf("%v: CMA %d rewind %d err %v, want %d %d", c.env, cfg.CMA, cfg.Rewind, err, c.cma, c.rewind)
+		if err != nil || cfg.CMA != c.cma || cfg.Rewind != c.rewind || cfg.AreaBytes != c.area {
+			t.Fatalf("%v: CMA %d rewind %d area %d err %v, want %d %d %d", c.env, cfg.CMA, cfg.Rewind, cfg.AreaBytes, err, c.cma, c.rewind, c.area)
 		}
 	}
 }
