@@ -310,8 +310,14 @@ func helperSharedMismatch(ctx context.Context, c *Comm) error {
 	}
 	start := time.Now()
 	err := AlltoAll(ctx, c, make([]int32, blk*c.Size()), make([]int32, blk*c.Size()))
-	if !errors.Is(err, ErrMismatch) {
-		return fmt.Errorf("got %v, want ErrMismatch", err)
+	return failedAsExpected(c, start, err, errors.Is(err, ErrMismatch), "ErrMismatch")
+}
+
+// failedAsExpected ends a rank of a failure scenario: err must be what ok says it is
+// (want), seen within 10 s of start; the rank prints it, closes and exits.
+func failedAsExpected(c *Comm, start time.Time, err error, ok bool, want string) error {
+	if !ok {
+		return fmt.Errorf("got %v, want %s", err, want)
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		return fmt.Errorf("took %v to notice", d)
@@ -337,17 +343,7 @@ func helperSharedDeath(ctx context.Context, c *Comm) error {
 	x := make([]float32, 64*c.Size())
 	err := AlltoAll(ctx, c, x, make([]float32, len(x)))
 	var pe *PeerError
-	if !errors.As(err, &pe) || pe.Rank != 1 {
-		return fmt.Errorf("got %v, want a PeerError naming rank 1", err)
-	}
-	if d := time.Since(start); d > 10*time.Second {
-		return fmt.Errorf("took %v to notice", d)
-	}
-	fmt.Printf("rank %d saw: %v\n", c.Rank(), err)
-	c.Close()
-	fmt.Printf("rank %d ok\n", c.Rank())
-	os.Exit(0)
-	return nil
+	return failedAsExpected(c, start, err, errors.As(err, &pe) && pe.Rank == 1, "a PeerError naming rank 1")
 }
 
 // helperDeath: rank 1 vanishes (exits without closing) in the middle of an AllReduce;
@@ -372,17 +368,7 @@ func helperDeath(ctx context.Context, c *Comm) error {
 		err = AllReduce(ctx, c, nil, x, dtype.Sum)
 	}
 	var pe *PeerError
-	if !errors.As(err, &pe) || pe.Rank != 1 {
-		return fmt.Errorf("got %v, want a PeerError naming rank 1", err)
-	}
-	if d := time.Since(start); d > 10*time.Second {
-		return fmt.Errorf("took %v to notice", d)
-	}
-	fmt.Printf("rank %d saw: %v\n", c.Rank(), err)
-	c.Close()
-	fmt.Printf("rank %d ok\n", c.Rank())
-	os.Exit(0)
-	return nil
+	return failedAsExpected(c, start, err, errors.As(err, &pe) && pe.Rank == 1, "a PeerError naming rank 1")
 }
 
 // buildMoex builds the moex command once per test binary run.

@@ -27,11 +27,48 @@ func directs(t *testing.T, ts []*shm.Transport) []*shm.Direct {
 	return ds
 }
 
-// block fills block q of rank r's send buffer for operation op.
+// fill fills block q of rank r's send buffer for operation op.
 func fill(b []byte, op, r, q int) {
 	for i := range b {
 		b[i] = byte(op*31 + r*7 + q*13 + i*3)
 	}
+}
+
+// onRanks runs f for every rank at once, each in a goroutine, and returns their errors.
+func onRanks(p int, f func(r int) error) []error {
+	errs := make([]error, p)
+	var wg sync.WaitGroup
+	for r := 0; r < p; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = f(r)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// sendFor is rank r's send buffer of n bytes for operation op among p ranks.
+func sendFor(op, r, p, n int) []byte {
+	send, b := make([]byte, n), n/p
+	for q := 0; q < p; q++ {
+		fill(send[q*b:(q+1)*b], op, r, q)
+	}
+	return send
+}
+
+// checkRecv says which block of rank r's receive buffer for operation op is wrong.
+func checkRecv(recv []byte, op, r, p int) error {
+	b := len(recv) / p
+	want := make([]byte, b)
+	for q := 0; q < p; q++ {
+		fill(want, op, q, r)
+		if string(recv[q*b:(q+1)*b]) != string(want) {
+			return fmt.Errorf("rank %d, op %d (%d bytes): block from rank %d wrong", r, op, len(recv), q)
+		}
+	}
+	return nil
 }
 
 // Every rank sends a distinct block to every rank, through the area (buffers up to
@@ -56,37 +93,21 @@ func TestDirectAllToAll(t *testing.T) {
 			sizes := []int{0, p, 4096, 4096 + 4*p, 1 << 20, 64, 1 << 20, 1 << 20, 4000, 4000, 4096, 4096, 3000, 2000, 4096, 100}
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			var wg sync.WaitGroup
-			errs := make([]error, p)
-			for r := 0; r < p; r++ {
-				wg.Add(1)
-				go func(r int) {
-					defer wg.Done()
-					for op, n := range sizes {
-						if n > ds[r].Cap() && !pull {
-							continue
-						}
-						b := n / p
-						send, recv := make([]byte, n), make([]byte, n)
-						for q := 0; q < p; q++ {
-							fill(send[q*b:(q+1)*b], op, r, q)
-						}
-						if err := ds[r].AllToAll(ctx, ds[r].Turn(), send, recv, uint64(n)); err != nil {
-							errs[r] = fmt.Errorf("op %d (%d bytes): %w", op, n, err)
-							return
-						}
-						want := make([]byte, b)
-						for q := 0; q < p; q++ {
-							fill(want, op, q, r)
-							if string(recv[q*b:(q+1)*b]) != string(want) {
-								errs[r] = fmt.Errorf("op %d (%d bytes): block from rank %d wrong", op, n, q)
-								return
-							}
-						}
+			errs := onRanks(p, func(r int) error {
+				for op, n := range sizes {
+					if n > ds[r].Cap() && !pull {
+						continue
 					}
-				}(r)
-			}
-			wg.Wait()
+					recv := make([]byte, n)
+					if err := ds[r].AllToAll(ctx, ds[r].Turn(), sendFor(op, r, p, n), recv, uint64(n)); err != nil {
+						return fmt.Errorf("op %d (%d bytes): %w", op, n, err)
+					}
+					if err := checkRecv(recv, op, r, p); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
 			for r, err := range errs {
 				if err != nil {
 					t.Fatalf("rank %d: %v", r, err)
@@ -114,24 +135,16 @@ func TestDirectTurns(t *testing.T) {
 		for op := 0; op < ops; op++ {
 			turn := ds[r].Turn()
 			n := (op + 1) * 64 * p
-			send, recv := make([]byte, n), make([]byte, n)
-			b := n / p
-			for q := 0; q < p; q++ {
-				fill(send[q*b:(q+1)*b], op, r, q)
-			}
+			send, recv := sendFor(op, r, p, n), make([]byte, n)
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if err := ds[r].AllToAll(ctx, turn, send, recv, uint64(n)); err != nil {
-					errs <- err
-					return
+				err := ds[r].AllToAll(ctx, turn, send, recv, uint64(n))
+				if err == nil {
+					err = checkRecv(recv, op, r, p)
 				}
-				want := make([]byte, b)
-				for q := 0; q < p; q++ {
-					fill(want, op, q, r)
-					if string(recv[q*b:(q+1)*b]) != string(want) {
-						errs <- fmt.Errorf("rank %d op %d: block from %d wrong", r, op, q)
-					}
+				if err != nil {
+					errs <- err
 				}
 			}()
 		}
@@ -151,20 +164,13 @@ func TestDirectMismatch(t *testing.T) {
 	ds := directs(t, ts)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var wg sync.WaitGroup
-	errs := make([]error, p)
-	for r := 0; r < p; r++ {
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			n := 64 * p
-			if r == 2 {
-				n = 128 * p
-			}
-			errs[r] = ds[r].AllToAll(ctx, ds[r].Turn(), make([]byte, n), make([]byte, n), uint64(n))
-		}(r)
-	}
-	wg.Wait()
+	errs := onRanks(p, func(r int) error {
+		n := 64 * p
+		if r == 2 {
+			n = 128 * p
+		}
+		return ds[r].AllToAll(ctx, ds[r].Turn(), make([]byte, n), make([]byte, n), uint64(n))
+	})
 	for r, err := range errs {
 		var pe *transport.PeerError
 		if !errors.Is(err, transport.ErrMismatch) || !errors.As(err, &pe) {
@@ -240,23 +246,22 @@ func BenchmarkDirectAllToAll(b *testing.B) {
 					ds[r] = ts[r].Direct()
 				}
 				ctx := context.Background()
-				var wg sync.WaitGroup
 				b.SetBytes(int64(n))
 				b.ResetTimer()
-				for r := 0; r < p; r++ {
-					wg.Add(1)
-					go func(r int) {
-						defer wg.Done()
-						send, recv := make([]byte, n), make([]byte, n)
-						for i := 0; i < b.N; i++ {
-							if err := ds[r].AllToAll(ctx, ds[r].Turn(), send, recv, 1); err != nil {
-								b.Error(err)
-								return
-							}
+				errs := onRanks(p, func(r int) error {
+					send, recv := make([]byte, n), make([]byte, n)
+					for i := 0; i < b.N; i++ {
+						if err := ds[r].AllToAll(ctx, ds[r].Turn(), send, recv, 1); err != nil {
+							return err
 						}
-					}(r)
+					}
+					return nil
+				})
+				for _, err := range errs {
+					if err != nil {
+						b.Fatal(err)
+					}
 				}
-				wg.Wait()
 			})
 		}
 	}
