@@ -98,6 +98,7 @@ type Direct struct {
 	pull   bool          // larger buffers are read across (cross-memory attach works)
 	pulls  uint64        // operations so far that were read across
 	end    int           // where the data of the last operation through the area ends
+	cur    uint64        // the turn running
 	procs  bool          // waiters yield to the kernel only (the peers are other processes)
 	next   atomic.Uint64 // turns handed out
 	done   atomic.Uint64 // operations finished
@@ -189,6 +190,7 @@ func (d *Direct) AllToAll(ctx context.Context, turn uint64, send, recv []byte, s
 		return err
 	}
 	t.directOps.Add(1)
+	d.cur = turn
 	t.life.RLock()
 	defer t.life.RUnlock()
 	if t.closed.Load() {
@@ -228,7 +230,10 @@ func (d *Direct) AllToAll(ctx context.Context, turn uint64, send, recv []byte, s
 		return err
 	}
 	if pull {
-		// The others read from send: it is ours again once they all have.
+		// The others read from send: it is ours again once they all have. Until then
+		// only its address is in use, which Go does not count: keep it alive, or the
+		// collector may hand its memory to someone else while they read.
+		defer runtime.KeepAlive(send)
 		want := uint32(uint64(p-1) * d.pulls)
 		reads := own.areaU32(areaReads)
 		if err := d.wait(ctx, areaReads, want, func() (bool, error) { return reached(atomic.LoadUint32(reads), want), nil }); err != nil {
@@ -310,6 +315,11 @@ func (d *Direct) wait(ctx context.Context, off int, target uint32, cond func() (
 		}
 		if now := nanotime(); now-checked > int64(5*time.Millisecond) {
 			checked = now
+			// Look once more first: a peer that published, found something wrong
+			// (a mismatch) and closed is not missing, and its publication says why.
+			if done, err := cond(); err != nil || done {
+				return err
+			}
 			if err := d.checkPeers(); err != nil {
 				return err
 			}
@@ -367,6 +377,9 @@ func (d *Direct) collect(turn uint64, recv []byte, b int, sig uint64, pull bool)
 func (d *Direct) checkPeers() error {
 	for _, q := range d.wanted {
 		p := d.t.peers[q]
+		if atomic.LoadUint64(p.seg.areaU64(areaPublished)) >= d.cur {
+			continue // published after all: the next look takes it
+		}
 		if p.seg.state() == stateClosed {
 			return &transport.PeerError{Rank: q, Op: "alltoall", Err: fmt.Errorf("%w: closed", transport.ErrPeerClosed)}
 		}

@@ -65,7 +65,19 @@ func checkRecv(recv []byte, op, r, p int) error {
 	for q := 0; q < p; q++ {
 		fill(want, op, q, r)
 		if string(recv[q*b:(q+1)*b]) != string(want) {
-			return fmt.Errorf("rank %d, op %d (%d bytes): block from rank %d wrong", r, op, len(recv), q)
+			got := recv[q*b : (q+1)*b]
+			i := 0
+			for got[i] == want[i] {
+				i++
+			}
+			guess := -1
+			for o := 0; o < 20; o++ {
+				fill(want, o, q, r)
+				if got[i] == want[i] && got[i+1] == want[i+1] && got[i+7] == want[i+7] {
+					guess = o
+				}
+			}
+			return fmt.Errorf("rank %d, op %d (%d bytes): block from rank %d wrong from byte %d of %d (got %d; looks like op %d)", r, op, len(recv), q, i, b, got[i], guess)
 		}
 	}
 	return nil
@@ -110,8 +122,11 @@ func TestDirectAllToAll(t *testing.T) {
 			})
 			for r, err := range errs {
 				if err != nil {
-					t.Fatalf("rank %d: %v", r, err)
+					t.Errorf("rank %d: %v", r, err)
 				}
+			}
+			if t.Failed() {
+				t.FailNow()
 			}
 			st := ts[0].Stats()
 			if st.DirectOps == 0 || (pull && st.CMABytes == 0) || (!pull && st.CMABytes != 0) {
