@@ -180,19 +180,12 @@ func (c *Comm) awaitNotice(err error) {
 
 // execShared runs an AlltoAll through the shared areas (shm.Direct).
 func (c *Comm) execShared(pl *plan, cl *call) error {
-	sig := uint64(pl.sig)<<32 | uint64(uint32(len(cl.send)))
-	err := c.direct.AllToAll(c.actx, cl.turn, cl.send, cl.recv, sig)
-	if err == nil {
-		c.progress.Store(nanotime())
-		return nil
+	if err := c.direct.AllToAll(c.actx, cl.turn, cl.send, cl.recv, uint64(pl.sig)); err != nil {
+		_ = c.fail(err) // aborts, unless the communicator was (that ended the wait)
+		return c.opError()
 	}
-	if c.Err() == nil {
-		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-			err = transport.CtxError(err)
-		}
-		c.abortLocal(err)
-	}
-	return c.opError()
+	c.progress.Store(nanotime())
+	return nil
 }
 
 // opError is the error an operation returns once the communicator aborted: this rank's

@@ -160,9 +160,12 @@ func (d *Direct) Turn() uint64 { return d.next.Add(1) }
 
 // Wake interrupts a waiting operation so that it looks at its context again (a
 // communicator calls it when it aborts).
-func (d *Direct) Wake() {
-	futexWakeAll(d.t.own.areaU32(areaArrived))
-	futexWakeAll(d.t.own.areaU32(areaReads))
+func (d *Direct) Wake() { d.t.own.wakeArea() }
+
+// wakeArea wakes whoever sleeps on the area's counters.
+func (s *segment) wakeArea() {
+	futexWakeAll(s.areaU32(areaArrived))
+	futexWakeAll(s.areaU32(areaReads))
 }
 
 // ErrTooLarge is returned for an operation that Fits refuses.
@@ -328,12 +331,12 @@ func (d *Direct) wait(ctx context.Context, off int, target uint32, cond func() (
 }
 
 // collect takes the blocks of the peers that published turn, and reports whether none
-// is left to take.
+// is left to take. An error ends the operation (and the Direct: see finish).
 func (d *Direct) collect(turn uint64, recv []byte, b int, sig uint64, pull bool) (bool, error) {
 	me := d.t.rank
 	par := 8 * int(turn&1)
 	k := 0
-	for i, q := range d.wanted {
+	for _, q := range d.wanted {
 		s := d.t.peers[q].seg
 		if atomic.LoadUint64(s.areaU64(areaPublished)) < turn {
 			d.wanted[k] = q
@@ -341,7 +344,6 @@ func (d *Direct) collect(turn uint64, recv []byte, b int, sig uint64, pull bool)
 			continue
 		}
 		if got := atomic.LoadUint64(s.areaU64(areaSig + par)); got != sig {
-			d.wanted = append(d.wanted[:k], d.wanted[i:]...)
 			return false, &transport.PeerError{Rank: q, Op: "alltoall", Err: fmt.Errorf(
 				"%w: rank %d published operation %d with signature %#x, this rank's is %#x",
 				transport.ErrMismatch, q, turn, got, sig)}
@@ -351,7 +353,6 @@ func (d *Direct) collect(turn uint64, recv []byte, b int, sig uint64, pull bool)
 		if !pull {
 			src := s.areaData(where, b*d.t.size)
 			if src == nil {
-				d.wanted = append(d.wanted[:k], d.wanted[i:]...)
 				return false, &transport.PeerError{Rank: q, Op: "alltoall", Err: fmt.Errorf(
 					"%w: rank %d published %d bytes at offset %d of its area", transport.ErrProtocol, q, b*d.t.size, where)}
 			}
@@ -361,7 +362,6 @@ func (d *Direct) collect(turn uint64, recv []byte, b int, sig uint64, pull bool)
 		p := d.t.peers[q]
 		addr := where + uint64(me*b)
 		if err := cmaRead(p.pid, dst, addr, &d.liov, &d.riov); err != nil {
-			d.wanted = append(d.wanted[:k], d.wanted[i:]...)
 			return false, &transport.PeerError{Rank: q, Op: "alltoall", Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, q, err)}
 		}
 		d.t.cmaBytes.Add(uint64(b))

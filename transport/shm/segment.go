@@ -60,7 +60,7 @@ type segment struct {
 	ranks    int
 	slots    int
 	slotSize int
-	areaCap  int // bytes of each of the two buffers of the shared area
+	areaCap  int // the largest buffer copied through the shared area (which holds 3x)
 }
 
 func ringBytes(slots, slotSize int) int { return ringHdr + slots*slotSize }

@@ -81,8 +81,8 @@ type Config struct {
 	CancelGrace time.Duration
 }
 
-// ConfigFromEnv reads MOEX_SHM_CMA and MOEX_SHM_REWIND (auto, 0, 1), MOEX_SHM_AREA (KiB
-// per shared-area buffer; 0 turns the area off) and the polling variables.
+// ConfigFromEnv reads MOEX_SHM_CMA and MOEX_SHM_REWIND (auto, 0, 1), MOEX_SHM_AREA (KiB:
+// AreaBytes; 0 turns the area off) and the polling variables.
 func (c *Config) ConfigFromEnv(getenv func(string) string) error {
 	for _, v := range []struct {
 		name string
@@ -101,7 +101,7 @@ func (c *Config) ConfigFromEnv(getenv func(string) string) error {
 	if s := getenv("MOEX_SHM_AREA"); s != "" {
 		n, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSuffix(s, "K"), "k"))
 		if err != nil || n < 0 {
-			return &transport.EnvError{Var: "MOEX_SHM_AREA", Value: s, Reason: "want KiB per buffer (0: no shared area)"}
+			return &transport.EnvError{Var: "MOEX_SHM_AREA", Value: s, Reason: "want KiB, the largest buffer through the shared area (0: no area)"}
 		}
 		c.AreaBytes = n << 10
 		if n == 0 {
@@ -441,8 +441,7 @@ func (t *Transport) shutdown() error {
 	close(t.stop)
 	t.own.ringDoorbell()
 	if t.own.areaCap > 0 {
-		futexWakeAll(t.own.areaU32(areaArrived))
-		futexWakeAll(t.own.areaU32(areaReads))
+		t.own.wakeArea()
 	}
 	t.wg.Wait()
 	for _, p := range t.peers {
