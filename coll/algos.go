@@ -6,6 +6,8 @@ package coll
 // transfer is posted even when empty, so that every pair of ranks that talks in an op
 // checks the op's signature; tags are step numbers.
 
+import "github.com/moex-ai/moex/transport/shm"
+
 // ---- AllReduce ----
 
 func planAllReduceRing(sh shape) *plan {
@@ -328,6 +330,17 @@ func planReduceLinear(sh shape) *plan {
 }
 
 // ---- AllGather (count = elements per rank) ----
+
+// planAllGatherShared: every rank publishes its block (in place in recv) in its shared
+// area, or for the others to read across, and takes everyone else's (shm.Direct).
+func planAllGatherShared(sh shape) *plan {
+	p, b := sh.p, sh.count*sh.es
+	v := &shm.VLayout{RecvOff: make([]int, p), RecvLen: make([]int, p), SrcOff: make([]int, p), SrcLen: make([]int, p)}
+	for q := 0; q < p; q++ {
+		v.RecvOff[q], v.RecvLen[q], v.SrcLen[q] = q*b, b, b
+	}
+	return &plan{op: OpAllGather, algo: Shared, shared: v}
+}
 
 func planAllGatherRing(sh shape) *plan {
 	p, r := sh.p, sh.rank

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/transport/shm"
 )
 
 // AlltoAllv sends sendCounts[j] elements, starting at sendDispls[j] of send, to rank j,
@@ -175,10 +176,21 @@ func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 		ro += l.recvLen[j]
 	}
 	avg := total / max(1, c.size*c.size)
-	algo := c.choose(OpAlltoAllv, avg)
+	maxRow := 0
+	for _, row := range counts {
+		n := 0
+		for _, v := range row {
+			n += v * unit
+		}
+		maxRow = max(maxRow, n)
+	}
+	algo := c.chooseFit(OpAlltoAllv, avg, c.direct != nil && c.direct.Fits(maxRow))
 	pl := vp.pl
 	pl.op, pl.algo, pl.tmp = OpAlltoAllv, algo, 0
 	switch algo {
+	case Shared:
+		pl.steps = pl.steps[:0]
+		planAlltoAllvShared(pl, c.rank, counts, unit, *l)
 	case Bruck:
 		m := make([][]int, c.size)
 		for i := range m {
@@ -196,8 +208,34 @@ func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 	}
 	pl.sig = signature(OpAlltoAllv, algo, unit, h)
 	pl.countBytes()
+	if algo == Shared {
+		pl.bytes = so - l.sendLen[c.rank]
+	}
 	vp.sendLen, vp.recvLen, vp.Algo = so, ro, algo
 	return nil
+}
+
+// planAlltoAllvShared lays out an AlltoAllv through the shared areas: the block rank q
+// sends this rank r starts after q's blocks for ranks before r (blocks packed in rank
+// order), in q's send buffer of a whole row's bytes.
+func planAlltoAllvShared(pl *plan, r int, counts [][]int, unit int, l vlayout) {
+	p := len(counts)
+	if pl.shared == nil {
+		pl.shared = &shm.VLayout{}
+	}
+	v := pl.shared
+	v.RecvOff, v.RecvLen = l.recvOff, l.recvLen
+	v.SrcOff, v.SrcLen = growInts(v.SrcOff, p), growInts(v.SrcLen, p)
+	for q, row := range counts {
+		off, n := 0, 0
+		for j, k := range row {
+			if j == r {
+				off = n
+			}
+			n += k * unit
+		}
+		v.SrcOff[q], v.SrcLen[q] = off, n
+	}
 }
 
 func growInts(s []int, n int) []int {

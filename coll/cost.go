@@ -60,8 +60,10 @@ const (
 	Dissemination
 	Hier
 	// Shared moves the blocks through the shared-memory areas of the ranks' segments
-	// (shm.Direct): one copy in, one flag per rank, one copy out. Only when every rank
-	// of the communicator is on one host, over shm, and the buffer fits the area.
+	// (shm.Direct): one copy in, one flag per rank, one copy out (larger buffers: one
+	// copy across). AlltoAll, AllGather, and AlltoAllv planned from the whole count
+	// matrix (the MoE dispatch and combine); only when every rank of the communicator is on one
+	// host, over shm, and the buffers fit the area or cross-memory attach works.
 	Shared
 	algoEnd
 )
@@ -93,9 +95,9 @@ var Algorithms = map[OpKind][]Algo{
 	OpReduce:        {Binomial, Linear},
 	OpAllReduce:     {Ring, RecDoubling, Rabenseifner, Hier},
 	OpReduceScatter: {Ring, RecHalving, Hier},
-	OpAllGather:     {Ring, RecDoubling, Bruck, Hier},
+	OpAllGather:     {Ring, RecDoubling, Bruck, Hier, Shared},
 	OpAlltoAll:      {Linear, Pairwise, Bruck, Shared},
-	OpAlltoAllv:     {Linear, Pairwise, Bruck},
+	OpAlltoAllv:     {Linear, Pairwise, Bruck, Shared},
 	OpScatter:       {Linear},
 	OpGather:        {Linear},
 }
@@ -167,6 +169,9 @@ func (c LinkCost) Estimate(op OpKind, algo Algo, p, n int) time.Duration {
 			if algo == Bruck || !isPow2(p) {
 				t += 2 * fp * fn / 20e9 // rotation copies
 			}
+		case Shared:
+			// One flag per rank; the block copied in and the others out (or read across).
+			t = a/2 + fp*fn/20e9
 		}
 	case OpReduceScatter:
 		switch algo {
@@ -204,10 +209,13 @@ func (c LinkCost) Estimate(op OpKind, algo Algo, p, n int) time.Duration {
 
 // choose picks the algorithm for op: the override if configured, else the cheapest by the
 // model (ties go to the first listed).
-func (c *Comm) choose(op OpKind, n int) Algo {
+func (c *Comm) choose(op OpKind, n int) Algo { return c.chooseFit(op, n, c.sharedFits(op, n)) }
+
+// chooseFit is choose, told whether the operation fits the shared areas.
+func (c *Comm) chooseFit(op OpKind, n int, fits bool) Algo {
 	if a, ok := c.cfg.Algo[op]; ok && a != AlgoAuto {
-		if a == Shared && !c.sharedFits(op, n) {
-			return Linear // not on one host over shm, or too large for the area
+		if a == Shared && !fits {
+			return algos0(op) // not on one host over shm, or too large for the area
 		}
 		return a
 	}
@@ -217,7 +225,7 @@ func (c *Comm) choose(op OpKind, n int) Algo {
 		if a == Hier && !c.topo.uniform {
 			continue // one host, or hosts with unequal numbers of ranks: nothing to gain
 		}
-		if a == Shared && !c.sharedFits(op, n) {
+		if a == Shared && !fits {
 			continue
 		}
 		if t := c.estimate(op, a, n); t < bestT {
@@ -227,9 +235,22 @@ func (c *Comm) choose(op OpKind, n int) Algo {
 	return best
 }
 
+// algos0 is op's first algorithm, the one a refused override falls back to.
+func algos0(op OpKind) Algo { return Algorithms[op][0] }
+
 // sharedFits reports whether op on n bytes (per block) can run through the shared areas.
+// An AlltoAllv can only when every rank knows the whole count matrix (a VPlan, which
+// asks chooseFit itself).
 func (c *Comm) sharedFits(op OpKind, n int) bool {
-	return op == OpAlltoAll && c.direct != nil && c.direct.Fits(n*c.size)
+	switch {
+	case c.direct == nil:
+		return false
+	case op == OpAlltoAll:
+		return c.direct.Fits(n * c.size)
+	case op == OpAllGather:
+		return c.direct.Fits(n)
+	}
+	return false
 }
 
 // Algorithm returns the algorithm this communicator runs op with for bytes (AllReduce,

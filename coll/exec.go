@@ -86,6 +86,8 @@ func (c *Comm) getPlan(k planKey) *plan {
 			pl = planAllGatherHier(sh, c.topo)
 		case Bruck:
 			pl = planAllGatherBruck(sh)
+		case Shared:
+			pl = planAllGatherShared(sh)
 		default:
 			pl = planAllGatherRecDbl(sh)
 		}
@@ -178,9 +180,20 @@ func (c *Comm) awaitNotice(err error) {
 	t.Stop()
 }
 
-// execShared runs an AlltoAll through the shared areas (shm.Direct).
+// execShared runs an AlltoAll, an AllGather or a planned AlltoAllv through the shared
+// areas (shm.Direct).
 func (c *Comm) execShared(pl *plan, cl *call) error {
-	if err := c.direct.AllToAll(c.actx, cl.turn, cl.send, cl.recv, uint64(pl.sig)); err != nil {
+	var err error
+	switch {
+	case pl.op == OpAllGather: // this rank's block is in place in recv
+		b := pl.shared.SrcLen[c.rank]
+		err = c.direct.AllToAllv(c.actx, cl.turn, cl.recv[c.rank*b:(c.rank+1)*b], cl.recv, pl.shared, uint64(pl.sig))
+	case pl.shared != nil:
+		err = c.direct.AllToAllv(c.actx, cl.turn, cl.send, cl.recv, pl.shared, uint64(pl.sig))
+	default:
+		err = c.direct.AllToAll(c.actx, cl.turn, cl.send, cl.recv, uint64(pl.sig))
+	}
+	if err != nil {
 		_ = c.fail(err) // aborts, unless the communicator was (that ended the wait)
 		return c.opError()
 	}

@@ -2,6 +2,7 @@ package coll
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -197,7 +198,8 @@ func helperSubset(ctx context.Context, c *Comm) error {
 // helperShared: AlltoAll through the shared areas (every rank on this host over shm):
 // sizes through the area and read across, switching between them, blocking, in place,
 // several in flight, against the point-to-point algorithm; every element checked, and no
-// allocation per operation.
+// allocation per operation. Then the planned AlltoAllv (sharedV) and AllGather the same
+// way.
 func helperShared(ctx context.Context, c *Comm) error {
 	p, r := c.Size(), c.Rank()
 	if c.direct == nil {
@@ -288,6 +290,48 @@ func helperShared(ctx context.Context, c *Comm) error {
 			}
 		}
 	}
+	if err := sharedV(ctx, c, val); err != nil {
+		return err
+	}
+	// AllGather: blocks through the area and read across, in place and not, against ring.
+	for op, blk := range []int{1, 1000, area * p, area*p + 1, 1 << 18, 0, 33} {
+		if a := c.choose(OpAllGather, blk*4); a != Shared && blk > 0 {
+			return fmt.Errorf("allgather of %d-byte blocks: the model chose %v, want shared", blk*4, a)
+		}
+		for _, algo := range []Algo{AlgoAuto, Ring} {
+			c.cfg.Algo = map[OpKind]Algo{OpAllGather: algo}
+			mine, all := make([]int32, blk), make([]int32, blk*p)
+			for k := range mine {
+				mine[k] = val(500+op, r, 0, k)
+			}
+			var err error
+			if op%2 == 0 {
+				err = AllGather(ctx, c, mine, all)
+			} else { // in place
+				copy(all[r*blk:], mine)
+				err = AllGather(ctx, c, nil, all)
+			}
+			c.cfg.Algo = map[OpKind]Algo{}
+			if err != nil {
+				return fmt.Errorf("allgather op %d, %d per block, %v: %w", op, blk, algo, err)
+			}
+			for q := 0; q < p; q++ {
+				for k := 0; k < blk; k++ {
+					if got := all[q*blk+k]; got != val(500+op, q, 0, k) {
+						return fmt.Errorf("allgather op %d, %d per block, %v: element %d from rank %d is %d", op, blk, algo, k, q, got)
+					}
+				}
+			}
+		}
+	}
+	mine, all := make([]float32, 256), make([]float32, 256*p)
+	if n := testing.AllocsPerRun(30, func() {
+		if err := AllGather(ctx, c, mine, all); err != nil {
+			panic(err)
+		}
+	}); n != 0 {
+		return fmt.Errorf("allgather through the shared areas: %v allocations per operation", n)
+	}
 	for _, blk := range []int{1024, area + 16} {
 		send, recv := make([]float32, blk*p), make([]float32, blk*p)
 		if n := testing.AllocsPerRun(50, func() {
@@ -299,6 +343,84 @@ func helperShared(ctx context.Context, c *Comm) error {
 		}
 	}
 	return Barrier(ctx, c)
+}
+
+// sharedV: AlltoAllv planned from the whole count matrix (the MoE dispatch and combine)
+// through the shared areas: rows of every length (zeros, through the area, read across,
+// both in one operation), against the point-to-point plan; every element checked, and a
+// stream of new matrices replanned and run without allocating.
+func sharedV(ctx context.Context, c *Comm, val func(op, from, to, k int) int32) error {
+	p, r := c.Size(), c.Rank()
+	area := c.direct.Cap() / 4 // elements in a row that fills the area
+	counts := func(op int) [][]int {
+		m := make([][]int, p)
+		for q := range m {
+			m[q] = make([]int, p)
+			for j := range m[q] {
+				switch (op + 2*q + j) % 4 {
+				case 0:
+					m[q][j] = 0
+				case 1:
+					m[q][j] = 1 + j
+				case 2:
+					m[q][j] = area/p + op // rows beyond the area, some ops
+				default:
+					m[q][j] = 97 * (q + 1)
+				}
+			}
+		}
+		return m
+	}
+	var vp VPlan
+	for op := 0; op < 12; op++ {
+		m := counts(op)
+		for _, algo := range []Algo{AlgoAuto, Linear} {
+			c.cfg.Algo = map[OpKind]Algo{OpAlltoAllv: algo}
+			err := c.ReplanAlltoAllv(&vp, m, 4)
+			c.cfg.Algo = map[OpKind]Algo{}
+			if err != nil {
+				return err
+			}
+			if want := cmp.Or(algo, Shared); vp.Algo != want {
+				return fmt.Errorf("alltoallv op %d: planned %v, want %v", op, vp.Algo, want)
+			}
+			send, recv := make([]int32, vp.SendBytes()/4+3), make([]int32, vp.RecvBytes()/4)
+			at := 0
+			for j := 0; j < p; j++ {
+				for k := 0; k < m[r][j]; k++ {
+					send[at] = val(400+op, r, j, k)
+					at++
+				}
+			}
+			if err := c.RunAlltoAllv(ctx, &vp, dtype.Bytes(send), dtype.Bytes(recv)); err != nil {
+				return fmt.Errorf("alltoallv op %d, %v: %w", op, vp.Algo, err)
+			}
+			at = 0
+			for q := 0; q < p; q++ {
+				for k := 0; k < m[q][r]; k++ {
+					if got := recv[at]; got != val(400+op, q, r, k) {
+						return fmt.Errorf("alltoallv op %d, %v: element %d from rank %d is %d, want %d", op, vp.Algo, k, q, got, val(400+op, q, r, k))
+					}
+					at++
+				}
+			}
+		}
+	}
+	ms := [][][]int{counts(1), counts(2), counts(3)}
+	send, recv := make([]byte, 4*p*(area+100)), make([]byte, 4*p*(area+100))
+	i := 0
+	if n := testing.AllocsPerRun(30, func() {
+		i++
+		if err := c.ReplanAlltoAllv(&vp, ms[i%3], 4); err != nil {
+			panic(err)
+		}
+		if err := c.RunAlltoAllv(ctx, &vp, send, recv); err != nil {
+			panic(err)
+		}
+	}); n != 0 {
+		return fmt.Errorf("alltoallv through the shared areas: %v allocations per replan and run", n)
+	}
+	return nil
 }
 
 // helperSharedMismatch: the last rank's AlltoAll has twice the others' blocks; every

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/moex-ai/moex/transport/shm"
 )
 
 // A plan is the schedule of one collective on one rank: steps, each a set of transfers
@@ -63,6 +65,9 @@ type plan struct {
 	tmp   int    // scratch bytes
 	sig   uint32 // checked on every message: ranks that disagree get ErrMismatch
 	bytes int    // bytes this rank sends, for statistics
+	// Shared AlltoAllv: where the blocks are (every rank's send buffer, from the count
+	// matrix); nil for the other plans.
+	shared *shm.VLayout
 }
 
 func (p *plan) add(s step) { p.steps = append(p.steps, s) }

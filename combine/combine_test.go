@@ -5,8 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -130,128 +136,136 @@ func placement(t *testing.T, kind string, experts, p int) *router.Placement {
 func check(t *testing.T, s scenario, plKind string, wire dtype.Type, align int) {
 	t.Helper()
 	pl := placement(t, plKind, s.experts, s.p)
+	runRanks(t, s.p, func(c *coll.Comm) error { return checkRank(c, s, pl, wire, align, 2, coll.AlgoAuto) })
+}
+
+// checkRank is one rank's part of check: rounds of dispatch, the test experts, combine
+// and redispatch on c, every row, weight and sum compared with what the scenario implies.
+// algo, unless AlgoAuto, is the algorithm the dispatch and combine plans must have.
+func checkRank(c *coll.Comm, s scenario, pl *router.Placement, wire dtype.Type, align, rounds int, algo coll.Algo) error {
 	routings := make([]*router.Routing, s.p)
 	inputs := make([][]float32, s.p)
 	for o := range routings {
 		routings[o], inputs[o] = s.routing(o)
 	}
-	runRanks(t, s.p, func(c *coll.Comm) error {
-		me := c.Rank()
-		d, err := dispatch.New(c, dispatch.Config{Hidden: s.hid, TopK: s.k, WireDType: wire, Placement: pl, Align: align})
+	me := c.Rank()
+	d, err := dispatch.New(c, dispatch.Config{Hidden: s.hid, TopK: s.k, WireDType: wire, Placement: pl, Align: align})
+	if err != nil {
+		return err
+	}
+	cb := combine.New(d)
+	ctx := context.Background()
+	for round := 0; round < rounds; round++ {
+		r, x := s.routing(me)
+		out, h, err := d.Dispatch(ctx, x, r)
 		if err != nil {
 			return err
 		}
-		cb := combine.New(d)
-		ctx := context.Background()
-		for round := 0; round < 2; round++ {
-			r, x := s.routing(me)
-			out, h, err := d.Dispatch(ctx, x, r)
-			if err != nil {
-				return err
-			}
-			// What this rank must receive, per local expert, in (origin, token) order.
-			local := pl.Local[me]
-			for li, e := range local {
-				var want [][2]int32
-				var wantW []float32
-				for o := 0; o < s.p; o++ {
-					ro := routings[o]
-					for tok := 0; tok < ro.T; tok++ {
-						for j := 0; j < s.k; j++ {
-							if int(ro.Experts[tok*s.k+j]) == e && pl.RankOf(e, o, tok) == me {
-								want = append(want, [2]int32{int32(o), int32(tok)})
-								wantW = append(wantW, ro.Weights[tok*s.k+j])
-							}
-						}
-					}
-				}
-				if out.Counts[li] != len(want) {
-					return fmt.Errorf("expert %d: %d rows, want %d", e, out.Counts[li], len(want))
-				}
-				if (out.Offsets[li+1]-out.Offsets[li])%align != 0 {
-					return fmt.Errorf("expert %d block of %d rows not aligned to %d", e, out.Offsets[li+1]-out.Offsets[li], align)
-				}
-				for i, w := range want {
-					row := out.Offsets[li] + i
-					if out.Origin[row] != w[0] || out.Source[row] != w[1] || out.Weight[row] != wantW[i] || out.Expert[row] != int32(e) {
-						return fmt.Errorf("expert %d row %d: origin %d src %d w %v, want %v w %v", e, i, out.Origin[row], out.Source[row], out.Weight[row], w, wantW[i])
-					}
-					xo := inputs[w[0]]
-					for k := 0; k < s.hid; k++ {
-						if out.X[row*s.hid+k] != xo[int(w[1])*s.hid+k] {
-							return fmt.Errorf("expert %d row %d element %d: %v want %v", e, i, k, out.X[row*s.hid+k], xo[int(w[1])*s.hid+k])
-						}
-					}
-				}
-				for row := out.Offsets[li] + out.Counts[li]; row < out.Offsets[li+1]; row++ {
-					if out.Origin[row] != -1 {
-						return fmt.Errorf("padding row %d has origin %d", row, out.Origin[row])
-					}
-				}
-			}
-			// Experts compute; combine.
-			y := make([]float32, len(out.X))
-			for row := 0; row < out.Rows(); row++ {
-				for k := 0; k < s.hid; k++ {
-					y[row*s.hid+k] = expert(out.Expert[row], out.X[row*s.hid+k])
-				}
-			}
-			got := make([]float32, len(x))
-			if err := cb.Combine(ctx, h, y, got); err != nil {
-				return err
-			}
-			for tok := 0; tok < r.T; tok++ {
-				for k := 0; k < s.hid; k++ {
-					// This rank's own experts' terms first (choice order), then each other
-					// serving rank's partial sum (exact: small dyadic values), which crosses
-					// the wire in the wire type, in ascending rank order.
-					want := float32(0)
+		// What this rank must receive, per local expert, in (origin, token) order.
+		local := pl.Local[me]
+		for li, e := range local {
+			var want [][2]int32
+			var wantW []float32
+			for o := 0; o < s.p; o++ {
+				ro := routings[o]
+				for tok := 0; tok < ro.T; tok++ {
 					for j := 0; j < s.k; j++ {
-						if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == me {
-							want += r.Weights[tok*s.k+j] * expert(e, x[tok*s.hid+k])
+						if int(ro.Experts[tok*s.k+j]) == e && pl.RankOf(e, o, tok) == me {
+							want = append(want, [2]int32{int32(o), int32(tok)})
+							wantW = append(wantW, ro.Weights[tok*s.k+j])
 						}
-					}
-					for q := 0; q < s.p; q++ {
-						if q == me {
-							continue
-						}
-						part := float32(0)
-						for j := 0; j < s.k; j++ {
-							if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == q {
-								part += r.Weights[tok*s.k+j] * expert(e, x[tok*s.hid+k])
-							}
-						}
-						if wire == dtype.BF16 {
-							part = dtype.ToBF16(part).Float32()
-						}
-						want += part
-					}
-					if got[tok*s.hid+k] != want {
-						return fmt.Errorf("round %d token %d element %d: combined %v, want %v", round, tok, k, got[tok*s.hid+k], want)
 					}
 				}
 			}
-			// Redispatch with the same routing and new activations.
-			x2 := make([]float32, len(x))
-			for i := range x2 {
-				x2[i] = x[i] + 1
+			if out.Counts[li] != len(want) {
+				return fmt.Errorf("expert %d: %d rows, want %d", e, out.Counts[li], len(want))
 			}
-			out2, err := d.Redispatch(ctx, h, x2)
-			if err != nil {
-				return err
+			if (out.Offsets[li+1]-out.Offsets[li])%align != 0 {
+				return fmt.Errorf("expert %d block of %d rows not aligned to %d", e, out.Offsets[li+1]-out.Offsets[li], align)
 			}
-			for row := 0; row < out2.Rows(); row++ {
-				if out2.Origin[row] < 0 {
-					continue
+			for i, w := range want {
+				row := out.Offsets[li] + i
+				if out.Origin[row] != w[0] || out.Source[row] != w[1] || out.Weight[row] != wantW[i] || out.Expert[row] != int32(e) {
+					return fmt.Errorf("expert %d row %d: origin %d src %d w %v, want %v w %v", e, i, out.Origin[row], out.Source[row], out.Weight[row], w, wantW[i])
 				}
-				xo := inputs[out2.Origin[row]]
-				if out2.X[row*s.hid] != xo[int(out2.Source[row])*s.hid]+1 {
-					return fmt.Errorf("redispatch row %d wrong", row)
+				xo := inputs[w[0]]
+				for k := 0; k < s.hid; k++ {
+					if out.X[row*s.hid+k] != xo[int(w[1])*s.hid+k] {
+						return fmt.Errorf("expert %d row %d element %d: %v want %v", e, i, k, out.X[row*s.hid+k], xo[int(w[1])*s.hid+k])
+					}
+				}
+			}
+			for row := out.Offsets[li] + out.Counts[li]; row < out.Offsets[li+1]; row++ {
+				if out.Origin[row] != -1 {
+					return fmt.Errorf("padding row %d has origin %d", row, out.Origin[row])
 				}
 			}
 		}
-		return nil
-	})
+		// Experts compute; combine.
+		y := make([]float32, len(out.X))
+		for row := 0; row < out.Rows(); row++ {
+			for k := 0; k < s.hid; k++ {
+				y[row*s.hid+k] = expert(out.Expert[row], out.X[row*s.hid+k])
+			}
+		}
+		got := make([]float32, len(x))
+		if err := cb.Combine(ctx, h, y, got); err != nil {
+			return err
+		}
+		if algo != coll.AlgoAuto && (d.Plan().Algo != algo || cb.Plan().Algo != algo) {
+			return fmt.Errorf("dispatch ran %v, combine %v, want %v", d.Plan().Algo, cb.Plan().Algo, algo)
+		}
+		for tok := 0; tok < r.T; tok++ {
+			for k := 0; k < s.hid; k++ {
+				// This rank's own experts' terms first (choice order), then each other
+				// serving rank's partial sum (exact: small dyadic values), which crosses
+				// the wire in the wire type, in ascending rank order.
+				want := float32(0)
+				for j := 0; j < s.k; j++ {
+					if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == me {
+						want += r.Weights[tok*s.k+j] * expert(e, x[tok*s.hid+k])
+					}
+				}
+				for q := 0; q < s.p; q++ {
+					if q == me {
+						continue
+					}
+					part := float32(0)
+					for j := 0; j < s.k; j++ {
+						if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == q {
+							part += r.Weights[tok*s.k+j] * expert(e, x[tok*s.hid+k])
+						}
+					}
+					if wire == dtype.BF16 {
+						part = dtype.ToBF16(part).Float32()
+					}
+					want += part
+				}
+				if got[tok*s.hid+k] != want {
+					return fmt.Errorf("round %d token %d element %d: combined %v, want %v", round, tok, k, got[tok*s.hid+k], want)
+				}
+			}
+		}
+		// Redispatch with the same routing and new activations.
+		x2 := make([]float32, len(x))
+		for i := range x2 {
+			x2[i] = x[i] + 1
+		}
+		out2, err := d.Redispatch(ctx, h, x2)
+		if err != nil {
+			return err
+		}
+		for row := 0; row < out2.Rows(); row++ {
+			if out2.Origin[row] < 0 {
+				continue
+			}
+			xo := inputs[out2.Origin[row]]
+			if out2.X[row*s.hid] != xo[int(out2.Source[row])*s.hid]+1 {
+				return fmt.Errorf("redispatch row %d wrong", row)
+			}
+		}
+	}
+	return nil
 }
 
 func TestDispatchCombine(t *testing.T) {
@@ -485,5 +499,63 @@ func TestAllocs(t *testing.T) {
 		if st := pools[i].Stats(); st.Gets != st.Releases {
 			t.Errorf("rank %d: %d buffers taken, %d given back after Close", i, st.Gets, st.Releases)
 		}
+	}
+}
+
+// TestHelperMoERank is one rank of TestMoEOverShm, started by `moex run`.
+func TestHelperMoERank(t *testing.T) {
+	if os.Getenv("MOEX_COMBINE_HELPER") == "" {
+		t.Skip("helper rank: runs only under TestMoEOverShm")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := coll.Init(ctx, coll.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	p := c.Size()
+	tokens := make([]int, p)
+	for i := range tokens {
+		tokens[i] = 13 + 7*i
+	}
+	tokens[1] = 0 // a rank with no tokens
+	for _, s := range []scenario{
+		{p: p, hid: 9, k: 3, experts: 2 * p, tokens: tokens, dropEvery: 7, seed: 1},
+		// Rows of 8 KiB: every rank's send buffer is larger than the area and read across.
+		{p: p, hid: 2048, k: 2, experts: 2 * p, tokens: []int{200, 150, 220, 180}[:p], seed: 2},
+	} {
+		for _, wire := range []dtype.Type{dtype.F32, dtype.BF16} {
+			pl, err := router.NewPlacement(router.Contiguous, s.experts, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := checkRank(c, s, pl, wire, 1, 2, coll.Shared); err != nil {
+				t.Fatalf("rank %d, hidden %d, %v on the wire: %v", c.Rank(), s.hid, wire, err)
+			}
+		}
+	}
+	fmt.Printf("rank %d ok\n", c.Rank())
+}
+
+// The MoE dispatch and combine between processes over shared memory go through the
+// shared areas (the plans say so), and deliver what the scenario implies, with small
+// send buffers (through the areas) and large ones (read across).
+func TestMoEOverShm(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared memory transport: Linux only")
+	}
+	exe := filepath.Join(t.TempDir(), "moex")
+	if out, err := exec.Command("go", "build", "-o", exe, "github.com/moex-ai/moex/cmd/moex").CombinedOutput(); err != nil {
+		t.Fatalf("building moex: %v\n%s", err, out)
+	}
+	cmd := exec.Command(exe, "run", "-n", "4", "--", os.Args[0], "-test.run=^TestHelperMoERank$")
+	cmd.Env = append(os.Environ(), "MOEX_COMBINE_HELPER=1", "MOEX_TRANSPORT=shm")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("moex run: %v\n%s", err, out)
+	}
+	if n := strings.Count(string(out), " ok"); n != 4 {
+		t.Fatalf("%d of 4 ranks ok:\n%s", n, out)
 	}
 }

@@ -96,9 +96,10 @@ type Direct struct {
 	t      *Transport
 	cap    int
 	pull   bool          // larger buffers are read across (cross-memory attach works)
-	pulls  uint64        // operations so far that were read across
+	pulled []uint64      // per rank: its operations so far that were read across
 	end    int           // where the data of the last operation through the area ends
 	cur    uint64        // the turn running
+	op     string        // its name, for errors
 	procs  bool          // waiters yield to the kernel only (the peers are other processes)
 	next   atomic.Uint64 // turns handed out
 	done   atomic.Uint64 // operations finished
@@ -143,6 +144,7 @@ func (t *Transport) Direct() *Direct {
 		d.order = append(d.order, (t.rank+i)%t.size)
 	}
 	d.wanted = make([]int, 0, t.size)
+	d.pulled = make([]uint64, t.size)
 	return d
 }
 
@@ -180,8 +182,7 @@ var ErrTooLarge = errors.New("shm: buffer larger than the shared area, and cross
 // also abort the communicator, through ctx).
 func (d *Direct) AllToAll(ctx context.Context, turn uint64, send, recv []byte, sig uint64) (err error) {
 	defer func() { d.finish(turn, err) }()
-	t := d.t
-	p := t.size
+	p := d.t.size
 	n := len(send)
 	if len(recv) != n || n%p != 0 {
 		return &transport.ArgError{Arg: "recv", Reason: fmt.Sprintf("send %d bytes, recv %d: want equal lengths, a multiple of %d ranks", n, len(recv), p)}
@@ -189,31 +190,99 @@ func (d *Direct) AllToAll(ctx context.Context, turn uint64, send, recv []byte, s
 	if !d.Fits(n) {
 		return fmt.Errorf("%w: %d bytes, the area holds %d", ErrTooLarge, n, d.cap)
 	}
+	return d.exchange(ctx, turn, send, recv, sig, nil)
+}
+
+// VLayout is the layout of an AlltoAllv that every rank knows in full (the MoE dispatch
+// and combine plan from the whole count matrix), in bytes. Rank q's block for this rank
+// is RecvLen[q] bytes at SrcOff[q] of q's send buffer, which is SrcLen[q] bytes long,
+// and lands at RecvOff[q] of recv. This rank's own block is SrcOff[r] of send. SrcLen
+// decides how each rank publishes its send buffer (through its area when it fits), so
+// every rank must agree on it: the operation's signature should cover the counts.
+type VLayout struct {
+	RecvOff, RecvLen, SrcOff, SrcLen []int
+}
+
+// AllToAllv is AllToAll with blocks of any size (lay). send must be at least
+// lay.SrcLen[r] bytes (r: this rank); only those are published. send may be this rank's
+// own block of recv (an AllGather in place): the others' blocks must not overlap it.
+func (d *Direct) AllToAllv(ctx context.Context, turn uint64, send, recv []byte, lay *VLayout, sig uint64) (err error) {
+	defer func() { d.finish(turn, err) }()
+	if err := d.checkLayout(lay, len(send), len(recv)); err != nil {
+		return err
+	}
+	return d.exchange(ctx, turn, send[:lay.SrcLen[d.t.rank]], recv, sig, lay)
+}
+
+func (d *Direct) checkLayout(lay *VLayout, send, recv int) error {
+	p := d.t.size
+	if lay == nil || len(lay.RecvOff) != p || len(lay.RecvLen) != p || len(lay.SrcOff) != p || len(lay.SrcLen) != p {
+		return &transport.ArgError{Arg: "layout", Reason: fmt.Sprintf("want %d entries in each of its four lists", p)}
+	}
+	for q := 0; q < p; q++ {
+		switch {
+		case lay.RecvOff[q] < 0 || lay.RecvLen[q] < 0 || lay.RecvOff[q]+lay.RecvLen[q] > recv:
+			return &transport.ArgError{Arg: "recv", Reason: fmt.Sprintf("block from rank %d ([%d,+%d)) outside the %d-byte buffer", q, lay.RecvOff[q], lay.RecvLen[q], recv)}
+		case lay.SrcOff[q] < 0 || lay.SrcLen[q] < 0 || lay.SrcOff[q]+lay.RecvLen[q] > lay.SrcLen[q]:
+			return &transport.ArgError{Arg: "layout", Reason: fmt.Sprintf("block from rank %d ([%d,+%d)) outside its %d-byte send buffer", q, lay.SrcOff[q], lay.RecvLen[q], lay.SrcLen[q])}
+		case !d.Fits(lay.SrcLen[q]):
+			return fmt.Errorf("%w: rank %d sends %d bytes, the area holds %d", ErrTooLarge, q, lay.SrcLen[q], d.cap)
+		}
+	}
+	if me := d.t.rank; lay.SrcLen[me] > send {
+		return &transport.ArgError{Arg: "send", Reason: fmt.Sprintf("%d bytes, the layout sends %d", send, lay.SrcLen[me])}
+	}
+	return nil
+}
+
+// block says where this rank's block from rank q is: at src of q's send buffer, which is
+// total bytes long, n bytes, going to dst of recv. lay nil: an AllToAll of total bytes.
+func (d *Direct) block(lay *VLayout, q, total int) (src, n, dst, qtotal int) {
+	if lay == nil {
+		b := total / d.t.size
+		return d.t.rank * b, b, q * b, total
+	}
+	return lay.SrcOff[q], lay.RecvLen[q], lay.RecvOff[q], lay.SrcLen[q]
+}
+
+// exchange runs an AllToAll (lay nil) or AllToAllv whose arguments were checked.
+func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, sig uint64, lay *VLayout) error {
+	t := d.t
 	if err := d.awaitTurn(ctx, turn); err != nil {
 		return err
 	}
 	t.directOps.Add(1)
-	d.cur = turn
+	d.cur, d.op = turn, "alltoall"
+	if lay != nil {
+		d.op = "alltoallv"
+	}
 	t.life.RLock()
 	defer t.life.RUnlock()
 	if t.closed.Load() {
 		return transport.ErrClosed
 	}
-	b := n / p
+	p := t.size
+	n := len(send)
 	me := t.rank
 	own := t.own
 	pull := n > d.cap
 	par := 8 * int(turn&1)
 	if pull {
-		d.pulls++
+		d.pulled[me]++
 		if n > 0 {
 			atomic.StoreUint64(own.areaU64(areaWhere+par), uint64(uintptr(unsafe.Pointer(&send[0]))))
 		}
 	} else {
 		off := d.place(turn, n)
 		buf := own.areaData(uint64(off), n)
-		for _, q := range d.order {
-			copy(buf[q*b:(q+1)*b], send[q*b:(q+1)*b])
+		if lay == nil {
+			// Block by block, the first ones read first.
+			b := n / p
+			for _, q := range d.order {
+				copy(buf[q*b:(q+1)*b], send[q*b:(q+1)*b])
+			}
+		} else {
+			copy(buf, send)
 		}
 		atomic.StoreUint64(own.areaU64(areaWhere+par), uint64(off))
 	}
@@ -227,9 +296,11 @@ func (d *Direct) AllToAll(ctx context.Context, turn uint64, send, recv []byte, s
 		d.bump(q, areaArrived, target)
 	}
 	atomic.StoreUint64(own.areaU64(areaPublished), turn)
-	copy(recv[me*b:(me+1)*b], send[me*b:(me+1)*b])
+	if src, bn, dst, _ := d.block(lay, me, n); bn > 0 && &recv[dst] != &send[src] {
+		copy(recv[dst:dst+bn], send[src:src+bn])
+	}
 	d.wanted = append(d.wanted[:0], d.order...)
-	if err := d.wait(ctx, areaArrived, target, func() (bool, error) { return d.collect(turn, recv, b, sig, pull) }); err != nil {
+	if err := d.wait(ctx, areaArrived, target, func() (bool, error) { return d.collect(turn, recv, n, sig, lay) }); err != nil {
 		return err
 	}
 	if pull {
@@ -237,7 +308,7 @@ func (d *Direct) AllToAll(ctx context.Context, turn uint64, send, recv []byte, s
 		// only its address is in use, which Go does not count: keep it alive, or the
 		// collector may hand its memory to someone else while they read.
 		defer runtime.KeepAlive(send)
-		want := uint32(uint64(p-1) * d.pulls)
+		want := uint32(uint64(p-1) * d.pulled[me])
 		reads := own.areaU32(areaReads)
 		if err := d.wait(ctx, areaReads, want, func() (bool, error) { return reached(atomic.LoadUint32(reads), want), nil }); err != nil {
 			return err
@@ -332,8 +403,7 @@ func (d *Direct) wait(ctx context.Context, off int, target uint32, cond func() (
 
 // collect takes the blocks of the peers that published turn, and reports whether none
 // is left to take. An error ends the operation (and the Direct: see finish).
-func (d *Direct) collect(turn uint64, recv []byte, b int, sig uint64, pull bool) (bool, error) {
-	me := d.t.rank
+func (d *Direct) collect(turn uint64, recv []byte, total int, sig uint64, lay *VLayout) (bool, error) {
 	par := 8 * int(turn&1)
 	k := 0
 	for _, q := range d.wanted {
@@ -344,28 +414,30 @@ func (d *Direct) collect(turn uint64, recv []byte, b int, sig uint64, pull bool)
 			continue
 		}
 		if got := atomic.LoadUint64(s.areaU64(areaSig + par)); got != sig {
-			return false, &transport.PeerError{Rank: q, Op: "alltoall", Err: fmt.Errorf(
+			return false, &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf(
 				"%w: rank %d published operation %d with signature %#x, this rank's is %#x",
 				transport.ErrMismatch, q, turn, got, sig)}
 		}
-		dst := recv[q*b : (q+1)*b]
+		src, n, at, qtotal := d.block(lay, q, total)
+		dst := recv[at : at+n]
 		where := atomic.LoadUint64(s.areaU64(areaWhere + par))
-		if !pull {
-			src := s.areaData(where, b*d.t.size)
-			if src == nil {
-				return false, &transport.PeerError{Rank: q, Op: "alltoall", Err: fmt.Errorf(
-					"%w: rank %d published %d bytes at offset %d of its area", transport.ErrProtocol, q, b*d.t.size, where)}
+		if qtotal <= d.cap {
+			data := s.areaData(where, qtotal)
+			if data == nil {
+				return false, &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf(
+					"%w: rank %d published %d bytes at offset %d of its area", transport.ErrProtocol, q, qtotal, where)}
 			}
-			copy(dst, src[me*b:(me+1)*b])
+			copy(dst, data[src:src+n])
 			continue
 		}
-		p := d.t.peers[q]
-		addr := where + uint64(me*b)
-		if err := cmaRead(p.pid, dst, addr, &d.liov, &d.riov); err != nil {
-			return false, &transport.PeerError{Rank: q, Op: "alltoall", Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, q, err)}
+		d.pulled[q]++
+		if n > 0 {
+			if err := cmaRead(d.t.peers[q].pid, dst, where+uint64(src), &d.liov, &d.riov); err != nil {
+				return false, &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, q, err)}
+			}
+			d.t.cmaBytes.Add(uint64(n))
 		}
-		d.t.cmaBytes.Add(uint64(b))
-		d.bump(q, areaReads, uint32(uint64(d.t.size-1)*d.pulls))
+		d.bump(q, areaReads, uint32(uint64(d.t.size-1)*d.pulled[q]))
 	}
 	d.wanted = d.wanted[:k]
 	return k == 0, nil
@@ -381,10 +453,10 @@ func (d *Direct) checkPeers() error {
 			continue // published after all: the next look takes it
 		}
 		if p.seg.state() == stateClosed {
-			return &transport.PeerError{Rank: q, Op: "alltoall", Err: fmt.Errorf("%w: closed", transport.ErrPeerClosed)}
+			return &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf("%w: closed", transport.ErrPeerClosed)}
 		}
 		if p.isDead() {
-			return p.peerErr("alltoall")
+			return p.peerErr(d.op)
 		}
 	}
 	return nil

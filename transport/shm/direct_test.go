@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -136,6 +137,102 @@ func TestDirectAllToAll(t *testing.T) {
 	}
 }
 
+// vcounts is operation op's count matrix among p ranks: counts[q][r] bytes from q to r,
+// zeros included, rows of different lengths (some through a 4 KiB area, some above it).
+func vcounts(op, p int) [][]int {
+	m := make([][]int, p)
+	for q := range m {
+		m[q] = make([]int, p)
+		for r := range m[q] {
+			switch (op + q*3 + r) % 5 {
+			case 0:
+				m[q][r] = 0
+			case 1:
+				m[q][r] = 1 + q
+			case 2:
+				m[q][r] = 700 + 10*r
+			case 3:
+				m[q][r] = 100 * (q + 1)
+			default:
+				m[q][r] = 3000 * ((op + q) % 3) // rows of rank q beyond the area every third op
+			}
+		}
+	}
+	return m
+}
+
+// vlayout is rank r's VLayout for counts (blocks packed in rank order on both sides),
+// with its send and receive sizes.
+func vlayout(counts [][]int, r int) (lay *shm.VLayout, send, recv int) {
+	p := len(counts)
+	lay = &shm.VLayout{RecvOff: make([]int, p), RecvLen: make([]int, p), SrcOff: make([]int, p), SrcLen: make([]int, p)}
+	for q := 0; q < p; q++ {
+		lay.RecvOff[q], lay.RecvLen[q] = recv, counts[q][r]
+		recv += counts[q][r]
+		for j, n := range counts[q] {
+			if j == r {
+				lay.SrcOff[q] = lay.SrcLen[q]
+			}
+			lay.SrcLen[q] += n
+		}
+	}
+	return lay, lay.SrcLen[r], recv
+}
+
+// Blocks of every size, zero included, from ranks whose send buffers go through their
+// areas and ranks whose buffers are read across, in the same operation: every byte
+// arrives where the layout says.
+func TestDirectAllToAllv(t *testing.T) {
+	for _, cma := range []int{0, -1} {
+		t.Run(fmt.Sprintf("cma=%d", cma), func(t *testing.T) {
+			const p, ops = 4, 12
+			ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4096; cfg.CMA = cma })
+			ds := directs(t, ts)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			errs := onRanks(p, func(r int) error {
+				for op := 0; op < ops; op++ {
+					counts := vcounts(op, p)
+					if cma != 0 {
+						for q := range counts { // without CMA every row must fit the area
+							for j := range counts[q] {
+								counts[q][j] %= 1000
+							}
+						}
+					}
+					lay, ns, nr := vlayout(counts, r)
+					send := make([]byte, ns+5) // longer than the layout: only its part is sent
+					at := 0
+					for j := 0; j < p; j++ {
+						fill(send[at:at+counts[r][j]], op, r, j)
+						at += counts[r][j]
+					}
+					recv := make([]byte, nr)
+					if err := ds[r].AllToAllv(ctx, ds[r].Turn(), send, recv, lay, uint64(op)); err != nil {
+						return fmt.Errorf("op %d: %w", op, err)
+					}
+					for q := 0; q < p; q++ {
+						want := make([]byte, counts[q][r])
+						fill(want, op, q, r)
+						if got := recv[lay.RecvOff[q]:][:lay.RecvLen[q]]; string(got) != string(want) {
+							return fmt.Errorf("op %d: the %d bytes from rank %d are wrong", op, len(want), q)
+						}
+					}
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+			if st := ts[0].Stats(); (cma == 0) != (st.CMABytes > 0) {
+				t.Fatalf("CMA %d: stats %+v", cma, st)
+			}
+		})
+	}
+}
+
 // Operations issued before the previous ones finished (Turn taken in order, run by
 // several goroutines at once) run in turn order.
 func TestDirectTurns(t *testing.T) {
@@ -241,6 +338,34 @@ func TestDirectBadArgs(t *testing.T) {
 	ds = directs(t, start(t, 2, func(c *shm.Config) { c.AreaBytes = 1024; c.CMA = -1 }))
 	if err := ds[0].AllToAll(ctx, ds[0].Turn(), make([]byte, 2048), make([]byte, 2048), 0); !errors.Is(err, shm.ErrTooLarge) {
 		t.Fatalf("2 KiB through a 1 KiB area without CMA: %v", err)
+	}
+	lay, _, _ := vlayout([][]int{{10, 20}, {30, 2000}}, 0)
+	for _, c := range []struct {
+		what       string
+		send, recv int
+		edit       func(l *shm.VLayout)
+		want       error
+	}{
+		{"short lists", 30, 40, func(l *shm.VLayout) { l.SrcOff = l.SrcOff[:1] }, nil},
+		{"recv too small", 30, 39, nil, nil},
+		{"send too small", 29, 40, nil, nil},
+		{"block past its send buffer", 30, 40, func(l *shm.VLayout) { l.SrcOff[1] = 2010 }, nil},
+		{"negative offset", 30, 40, func(l *shm.VLayout) { l.RecvOff[0] = -1 }, nil},
+		{"row beyond the area", 30, 40, nil, shm.ErrTooLarge},
+	} {
+		l := *lay
+		l.RecvOff, l.RecvLen, l.SrcOff, l.SrcLen = slices.Clone(l.RecvOff), slices.Clone(l.RecvLen), slices.Clone(l.SrcOff), slices.Clone(l.SrcLen)
+		if c.edit != nil {
+			c.edit(&l)
+		}
+		if c.want == nil {
+			l.SrcLen[1] = 30 // fits the area: only the edit is wrong
+		}
+		d := directs(t, start(t, 2, func(c *shm.Config) { c.AreaBytes = 1024; c.CMA = -1 }))[0] // an error ends a Direct
+		err := d.AllToAllv(ctx, d.Turn(), make([]byte, c.send), make([]byte, c.recv), &l, 0)
+		if c.want != nil && !errors.Is(err, c.want) || c.want == nil && !errors.As(err, &ae) {
+			t.Fatalf("AllToAllv, %s: %v", c.what, err)
+		}
 	}
 	ts2 := start(t, 2, func(c *shm.Config) { c.AreaBytes = -1 })
 	if ts2[0].Direct() != nil {
