@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moex-ai/moex/busypoll"
+	"github.com/moex-ai/moex/internal/memx"
 	"github.com/moex-ai/moex/transport"
 )
 
@@ -282,7 +283,7 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 				copy(buf[q*b:(q+1)*b], send[q*b:(q+1)*b])
 			}
 		} else {
-			copy(buf, send)
+			memx.Copy(buf, send)
 		}
 		atomic.StoreUint64(own.areaU64(areaWhere+par), uint64(off))
 	}
@@ -297,7 +298,7 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 	}
 	atomic.StoreUint64(own.areaU64(areaPublished), turn)
 	if src, bn, dst, _ := d.block(lay, me, n); bn > 0 && &recv[dst] != &send[src] {
-		copy(recv[dst:dst+bn], send[src:src+bn])
+		memx.Copy(recv[dst:dst+bn], send[src:src+bn])
 	}
 	d.wanted = append(d.wanted[:0], d.order...)
 	if err := d.wait(ctx, areaArrived, target, func() (bool, error) { return d.collect(turn, recv, n, sig, lay) }); err != nil {
@@ -427,7 +428,7 @@ func (d *Direct) collect(turn uint64, recv []byte, total int, sig uint64, lay *V
 				return false, &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf(
 					"%w: rank %d published %d bytes at offset %d of its area", transport.ErrProtocol, q, qtotal, where)}
 			}
-			copy(dst, data[src:src+n])
+			memx.Copy(dst, data[src:src+n])
 			continue
 		}
 		d.pulled[q]++
