@@ -155,18 +155,21 @@ func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 	l := &vp.lay
 	l.sendOff, l.sendLen = growInts(l.sendOff, c.size), growInts(l.sendLen, c.size)
 	l.recvOff, l.recvLen = growInts(l.recvOff, c.size), growInts(l.recvLen, c.size)
-	total, h := 0, 0
+	total, h, maxRow := 0, 0, 0 // maxRow: the largest send buffer of any rank, in bytes
 	for i, row := range counts {
 		if len(row) != c.size {
 			return &ArgError{Arg: fmt.Sprintf("counts[%d]", i), Reason: fmt.Sprintf("%d entries for %d ranks", len(row), c.size)}
 		}
+		rowBytes := 0
 		for j, n := range row {
 			if n < 0 {
 				return &ArgError{Arg: fmt.Sprintf("counts[%d][%d]", i, j), Reason: "negative"}
 			}
-			total += n * unit
+			rowBytes += n * unit
 			h = h*31 + n
 		}
+		total += rowBytes
+		maxRow = max(maxRow, rowBytes)
 	}
 	so, ro := 0, 0
 	for j := 0; j < c.size; j++ {
@@ -176,20 +179,11 @@ func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 		ro += l.recvLen[j]
 	}
 	avg := total / max(1, c.size*c.size)
-	maxRow := 0
-	for _, row := range counts {
-		n := 0
-		for _, v := range row {
-			n += v * unit
-		}
-		maxRow = max(maxRow, n)
-	}
 	algo := c.chooseFit(OpAlltoAllv, avg, c.direct != nil && c.direct.Fits(maxRow))
 	pl := vp.pl
 	pl.op, pl.algo, pl.tmp = OpAlltoAllv, algo, 0
 	switch algo {
 	case Shared:
-		pl.steps = pl.steps[:0]
 		planAlltoAllvShared(pl, c.rank, counts, unit, *l)
 	case Bruck:
 		m := make([][]int, c.size)
@@ -220,6 +214,7 @@ func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 // order), in q's send buffer of a whole row's bytes.
 func planAlltoAllvShared(pl *plan, r int, counts [][]int, unit int, l vlayout) {
 	p := len(counts)
+	pl.steps = pl.steps[:0] // no steps: execShared runs it
 	if pl.shared == nil {
 		pl.shared = &shm.VLayout{}
 	}

@@ -62,8 +62,9 @@ const (
 	// Shared moves the blocks through the shared-memory areas of the ranks' segments
 	// (shm.Direct): one copy in, one flag per rank, one copy out (larger buffers: one
 	// copy across). AlltoAll, AllGather, and AlltoAllv planned from the whole count
-	// matrix (the MoE dispatch and combine); only when every rank of the communicator is on one
-	// host, over shm, and the buffers fit the area or cross-memory attach works.
+	// matrix (the MoE dispatch and combine); only when every rank of the communicator
+	// is on one host, over shm, and the buffers fit the area or cross-memory attach
+	// works.
 	Shared
 	algoEnd
 )
@@ -215,7 +216,7 @@ func (c *Comm) choose(op OpKind, n int) Algo { return c.chooseFit(op, n, c.share
 func (c *Comm) chooseFit(op OpKind, n int, fits bool) Algo {
 	if a, ok := c.cfg.Algo[op]; ok && a != AlgoAuto {
 		if a == Shared && !fits {
-			return algos0(op) // not on one host over shm, or too large for the area
+			return Algorithms[op][0] // not on one host over shm, or too large for the area
 		}
 		return a
 	}
@@ -234,9 +235,6 @@ func (c *Comm) chooseFit(op OpKind, n int, fits bool) Algo {
 	}
 	return best
 }
-
-// algos0 is op's first algorithm, the one a refused override falls back to.
-func algos0(op OpKind) Algo { return Algorithms[op][0] }
 
 // sharedFits reports whether op on n bytes (per block) can run through the shared areas.
 // An AlltoAllv can only when every rank knows the whole count matrix (a VPlan, which

@@ -65,8 +65,8 @@ type plan struct {
 	tmp   int    // scratch bytes
 	sig   uint32 // checked on every message: ranks that disagree get ErrMismatch
 	bytes int    // bytes this rank sends, for statistics
-	// Shared AlltoAllv: where the blocks are (every rank's send buffer, from the count
-	// matrix); nil for the other plans.
+	// Shared AlltoAllv and AllGather: where the blocks are in every rank's send buffer
+	// and in recv (shm.Direct.AllToAllv); nil for the other plans.
 	shared *shm.VLayout
 }
 
