@@ -637,6 +637,12 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 	if c.topo.hosts > 1 && cfg.HostLink == nil && env.Transport != "tcp" {
 		c.intra = CostShm // the ranks of a host talk through shared memory
 	}
+	if c.direct != nil && poll.Oversubscribed && cfg.Link == nil {
+		// One host, more ranks than CPUs: every step that waits for a peer costs
+		// context switches (see CrowdedAlpha).
+		c.link.Alpha *= CrowdedAlpha
+		c.intra.Alpha *= CrowdedAlpha
+	}
 	c.owned = append(c.owned, rv.Close, tr.Close)
 	c.closeBarrier = true
 	if log.Enabled(ctx, slog.LevelInfo) {

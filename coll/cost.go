@@ -94,8 +94,8 @@ var Algorithms = map[OpKind][]Algo{
 	OpBarrier:       {Dissemination},
 	OpBroadcast:     {Binomial, Linear},
 	OpReduce:        {Binomial, Linear},
-	OpAllReduce:     {Ring, RecDoubling, Rabenseifner, Hier},
-	OpReduceScatter: {Ring, RecHalving, Hier},
+	OpAllReduce:     {Ring, RecDoubling, Rabenseifner, Hier, Shared},
+	OpReduceScatter: {Ring, RecHalving, Hier, Shared},
 	OpAllGather:     {Ring, RecDoubling, Bruck, Hier, Shared},
 	OpAlltoAll:      {Linear, Pairwise, Bruck, Shared},
 	OpAlltoAllv:     {Linear, Pairwise, Bruck, Shared},
@@ -118,6 +118,15 @@ var (
 	CostShm    = LinkCost{Alpha: 3 * time.Microsecond, Beta: 1 / 8e9, Gamma: 1 / 20e9}
 	CostNet    = LinkCost{Alpha: 15 * time.Microsecond, Beta: 1 / 3e9, Gamma: 1 / 20e9}
 )
+
+// CrowdedAlpha multiplies the per-message latency of the default link when the ranks, all
+// on one host over shared memory, outnumber its CPUs: a rank that waits for a peer gives up its CPU, and the peer
+// must be switched in before the step completes, so every step of an algorithm costs
+// context switches. Measured with moex bench coll over shm on 2 CPUs (AllReduce, best of
+// 4, alternating): 4 ranks, 64 KiB: shared (2 steps) 50us, rabenseifner (4) 62us; 1 MiB:
+// 460 against 1065us; 8 ranks, 64 KiB: 117 against 264us, where the model at 3us a
+// message chose the multi-step algorithms.
+const CrowdedAlpha = 8
 
 // Estimate predicts the time of op with algo on p ranks for n bytes (per rank input for
 // AllReduce/Broadcast/Reduce; per block for AllGather, ReduceScatter and AlltoAll).
@@ -146,6 +155,11 @@ func (c LinkCost) Estimate(op OpKind, algo Algo, p, n int) time.Duration {
 			l := float64(ceilLog2(pof2))
 			f2 := float64(pof2)
 			t = 2*l*a + 2*(f2-1)/f2*fn*c.Beta + (f2-1)/f2*fn*c.Gamma + extra
+		case Shared:
+			// Two flags per rank (half a latency each); the buffer and the combined
+			// block copied into the area (at the link's speed: lines the other CPUs
+			// read last), the others' blocks read for combining and copied out.
+			t = a + (fn+fn/fp)*c.Beta + 2*(fp-1)/fp*fn/20e9 + (fp-1)/fp*fn*c.Gamma
 		}
 	case OpBroadcast:
 		switch algo {
@@ -184,6 +198,10 @@ func (c LinkCost) Estimate(op OpKind, algo Algo, p, n int) time.Duration {
 			} else {
 				t = (fp-1)*a + (fp-1)*fn*(c.Beta+c.Gamma) + a
 			}
+		case Shared:
+			// One flag per rank; every block copied in, this rank's of every rank
+			// combined.
+			t = a/2 + fp*fn*c.Beta + (fp-1)*fn/20e9 + (fp-1)*fn*c.Gamma
 		}
 	case OpAlltoAll, OpAlltoAllv:
 		switch algo {
@@ -247,6 +265,10 @@ func (c *Comm) sharedFits(op OpKind, n int) bool {
 		return c.direct.Fits(n * c.size)
 	case op == OpAllGather:
 		return c.direct.Fits(n)
+	case op == OpAllReduce: // the buffer through the area, never read across
+		return n <= c.direct.Cap()
+	case op == OpReduceScatter:
+		return n*c.size <= c.direct.Cap()
 	}
 	return false
 }

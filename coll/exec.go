@@ -63,6 +63,8 @@ func (c *Comm) getPlan(k planKey) *plan {
 			pl = planAllReduceRing(sh)
 		case Hier:
 			pl = planAllReduceHier(sh, c.topo)
+		case Shared:
+			pl = planReduceShared(OpAllReduce, k)
 		default:
 			pl = planAllReduceRecDbl(sh, k.algo)
 		}
@@ -97,6 +99,8 @@ func (c *Comm) getPlan(k planKey) *plan {
 			pl = planReduceScatterRecHalving(sh)
 		case Hier:
 			pl = planReduceScatterHier(sh, c.topo)
+		case Shared:
+			pl = planReduceShared(OpReduceScatter, k)
 		default:
 			pl = planReduceScatterRing(sh)
 		}
@@ -133,7 +137,11 @@ func (c *Comm) getPlan(k planKey) *plan {
 	}
 	pl.sig = signature(k.op, pl.algo, k.es, k.count, k.root, int(k.dt), int(k.redop))
 	pl.countBytes()
-	if pl.algo == Shared {
+	switch {
+	case pl.algo != Shared:
+	case k.op == OpAllReduce: // as the ring: a block to every rank, twice
+		pl.bytes = 2 * (c.size - 1) * k.count * k.es / c.size
+	default:
 		pl.bytes = (c.size - 1) * k.count * k.es
 	}
 	c.planMu.Lock()
@@ -180,11 +188,26 @@ func (c *Comm) awaitNotice(err error) {
 	t.Stop()
 }
 
-// execShared runs an AlltoAll, an AllGather or a planned AlltoAllv through the shared
-// areas (shm.Direct).
+// planReduceShared plans an AllReduce or a ReduceScatter through the shared areas: no
+// steps, only the reduction that execShared hands shm.Direct.
+func planReduceShared(op OpKind, k planKey) *plan {
+	dt, redop := k.dt, k.redop
+	return &plan{op: op, algo: Shared, reduce: func(dst, src []byte) { dtype.Reduce(dt, redop, dst, src) }}
+}
+
+// execShared runs an AlltoAll, an AllGather, a planned AlltoAllv, an AllReduce or a
+// ReduceScatter through the shared areas (shm.Direct).
 func (c *Comm) execShared(pl *plan, cl *call) error {
 	var err error
 	switch {
+	case pl.op == OpAllReduce: // in place in recv
+		if err = c.direct.AllReduce(c.actx, cl.turn, cl.recv, cl.recv, cl.dt.Size(), pl.reduce, uint64(pl.sig)); err == nil {
+			dtype.Finish(cl.dt, cl.redop, cl.recv, c.size)
+		}
+	case pl.op == OpReduceScatter:
+		if err = c.direct.ReduceScatter(c.actx, cl.turn, cl.send, cl.recv, pl.reduce, uint64(pl.sig)); err == nil {
+			dtype.Finish(cl.dt, cl.redop, cl.recv, c.size)
+		}
 	case pl.op == OpAllGather: // this rank's block is in place in recv
 		b := pl.shared.SrcLen[c.rank]
 		err = c.direct.AllToAllv(c.actx, cl.turn, cl.recv[c.rank*b:(c.rank+1)*b], cl.recv, pl.shared, uint64(pl.sig))

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -293,6 +294,9 @@ func helperShared(ctx context.Context, c *Comm) error {
 	if err := sharedV(ctx, c, val); err != nil {
 		return err
 	}
+	if err := sharedReduce(ctx, c); err != nil {
+		return err
+	}
 	// AllGather: blocks through the area and read across, in place and not, against ring.
 	for op, blk := range []int{1, 1000, area * p, area*p + 1, 1 << 18, 0, 33} {
 		if a := c.choose(OpAllGather, blk*4); a != Shared && blk > 0 {
@@ -419,6 +423,100 @@ func sharedV(ctx context.Context, c *Comm, val func(op, from, to, k int) int32) 
 		}
 	}); n != 0 {
 		return fmt.Errorf("alltoallv through the shared areas: %v allocations per replan and run", n)
+	}
+	return nil
+}
+
+// sharedReduce: AllReduce and ReduceScatter through the shared areas, against the ring
+// and against sums computed here: buffers of fewer elements than ranks, uneven blocks,
+// exactly the area and one element more (which must not go through it), sum, avg and
+// max, in place and not; then without allocating.
+func sharedReduce(ctx context.Context, c *Comm) error {
+	p, r := c.Size(), c.Rank()
+	area := c.direct.Cap() / 4 // f32 elements that fill the area
+	if crowded := p > runtime.NumCPU(); crowded && c.choose(OpAllReduce, 4096) != Shared {
+		return fmt.Errorf("allreduce of 4 KiB, %d ranks on %d CPUs: the model chose %v, want shared", p, runtime.NumCPU(), c.choose(OpAllReduce, 4096))
+	}
+	if a := c.choose(OpAllReduce, 4*(area+1)); a == Shared {
+		return fmt.Errorf("allreduce of %d bytes through a %d-byte area", 4*(area+1), 4*area)
+	}
+	x := func(op, q, k int) float32 { return float32((op*131+q*17+k*7)%1000 - 300) }
+	for op, n := range []int{1, p - 1, 1000, area, area + 1, 3*p + 1} {
+		for _, redop := range []dtype.Op{dtype.Sum, dtype.Avg, dtype.Max} {
+			want := make([]float32, n)
+			for k := range want {
+				var acc float32
+				for q := 0; q < p; q++ {
+					v := x(op, q, k)
+					switch {
+					case q == 0:
+						acc = v
+					case redop == dtype.Max:
+						acc = max(acc, v)
+					default:
+						acc += v
+					}
+				}
+				if redop == dtype.Avg {
+					acc /= float32(p)
+				}
+				want[k] = acc
+			}
+			for _, algo := range []Algo{Shared, Ring} {
+				c.cfg.Algo = map[OpKind]Algo{OpAllReduce: algo, OpReduceScatter: algo}
+				send, recv := make([]float32, n), make([]float32, n)
+				for k := range send {
+					send[k] = x(op, r, k)
+				}
+				var err error
+				if op%2 == 0 {
+					err = AllReduce(ctx, c, send, recv, redop)
+				} else {
+					err = AllReduce(ctx, c, nil, send, redop)
+					recv = send
+				}
+				if err != nil {
+					c.cfg.Algo = map[OpKind]Algo{}
+					return fmt.Errorf("allreduce op %d, %d elements, %v, %v: %w", op, n, redop, algo, err)
+				}
+				for k := range want {
+					if recv[k] != want[k] {
+						c.cfg.Algo = map[OpKind]Algo{}
+						return fmt.Errorf("allreduce op %d, %d elements, %v, %v: element %d is %v, want %v", op, n, redop, algo, k, recv[k], want[k])
+					}
+				}
+				// ReduceScatter of the same buffers cut into p blocks.
+				b := n / p
+				send = make([]float32, b*p)
+				for k := range send {
+					send[k] = x(op, r, k)
+				}
+				recv = make([]float32, b)
+				err = ReduceScatter(ctx, c, send, recv, redop)
+				c.cfg.Algo = map[OpKind]Algo{}
+				if err != nil {
+					return fmt.Errorf("reducescatter op %d, %d per block, %v, %v: %w", op, b, redop, algo, err)
+				}
+				for k := range recv {
+					if recv[k] != want[r*b+k] {
+						return fmt.Errorf("reducescatter op %d, %d per block, %v, %v: element %d is %v, want %v", op, b, redop, algo, k, recv[k], want[r*b+k])
+					}
+				}
+			}
+		}
+	}
+	c.cfg.Algo = map[OpKind]Algo{OpAllReduce: Shared, OpReduceScatter: Shared}
+	defer func() { c.cfg.Algo = map[OpKind]Algo{} }()
+	buf, blk := make([]float32, 1000), make([]float32, 1000/p)
+	if n := testing.AllocsPerRun(30, func() {
+		if err := AllReduce(ctx, c, nil, buf, dtype.Sum); err != nil {
+			panic(err)
+		}
+		if err := ReduceScatter(ctx, c, buf[:len(blk)*p], blk, dtype.Sum); err != nil {
+			panic(err)
+		}
+	}); n != 0 {
+		return fmt.Errorf("allreduce and reducescatter through the shared areas: %v allocations per operation", n)
 	}
 	return nil
 }

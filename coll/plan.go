@@ -68,6 +68,9 @@ type plan struct {
 	// Shared AlltoAllv and AllGather: where the blocks are in every rank's send buffer
 	// and in recv (shm.Direct.AllToAllv); nil for the other plans.
 	shared *shm.VLayout
+	// Shared AllReduce and ReduceScatter: how to combine two buffers (the operation's
+	// type and reduction), nil for the other plans.
+	reduce func(dst, src []byte)
 }
 
 func (p *plan) add(s step) { p.steps = append(p.steps, s) }

@@ -22,7 +22,9 @@ import (
 // (Direct). Layout, from the area's start:
 //
 //	0    published (u64): operations this rank has published
-//	64   arrived (u32 futex word): publications of the other ranks (P-1 per operation)
+//	8    combined (u64): reductions whose block this rank has combined (AllReduce)
+//	64   arrived (u32 futex word): publications of the other ranks (P-1 per phase:
+//	     one per operation, two for an AllReduce)
 //	128  reads (u32 futex word): blocks the other ranks read from this rank's send
 //	     buffers (P-1 per operation read across)
 //	192  sleeping (u32): the owner is (about to be) parked on arrived or reads
@@ -46,6 +48,7 @@ import (
 const (
 	areaHdr       = 256
 	areaPublished = 0
+	areaCombined  = 8
 	areaArrived   = 64
 	areaReads     = 128
 	areaSleeping  = 192
@@ -100,6 +103,8 @@ type Direct struct {
 	pulled []uint64      // per rank: its operations so far that were read across
 	end    int           // where the data of the last operation through the area ends
 	cur    uint64        // the turn running
+	phases uint64        // phases so far: each adds P-1 to every rank's arrived count
+	flag   int           // the header word the running phase waits on (areaPublished, areaCombined)
 	op     string        // its name, for errors
 	procs  bool          // waiters yield to the kernel only (the peers are other processes)
 	next   atomic.Uint64 // turns handed out
@@ -236,6 +241,174 @@ func (d *Direct) checkLayout(lay *VLayout, send, recv int) error {
 	return nil
 }
 
+// AllReduce combines the buffers of all ranks with reduce and leaves the result, bitwise
+// identical, in recv on every rank. send (which may be recv: in place) is at most Cap
+// bytes of es-byte elements. Two phases through the areas: every rank copies send into
+// its area; rank q combines block q (the buffer cut into P blocks of whole elements) of
+// every rank's copy, in rank order, into recv and its area; then every rank copies the
+// others' combined blocks. Each block is combined once, by one rank, in rank order:
+// the result does not depend on which rank ran it, nor on P's placement on CPUs.
+// reduce(dst, src) combines src into dst; it is called for every block but the first
+// of each rank's block.
+func (d *Direct) AllReduce(ctx context.Context, turn uint64, send, recv []byte, es int, reduce func(dst, src []byte), sig uint64) (err error) {
+	defer func() { d.finish(turn, err) }()
+	n := len(send)
+	switch {
+	case len(recv) != n:
+		return &transport.ArgError{Arg: "recv", Reason: fmt.Sprintf("%d bytes for a %d-byte send", len(recv), n)}
+	case es <= 0 || n%es != 0:
+		return &transport.ArgError{Arg: "send", Reason: fmt.Sprintf("%d bytes is not a whole number of %d-byte elements", n, es)}
+	case n > d.cap:
+		return fmt.Errorf("%w: %d bytes, the area holds %d", ErrTooLarge, n, d.cap)
+	}
+	// Blocks of whole elements, the last ones shorter (or empty).
+	b := (n/es + d.t.size - 1) / d.t.size * es
+	return d.combine(ctx, turn, send, recv, b, true, reduce, sig)
+}
+
+// ReduceScatter combines the send buffers of all ranks (P equal blocks each, at most Cap
+// bytes in all) with reduce, and leaves block r of the result (r: this rank) in recv:
+// every rank copies send into its area, then combines its block of every rank's copy, in
+// rank order. See AllReduce.
+func (d *Direct) ReduceScatter(ctx context.Context, turn uint64, send, recv []byte, reduce func(dst, src []byte), sig uint64) (err error) {
+	defer func() { d.finish(turn, err) }()
+	n := len(send)
+	switch {
+	case n != d.t.size*len(recv):
+		return &transport.ArgError{Arg: "send", Reason: fmt.Sprintf("%d bytes, want %d ranks x %d (recv)", n, d.t.size, len(recv))}
+	case n > d.cap:
+		return fmt.Errorf("%w: %d bytes, the area holds %d", ErrTooLarge, n, d.cap)
+	}
+	return d.combine(ctx, turn, send, recv, len(recv), false, reduce, sig)
+}
+
+// span is block q of b bytes (the last ones cut short) of n bytes.
+func span(q, b, n int) (int, int) {
+	lo := min(q*b, n)
+	return lo, min(lo+b, n)
+}
+
+// combine runs AllReduce (all: the combined blocks are then exchanged; recv is the whole
+// buffer) and ReduceScatter (recv is this rank's block), arguments checked; b: the block.
+func (d *Direct) combine(ctx context.Context, turn uint64, send, recv []byte, b int, all bool, reduce func(dst, src []byte), sig uint64) error {
+	t := d.t
+	if err := d.awaitTurn(ctx, turn); err != nil {
+		return err
+	}
+	t.directOps.Add(1)
+	d.cur, d.op, d.flag = turn, "reducescatter", areaPublished
+	if all {
+		d.op = "allreduce"
+	}
+	t.life.RLock()
+	defer t.life.RUnlock()
+	if t.closed.Load() {
+		return transport.ErrClosed
+	}
+	n := len(send)
+	me, own := t.rank, t.own
+	par := 8 * int(turn&1)
+	off := d.place(turn, n)
+	mine := own.areaData(uint64(off), n)
+	memx.Copy(mine, send)
+	atomic.StoreUint64(own.areaU64(areaWhere+par), uint64(off))
+	atomic.StoreUint64(own.areaU64(areaSig+par), sig)
+	target := d.countIn()
+	atomic.StoreUint64(own.areaU64(areaPublished), turn)
+	d.wanted = append(d.wanted[:0], d.order...)
+	if err := d.wait(ctx, areaArrived, target, func() (bool, error) { return d.published(turn, sig) }); err != nil {
+		return err
+	}
+
+	// Every copy is in: combine this rank's block of them, in rank order.
+	lo, hi := span(me, b, n) // empty for the last ranks when n < P elements
+	dst := recv[:hi-lo]
+	if all {
+		dst = recv[lo:hi]
+	}
+	for q := 0; q < t.size; q++ {
+		src := mine
+		if q != me {
+			var err error
+			if src, err = d.peerData(q, turn, n); err != nil {
+				return err
+			}
+		}
+		if q == 0 {
+			memx.Copy(dst, src[lo:hi])
+		} else if hi > lo {
+			reduce(dst, src[lo:hi])
+		}
+	}
+	if !all {
+		return nil
+	}
+
+	// Publish the combined block where it came from (the others read only their own
+	// blocks of this copy), then take theirs.
+	copy(mine[lo:hi], dst)
+	d.flag = areaCombined
+	target = d.countIn()
+	atomic.StoreUint64(own.areaU64(areaCombined), turn)
+	d.wanted = append(d.wanted[:0], d.order...)
+	return d.wait(ctx, areaArrived, target, func() (bool, error) {
+		k := 0
+		for _, q := range d.wanted {
+			if atomic.LoadUint64(t.peers[q].seg.areaU64(areaCombined)) < turn {
+				d.wanted[k] = q
+				k++
+				continue
+			}
+			src, err := d.peerData(q, turn, n)
+			if err != nil {
+				return false, err
+			}
+			qlo, qhi := span(q, b, n)
+			memx.Copy(recv[qlo:qhi], src[qlo:qhi])
+		}
+		d.wanted = d.wanted[:k]
+		return k == 0, nil
+	})
+}
+
+// published drops from d.wanted the peers that published turn with signature sig, and
+// reports whether none is left (a different signature is an error).
+func (d *Direct) published(turn, sig uint64) (bool, error) {
+	par := 8 * int(turn&1)
+	k := 0
+	for _, q := range d.wanted {
+		s := d.t.peers[q].seg
+		if atomic.LoadUint64(s.areaU64(areaPublished)) < turn {
+			d.wanted[k] = q
+			k++
+			continue
+		}
+		if got := atomic.LoadUint64(s.areaU64(areaSig + par)); got != sig {
+			return false, d.mismatch(q, turn, got, sig)
+		}
+	}
+	d.wanted = d.wanted[:k]
+	return k == 0, nil
+}
+
+func (d *Direct) mismatch(q int, turn, got, sig uint64) error {
+	return &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf(
+		"%w: rank %d published operation %d with signature %#x, this rank's is %#x",
+		transport.ErrMismatch, q, turn, got, sig)}
+}
+
+// peerData is the n bytes rank q published for turn in its area.
+func (d *Direct) peerData(q int, turn uint64, n int) ([]byte, error) {
+	s := d.t.peers[q].seg
+	where := atomic.LoadUint64(s.areaU64(areaWhere + 8*int(turn&1)))
+	data := s.areaData(where, n)
+	if data == nil {
+		return nil, &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf(
+			"%w: rank %d published %d bytes at offset %d of its area", transport.ErrProtocol, q, n, where)}
+	}
+	return data, nil
+}
+
 // block says where this rank's block from rank q is: at src of q's send buffer, which is
 // total bytes long, n bytes, going to dst of recv. lay nil: an AllToAll of total bytes.
 func (d *Direct) block(lay *VLayout, q, total int) (src, n, dst, qtotal int) {
@@ -253,7 +426,7 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		return err
 	}
 	t.directOps.Add(1)
-	d.cur, d.op = turn, "alltoall"
+	d.cur, d.op, d.flag = turn, "alltoall", areaPublished
 	if lay != nil {
 		d.op = "alltoallv"
 	}
@@ -288,14 +461,7 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		atomic.StoreUint64(own.areaU64(areaWhere+par), uint64(off))
 	}
 	atomic.StoreUint64(own.areaU64(areaSig+par), sig)
-	// Count ourselves in everywhere before publishing: a rank that sees every rank
-	// published turn, finishes it and counts itself in for the next one, must find the
-	// counts of this turn complete, or the increment that completes one would be its
-	// own, for another target, and nobody would wake the rank that sleeps on it.
-	target := uint32(uint64(p-1) * turn)
-	for _, q := range d.order {
-		d.bump(q, areaArrived, target)
-	}
+	target := d.countIn()
 	atomic.StoreUint64(own.areaU64(areaPublished), turn)
 	if src, bn, dst, _ := d.block(lay, me, n); bn > 0 && &recv[dst] != &send[src] {
 		memx.Copy(recv[dst:dst+bn], send[src:src+bn])
@@ -316,6 +482,21 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		}
 	}
 	return nil
+}
+
+// countIn starts a phase: it counts this rank in on every other rank's arrived count,
+// and returns the count this rank waits for on its own. Call it before raising the flag
+// that the others wait for: a rank that sees every flag of a phase raised, finishes it
+// and counts itself in for the next one, must find the counts of this phase complete, or
+// the increment that completes one would be its own, for another target, and nobody
+// would wake the rank that sleeps on it.
+func (d *Direct) countIn() uint32 {
+	d.phases++
+	target := uint32(uint64(d.t.size-1) * d.phases)
+	for _, q := range d.order {
+		d.bump(q, areaArrived, target)
+	}
+	return target
 }
 
 // place picks where in the data space operation turn puts its n bytes (see the layout).
@@ -415,22 +596,19 @@ func (d *Direct) collect(turn uint64, recv []byte, total int, sig uint64, lay *V
 			continue
 		}
 		if got := atomic.LoadUint64(s.areaU64(areaSig + par)); got != sig {
-			return false, &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf(
-				"%w: rank %d published operation %d with signature %#x, this rank's is %#x",
-				transport.ErrMismatch, q, turn, got, sig)}
+			return false, d.mismatch(q, turn, got, sig)
 		}
 		src, n, at, qtotal := d.block(lay, q, total)
 		dst := recv[at : at+n]
-		where := atomic.LoadUint64(s.areaU64(areaWhere + par))
 		if qtotal <= d.cap {
-			data := s.areaData(where, qtotal)
-			if data == nil {
-				return false, &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf(
-					"%w: rank %d published %d bytes at offset %d of its area", transport.ErrProtocol, q, qtotal, where)}
+			data, err := d.peerData(q, turn, qtotal)
+			if err != nil {
+				return false, err
 			}
 			memx.Copy(dst, data[src:src+n])
 			continue
 		}
+		where := atomic.LoadUint64(s.areaU64(areaWhere + par))
 		d.pulled[q]++
 		if n > 0 {
 			if err := cmaRead(d.t.peers[q].pid, dst, where+uint64(src), &d.liov, &d.riov); err != nil {
@@ -450,8 +628,8 @@ func (d *Direct) collect(turn uint64, recv []byte, total int, sig uint64, lay *V
 func (d *Direct) checkPeers() error {
 	for _, q := range d.wanted {
 		p := d.t.peers[q]
-		if atomic.LoadUint64(p.seg.areaU64(areaPublished)) >= d.cur {
-			continue // published after all: the next look takes it
+		if atomic.LoadUint64(p.seg.areaU64(d.flag)) >= d.cur {
+			continue // raised its flag after all: the next look takes it
 		}
 		if p.seg.state() == stateClosed {
 			return &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf("%w: closed", transport.ErrPeerClosed)}

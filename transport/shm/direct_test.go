@@ -1,7 +1,9 @@
 package shm_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -235,6 +237,99 @@ func TestDirectAllToAllv(t *testing.T) {
 
 // Operations issued before the previous ones finished (Turn taken in order, run by
 // several goroutines at once) run in turn order.
+// mix is a reduction that depends on the order of its operands (x*3 + y on
+// little-endian uint32s), so that a result says in which order the ranks were combined.
+func mix(dst, src []byte) {
+	for i := 0; i+4 <= len(dst); i += 4 {
+		x := binary.LittleEndian.Uint32(dst[i:])
+		binary.LittleEndian.PutUint32(dst[i:], x*3+binary.LittleEndian.Uint32(src[i:]))
+	}
+}
+
+// input is rank r's buffer of n bytes (uint32s) for operation op.
+func input(op, r, n int) []byte {
+	b := make([]byte, n)
+	for i := 0; i+4 <= n; i += 4 {
+		binary.LittleEndian.PutUint32(b[i:], uint32(op*1000003+r*7919+i*5+1))
+	}
+	return b
+}
+
+// combined is what combining every rank's input for op in rank order gives.
+func combined(op, p, n int) []byte {
+	acc := input(op, 0, n)
+	for q := 1; q < p; q++ {
+		mix(acc, input(op, q, n))
+	}
+	return acc
+}
+
+// AllReduce and ReduceScatter through the areas, between AllToAlls (the phases of the
+// ones and the others count on the same counters), with buffers of fewer elements than
+// ranks, blocks that do not divide evenly, in place and not, the area going round its
+// space: every rank gets the combination of every rank's buffer in rank order, bit for
+// bit.
+func TestDirectReduce(t *testing.T) {
+	for _, p := range []int{3, 4} {
+		t.Run(fmt.Sprintf("p=%d", p), func(t *testing.T) {
+			ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4096 })
+			ds := directs(t, ts)
+			sizes := []int{4, 4 * p, 4096, 40, 4 * (p + 1), 4096, 1000, 4 * (250 / p * p), 8, 4096}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			errs := onRanks(p, func(r int) (err error) {
+				defer func() {
+					if err != nil {
+						cancel() // the others would wait for this rank
+					}
+				}()
+				for op, n := range sizes {
+					d := ds[r]
+					want := combined(op, p, n)
+					switch op % 3 {
+					case 0, 1: // AllReduce, in place on even ops
+						send, recv := input(op, r, n), make([]byte, n)
+						if op%2 == 0 {
+							recv = send
+						}
+						if err := d.AllReduce(ctx, d.Turn(), send, recv, 4, mix, uint64(n)); err != nil {
+							return fmt.Errorf("op %d: AllReduce of %d bytes: %w", op, n, err)
+						}
+						if !bytes.Equal(recv, want) {
+							return fmt.Errorf("op %d: AllReduce of %d bytes: wrong result", op, n)
+						}
+					case 2:
+						b := n / p &^ 3
+						send, recv := input(op, r, b*p), make([]byte, b)
+						want = combined(op, p, b*p)[r*b : (r+1)*b]
+						if err := d.ReduceScatter(ctx, d.Turn(), send, recv, mix, uint64(n)); err != nil {
+							return fmt.Errorf("op %d: ReduceScatter of %d bytes: %w", op, b*p, err)
+						}
+						if !bytes.Equal(recv, want) {
+							return fmt.Errorf("op %d: ReduceScatter of %d bytes: wrong block", op, b*p)
+						}
+					}
+					// An AllToAll between every reduction.
+					m := 64 * p
+					recv := make([]byte, m)
+					if err := d.AllToAll(ctx, d.Turn(), sendFor(op, r, p, m), recv, 7); err != nil {
+						return fmt.Errorf("op %d: AllToAll: %w", op, err)
+					}
+					if err := checkRecv(recv, op, r, p); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			for r, err := range errs {
+				if err != nil {
+					t.Errorf("rank %d: %v", r, err)
+				}
+			}
+		})
+	}
+}
+
 func TestDirectTurns(t *testing.T) {
 	const p, ops = 3, 8
 	ts := start(t, p, nil)
@@ -292,6 +387,22 @@ func TestDirectMismatch(t *testing.T) {
 			t.Fatalf("rank %d blames rank %d", r, pe.Rank)
 		}
 	}
+	// An AllReduce against AllToAlls, and the reverse.
+	for bad := 0; bad < 2; bad++ {
+		ds := directs(t, start(t, p, nil))
+		errs := onRanks(p, func(r int) error {
+			n := 64 * p
+			if (r == 1) == (bad == 0) {
+				return ds[r].AllReduce(ctx, ds[r].Turn(), make([]byte, n), make([]byte, n), 4, mix, 1)
+			}
+			return ds[r].AllToAll(ctx, ds[r].Turn(), make([]byte, n), make([]byte, n), 2)
+		})
+		for r, err := range errs {
+			if !errors.Is(err, transport.ErrMismatch) {
+				t.Fatalf("AllReduce against AllToAll, rank %d: got %v, want ErrMismatch", r, err)
+			}
+		}
+	}
 	err := ds[0].AllToAll(ctx, ds[0].Turn(), make([]byte, 3), make([]byte, 3), 3)
 	if !errors.Is(err, shm.ErrBroken) {
 		t.Fatalf("after a failed operation: %v, want ErrBroken", err)
@@ -315,6 +426,13 @@ func TestDirectPeerGone(t *testing.T) {
 	}
 	if d := time.Since(t0); d > 5*time.Second {
 		t.Fatalf("took %v", d)
+	}
+	ts3 := start(t, p, nil)
+	d3 := directs(t, ts3)
+	ts3[1].Close()
+	err = d3[0].AllReduce(ctx, d3[0].Turn(), make([]byte, 12), make([]byte, 12), 4, mix, 3)
+	if !errors.Is(err, transport.ErrPeerClosed) || !errors.As(err, &pe) || pe.Rank != 1 {
+		t.Fatalf("AllReduce: got %v, want a PeerError naming rank 1", err)
 	}
 	short, cancel2 := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel2()
@@ -365,6 +483,30 @@ func TestDirectBadArgs(t *testing.T) {
 		err := d.AllToAllv(ctx, d.Turn(), make([]byte, c.send), make([]byte, c.recv), &l, 0)
 		if c.want != nil && !errors.Is(err, c.want) || c.want == nil && !errors.As(err, &ae) {
 			t.Fatalf("AllToAllv, %s: %v", c.what, err)
+		}
+	}
+	for _, c := range []struct {
+		what           string
+		rs             bool
+		send, recv, es int
+		want           error
+	}{
+		{"AllReduce, recv shorter", false, 64, 60, 4, nil},
+		{"AllReduce, part of an element", false, 62, 62, 4, nil},
+		{"AllReduce, no element size", false, 64, 64, 0, nil},
+		{"AllReduce beyond the area", false, 2048, 2048, 4, shm.ErrTooLarge},
+		{"ReduceScatter, recv not a block", true, 64, 30, 4, nil},
+		{"ReduceScatter beyond the area", true, 2048, 1024, 4, shm.ErrTooLarge},
+	} {
+		d := directs(t, start(t, 2, func(c *shm.Config) { c.AreaBytes = 1024 }))[0]
+		var err error
+		if c.rs {
+			err = d.ReduceScatter(ctx, d.Turn(), make([]byte, c.send), make([]byte, c.recv), mix, 0)
+		} else {
+			err = d.AllReduce(ctx, d.Turn(), make([]byte, c.send), make([]byte, c.recv), c.es, mix, 0)
+		}
+		if c.want != nil && !errors.Is(err, c.want) || c.want == nil && !errors.As(err, &ae) {
+			t.Fatalf("%s: %v", c.what, err)
 		}
 	}
 	ts2 := start(t, 2, func(c *shm.Config) { c.AreaBytes = -1 })
