@@ -137,12 +137,11 @@ func (c *Comm) getPlan(k planKey) *plan {
 	}
 	pl.sig = signature(k.op, pl.algo, k.es, k.count, k.root, int(k.dt), int(k.redop))
 	pl.countBytes()
-	switch {
-	case pl.algo != Shared:
-	case k.op == OpAllReduce: // as the ring: a block to every rank, twice
-		pl.bytes = 2 * (c.size - 1) * k.count * k.es / c.size
-	default:
+	if pl.algo == Shared {
 		pl.bytes = (c.size - 1) * k.count * k.es
+		if k.op == OpAllReduce { // as the ring: a block to every rank, twice
+			pl.bytes = 2 * pl.bytes / c.size
+		}
 	}
 	c.planMu.Lock()
 	c.plans[k] = pl

@@ -440,6 +440,7 @@ func sharedReduce(ctx context.Context, c *Comm) error {
 	if a := c.choose(OpAllReduce, 4*(area+1)); a == Shared {
 		return fmt.Errorf("allreduce of %d bytes through a %d-byte area", 4*(area+1), 4*area)
 	}
+	defer func() { c.cfg.Algo = map[OpKind]Algo{} }()
 	x := func(op, q, k int) float32 { return float32((op*131+q*17+k*7)%1000 - 300) }
 	for op, n := range []int{1, p - 1, 1000, area, area + 1, 3*p + 1} {
 		for _, redop := range []dtype.Op{dtype.Sum, dtype.Avg, dtype.Max} {
@@ -476,12 +477,10 @@ func sharedReduce(ctx context.Context, c *Comm) error {
 					recv = send
 				}
 				if err != nil {
-					c.cfg.Algo = map[OpKind]Algo{}
 					return fmt.Errorf("allreduce op %d, %d elements, %v, %v: %w", op, n, redop, algo, err)
 				}
 				for k := range want {
 					if recv[k] != want[k] {
-						c.cfg.Algo = map[OpKind]Algo{}
 						return fmt.Errorf("allreduce op %d, %d elements, %v, %v: element %d is %v, want %v", op, n, redop, algo, k, recv[k], want[k])
 					}
 				}
@@ -492,9 +491,7 @@ func sharedReduce(ctx context.Context, c *Comm) error {
 					send[k] = x(op, r, k)
 				}
 				recv = make([]float32, b)
-				err = ReduceScatter(ctx, c, send, recv, redop)
-				c.cfg.Algo = map[OpKind]Algo{}
-				if err != nil {
+				if err = ReduceScatter(ctx, c, send, recv, redop); err != nil {
 					return fmt.Errorf("reducescatter op %d, %d per block, %v, %v: %w", op, b, redop, algo, err)
 				}
 				for k := range recv {
@@ -506,7 +503,6 @@ func sharedReduce(ctx context.Context, c *Comm) error {
 		}
 	}
 	c.cfg.Algo = map[OpKind]Algo{OpAllReduce: Shared, OpReduceScatter: Shared}
-	defer func() { c.cfg.Algo = map[OpKind]Algo{} }()
 	buf, blk := make([]float32, 1000), make([]float32, 1000/p)
 	if n := testing.AllocsPerRun(30, func() {
 		if err := AllReduce(ctx, c, nil, buf, dtype.Sum); err != nil {

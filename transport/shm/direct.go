@@ -316,7 +316,7 @@ func (d *Direct) combine(ctx context.Context, turn uint64, send, recv []byte, b 
 	target := d.countIn()
 	atomic.StoreUint64(own.areaU64(areaPublished), turn)
 	d.wanted = append(d.wanted[:0], d.order...)
-	if err := d.wait(ctx, areaArrived, target, func() (bool, error) { return d.published(turn, sig) }); err != nil {
+	if err := d.wait(ctx, areaArrived, target, func() (bool, error) { return d.arrivals(turn, sig, nil) }); err != nil {
 		return err
 	}
 
@@ -352,39 +352,40 @@ func (d *Direct) combine(ctx context.Context, turn uint64, send, recv []byte, b 
 	atomic.StoreUint64(own.areaU64(areaCombined), turn)
 	d.wanted = append(d.wanted[:0], d.order...)
 	return d.wait(ctx, areaArrived, target, func() (bool, error) {
-		k := 0
-		for _, q := range d.wanted {
-			if atomic.LoadUint64(t.peers[q].seg.areaU64(areaCombined)) < turn {
-				d.wanted[k] = q
-				k++
-				continue
-			}
+		return d.arrivals(turn, sig, func(q int) error {
 			src, err := d.peerData(q, turn, n)
-			if err != nil {
-				return false, err
+			if err == nil {
+				qlo, qhi := span(q, b, n)
+				memx.Copy(recv[qlo:qhi], src[qlo:qhi])
 			}
-			qlo, qhi := span(q, b, n)
-			memx.Copy(recv[qlo:qhi], src[qlo:qhi])
-		}
-		d.wanted = d.wanted[:k]
-		return k == 0, nil
+			return err
+		})
 	})
 }
 
-// published drops from d.wanted the peers that published turn with signature sig, and
-// reports whether none is left (a different signature is an error).
-func (d *Direct) published(turn, sig uint64) (bool, error) {
+// arrivals hands take (if not nil) the peers still wanted that have raised the running
+// phase's flag (d.flag) for turn, drops them from d.wanted, and reports whether none is
+// left. On publication it checks their signature first (a different one is an error).
+// An error ends the operation (and the Direct: see finish).
+func (d *Direct) arrivals(turn, sig uint64, take func(q int) error) (bool, error) {
 	par := 8 * int(turn&1)
 	k := 0
 	for _, q := range d.wanted {
 		s := d.t.peers[q].seg
-		if atomic.LoadUint64(s.areaU64(areaPublished)) < turn {
+		if atomic.LoadUint64(s.areaU64(d.flag)) < turn {
 			d.wanted[k] = q
 			k++
 			continue
 		}
-		if got := atomic.LoadUint64(s.areaU64(areaSig + par)); got != sig {
-			return false, d.mismatch(q, turn, got, sig)
+		if d.flag == areaPublished {
+			if got := atomic.LoadUint64(s.areaU64(areaSig + par)); got != sig {
+				return false, d.mismatch(q, turn, got, sig)
+			}
+		}
+		if take != nil {
+			if err := take(q); err != nil {
+				return false, err
+			}
 		}
 	}
 	d.wanted = d.wanted[:k]
@@ -467,7 +468,9 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		memx.Copy(recv[dst:dst+bn], send[src:src+bn])
 	}
 	d.wanted = append(d.wanted[:0], d.order...)
-	if err := d.wait(ctx, areaArrived, target, func() (bool, error) { return d.collect(turn, recv, n, sig, lay) }); err != nil {
+	if err := d.wait(ctx, areaArrived, target, func() (bool, error) {
+		return d.arrivals(turn, sig, func(q int) error { return d.take(q, turn, recv, n, lay) })
+	}); err != nil {
 		return err
 	}
 	if pull {
@@ -583,43 +586,30 @@ func (d *Direct) wait(ctx context.Context, off int, target uint32, cond func() (
 	}
 }
 
-// collect takes the blocks of the peers that published turn, and reports whether none
-// is left to take. An error ends the operation (and the Direct: see finish).
-func (d *Direct) collect(turn uint64, recv []byte, total int, sig uint64, lay *VLayout) (bool, error) {
-	par := 8 * int(turn&1)
-	k := 0
-	for _, q := range d.wanted {
-		s := d.t.peers[q].seg
-		if atomic.LoadUint64(s.areaU64(areaPublished)) < turn {
-			d.wanted[k] = q
-			k++
-			continue
+// take copies rank q's block of the AllToAll(v) of turn into recv, from q's area or
+// read across from its send buffer (counting the read at q).
+func (d *Direct) take(q int, turn uint64, recv []byte, total int, lay *VLayout) error {
+	s := d.t.peers[q].seg
+	src, n, at, qtotal := d.block(lay, q, total)
+	dst := recv[at : at+n]
+	if qtotal <= d.cap {
+		data, err := d.peerData(q, turn, qtotal)
+		if err != nil {
+			return err
 		}
-		if got := atomic.LoadUint64(s.areaU64(areaSig + par)); got != sig {
-			return false, d.mismatch(q, turn, got, sig)
-		}
-		src, n, at, qtotal := d.block(lay, q, total)
-		dst := recv[at : at+n]
-		if qtotal <= d.cap {
-			data, err := d.peerData(q, turn, qtotal)
-			if err != nil {
-				return false, err
-			}
-			memx.Copy(dst, data[src:src+n])
-			continue
-		}
-		where := atomic.LoadUint64(s.areaU64(areaWhere + par))
-		d.pulled[q]++
-		if n > 0 {
-			if err := cmaRead(d.t.peers[q].pid, dst, where+uint64(src), &d.liov, &d.riov); err != nil {
-				return false, &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, q, err)}
-			}
-			d.t.cmaBytes.Add(uint64(n))
-		}
-		d.bump(q, areaReads, uint32(uint64(d.t.size-1)*d.pulled[q]))
+		memx.Copy(dst, data[src:src+n])
+		return nil
 	}
-	d.wanted = d.wanted[:k]
-	return k == 0, nil
+	where := atomic.LoadUint64(s.areaU64(areaWhere + 8*int(turn&1)))
+	d.pulled[q]++
+	if n > 0 {
+		if err := cmaRead(d.t.peers[q].pid, dst, where+uint64(src), &d.liov, &d.riov); err != nil {
+			return &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, q, err)}
+		}
+		d.t.cmaBytes.Add(uint64(n))
+	}
+	d.bump(q, areaReads, uint32(uint64(d.t.size-1)*d.pulled[q]))
+	return nil
 }
 
 // checkPeers reports a peer that has not published yet and never will: the transport

@@ -52,6 +52,16 @@ func onRanks(p int, f func(r int) error) []error {
 	return errs
 }
 
+// reportRanks fails t (without stopping it) with every rank's error.
+func reportRanks(t *testing.T, errs []error) {
+	t.Helper()
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
 // sendFor is rank r's send buffer of n bytes for operation op among p ranks.
 func sendFor(op, r, p, n int) []byte {
 	send, b := make([]byte, n), n/p
@@ -123,11 +133,7 @@ func TestDirectAllToAll(t *testing.T) {
 				}
 				return nil
 			})
-			for r, err := range errs {
-				if err != nil {
-					t.Errorf("rank %d: %v", r, err)
-				}
-			}
+			reportRanks(t, errs)
 			if t.Failed() {
 				t.FailNow()
 			}
@@ -223,11 +229,7 @@ func TestDirectAllToAllv(t *testing.T) {
 				}
 				return nil
 			})
-			for r, err := range errs {
-				if err != nil {
-					t.Errorf("rank %d: %v", r, err)
-				}
-			}
+			reportRanks(t, errs)
 			if st := ts[0].Stats(); (cma == 0) != (st.CMABytes > 0) {
 				t.Fatalf("CMA %d: stats %+v", cma, st)
 			}
@@ -321,11 +323,7 @@ func TestDirectReduce(t *testing.T) {
 				}
 				return nil
 			})
-			for r, err := range errs {
-				if err != nil {
-					t.Errorf("rank %d: %v", r, err)
-				}
-			}
+			reportRanks(t, errs)
 		})
 	}
 }
