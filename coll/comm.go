@@ -268,7 +268,8 @@ func (cfg *Config) fill() error {
 	return nil
 }
 
-// newComm builds a communicator over tr and starts its watchers.
+// newComm builds a communicator over tr. The caller finishes setting it up and then calls
+// listen; nothing else runs before that, so the fields set in between need no lock.
 func newComm(tr transport.Transport, id uint32, ranks, hosts []int, rank int, cfg Config, link LinkCost) *Comm {
 	c := &Comm{
 		tr: tr, ranks: ranks, rank: rank, size: len(ranks), id: id, hosts: hosts, cfg: cfg,
@@ -290,13 +291,19 @@ func newComm(tr transport.Transport, id uint32, ranks, hosts []int, rank int, cf
 	c.timer = time.AfterFunc(time.Hour, c.checkProgress)
 	c.timer.Stop()
 	c.execPool.New = func() any { return &execState{} }
+	return c
+}
+
+// listen posts the receives for the peers' abort notices and starts their watchers: the
+// last step of building a communicator, since a watcher may abort it at once.
+func (c *Comm) listen() *Comm {
 	c.ctlBufs = make([][]byte, c.size)
 	for q := 0; q < c.size; q++ {
-		if q == rank {
+		if q == c.rank {
 			continue
 		}
 		c.ctlBufs[q] = make([]byte, 1024)
-		req, err := tr.Irecv(ranks[q], c.ctlTag(), c.ctlBufs[q])
+		req, err := c.tr.Irecv(c.ranks[q], c.ctlTag(), c.ctlBufs[q])
 		if err != nil {
 			c.abortLocal(err)
 			continue
@@ -539,6 +546,7 @@ func Local(n int, cfg Config) ([]*Comm, error) {
 		cs[i] = newComm(e, 1, ranks, hosts, i, cfg, CostInproc)
 		cs[i].why = "inproc: every rank in this process (Local)"
 		cs[i].owned = append(cs[i].owned, e.Close)
+		cs[i].listen()
 	}
 	return cs, nil
 }
@@ -645,6 +653,7 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 	}
 	c.owned = append(c.owned, rv.Close, tr.Close)
 	c.closeBarrier = true
+	c.listen()
 	if log.Enabled(ctx, slog.LevelInfo) {
 		pr, _ := tr.(transport.PathReporter)
 		for q := 0; q < env.Size; q++ {
@@ -838,7 +847,7 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 		sub.link = c.intra // every link of this one is within a host
 	}
 	sub.intra = c.intra
-	return sub, nil
+	return sub.listen(), nil
 }
 
 // Undefined is the Split color of ranks that join no new communicator.
