@@ -333,7 +333,13 @@ func (s *Spinner) Idle() bool {
 	return true
 }
 
-func osYield() { syscall.Syscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
+// osYield is sched_yield as a raw system call: it returns as soon as the kernel runs this
+// thread again, so the Go runtime need not know (Syscall would mark the P as in a system
+// call, and sysmon may hand it to another thread: one more thread woken on a host whose
+// CPUs are all taken). Measured with moex bench coll, AlltoAll 64 KiB over shm, 10
+// rounds alternating: P=4 on 2 CPUs 21.6 us best (median 25.3) against 22.9 (30.6), P=8
+// 71.4 (78.7) against 79.3 (87.7).
+func osYield() { syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // OSYield gives the CPU to another thread of any process (sched_yield).
 func OSYield() { osYield() }

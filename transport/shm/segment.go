@@ -194,12 +194,14 @@ func futexWaitOn(addr *uint32, val uint32, timeoutNS int64) (timedOut bool) {
 	return e == syscall.ETIMEDOUT
 }
 
+// The wakes never block: raw system calls, which the Go runtime need not track (see
+// busypoll's osYield).
 func futexWakeAll(addr *uint32) {
-	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), opFutexWake, 1<<31-1, 0, 0, 0)
+	syscall.RawSyscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), opFutexWake, 1<<31-1, 0, 0, 0)
 }
 
 func futexWake(addr *uint32) {
-	syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), opFutexWake, 1, 0, 0, 0)
+	syscall.RawSyscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), opFutexWake, 1, 0, 0, 0)
 }
 
 // segmentName is "moex-<job>-r<rank>-p<pid>": the pid lets a later start find segments of
