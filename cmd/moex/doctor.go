@@ -409,7 +409,7 @@ func spinUS() string {
 	if v := os.Getenv("MOEX_SPIN_US"); v != "" {
 		return v + "us"
 	}
-	return "50us"
+	return "1000us"
 }
 
 func sysctl(name string) string { return orDefault(readTrim("/proc/sys/"+name), "?") }
