@@ -1,0 +1,87 @@
+package coll
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestBindKeepsProcs binds a child process to one CPU the way Init does, and a second
+// child with sched_setaffinity alone, at the same time, and watches GOMAXPROCS in both
+// for 5 s: the runtime brings it down to the mask in the second (about a second after),
+// and must not where bindToCPU kept it.
+func TestBindKeepsProcs(t *testing.T) {
+	if mode := os.Getenv("MOEX_BIND_HELPER"); mode != "" {
+		bindHelper(mode)
+		return
+	}
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("GOMAXPROCS is 1 here: nothing for the runtime to bring down")
+	}
+	t.Parallel()
+	run := func(mode string, res chan<- string) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestBindKeepsProcs$", "-test.count=1")
+		cmd.Env = append(os.Environ(), "MOEX_BIND_HELPER="+mode)
+		out, err := cmd.CombinedOutput()
+		for _, l := range strings.Split(string(out), "\n") {
+			if r, ok := strings.CutPrefix(l, "result "); ok && err == nil {
+				res <- r
+				return
+			}
+		}
+		res <- fmt.Sprintf("child failed (%v):\n%s", err, out)
+	}
+	raw, bound := make(chan string, 1), make(chan string, 1)
+	go run("raw", raw)
+	go run("bind", bound)
+	ctl, got := <-raw, <-bound
+	if !strings.HasPrefix(ctl, "procs=1 after=") {
+		t.Skipf("the runtime did not bring GOMAXPROCS down to a one-CPU mask within 5 s (%s): nothing to guard against", ctl)
+	}
+	if want := fmt.Sprintf("procs=%d mask=1", runtime.GOMAXPROCS(0)); got != want {
+		t.Fatalf("bound child: %s, want %s (without bindToCPU the runtime followed the mask: %s)", got, want, ctl)
+	}
+}
+
+// bindHelper is a child of TestBindKeepsProcs: "raw" binds every thread with
+// sched_setaffinity, "bind" runs bindToCPU; both watch GOMAXPROCS for 5 s and report
+// when it dropped to 1 (raw), or what it and the mask's size are at the end (bind).
+func bindHelper(mode string) {
+	// The testing package sets GOMAXPROCS (-test.cpu), which turns the runtime's updates
+	// off: turn them back on, as in a program that never set it.
+	runtime.SetDefaultGOMAXPROCS()
+	if mode == "raw" {
+		var set unix.CPUSet
+		set.Set(0)
+		ents, _ := os.ReadDir("/proc/self/task")
+		for _, e := range ents {
+			if tid, err := strconv.Atoi(e.Name()); err == nil {
+				_ = unix.SchedSetaffinity(tid, &set)
+			}
+		}
+	} else if _, err := bindToCPU(0); err != nil {
+		fmt.Println("result bind failed:", err)
+		return
+	}
+	start := time.Now()
+	for time.Since(start) < 5*time.Second {
+		if runtime.GOMAXPROCS(0) == 1 && mode == "raw" {
+			fmt.Printf("result procs=1 after=%v\n", time.Since(start).Round(time.Millisecond))
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &set); err != nil {
+		fmt.Println("result getaffinity failed:", err)
+		return
+	}
+	fmt.Printf("result procs=%d mask=%d\n", runtime.GOMAXPROCS(0), set.Count())
+}
