@@ -2,7 +2,8 @@
 # moex against Open MPI on this host: MPI_Alltoall and MPI_Allreduce (f32 sum) against
 # `moex bench coll --transport shm`, same ranks and sizes, the two run alternately
 # (ROUNDS times each), the best time of each kept. Prints one line per (op, ranks, size)
-# with both times and the ratio (Open MPI time / moex time: above 1, moex is faster), and
+# with both times and the ratio (Open MPI time / moex time: above 1, moex is faster), the
+# medians over the rounds and their ratio (what a user running it once should expect), and
 # the AlltoAll bandwidth beside memcpy of the same bytes and beside the copy floor (the
 # time this host needs to copy every byte of the operation once with all its CPUs and no
 # synchronisation: no implementation that moves each byte once can beat it).
@@ -23,7 +24,7 @@ mpicc -O2 -o "$work/mpi_coll" bench/peers/mpi_coll.c
 go build -o "$work/moex" ./cmd/moex
 mpirun_version=$(mpirun --version 2>&1 | head -1)
 echo "# $mpirun_version; moex $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(nproc) CPUs; $(date -u +%FT%TZ)"
-printf "%-10s %5s %10s %12s %12s %8s %s\n" op ranks bytes moex_us ompi_us ratio note
+printf "%-10s %5s %10s %12s %12s %8s %12s %12s %8s %s\n" op ranks bytes moex_us ompi_us ratio moex_med ompi_med ratio_med note
 
 best() { # field of the best (lowest time) JSON line for a size, from a file of lines
 	python3 -c '
@@ -34,6 +35,15 @@ rows = [r for r in rows if r["bytes"] == size]
 if not rows: print("nan"); sys.exit()
 b = min(rows, key=lambda r: r["time_us"])
 print(b[field])' "$@"
+}
+
+median() { # median time of a size, from a file of JSON lines
+	python3 -c '
+import sys, json, statistics
+size = int(sys.argv[1])
+rows = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")]
+t = [r["time_us"] for r in rows if r["bytes"] == size]
+print(statistics.median(t) if t else "nan")' "$@"
 }
 
 for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 16777216"; do
@@ -57,6 +67,9 @@ for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 167
 			note=$(python3 -c "print(f'moex algbw {float(\"$bw\"):.1f} GB/s = {float(\"$bw\")/float(\"$mc\")*100:.0f}% of memcpy ({float(\"$mc\"):.1f} GB/s); copy floor {float(\"$fl\"):.0f} us, 2x Open MPI needs {float(\"$o\")/2:.0f} us')")
 		fi
 		ratio=$(python3 -c "print(f'{float(\"$o\")/float(\"$m\"):.2f}x')")
-		printf "%-10s %5s %10s %12.1f %12.1f %8s %s\n" "$op" "$p" "$size" "$m" "$o" "$ratio" "$note"
+		mm=$(median "$size" "$work/moex.json")
+		om=$(median "$size" "$work/ompi.json")
+		ratio_med=$(python3 -c "print(f'{float(\"$om\")/float(\"$mm\"):.2f}x')")
+		printf "%-10s %5s %10s %12.1f %12.1f %8s %12.1f %12.1f %8s %s\n" "$op" "$p" "$size" "$m" "$o" "$ratio" "$mm" "$om" "$ratio_med" "$note"
 	done
 done
