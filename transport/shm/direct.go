@@ -613,7 +613,7 @@ func (d *Direct) take(q int, turn uint64, recv []byte, total int, lay *VLayout) 
 }
 
 // checkPeers reports a peer that has not published yet and never will: the transport
-// found it dead (its process exited; the progress loop looks every few milliseconds), or
+// found it dead (its process exited; watchPeers looks every 20 ms), or
 // its segment says it closed.
 func (d *Direct) checkPeers() error {
 	for _, q := range d.wanted {

@@ -161,6 +161,7 @@ type Transport struct {
 	closed     atomic.Bool
 	drv        core.Driver  // waiting goroutines drive progress themselves
 	lastCheck  atomic.Int64 // last liveness check (nanotime)
+	quiet      atomic.Bool  // the progress loop is going to sleep or sleeps, maybe unannounced
 	life       sync.RWMutex // held shared while touching peers' mappings; Close takes it to unmap
 	stop       chan struct{}
 	wg         sync.WaitGroup
@@ -236,7 +237,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		Handoff: func() {
 			atomic.AddUint32(t.own.u32(offDoorbell), 1)
 			futexWake(t.own.u32(offDoorbell))
-		}}
+		}, Release: t.release}
 	if t.pool == nil {
 		t.pool = obuf.Default
 	}
@@ -349,8 +350,9 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 }
 
 func (t *Transport) start() {
-	t.wg.Add(1)
+	t.wg.Add(2)
 	go t.progress()
+	go t.watchPeers()
 }
 
 func (t *Transport) unmapAll() {
@@ -439,7 +441,7 @@ func (t *Transport) Kill() {
 func (t *Transport) shutdown() error {
 	atomic.StoreUint32(t.own.u32(offState), stateClosed)
 	close(t.stop)
-	t.own.ringDoorbell()
+	t.drv.Handoff() // the loop may sleep unannounced: wake it whatever its flag says
 	if t.own.areaCap > 0 {
 		t.own.wakeArea()
 	}

@@ -19,6 +19,9 @@ import (
 
 // TestMain checks that the tests leave /dev/shm as they found it.
 func TestMain(m *testing.M) {
+	// Every wake-up of the progress loop must come through the doorbell, the last waiter
+	// or watchPeers: with the safety-net nap an hour long, one that is lost hangs.
+	shm.SetProgressNap(time.Hour)
 	before := shm.Segments()
 	code := m.Run()
 	if after := shm.Segments(); code == 0 && !slices.Equal(before, after) {

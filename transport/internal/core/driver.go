@@ -24,6 +24,11 @@ type Driver struct {
 	// progress goroutine may be asleep without having asked to be woken (it was not
 	// needed while waiters polled).
 	Handoff func()
+	// Release, if set, is called when the last driving waiter stops without parking
+	// (its request completed, or its context ended): the progress goroutine may be
+	// asleep without having asked to be woken, and work may be left that no waiter
+	// will drive (frames queued behind a full ring, a stream still to send).
+	Release func()
 	// Poller is the policy of waiting goroutines while they drive; Park the one they park
 	// with once they stop.
 	Poller, Park *busypoll.Poller
@@ -66,11 +71,18 @@ func (d *Driver) Await(ctx context.Context, r *Req) error {
 		}
 		if i&255 == 0 && ctx.Err() != nil {
 			s.End()
-			d.waiters.Add(-1)
+			d.leave()
 			return ctx.Err()
 		}
 	}
 	s.End()
-	d.waiters.Add(-1)
+	d.leave()
 	return nil
+}
+
+// leave counts a driving waiter out without parking.
+func (d *Driver) leave() {
+	if d.waiters.Add(-1) == 0 && d.Release != nil {
+		d.Release()
+	}
 }
