@@ -42,7 +42,7 @@ func TestDriverRelease(t *testing.T) {
 	a.Init()
 	b.Init()
 	d := &Driver{Closed: func() bool { return false }, Poller: busypoll.New(busypoll.Config{Mode: busypoll.Spin}),
-		Park: busypoll.New(busypoll.Config{Mode: busypoll.Block}),
+		Park:    busypoll.New(busypoll.Config{Mode: busypoll.Block}),
 		Release: func() { releases++ }, Handoff: func() { handoffs++ }}
 	d.Step = func() bool {
 		steps++
