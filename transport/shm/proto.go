@@ -789,18 +789,7 @@ func (t *Transport) release() {
 // queued, frames or streams to send into a ring with room, a ring to this rank that its
 // producer found full.
 func (t *Transport) urgentWork() bool {
-	t.jobMu.Lock()
-	j := len(t.jobs) > 0
-	t.jobMu.Unlock()
-	if j {
-		return true
-	}
-	for _, p := range t.peers {
-		if p != nil && (atomic.LoadUint32(p.in.wantSpace()) != 0 || p.hasOutWork()) {
-			return true
-		}
-	}
-	return false
+	return t.work(func(p *peer) bool { return atomic.LoadUint32(p.in.wantSpace()) != 0 || p.hasOutWork() })
 }
 
 // progressNap bounds the progress loop's sleep: every wake-up that matters comes
@@ -813,12 +802,19 @@ var epoch = time.Now()
 
 func nanotime() int64 { return int64(time.Since(epoch)) }
 
+// anyWork reports work for the progress loop: the transport stopping, copies queued,
+// or a peer's (peer.hasWork).
 func (t *Transport) anyWork() bool {
 	select {
 	case <-t.stop:
 		return true
 	default:
 	}
+	return t.work((*peer).hasWork)
+}
+
+// work reports copies queued, or a peer for which has reports work.
+func (t *Transport) work(has func(*peer) bool) bool {
 	t.jobMu.Lock()
 	j := len(t.jobs) > 0
 	t.jobMu.Unlock()
@@ -826,7 +822,7 @@ func (t *Transport) anyWork() bool {
 		return true
 	}
 	for _, p := range t.peers {
-		if p != nil && p.hasWork() {
+		if p != nil && has(p) {
 			return true
 		}
 	}
