@@ -183,6 +183,26 @@ func TestTimeout(t *testing.T) {
 	}
 }
 
+// The watchdog stays set across operations and lets itself lapse when none runs: an
+// operation after an idle spell, and one after a run of quick ones, still time out.
+func TestTimeoutAfterIdle(t *testing.T) {
+	cs := newLocal(t, 3, Config{Timeout: 200 * time.Millisecond})
+	for i := 0; i < 50; i++ {
+		if err := errors.Join(runOn(cs, func(c *Comm) error { return Barrier(context.Background(), c) })...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // the watchdog fires with nothing running
+	if err := errors.Join(runOn(cs, func(c *Comm) error { return Barrier(context.Background(), c) })...); err != nil {
+		t.Fatalf("after the idle spell: %v", err)
+	}
+	// Rank 2 stays away: the others' next operation times out.
+	errs := runOn(cs[:2], func(c *Comm) error {
+		return AllReduce(context.Background(), c, nil, make([]float32, 10), dtype.Sum)
+	})
+	wantAll(t, errs, ErrTimeout)
+}
+
 func TestContextDeadline(t *testing.T) {
 	errs := world(t, 2, Config{}, func(c *Comm) error {
 		if c.Rank() == 1 {

@@ -219,8 +219,7 @@ func (c *Comm) execShared(pl *plan, cl *call) error {
 		_ = c.fail(err) // aborts, unless the communicator was (that ended the wait)
 		return c.opError()
 	}
-	c.progress.Store(nanotime())
-	return nil
+	return nil // progress is recorded as the operation ends (Comm.end)
 }
 
 // opError is the error an operation returns once the communicator aborted: this rank's
