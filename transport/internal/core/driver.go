@@ -60,6 +60,13 @@ func (d *Driver) Await(ctx context.Context, r *Req) error {
 	d.waiters.Add(1)
 	s := d.Poller.Begin()
 	for i := 0; !r.Test(); i++ {
+		if i&255 == 255 && ctx.Err() != nil {
+			// Looked at every 256 rounds, worked or not: steps that keep finding work
+			// for other requests must not hide the end of this one's context.
+			s.End()
+			d.leave()
+			return ctx.Err()
+		}
 		if d.TryStep() {
 			continue
 		}
@@ -68,11 +75,6 @@ func (d *Driver) Await(ctx context.Context, r *Req) error {
 			d.waiters.Add(-1)
 			d.Handoff()
 			return r.Await(ctx, d.Park)
-		}
-		if i&255 == 0 && ctx.Err() != nil {
-			s.End()
-			d.leave()
-			return ctx.Err()
 		}
 	}
 	s.End()
