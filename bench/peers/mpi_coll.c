@@ -3,7 +3,9 @@
  * timed probe, a barrier, the slowest rank's mean time, a check of the last result), and
  * printed as the same JSON fields as `moex bench coll --json`.
  *
- * usage: mpirun -np P ./mpi_coll alltoall|allreduce MIN_BYTES MAX_BYTES */
+ * usage: mpirun -np P ./mpi_coll alltoall|allreduce MIN_BYTES MAX_BYTES
+ * MPI_COLL_ITERS=N (passed with mpirun -x) times N operations instead, as moex bench coll
+ * --iters N does. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +42,8 @@ int main(int argc, char **argv) {
         int iters = (int)(0.2 / (pmax > 1e-7 ? pmax : 1e-7));
         if (iters < 5) iters = 5;
         if (iters > 1000) iters = 1000;
+        const char *fixed = getenv("MPI_COLL_ITERS");
+        if (fixed && atoi(fixed) > 0) iters = atoi(fixed);
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
         for (int i = 0; i < iters; i++) run(op, send, recv, n, ranks, MPI_COMM_WORLD);
