@@ -6,7 +6,11 @@
 # medians over the rounds and their ratio (what a user running it once should expect), and
 # the AlltoAll bandwidth beside memcpy of the same bytes and beside the copy floor (the
 # time this host needs to copy every byte of the operation once with all its CPUs and no
-# synchronisation: no implementation that moves each byte once can beat it).
+# synchronisation: no implementation that moves each byte once can beat it). For the
+# AlltoAll rows that go through moex's shared areas with more ranks than CPUs, it also
+# runs bench/peers/twocopy (the bare two-copy exchange: no communicator, no checks)
+# in the same alternation and prints its best time: what any design that copies each
+# byte twice, through shared memory, can reach on this host.
 #
 # Installs Open MPI from Debian's packages when missing (needs root for apt-get).
 # usage: bench/peers/compare.sh [ROUNDS]
@@ -22,6 +26,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpicc -O2 -o "$work/mpi_coll" bench/peers/mpi_coll.c
 go build -o "$work/moex" ./cmd/moex
+go build -o "$work/twocopy" ./bench/peers/twocopy
 mpirun_version=$(mpirun --version 2>&1 | head -1)
 echo "# $mpirun_version; moex $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(nproc) CPUs; $(date -u +%FT%TZ)"
 printf "%-10s %5s %10s %12s %12s %8s %12s %12s %8s %s\n" op ranks bytes moex_us ompi_us ratio moex_med ompi_med ratio_med note
@@ -53,9 +58,15 @@ for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 167
 		if [ "$op" = allreduce ] && [ "$p" = 8 ]; then continue; fi
 		: >"$work/moex.json"
 		: >"$work/ompi.json"
+		: >"$work/twocopy.json"
+		# The bare two-copy exchange where moex copies twice (buffers up to the 1 MiB area)
+		# and its ranks share CPUs (with a CPU each, moex places blocks better than it).
+		floor2=no
+		if [ "$op" = alltoall ] && [ "$size" -le 1048576 ] && [ "$p" -gt "$(nproc)" ]; then floor2=yes; fi
 		for r in $(seq "$rounds"); do
 			"$work/moex" bench coll --op "$op" --ranks "$p" --transport shm --min-bytes "$size" --max-bytes "$size" --json >>"$work/moex.json"
 			mpirun --allow-run-as-root --oversubscribe -np "$p" "$work/mpi_coll" "$op" "$size" "$size" >>"$work/ompi.json" 2>/dev/null
+			if [ $floor2 = yes ]; then "$work/twocopy" -ranks "$p" -bytes "$size" >>"$work/twocopy.json"; fi
 		done
 		m=$(best "$size" time_us "$work/moex.json")
 		o=$(best "$size" time_us "$work/ompi.json")
@@ -65,6 +76,11 @@ for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 167
 			mc=$(best "$size" memcpy_gbs "$work/moex.json")
 			fl=$(best "$size" floor_us "$work/moex.json")
 			note=$(python3 -c "print(f'moex algbw {float(\"$bw\"):.1f} GB/s = {float(\"$bw\")/float(\"$mc\")*100:.0f}% of memcpy ({float(\"$mc\"):.1f} GB/s); copy floor {float(\"$fl\"):.0f} us, 2x Open MPI needs {float(\"$o\")/2:.0f} us')")
+			if [ $floor2 = yes ]; then
+				tc=$(best "$size" time_us "$work/twocopy.json")
+				tcm=$(median "$size" "$work/twocopy.json")
+				note="$note; bare two-copy exchange $(python3 -c "print(f'{float(\"$tc\"):.1f} us (median {float(\"$tcm\"):.1f})')")"
+			fi
 		fi
 		ratio=$(python3 -c "print(f'{float(\"$o\")/float(\"$m\"):.2f}x')")
 		mm=$(median "$size" "$work/moex.json")
