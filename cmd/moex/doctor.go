@@ -276,6 +276,7 @@ func (r *doctorReport) machine(c *coll.Comm) {
 	default:
 		add("polling", poll+" (MOEX_POLL); receivers spin up to "+spinUS()+", then park")
 	}
+	add("cpu idle", cpuIdle())
 	add("SO_BUSY_POLL", "net.core.busy_poll="+sysctl("net/core/busy_poll")+" busy_read="+sysctl("net/core/busy_read")+" (moex sets it per socket; see the tcp paths below)")
 	var st unix.Statfs_t
 	if unix.Statfs(shm.DevShm, &st) == nil {
@@ -410,6 +411,28 @@ func spinUS() string {
 		return v + "us"
 	}
 	return "1000us"
+}
+
+// cpuIdle says how an idle CPU waits, which is what a parked rank's wake-up costs: a CPU
+// that halts at once (a virtual machine's haltpoll with guest_halt_poll_ns=0, or the
+// default halt) leaves the wake-up to the hypervisor, which on the 2-CPU VM moex is
+// measured on took 0.6-1 ms per park (the reason waiters spin up to MOEX_SPIN_US first).
+func cpuIdle() string {
+	drv := readTrim("/sys/devices/system/cpu/cpuidle/current_driver")
+	if drv == "" {
+		return "unknown (no cpuidle in /sys)"
+	}
+	s := "driver " + drv
+	if gov := readTrim("/sys/devices/system/cpu/cpuidle/current_governor"); gov != "" {
+		s += ", governor " + gov
+	}
+	if ns := readTrim("/sys/module/haltpoll/parameters/guest_halt_poll_ns"); ns != "" {
+		s += ", guest_halt_poll_ns=" + ns
+		if ns == "0" {
+			s += " (an idle CPU halts at once: a parked rank wakes when the hypervisor runs its CPU again)"
+		}
+	}
+	return s
 }
 
 func sysctl(name string) string { return orDefault(readTrim("/proc/sys/"+name), "?") }
