@@ -22,6 +22,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"syscall"
@@ -42,6 +43,7 @@ const (
 	offWrong  = 192 // u64: wrong elements this rank received
 	warmup    = 20
 	rankEnv   = "TWOCOPY_RANK"
+	failEnv   = "TWOCOPY_FAIL_RANK" // that rank exits at once with an error (tests)
 	maxIters  = 1000
 	probeSecs = 0.2
 )
@@ -81,6 +83,9 @@ func run(args []string, out io.Writer) error {
 		if err != nil || r < 0 || r >= p {
 			return fmt.Errorf("%s=%q: want a rank below %d", rankEnv, s, p)
 		}
+		if os.Getenv(failEnv) == s {
+			return fmt.Errorf("rank %d: failing as %s says", r, failEnv)
+		}
 		return rank(r, p, n, region, *iters)
 	}
 	fd, err := unix.MemfdCreate("moex-twocopy", unix.MFD_CLOEXEC)
@@ -96,11 +101,17 @@ func run(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// Pdeathsig (below) follows the thread that starts a child: keep this one.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	cmds := make([]*exec.Cmd, p)
 	for r := range cmds {
 		c := exec.Command(self, args...)
 		c.Env = append(os.Environ(), rankEnv+"="+strconv.Itoa(r))
 		c.ExtraFiles = []*os.File{f} // fd 3 in the child
+		// A rank outlives nothing: if this process dies, the ranks, which would poll for
+		// each other forever, die with it.
+		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		c.Stdout, c.Stderr = os.Stderr, os.Stderr
 		if err := c.Start(); err != nil {
 			for _, c := range cmds[:r] {
@@ -111,12 +122,22 @@ func run(args []string, out io.Writer) error {
 		}
 		cmds[r] = c
 	}
-	var failed error
+	// Wait for the ranks as they end: one that fails leaves the others polling for its
+	// counter forever, so the first failure stops them all.
+	type exit struct {
+		rank int
+		err  error
+	}
+	exits := make(chan exit, p)
 	for r, c := range cmds {
-		if err := c.Wait(); err != nil && failed == nil {
-			failed = fmt.Errorf("rank %d: %w", r, err)
+		go func() { exits <- exit{r, c.Wait()} }()
+	}
+	var failed error
+	for range cmds {
+		if e := <-exits; e.err != nil && failed == nil {
+			failed = fmt.Errorf("rank %d: %w", e.rank, e.err)
 			for _, c := range cmds {
-				c.Process.Kill() // the others would wait for it forever
+				c.Process.Kill()
 			}
 		}
 	}

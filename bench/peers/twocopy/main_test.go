@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 )
 
 // TestMain runs the ranks: run starts them as copies of this binary, with rankEnv set.
@@ -45,5 +47,21 @@ func TestTwoCopyRejectsBadSizes(t *testing.T) {
 		if err := run(args, new(bytes.Buffer)); err == nil {
 			t.Errorf("%v: no error", args)
 		}
+	}
+}
+
+// A rank that fails (here: a rank number the others do not expect) must not leave the
+// others polling for its counter: run kills them and names it.
+func TestTwoCopyRankFailureEnds(t *testing.T) {
+	t.Setenv(failEnv, "2")
+	done := make(chan error, 1)
+	go func() { done <- run([]string{"-ranks", "3", "-bytes", "1200", "-iters", "50"}, new(bytes.Buffer)) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "rank 2") {
+			t.Fatalf("got %v, want an error naming rank 2", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("run did not return after a rank failed")
 	}
 }
