@@ -1,7 +1,8 @@
 /* Open MPI side of the moex-vs-MPI comparison: MPI_Alltoall and MPI_Allreduce (f32 sum),
  * measured the way `moex bench coll` measures (warm-up, an iteration count agreed from a
- * timed probe, a barrier, the slowest rank's mean time, a check of the last result), and
- * printed as the same JSON fields as `moex bench coll --json`.
+ * timed probe, a barrier, a tenth as many untimed operations after it, the slowest rank's
+ * mean time, a check of the last result), and printed as the same JSON fields as
+ * `moex bench coll --json`.
  *
  * usage: mpirun -np P ./mpi_coll alltoall|allreduce MIN_BYTES MAX_BYTES
  * MPI_COLL_ITERS=N (passed with mpirun -x) times N operations instead, as moex bench coll
@@ -45,6 +46,9 @@ int main(int argc, char **argv) {
         const char *fixed = getenv("MPI_COLL_ITERS");
         if (fixed && atoi(fixed) > 0) iters = atoi(fixed);
         MPI_Barrier(MPI_COMM_WORLD);
+        /* Untimed after the barrier, as moex bench coll does (skipOf in bench/coll.go). */
+        int skip = iters / 10 > 5 ? iters / 10 : 5;
+        for (int i = 0; i < skip; i++) run(op, send, recv, n, ranks, MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
         for (int i = 0; i < iters; i++) run(op, send, recv, n, ranks, MPI_COMM_WORLD);
         double el = (MPI_Wtime() - t0) / iters, elmax;
