@@ -122,10 +122,10 @@ var (
 // CrowdedAlpha multiplies the per-message latency of the default link when the ranks, all
 // on one host over shared memory, outnumber its CPUs: a rank that waits for a peer gives
 // up its CPU, and the peer must be switched in before the step completes, so every step
-// of an algorithm costs context switches. Measured with moex bench coll over shm on 2 CPUs (AllReduce, best of
-// 4, alternating): 4 ranks, 64 KiB: shared (2 steps) 50us, rabenseifner (4) 62us; 1 MiB:
-// 460 against 1065us; 8 ranks, 64 KiB: 117 against 264us, where the model at 3us a
-// message chose the multi-step algorithms.
+// of an algorithm costs context switches. Measured with moex bench coll over shm on 2
+// CPUs (AllReduce, best of 4, alternating): 4 ranks, 64 KiB: shared (2 steps) 50us,
+// rabenseifner (4) 62us; 1 MiB: 460 against 1065us; 8 ranks, 64 KiB: 117 against 264us,
+// where the model at 3us a message chose the multi-step algorithms.
 const CrowdedAlpha = 8
 
 // Estimate predicts the time of op with algo on p ranks for n bytes (per rank input for

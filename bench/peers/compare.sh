@@ -9,8 +9,8 @@
 # synchronisation: no implementation that moves each byte once can beat it). For the
 # AlltoAll rows that go through moex's shared areas with more ranks than CPUs, it also
 # runs bench/peers/twocopy (the bare two-copy exchange: no communicator, no checks)
-# in the same alternation and prints its best time: what any design that copies each
-# byte twice, through shared memory, can reach on this host.
+# in the same alternation and prints its best and median times: what a design that copies
+# each byte twice, through shared memory, can reach on this host.
 #
 # Installs Open MPI from Debian's packages when missing (needs root for apt-get).
 # usage: bench/peers/compare.sh [ROUNDS]

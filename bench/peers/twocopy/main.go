@@ -77,7 +77,8 @@ func run(args []string, out io.Writer) error {
 	if p < 2 || p > 64 || n <= 0 || n%(4*p) != 0 {
 		return fmt.Errorf("-ranks %d -bytes %d: want 2 to 64 ranks and bytes a positive multiple of 4 x ranks", p, n)
 	}
-	region := hdr + 2*((n+63)&^63)
+	half := (n + 63) &^ 63 // each of a rank's two halves, whole cache lines
+	region := hdr + 2*half
 	if s := os.Getenv(rankEnv); s != "" {
 		r, err := strconv.Atoi(s)
 		if err != nil || r < 0 || r >= p {
@@ -165,6 +166,7 @@ func u64(mem []byte, off int) *uint64 { return (*uint64)(unsafe.Pointer(&mem[off
 // rank runs one rank: warm-up, a probe that sets the count as the other tools do, the
 // timed operations, and a check of the last one's blocks.
 func rank(r, p, n, region, iters int) error {
+	halfBytes := (region - hdr) / 2
 	mem, err := unix.Mmap(3, 0, p*region, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
 		return err
@@ -177,7 +179,7 @@ func rank(r, p, n, region, iters int) error {
 	}
 	count := func(q int) *uint64 { return u64(mem, q*region+offCount) }
 	half := func(q int, op uint64) []byte {
-		o := q*region + hdr + int(op&1)*((n+63)&^63)
+		o := q*region + hdr + int(op&1)*halfBytes
 		return mem[o : o+n : o+n]
 	}
 	var op uint64

@@ -50,8 +50,8 @@ func TestTwoCopyRejectsBadSizes(t *testing.T) {
 	}
 }
 
-// A rank that fails (here: a rank number the others do not expect) must not leave the
-// others polling for its counter: run kills them and names it.
+// A rank that fails (here: told to by failEnv, before it maps anything) must not leave
+// the others polling for its counter: run kills them and names it.
 func TestTwoCopyRankFailureEnds(t *testing.T) {
 	t.Setenv(failEnv, "2")
 	done := make(chan error, 1)
