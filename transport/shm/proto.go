@@ -603,7 +603,11 @@ func (p *peer) fail(err error) {
 		p.unexp.Push(0, u.tag.Key(), u)
 	}
 	p.mu.Unlock()
-	if err != transport.ErrClosed {
+	switch {
+	case err == transport.ErrClosed:
+	case errors.Is(err, transport.ErrPeerLeft): // its Close: every rank logs this at a clean end
+		t.log.Debug("moex shm: peer left", "rank", t.rank, "peer", p.rank)
+	default:
 		t.log.Info("moex shm: peer failed", "rank", t.rank, "peer", p.rank, "err", err)
 	}
 	recvErr, sendErr := p.peerErr("recv"), p.peerErr("send")

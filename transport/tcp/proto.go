@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -87,7 +88,11 @@ func (p *peer) shutdown(err error, graceful bool) {
 				s.enqueueCtl(f)
 			}
 		}
-		if err != transport.ErrClosed {
+		switch {
+		case err == transport.ErrClosed:
+		case errors.Is(err, transport.ErrPeerLeft): // its Close: every rank logs this at a clean end
+			p.t.log.Debug("moex tcp: peer left", "rank", p.t.rank, "peer", p.rank)
+		default:
 			p.t.log.Info("moex tcp: peer failed", "rank", p.t.rank, "peer", p.rank, "err", err)
 		}
 		close(p.quit)

@@ -1,0 +1,99 @@
+package transporttest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/moex-ai/moex/transport"
+)
+
+// Logs collects the text log of several ranks (a slog text handler at debug level) for
+// tests that check what a transport said.
+type Logs struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+// Logger returns a logger that writes into l.
+func (l *Logs) Logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func (l *Logs) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *Logs) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// WaitFor waits up to 10 s for a line that contains sub, and reports whether one came.
+func (l *Logs) WaitFor(sub string) bool {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if strings.Contains(l.String(), sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// LeaveLogs checks how a transport logs its peers' ends: a peer that closes is leaving
+// ("<name>: peer left", debug level), not failing, since every rank sees every other one
+// leave at a clean end; a peer that vanishes without its goodbye is failing ("<name>:
+// peer failed", with the error). start starts n ranks that log into the Logs it is
+// given; kill ends a rank without goodbyes; recv waits for a message from peer on rank
+// (RecvOne: the survivor's way of finding the killed one). name is the transport's log prefix
+// ("moex shm").
+func LeaveLogs(t *testing.T, name string, start func(n int, l *Logs) (close, kill func(r int) error, recv func(r, peer int) error)) {
+	t.Helper()
+	var clean Logs
+	closeRank, _, _ := start(3, &clean)
+	if err := closeRank(0); err != nil {
+		t.Fatal(err)
+	}
+	left := fmt.Sprintf("msg=\"%s: peer left\" rank=1 peer=0", name)
+	clean.WaitFor(left) // the others find the goodbye on their own time
+	for r := 1; r < 3; r++ {
+		if err := closeRank(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := clean.String(); strings.Contains(s, "peer failed") || !strings.Contains(s, left) {
+		t.Fatalf("a clean close logged:\n%s", s)
+	}
+
+	var crash Logs
+	_, kill, recv := start(2, &crash)
+	if err := kill(1); err != nil {
+		t.Fatal(err)
+	}
+	if err := recv(0, 1); !errors.Is(err, transport.ErrPeerClosed) || errors.Is(err, transport.ErrPeerLeft) {
+		t.Fatalf("a receive from a killed peer: %v, want ErrPeerClosed (not ErrPeerLeft)", err)
+	}
+	failed := fmt.Sprintf("msg=\"%s: peer failed\" rank=0 peer=1", name)
+	crash.WaitFor(failed) // it may be logged after the receive failed
+	if s := crash.String(); !strings.Contains(s, failed) || strings.Contains(s, "peer left") {
+		t.Fatalf("a killed peer was not logged as failed:\n%s", s)
+	}
+}
+
+// RecvOne waits up to 10 s for a message of at most 64 bytes from peer.
+func RecvOne(tr transport.Transport, peer int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := tr.Irecv(peer, transport.Tag{}, make([]byte, 64))
+	if err == nil {
+		_, err = req.Wait(ctx)
+	}
+	return err
+}
