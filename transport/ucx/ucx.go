@@ -1268,7 +1268,11 @@ func (t *Transport) markDead(q int, err error) {
 	t.dead[q] = err
 	list := append([]*req(nil), t.inflight...)
 	t.mu.Unlock()
-	t.log.Info("moex ucx: peer gone", "rank", t.rank, "peer", q, "err", err)
+	if errors.Is(err, transport.ErrPeerLeft) { // its Close: every rank logs this at a clean end
+		t.log.Debug("moex ucx: peer left", "rank", t.rank, "peer", q)
+	} else {
+		t.log.Info("moex ucx: peer failed", "rank", t.rank, "peer", q, "err", err)
+	}
 	perr := &transport.PeerError{Rank: q, Op: "send", Err: err}
 	for _, r := range list {
 		if r.peer != q {

@@ -5,6 +5,7 @@ package ucx_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"slices"
 	"testing"
@@ -21,10 +22,12 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func start(t testing.TB, n int) []*ucx.Transport {
+func start(t testing.TB, n int) []*ucx.Transport { return startLog(t, n, nil) }
+
+func startLog(t testing.TB, n int, log *slog.Logger) []*ucx.Transport {
 	t.Helper()
 	return transporttest.Start(t, n, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*ucx.Transport, error) {
-		return ucx.New(ctx, ucx.Config{Rank: r, Size: n, Exchange: ex, CancelGrace: 2 * time.Second})
+		return ucx.New(ctx, ucx.Config{Rank: r, Size: n, Exchange: ex, CancelGrace: 2 * time.Second, Logger: log})
 	})
 }
 
@@ -38,6 +41,19 @@ func factory(t *testing.T, n int) *transporttest.World {
 		w.Kill = func(r int) { ts[r].Kill() }
 	}
 	return w
+}
+
+// A clean end is not a failure: see transporttest.LeaveLogs.
+func TestLogsGoodbyeAsLeaving(t *testing.T) {
+	if !start(t, 2)[0].PeerErrors() {
+		t.Skip("UCX over UCX_TLS=" + os.Getenv("UCX_TLS") + " does not report peer failures: a killed peer cannot be told from a slow one")
+	}
+	transporttest.LeaveLogs(t, "moex ucx", func(n int, l *transporttest.Logs) (func(int) error, func(int) error, func(int, int) error) {
+		ts := startLog(t, n, l.Logger())
+		return func(r int) error { return ts[r].Close() },
+			func(r int) error { ts[r].Kill(); return nil },
+			func(r, peer int) error { return transporttest.RecvOne(ts[r], peer) }
+	})
 }
 
 // The conformance suite, over whichever UCX transports UCX_TLS selects (CI runs it with
