@@ -7,12 +7,15 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport/transporttest"
 )
 
 // BenchmarkCMARead: process_vm_readv (cmaRead, the single copy across) beside memcpy, for
 // a P=4 64 KiB AlltoAll's blocks (16 KiB), its send buffer and a large buffer, read from
-// this process (the kernel copies the same way as from another process).
+// this process (the kernel copies the same way as from another process); then cold, as
+// in a P=8 4 MiB AlltoAll: 512 KiB blocks from 32 MiB of huge-page buffers (obuf, as moex
+// bench's) into 32 MiB more, which no cache holds.
 func BenchmarkCMARead(b *testing.B) {
 	for _, size := range []int{16 << 10, 64 << 10, 1 << 20} {
 		b.Run("memcpy/"+transporttest.SizeName(size), func(b *testing.B) { transporttest.BenchMemcpy(b, size) })
@@ -31,4 +34,33 @@ func BenchmarkCMARead(b *testing.B) {
 			}
 		})
 	}
+	const total, blk = 32 << 20, 512 << 10
+	src, dst := obuf.Default.Get(total), obuf.Default.Get(total)
+	defer src.Release()
+	defer dst.Release()
+	transporttest.Pattern(src.Bytes(), 3)
+	clear(dst.Bytes())
+	cold := func(b *testing.B, cp func(dst, src []byte) error) {
+		b.SetBytes(blk)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			// Blocks from all over the source, as the ranks' reads are.
+			so, do := (i*7*blk)%total, (i*blk)%total
+			if err := cp(dst.Bytes()[do:do+blk], src.Bytes()[so:so+blk]); err != nil {
+				b.Skipf("process_vm_readv refused here: %v", err)
+			}
+			i++
+		}
+	}
+	b.Run("memcpy/cold-512KiB", func(b *testing.B) {
+		cold(b, func(d, s []byte) error { copy(d, s); return nil })
+	})
+	b.Run("cma/cold-512KiB", func(b *testing.B) {
+		var liov [1]unix.Iovec
+		var riov [1]unix.RemoteIovec
+		cold(b, func(d, s []byte) error {
+			return cmaRead(os.Getpid(), d, uint64(uintptr(unsafe.Pointer(&s[0]))), &liov, &riov)
+		})
+	})
 }
