@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
 	"testing"
@@ -261,10 +262,7 @@ func TestConfigFromEnv(t *testing.T) {
 
 // A clean end is not a failure: see transporttest.LeaveLogs.
 func TestLogsGoodbyeAsLeaving(t *testing.T) {
-	transporttest.LeaveLogs(t, "moex shm", func(n int, l *transporttest.Logs) (func(int) error, func(int) error, func(int, int) error) {
-		ts := start(t, n, func(c *shm.Config) { c.Logger = l.Logger() })
-		return func(r int) error { return ts[r].Close() },
-			func(r int) error { ts[r].Kill(); return nil },
-			func(r, peer int) error { return transporttest.RecvOne(ts[r], peer) }
+	transporttest.LeaveLogs(t, "moex shm", func(n int, log *slog.Logger) []*shm.Transport {
+		return start(t, n, func(c *shm.Config) { c.Logger = log })
 	})
 }

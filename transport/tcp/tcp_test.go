@@ -2,6 +2,7 @@ package tcp_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -49,10 +50,7 @@ var _ transport.Transport = (*tcp.Transport)(nil)
 
 // A clean end is not a failure: see transporttest.LeaveLogs.
 func TestLogsGoodbyeAsLeaving(t *testing.T) {
-	transporttest.LeaveLogs(t, "moex tcp", func(n int, l *transporttest.Logs) (func(int) error, func(int) error, func(int, int) error) {
-		ts := start(t, n, func(c *tcp.Config) { c.Logger = l.Logger() })
-		return func(r int) error { return ts[r].Close() },
-			func(r int) error { ts[r].Kill(); return nil },
-			func(r, peer int) error { return transporttest.RecvOne(ts[r], peer) }
+	transporttest.LeaveLogs(t, "moex tcp", func(n int, log *slog.Logger) []*tcp.Transport {
+		return start(t, n, func(c *tcp.Config) { c.Logger = log })
 	})
 }

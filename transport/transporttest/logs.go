@@ -49,22 +49,23 @@ func (l *Logs) WaitFor(sub string) bool {
 
 // LeaveLogs checks how a transport logs its peers' ends: a peer that closes is leaving
 // ("<name>: peer left", debug level), not failing, since every rank sees every other one
-// leave at a clean end; a peer that vanishes without its goodbye is failing ("<name>:
-// peer failed", with the error). start starts n ranks that log into the Logs it is
-// given; kill ends a rank without goodbyes; recv waits for a message from peer on rank
-// (RecvOne: the survivor's way of finding the killed one). name is the transport's log prefix
-// ("moex shm").
-func LeaveLogs(t *testing.T, name string, start func(n int, l *Logs) (close, kill func(r int) error, recv func(r, peer int) error)) {
+// leave at a clean end; a peer that vanishes without its goodbye (Kill) is failing
+// ("<name>: peer failed", with the error). start starts n ranks that log to log; name is
+// the transport's log prefix ("moex shm").
+func LeaveLogs[T interface {
+	transport.Transport
+	Kill()
+}](t *testing.T, name string, start func(n int, log *slog.Logger) []T) {
 	t.Helper()
 	var clean Logs
-	closeRank, _, _ := start(3, &clean)
-	if err := closeRank(0); err != nil {
+	ts := start(3, clean.Logger())
+	if err := ts[0].Close(); err != nil {
 		t.Fatal(err)
 	}
 	left := fmt.Sprintf("msg=\"%s: peer left\" rank=1 peer=0", name)
 	clean.WaitFor(left) // the others find the goodbye on their own time
-	for r := 1; r < 3; r++ {
-		if err := closeRank(r); err != nil {
+	for _, x := range ts[1:] {
+		if err := x.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -73,11 +74,10 @@ func LeaveLogs(t *testing.T, name string, start func(n int, l *Logs) (close, kil
 	}
 
 	var crash Logs
-	_, kill, recv := start(2, &crash)
-	if err := kill(1); err != nil {
-		t.Fatal(err)
-	}
-	if err := recv(0, 1); !errors.Is(err, transport.ErrPeerClosed) || errors.Is(err, transport.ErrPeerLeft) {
+	ts = start(2, crash.Logger())
+	ts[1].Kill()
+	// The survivor finds out when it next looks, here for a message from the dead rank.
+	if err := RecvOne(ts[0], 1); !errors.Is(err, transport.ErrPeerClosed) || errors.Is(err, transport.ErrPeerLeft) {
 		t.Fatalf("a receive from a killed peer: %v, want ErrPeerClosed (not ErrPeerLeft)", err)
 	}
 	failed := fmt.Sprintf("msg=\"%s: peer failed\" rank=0 peer=1", name)
