@@ -158,7 +158,8 @@ func CopyFloor(p, n int) time.Duration {
 }
 
 // sizes returns the message sizes from min to max by factor, each a multiple of the
-// granularity the op needs (element size, and the rank count for split buffers).
+// granularity the op needs (element size, and the rank count for split buffers): rounded
+// down, but a size asked for is never rounded to an empty operation.
 func sizes(o CollOpts, ranks int) []int {
 	gran := o.DType.Size()
 	switch o.Op {
@@ -168,6 +169,9 @@ func sizes(o CollOpts, ranks int) []int {
 	var out []int
 	for s := max(o.MinBytes, 0); s <= o.MaxBytes; s *= o.Factor {
 		n := s / gran * gran
+		if n == 0 && s > 0 {
+			n = gran
+		}
 		if len(out) == 0 || out[len(out)-1] != n {
 			out = append(out, n)
 		}

@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -70,5 +71,27 @@ func TestCopyFloor(t *testing.T) {
 	}
 	if len(rows[0]) != 1 || rows[0][0].FloorUS <= 0 || rows[0][0].Wrong != 0 {
 		t.Fatalf("rows %+v", rows[0])
+	}
+}
+
+// Sizes are whole operations: rounded down to the granularity (element size, times the
+// ranks for split buffers), but a size asked for never becomes an empty operation.
+func TestSizes(t *testing.T) {
+	for _, c := range []struct {
+		op       coll.OpKind
+		min, max int
+		ranks    int
+		want     []int
+	}{
+		{coll.OpAlltoAll, 10, 10, 3, []int{12}},
+		{coll.OpAlltoAll, 0, 100, 3, []int{0, 12, 24, 60}},
+		{coll.OpAllReduce, 64 << 10, 256 << 10, 3, []int{64 << 10, 128 << 10, 256 << 10}},
+		{coll.OpAllReduce, 6, 6, 3, []int{4}},
+		{coll.OpReduceScatter, 100, 100, 8, []int{96}},
+	} {
+		got := sizes(CollOpts{Op: c.op, DType: dtype.F32, MinBytes: c.min, MaxBytes: c.max, Factor: 2}, c.ranks)
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%v %d-%d bytes, %d ranks: sizes %v, want %v", c.op, c.min, c.max, c.ranks, got, c.want)
+		}
 	}
 }
