@@ -15,7 +15,7 @@ import (
 // a P=4 64 KiB AlltoAll's blocks (16 KiB), its send buffer and a large buffer, read from
 // this process (the kernel copies the same way as from another process); then cold, as
 // in a P=8 4 MiB AlltoAll: 512 KiB blocks from 32 MiB of huge-page buffers (obuf, as moex
-// bench's) into 32 MiB more, which no cache holds.
+// bench's) into 32 MiB more, which no cache holds, and from 32 MiB of 4 KiB pages.
 func BenchmarkCMARead(b *testing.B) {
 	for _, size := range []int{16 << 10, 64 << 10, 1 << 20} {
 		b.Run("memcpy/"+transporttest.SizeName(size), func(b *testing.B) { transporttest.BenchMemcpy(b, size) })
@@ -35,32 +35,40 @@ func BenchmarkCMARead(b *testing.B) {
 		})
 	}
 	const total, blk = 32 << 20, 512 << 10
-	src, dst := obuf.Default.Get(total), obuf.Default.Get(total)
-	defer src.Release()
+	huge, dst := obuf.Default.Get(total), obuf.Default.Get(total)
+	defer huge.Release()
 	defer dst.Release()
-	transporttest.Pattern(src.Bytes(), 3)
+	// The same from 4 KiB pages: what a rank's send buffer from make() may get.
+	small, err := unix.Mmap(-1, 0, total, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer unix.Munmap(small)
+	_ = unix.Madvise(small, unix.MADV_NOHUGEPAGE)
+	transporttest.Pattern(huge.Bytes(), 3)
+	transporttest.Pattern(small, 3)
 	clear(dst.Bytes())
-	cold := func(b *testing.B, cp func(dst, src []byte) error) {
+	cold := func(b *testing.B, src []byte, cp func(dst, src []byte) error) {
 		b.SetBytes(blk)
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
 			// Blocks from all over the source, as the ranks' reads are.
 			so, do := (i*7*blk)%total, (i*blk)%total
-			if err := cp(dst.Bytes()[do:do+blk], src.Bytes()[so:so+blk]); err != nil {
+			if err := cp(dst.Bytes()[do:do+blk], src[so:so+blk]); err != nil {
 				b.Skipf("process_vm_readv refused here: %v", err)
 			}
 			i++
 		}
 	}
-	b.Run("memcpy/cold-512KiB", func(b *testing.B) {
-		cold(b, func(d, s []byte) error { copy(d, s); return nil })
-	})
-	b.Run("cma/cold-512KiB", func(b *testing.B) {
-		var liov [1]unix.Iovec
-		var riov [1]unix.RemoteIovec
-		cold(b, func(d, s []byte) error {
-			return cmaRead(os.Getpid(), d, uint64(uintptr(unsafe.Pointer(&s[0]))), &liov, &riov)
-		})
-	})
+	var liov [1]unix.Iovec
+	var riov [1]unix.RemoteIovec
+	cma := func(d, s []byte) error {
+		return cmaRead(os.Getpid(), d, uint64(uintptr(unsafe.Pointer(&s[0]))), &liov, &riov)
+	}
+	memcpy := func(d, s []byte) error { copy(d, s); return nil }
+	b.Run("memcpy/cold-512KiB", func(b *testing.B) { cold(b, huge.Bytes(), memcpy) })
+	b.Run("cma/cold-512KiB", func(b *testing.B) { cold(b, huge.Bytes(), cma) })
+	b.Run("memcpy/cold-512KiB-4KiB-pages", func(b *testing.B) { cold(b, small, memcpy) })
+	b.Run("cma/cold-512KiB-4KiB-pages", func(b *testing.B) { cold(b, small, cma) })
 }
