@@ -12,8 +12,13 @@
 # in the same alternation and prints its best and median times: what a design that copies
 # each byte twice, through shared memory, can reach on this host.
 #
+# moex's buffers come from obuf, on huge pages (madvise); mpi_coll's from malloc, which
+# here (transparent huge pages on madvise) gets 4 KiB pages, on which the kernel's
+# cross-memory copy runs at half speed. MPI_HUGE=1 gives Open MPI's ranks glibc's huge-page
+# malloc (GLIBC_TUNABLES=glibc.malloc.hugetlb=1) to compare on equal pages.
+#
 # Installs Open MPI from Debian's packages when missing (needs root for apt-get).
-# usage: bench/peers/compare.sh [ROUNDS]
+# usage: [MPI_HUGE=1] bench/peers/compare.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-3}
@@ -28,7 +33,13 @@ mpicc -O2 -o "$work/mpi_coll" bench/peers/mpi_coll.c
 go build -o "$work/moex" ./cmd/moex
 go build -o "$work/twocopy" ./bench/peers/twocopy
 mpirun_version=$(mpirun --version 2>&1 | head -1)
-echo "# $mpirun_version; moex $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(nproc) CPUs; $(date -u +%FT%TZ)"
+mpi_env=()
+pages="malloc's pages"
+if [ "${MPI_HUGE:-0}" = 1 ]; then
+	mpi_env=(-x GLIBC_TUNABLES=glibc.malloc.hugetlb=1)
+	pages="huge-page malloc"
+fi
+echo "# $mpirun_version ($pages); moex $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(nproc) CPUs; $(date -u +%FT%TZ)"
 printf "%-10s %5s %10s %12s %12s %8s %12s %12s %8s %s\n" op ranks bytes moex_us ompi_us ratio moex_med ompi_med ratio_med note
 
 best() { # field of the best (lowest time) JSON line for a size, from a file of lines
@@ -65,7 +76,7 @@ for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 167
 		if [ "$op" = alltoall ] && [ "$size" -le 1048576 ] && [ "$p" -gt "$(nproc)" ]; then floor2=yes; fi
 		for r in $(seq "$rounds"); do
 			"$work/moex" bench coll --op "$op" --ranks "$p" --transport shm --min-bytes "$size" --max-bytes "$size" --json >>"$work/moex.json"
-			mpirun --allow-run-as-root --oversubscribe -np "$p" "$work/mpi_coll" "$op" "$size" "$size" >>"$work/ompi.json" 2>/dev/null
+			mpirun --allow-run-as-root --oversubscribe "${mpi_env[@]}" -np "$p" "$work/mpi_coll" "$op" "$size" "$size" >>"$work/ompi.json" 2>/dev/null
 			if [ $floor2 = yes ]; then "$work/twocopy" -ranks "$p" -bytes "$size" >>"$work/twocopy.json"; fi
 		done
 		m=$(best "$size" time_us "$work/moex.json")
