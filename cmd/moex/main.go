@@ -85,8 +85,8 @@ func exitCode(err error) int {
 	var re *launch.RankError
 	if errors.As(err, &re) {
 		fmt.Fprintln(os.Stderr, "moex:", err)
-		if re.Code > 0 {
-			return re.Code
+		if c := re.ExitCode(); c > 0 {
+			return c
 		}
 		return 1
 	}

@@ -22,6 +22,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Config describes a local job.
@@ -45,16 +47,25 @@ type Config struct {
 
 // RankError says which rank ended the job and how.
 type RankError struct {
-	Rank int
-	Code int    // exit code, or -1 when killed by a signal
-	Sig  string // the signal, when killed by one
+	Rank   int
+	Code   int            // exit code, or -1 when killed by a signal
+	Signal syscall.Signal // the signal, when killed by one
 }
 
 func (e *RankError) Error() string {
-	if e.Sig != "" {
-		return fmt.Sprintf("launch: rank %d killed by %s", e.Rank, e.Sig)
+	if e.Signal != 0 {
+		return fmt.Sprintf("launch: rank %d killed by %s (%v)", e.Rank, unix.SignalName(e.Signal), e.Signal)
 	}
 	return fmt.Sprintf("launch: rank %d exited with code %d", e.Rank, e.Code)
+}
+
+// ExitCode is the status a shell would give the rank's end: its code, or 128 plus the
+// signal's number.
+func (e *RankError) ExitCode() int {
+	if e.Signal != 0 {
+		return 128 + int(e.Signal)
+	}
+	return e.Code
 }
 
 // ErrInterrupted is returned when ctx ended (Ctrl-C) before the ranks finished.
@@ -204,7 +215,7 @@ func rankError(rank int, err error) error {
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return &RankError{Rank: rank, Code: -1, Sig: ws.Signal().String()}
+			return &RankError{Rank: rank, Code: -1, Signal: ws.Signal()}
 		}
 		return &RankError{Rank: rank, Code: ee.ExitCode()}
 	}

@@ -32,6 +32,13 @@ func TestMain(m *testing.M) {
 		}
 		time.Sleep(time.Minute) // the launcher must stop us
 		os.Exit(0)
+	case "crash":
+		if os.Getenv("MOEX_RANK") == "2" {
+			time.Sleep(50 * time.Millisecond)
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+		time.Sleep(time.Minute) // the launcher must stop us
+		os.Exit(0)
 	case "stubborn":
 		signal.Ignore(syscall.SIGTERM, syscall.SIGINT)
 		if os.Getenv("MOEX_RANK") == "0" {
@@ -104,6 +111,20 @@ func TestFailureStopsEveryone(t *testing.T) {
 	}
 	if d := time.Since(start); d > 30*time.Second {
 		t.Fatalf("other ranks were not stopped (took %v)", d)
+	}
+}
+
+// A rank killed by a signal is named with the signal, and ends the job as a shell would
+// report it (128 + the signal's number).
+func TestCrashNamesTheSignal(t *testing.T) {
+	var out, errOut syncBuf
+	err := Run(context.Background(), cfg("crash", 3, &out, &errOut))
+	var re *RankError
+	if !errors.As(err, &re) || re.Rank != 2 || re.Signal != syscall.SIGKILL || re.ExitCode() != 137 {
+		t.Fatalf("got %v, want rank 2 killed by SIGKILL, exit code 137", err)
+	}
+	if want := "launch: rank 2 killed by SIGKILL (killed)"; err.Error() != want {
+		t.Fatalf("message %q, want %q", err, want)
 	}
 }
 
