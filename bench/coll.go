@@ -216,6 +216,16 @@ type benchOp struct {
 	run   func() error
 	prep  func() // reset inputs before a checked run
 	check func() int
+	bufs  []*obuf.Buf
+}
+
+// release gives the obuf buffers back. Until then they are held here: a buffer that is
+// dropped while its memory is in use is unmapped by the collector.
+func (bo *benchOp) release() {
+	for _, b := range bo.bufs {
+		b.Release()
+	}
+	bo.bufs = nil
 }
 
 func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResult, error) {
@@ -228,6 +238,7 @@ func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResul
 	if err != nil {
 		return res, err
 	}
+	defer bo.release()
 	switch o.Op {
 	case coll.OpAllReduce, coll.OpReduce, coll.OpReduceScatter:
 		res.RedOp = o.RedOp.String()
@@ -342,19 +353,21 @@ func algoName(c *coll.Comm, op coll.OpKind, dt dtype.Type, count, root int) stri
 func makeOp(ctx context.Context, c *coll.Comm, o CollOpts, size int) (benchOp, int, error) {
 	p, r := c.Size(), c.Rank()
 	n := size / 4
+	var bo benchOp
 	mk := func(k int) []float32 {
 		if o.Heap {
 			return make([]float32, k)
 		}
-		// obuf buffers, as a user following moex's advice would have them; they go back
-		// to the pool when the garbage collector finds them unreachable.
-		return dtype.FromBytes[float32](obuf.Default.Get(4 * k).Bytes())
+		// obuf buffers, as a user following moex's advice would have them, held by bo
+		// until the size is done.
+		b := obuf.Default.Get(4 * k)
+		bo.bufs = append(bo.bufs, b)
+		return dtype.FromBytes[float32](b.Bytes())
 	}
 	if o.DType != dtype.F32 {
 		return benchOp{}, 0, fmt.Errorf("bench: only f32 is wired into the command so far (got %v)", o.DType)
 	}
 	val := func(rank, i int) float32 { return float32((rank+i)%7 - 3) }
-	var bo benchOp
 	switch o.Op {
 	case coll.OpAllReduce:
 		buf := mk(n)

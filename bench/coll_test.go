@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -93,5 +94,30 @@ func TestSizes(t *testing.T) {
 		if !slices.Equal(got, c.want) {
 			t.Errorf("%v %d-%d bytes, %d ranks: sizes %v, want %v", c.op, c.min, c.max, c.ranks, got, c.want)
 		}
+	}
+}
+
+// The benchmark's buffers stay theirs while the collector runs: huge obuf buffers that
+// nothing holds are unmapped by it, so the benchmark must hold them.
+func TestCollBuffersOutliveCollections(t *testing.T) {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				runtime.GC()
+			}
+		}
+	}()
+	o := CollOpts{Op: coll.OpAlltoAll, MinBytes: 4 << 20, MaxBytes: 4 << 20, Iters: 20, Check: true}
+	rows := onRanks(t, 2, coll.Config{}, func(c *coll.Comm) ([]CollResult, error) { return Coll(context.Background(), c, o) })
+	close(stop)
+	<-done
+	if len(rows) != 1 || rows[0].Wrong != 0 {
+		t.Fatalf("rows %+v", rows)
 	}
 }
