@@ -59,6 +59,11 @@ func LeaveLogs[T interface {
 	t.Helper()
 	var clean Logs
 	ts := start(3, clean.Logger())
+	for r := 1; r < 3; r++ {
+		if err := SendOne(ts[r], ts[0], r, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := ts[0].Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -75,23 +80,52 @@ func LeaveLogs[T interface {
 
 	var crash Logs
 	ts = start(2, crash.Logger())
+	// A message each way first: transports that connect on first use (UCX) can only see
+	// a peer die over a connection.
+	if err := SendOne(ts[1], ts[0], 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := SendOne(ts[0], ts[1], 0, 1); err != nil {
+		t.Fatal(err)
+	}
 	ts[1].Kill()
-	// The survivor finds out when it next looks, here for a message from the dead rank.
-	if err := RecvOne(ts[0], 1); !errors.Is(err, transport.ErrPeerClosed) || errors.Is(err, transport.ErrPeerLeft) {
-		t.Fatalf("a receive from a killed peer: %v, want ErrPeerClosed (not ErrPeerLeft)", err)
+	// The survivor finds out when it next talks to the dead rank: here with a send
+	// large enough that it cannot just go into a socket's buffer.
+	err := SendBig(ts[0], 1)
+	if pe := (*transport.PeerError)(nil); !errors.As(err, &pe) || pe.Rank != 1 || errors.Is(err, transport.ErrPeerLeft) {
+		t.Fatalf("a send to a killed peer: %v, want a *PeerError naming rank 1 (not ErrPeerLeft)", err)
 	}
 	failed := fmt.Sprintf("msg=\"%s: peer failed\" rank=0 peer=1", name)
-	crash.WaitFor(failed) // it may be logged after the receive failed
+	crash.WaitFor(failed) // it may be logged after the send failed
 	if s := crash.String(); !strings.Contains(s, failed) || strings.Contains(s, "peer left") {
 		t.Fatalf("a killed peer was not logged as failed:\n%s", s)
 	}
 }
 
-// RecvOne waits up to 10 s for a message of at most 64 bytes from peer.
-func RecvOne(tr transport.Transport, peer int) error {
+// SendOne sends 8 bytes from rank src (on from) to rank dst (on to), waiting up to 10 s.
+func SendOne(from, to transport.Transport, src, dst int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	req, err := tr.Irecv(peer, transport.Tag{}, make([]byte, 64))
+	r, err := to.Irecv(src, transport.Tag{Tag: 1}, make([]byte, 8))
+	if err != nil {
+		return err
+	}
+	s, err := from.Isend(dst, transport.Tag{Tag: 1}, []byte("8 bytes!"))
+	if err == nil {
+		_, err = s.Wait(ctx)
+	}
+	if _, rerr := r.Wait(ctx); err == nil {
+		err = rerr
+	}
+	return err
+}
+
+// SendBig sends 4 MiB to peer and waits up to 60 s (as long as the conformance suite
+// waits for a dead peer to be found).
+func SendBig(tr transport.Transport, peer int) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	req, err := tr.Isend(peer, transport.Tag{Tag: 2}, make([]byte, 4<<20))
 	if err == nil {
 		_, err = req.Wait(ctx)
 	}
