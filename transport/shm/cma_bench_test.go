@@ -17,20 +17,22 @@ import (
 // in a P=8 4 MiB AlltoAll: 512 KiB blocks from 32 MiB of huge-page buffers (obuf, as moex
 // bench's) into 32 MiB more, which no cache holds, and from 32 MiB of 4 KiB pages.
 func BenchmarkCMARead(b *testing.B) {
+	var liov [1]unix.Iovec
+	var riov [1]unix.RemoteIovec
+	cma := func(b *testing.B, d, s []byte) {
+		if err := cmaRead(os.Getpid(), d, uint64(uintptr(unsafe.Pointer(&s[0]))), &liov, &riov); err != nil {
+			b.Skipf("process_vm_readv refused here: %v", err)
+		}
+	}
 	for _, size := range []int{16 << 10, 64 << 10, 1 << 20} {
 		b.Run("memcpy/"+transporttest.SizeName(size), func(b *testing.B) { transporttest.BenchMemcpy(b, size) })
 		b.Run("cma/"+transporttest.SizeName(size), func(b *testing.B) {
 			src, dst := make([]byte, size), make([]byte, size)
 			transporttest.Pattern(src, 2)
-			var liov [1]unix.Iovec
-			var riov [1]unix.RemoteIovec
-			addr := uint64(uintptr(unsafe.Pointer(&src[0])))
 			b.SetBytes(int64(size))
 			b.ReportAllocs()
 			for b.Loop() {
-				if err := cmaRead(os.Getpid(), dst, addr, &liov, &riov); err != nil {
-					b.Skipf("process_vm_readv refused here: %v", err)
-				}
+				cma(b, dst, src)
 			}
 		})
 	}
@@ -48,25 +50,18 @@ func BenchmarkCMARead(b *testing.B) {
 	transporttest.Pattern(huge.Bytes(), 3)
 	transporttest.Pattern(small, 3)
 	clear(dst.Bytes())
-	cold := func(b *testing.B, src []byte, cp func(dst, src []byte) error) {
+	cold := func(b *testing.B, src []byte, cp func(b *testing.B, dst, src []byte)) {
 		b.SetBytes(blk)
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
 			// Blocks from all over the source, as the ranks' reads are.
 			so, do := (i*7*blk)%total, (i*blk)%total
-			if err := cp(dst.Bytes()[do:do+blk], src[so:so+blk]); err != nil {
-				b.Skipf("process_vm_readv refused here: %v", err)
-			}
+			cp(b, dst.Bytes()[do:do+blk], src[so:so+blk])
 			i++
 		}
 	}
-	var liov [1]unix.Iovec
-	var riov [1]unix.RemoteIovec
-	cma := func(d, s []byte) error {
-		return cmaRead(os.Getpid(), d, uint64(uintptr(unsafe.Pointer(&s[0]))), &liov, &riov)
-	}
-	memcpy := func(d, s []byte) error { copy(d, s); return nil }
+	memcpy := func(_ *testing.B, d, s []byte) { copy(d, s) }
 	b.Run("memcpy/cold-512KiB", func(b *testing.B) { cold(b, huge.Bytes(), memcpy) })
 	b.Run("cma/cold-512KiB", func(b *testing.B) { cold(b, huge.Bytes(), cma) })
 	b.Run("memcpy/cold-512KiB-4KiB-pages", func(b *testing.B) { cold(b, small, memcpy) })

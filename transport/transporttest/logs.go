@@ -1,7 +1,6 @@
 package transporttest
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,14 +36,11 @@ func (l *Logs) String() string {
 	return l.b.String()
 }
 
-// WaitFor waits up to 10 s for a line that contains sub, and reports whether one came.
-func (l *Logs) WaitFor(sub string) bool {
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-		if strings.Contains(l.String(), sub) {
-			return true
-		}
+// WaitFor waits up to 10 s for a line that contains sub.
+func (l *Logs) WaitFor(sub string) {
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline) && !strings.Contains(l.String(), sub); {
+		time.Sleep(time.Millisecond)
 	}
-	return false
 }
 
 // LeaveLogs checks how a transport logs its peers' ends: a peer that closes is leaving
@@ -57,13 +53,22 @@ func LeaveLogs[T interface {
 	Kill()
 }](t *testing.T, name string, start func(n int, log *slog.Logger) []T) {
 	t.Helper()
-	var clean Logs
-	ts := start(3, clean.Logger())
-	for r := 1; r < 3; r++ {
-		if err := SendOne(ts[r], ts[0], r, 0); err != nil {
+	msg := make([]byte, 8)
+	Pattern(msg, 80)
+	talk := func(ts []T, a, b int) { // a message a -> b
+		t.Helper()
+		w := &World{}
+		for _, x := range ts {
+			w.T = append(w.T, x)
+		}
+		if err := Check(exchange(t, w, a, b, tag(80), msg, true), 80); err != nil {
 			t.Fatal(err)
 		}
 	}
+	var clean Logs
+	ts := start(3, clean.Logger())
+	talk(ts, 1, 0)
+	talk(ts, 2, 0)
 	if err := ts[0].Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -82,16 +87,16 @@ func LeaveLogs[T interface {
 	ts = start(2, crash.Logger())
 	// A message each way first: transports that connect on first use (UCX) can only see
 	// a peer die over a connection.
-	if err := SendOne(ts[1], ts[0], 1, 0); err != nil {
-		t.Fatal(err)
-	}
-	if err := SendOne(ts[0], ts[1], 0, 1); err != nil {
-		t.Fatal(err)
-	}
+	talk(ts, 1, 0)
+	talk(ts, 0, 1)
 	ts[1].Kill()
 	// The survivor finds out when it next talks to the dead rank: here with a send
-	// large enough that it cannot just go into a socket's buffer.
-	err := SendBig(ts[0], 1)
+	// large enough that it cannot just go into a socket's buffer, waited on as long as
+	// the conformance suite waits for a dead peer to be found.
+	req, err := ts[0].Isend(1, tag(81), make([]byte, 4<<20))
+	if err == nil {
+		_, err = req.Wait(ctxT(t))
+	}
 	if pe := (*transport.PeerError)(nil); !errors.As(err, &pe) || pe.Rank != 1 || errors.Is(err, transport.ErrPeerLeft) {
 		t.Fatalf("a send to a killed peer: %v, want a *PeerError naming rank 1 (not ErrPeerLeft)", err)
 	}
@@ -100,34 +105,4 @@ func LeaveLogs[T interface {
 	if s := crash.String(); !strings.Contains(s, failed) || strings.Contains(s, "peer left") {
 		t.Fatalf("a killed peer was not logged as failed:\n%s", s)
 	}
-}
-
-// SendOne sends 8 bytes from rank src (on from) to rank dst (on to), waiting up to 10 s.
-func SendOne(from, to transport.Transport, src, dst int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	r, err := to.Irecv(src, transport.Tag{Tag: 1}, make([]byte, 8))
-	if err != nil {
-		return err
-	}
-	s, err := from.Isend(dst, transport.Tag{Tag: 1}, []byte("8 bytes!"))
-	if err == nil {
-		_, err = s.Wait(ctx)
-	}
-	if _, rerr := r.Wait(ctx); err == nil {
-		err = rerr
-	}
-	return err
-}
-
-// SendBig sends 4 MiB to peer and waits up to 60 s (as long as the conformance suite
-// waits for a dead peer to be found).
-func SendBig(tr transport.Transport, peer int) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	req, err := tr.Isend(peer, transport.Tag{Tag: 2}, make([]byte, 4<<20))
-	if err == nil {
-		_, err = req.Wait(ctx)
-	}
-	return err
 }
