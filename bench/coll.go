@@ -41,6 +41,10 @@ type CollOpts struct {
 	// Heap allocates the buffers with make (Go heap, 4 KiB pages) instead of taking them
 	// from obuf (huge pages from 2 MiB on), to show what the buffers' origin costs.
 	Heap bool
+	// Shared takes the buffers from obuf.Shared: shared memory that the other ranks of
+	// the host read in place (one copy per byte over shm, where private buffers cost two
+	// or the kernel's cross-memory copy), as NCCL's registered user buffers.
+	Shared bool
 	// Profile reports the wait for the last rank apart from the operation (the
 	// communicator must have been made with coll.Config.Profile).
 	Profile bool
@@ -67,6 +71,8 @@ type CollResult struct {
 	BusBW     float64 `json:"busbw_gbs"`
 	Wrong     int     `json:"wrong"`
 	MemcpyGBs float64 `json:"memcpy_gbs"`
+	// Buffers: where the buffers came from ("obuf", "shared": obuf.Shared, "heap").
+	Buffers string `json:"buffers,omitempty"`
 	// AlltoAll: the copy floor, the time this host takes to move every byte of the
 	// operation once with all its CPUs and no synchronisation at all (CopyFloor).
 	FloorUS float64 `json:"floor_us,omitempty"`
@@ -233,7 +239,15 @@ func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResul
 	es := o.DType.Size()
 	count := size / es
 	res := CollResult{Op: o.Op.String(), Ranks: p, Transport: c.Transport().Name(), Bytes: size, Count: count,
-		DType: o.DType.String(), Root: o.Root}
+		DType: o.DType.String(), Root: o.Root, Buffers: "obuf"}
+	switch {
+	case o.Heap && o.Shared:
+		return res, fmt.Errorf("bench: buffers from the heap or shared, not both")
+	case o.Heap:
+		res.Buffers = "heap"
+	case o.Shared:
+		res.Buffers = "shared"
+	}
 	bo, algoCount, err := makeOp(ctx, c, o, size)
 	if err != nil {
 		return res, err
@@ -360,7 +374,11 @@ func makeOp(ctx context.Context, c *coll.Comm, o CollOpts, size int) (benchOp, i
 		}
 		// obuf buffers, as a user following moex's advice would have them, held by bo
 		// until the size is done.
-		b := obuf.Default.Get(4 * k)
+		pool := obuf.Default
+		if o.Shared {
+			pool = obuf.Shared
+		}
+		b := pool.Get(4 * k)
 		bo.bufs = append(bo.bufs, b)
 		return dtype.FromBytes[float32](b.Bytes())
 	}

@@ -121,3 +121,27 @@ func TestCollBuffersOutliveCollections(t *testing.T) {
 		t.Fatalf("rows %+v", rows)
 	}
 }
+
+// The benchmark takes its buffers where it is told, says so in its rows, and refuses to
+// take them from two places.
+func TestCollBuffers(t *testing.T) {
+	for _, c := range []struct {
+		heap, shared bool
+		want         string
+	}{{false, false, "obuf"}, {true, false, "heap"}, {false, true, "shared"}} {
+		o := CollOpts{Op: coll.OpAlltoAll, MinBytes: 64 << 10, MaxBytes: 64 << 10, Iters: 5, Check: true, Heap: c.heap, Shared: c.shared}
+		rows := onRanks(t, 2, coll.Config{}, func(c *coll.Comm) ([]CollResult, error) { return Coll(context.Background(), c, o) })
+		if len(rows) != 1 || rows[0].Wrong != 0 || rows[0].Buffers != c.want {
+			t.Fatalf("heap %v shared %v: rows %+v, want buffers %q", c.heap, c.shared, rows, c.want)
+		}
+	}
+	cs, err := coll.Local(1, coll.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs[0].Close()
+	o := CollOpts{Op: coll.OpAlltoAll, MinBytes: 64 << 10, MaxBytes: 64 << 10, Iters: 5, Heap: true, Shared: true}
+	if _, err := Coll(context.Background(), cs[0], o); err == nil || !strings.Contains(err.Error(), "not both") {
+		t.Fatalf("heap and shared: %v", err)
+	}
+}

@@ -45,7 +45,8 @@ const (
 // buffers. The zero value is not usable; call NewPool. A Pool is safe for concurrent use.
 type Pool struct {
 	classes  [numClasses]class
-	keep     int // free buffers kept per class
+	keep     int  // free buffers kept per class
+	shared   bool // buffers come from the shared arena (NewSharedPool)
 	gets     atomic.Uint64
 	news     atomic.Uint64
 	releases atomic.Uint64
@@ -64,8 +65,26 @@ func NewPool(keep int) *Pool {
 	return &Pool{keep: keep}
 }
 
+// NewSharedPool returns a pool whose buffers live in shared memory that the other
+// processes of the job on this host can map and read in place (a memfd of this process,
+// 4 KiB pages unless the host gives shared memory huge pages). A transport that knows
+// (shm: AlltoAll, AlltoAllv and AllGather through its shared areas) then moves a block
+// with one copy, from the sender's buffer straight into the receiver's, where a private
+// buffer costs two copies or the kernel's cross-memory copy: like NCCL's registered user
+// buffers, for the buffers a job sends from again and again. Where the arena cannot be
+// made (SharedErr), the pool hands out private buffers, which work everywhere, only
+// slower.
+func NewSharedPool(keep int) *Pool {
+	p := NewPool(keep)
+	p.shared = true
+	return p
+}
+
 // Default is the process-wide pool.
 var Default = NewPool(0)
+
+// Shared is the process-wide shared pool (NewSharedPool).
+var Shared = NewSharedPool(0)
 
 // PoolStats counts pool traffic.
 type PoolStats struct {
@@ -88,6 +107,7 @@ func classOf(n int) int {
 type Buf struct {
 	b        []byte // whole class-sized, page-aligned storage
 	huge     bool   // backed by a mapping that asked for transparent huge pages
+	shared   bool   // mapped from the shared arena
 	n        int
 	class    int // -1: not pooled (larger than the biggest class)
 	refs     atomic.Int32
@@ -131,6 +151,14 @@ func (p *Pool) Get(n int) *Buf {
 
 func newBuf(n, class int, p *Pool) *Buf {
 	b := &Buf{class: class, pool: p}
+	if p.shared {
+		if m, off, err := sharedAlloc(n); err == nil {
+			b.b = m
+			b.shared = true
+			runtime.AddCleanup(b, sharedFree, sharedMapping{p: unsafe.Pointer(unsafe.SliceData(m)), n: n, off: off})
+			return b
+		}
+	}
 	if n >= HugeThreshold {
 		if m, ok := hugeAlloc(n); ok {
 			b.b = m
@@ -160,6 +188,10 @@ func (b *Buf) Len() int { return b.n }
 // Huge reports whether the buffer is backed by (transparent) huge pages where the kernel
 // grants them: buffers of HugeThreshold bytes or more are.
 func (b *Buf) Huge() bool { return b.huge }
+
+// Shared reports whether the buffer lives in the shared arena (see NewSharedPool), where
+// the other processes of the job on this host can read it in place.
+func (b *Buf) Shared() bool { return b.shared }
 
 // Cap returns the size of the buffer's storage.
 func (b *Buf) Cap() int { return len(b.b) }

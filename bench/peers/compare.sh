@@ -12,6 +12,10 @@
 # in the same alternation and prints its best and median times: what a design that copies
 # each byte twice, through shared memory, can reach on this host.
 #
+# For AlltoAll it also runs moex with its send and receive buffers from obuf.Shared
+# (`--shared`: shared memory the other ranks read in place, one copy per byte, as NCCL's
+# registered buffers) and prints that time and its ratio to Open MPI after the others.
+#
 # moex's buffers come from obuf, on huge pages (madvise); mpi_coll's from malloc, which
 # here (transparent huge pages on madvise) gets 4 KiB pages, on which the kernel's
 # cross-memory copy runs at half speed. MPI_HUGE=1 gives Open MPI's ranks glibc's huge-page
@@ -40,7 +44,7 @@ if [ "${MPI_HUGE:-0}" = 1 ]; then
 	pages="huge-page malloc"
 fi
 echo "# $mpirun_version ($pages); moex $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(nproc) CPUs; $(date -u +%FT%TZ)"
-printf "%-10s %5s %10s %12s %12s %8s %12s %12s %8s %s\n" op ranks bytes moex_us ompi_us ratio moex_med ompi_med ratio_med note
+printf "%-10s %5s %10s %12s %12s %8s %12s %12s %8s %10s %8s %10s %9s %s\n" op ranks bytes moex_us ompi_us ratio moex_med ompi_med ratio_med shared_us ratio_sh shared_med ratio_shm note
 
 best() { # field of the best (lowest time) JSON line for a size, from a file of lines
 	python3 -c '
@@ -70,6 +74,7 @@ for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 167
 		: >"$work/moex.json"
 		: >"$work/ompi.json"
 		: >"$work/twocopy.json"
+		: >"$work/shared.json"
 		# The bare two-copy exchange where moex copies twice (buffers up to the 1 MiB area)
 		# and its ranks share CPUs (with a CPU each, moex places blocks better than it).
 		floor2=no
@@ -78,6 +83,9 @@ for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 167
 			"$work/moex" bench coll --op "$op" --ranks "$p" --transport shm --min-bytes "$size" --max-bytes "$size" --json >>"$work/moex.json"
 			mpirun --allow-run-as-root --oversubscribe "${mpi_env[@]}" -np "$p" "$work/mpi_coll" "$op" "$size" "$size" >>"$work/ompi.json" 2>/dev/null
 			if [ $floor2 = yes ]; then "$work/twocopy" -ranks "$p" -bytes "$size" >>"$work/twocopy.json"; fi
+			if [ "$op" = alltoall ]; then
+				"$work/moex" bench coll --op "$op" --ranks "$p" --transport shm --min-bytes "$size" --max-bytes "$size" --shared --json >>"$work/shared.json"
+			fi
 		done
 		m=$(best "$size" time_us "$work/moex.json")
 		o=$(best "$size" time_us "$work/ompi.json")
@@ -97,6 +105,13 @@ for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 167
 		mm=$(median "$size" "$work/moex.json")
 		om=$(median "$size" "$work/ompi.json")
 		ratio_med=$(python3 -c "print(f'{float(\"$om\")/float(\"$mm\"):.2f}x')")
-		printf "%-10s %5s %10s %12.1f %12.1f %8s %12.1f %12.1f %8s %s\n" "$op" "$p" "$size" "$m" "$o" "$ratio" "$mm" "$om" "$ratio_med" "$note"
+		sh=- shr=- shm=- shmr=-
+		if [ "$op" = alltoall ]; then
+			sh=$(python3 -c "print(f'{float(\"$(best "$size" time_us "$work/shared.json")\"):.1f}')")
+			shm=$(python3 -c "print(f'{float(\"$(median "$size" "$work/shared.json")\"):.1f}')")
+			shr=$(python3 -c "print(f'{float(\"$o\")/float(\"$sh\"):.2f}x')")
+			shmr=$(python3 -c "print(f'{float(\"$om\")/float(\"$shm\"):.2f}x')")
+		fi
+		printf "%-10s %5s %10s %12.1f %12.1f %8s %12.1f %12.1f %8s %10s %8s %10s %9s %s\n" "$op" "$p" "$size" "$m" "$o" "$ratio" "$mm" "$om" "$ratio_med" "$sh" "$shr" "$shm" "$shmr" "$note"
 	done
 done

@@ -167,6 +167,7 @@ func benchColl(ctx context.Context, args []string) error {
 	redop := fs.String("redop", "sum", "reduction")
 	check := fs.Bool("check", true, "check the results (#wrong column)")
 	fs.BoolVar(&o.Heap, "heap", false, "allocate buffers with make (4 KiB pages) instead of obuf (huge pages from 2 MiB)")
+	fs.BoolVar(&o.Shared, "shared", false, "take the buffers from obuf.Shared: shared memory that the other ranks of the host read in place (shm: one copy per byte)")
 	fs.BoolVar(&o.Profile, "profile", false, "time the wait for the last rank apart from the operation (MOEX_PROFILE=1), and name that rank")
 	straggle := fs.String("straggle", "", "RANK:DURATION: that rank sleeps so long before every timed operation (for example 3:200us)")
 	if err := fs.Parse(args); err != nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/internal/memx"
+	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 )
 
@@ -32,6 +33,10 @@ import (
 //	216  where the data of even operations is (u64), of odd ones (u64): an offset in
 //	     the data space for operations through it, the send buffer's address for those
 //	     read across
+//	232  for send buffers in this process's shared arena (obuf.NewSharedPool), their
+//	     offset in it with arenaTag set, for even operations (u64), for odd ones (u64);
+//	     0 for the others
+//	248  the shared arena's file descriptor in this process, plus one (u64; 0: none)
 //	256  the data space: 3 x areaCap bytes
 //
 // An operation through the area copies its send buffer (at most areaCap bytes) into the
@@ -54,6 +59,11 @@ const (
 	areaSleeping  = 192
 	areaSig       = 200
 	areaWhere     = 216
+	areaArena     = 232
+	areaArenaFD   = 248
+
+	// arenaTag marks an offset in areaArena (an offset of 0 is a valid one).
+	arenaTag = 1 << 63
 
 	// DefaultAreaBytes is the default for the largest send buffer a Direct operation
 	// copies through the area. Larger ones are read across (process_vm_readv) from the
@@ -442,6 +452,20 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 	own := t.own
 	pull := n > d.cap
 	par := 8 * int(turn&1)
+	// A send buffer in the shared arena is read in place by the others (one copy), at its
+	// address with process_vm_readv by a rank that cannot map the arena. Cross-memory
+	// attach must work for that, and it does wherever taking the arena's memfd does.
+	var arena uint64
+	if d.pull && n > 0 {
+		if off, ok := obuf.Locate(send); ok {
+			arena = uint64(off) | arenaTag
+			pull = true
+			if fd := obuf.SharedFD(); uint64(fd+1) != atomic.LoadUint64(own.areaU64(areaArenaFD)) {
+				atomic.StoreUint64(own.areaU64(areaArenaFD), uint64(fd+1))
+			}
+		}
+	}
+	atomic.StoreUint64(own.areaU64(areaArena+par), arena)
 	if pull {
 		d.pulled[me]++
 		if n > 0 {
@@ -589,10 +613,12 @@ func (d *Direct) wait(ctx context.Context, off int, target uint32, cond func() (
 // take copies rank q's block of the AllToAll(v) of turn into recv, from q's area or
 // read across from its send buffer (counting the read at q).
 func (d *Direct) take(q int, turn uint64, recv []byte, total int, lay *VLayout) error {
-	s := d.t.peers[q].seg
+	p := d.t.peers[q]
+	s := p.seg
 	src, n, at, qtotal := d.block(lay, q, total)
 	dst := recv[at : at+n]
-	if qtotal <= d.cap {
+	arena := atomic.LoadUint64(s.areaU64(areaArena + 8*int(turn&1)))
+	if arena == 0 && qtotal <= d.cap {
 		data, err := d.peerData(q, turn, qtotal)
 		if err != nil {
 			return err
@@ -602,8 +628,18 @@ func (d *Direct) take(q int, turn uint64, recv []byte, total int, lay *VLayout) 
 	}
 	where := atomic.LoadUint64(s.areaU64(areaWhere + 8*int(turn&1)))
 	d.pulled[q]++
+	if n > 0 && arena != 0 {
+		if data, err := p.arenaData(arena&^arenaTag+uint64(src), n); err == nil {
+			memx.Copy(dst, data)
+			d.t.sharedBytes.Add(uint64(n))
+			n = 0 // done
+		} else if p.arena.warned == nil {
+			p.arena.warned = err
+			d.t.log.Warn("moex shm: cannot map a rank's shared buffers; reading them across instead", "rank", d.t.rank, "peer", q, "err", err)
+		}
+	}
 	if n > 0 {
-		if err := cmaRead(d.t.peers[q].pid, dst, where+uint64(src), &d.liov, &d.riov); err != nil {
+		if err := cmaRead(p.pid, dst, where+uint64(src), &d.liov, &d.riov); err != nil {
 			return &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, q, err)}
 		}
 		d.t.cmaBytes.Add(uint64(n))

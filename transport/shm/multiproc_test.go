@@ -13,6 +13,7 @@ import (
 
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/internal/launch"
+	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/shm"
 	"github.com/moex-ai/moex/transport/transporttest"
@@ -56,6 +57,9 @@ func helperRank(mode string, iters, size int) error {
 	}
 	defer tr.Close()
 	n, me := env.Size, env.Rank
+	if mode == "shared" {
+		return helperShared(ctx, tr, me, n, iters)
+	}
 	if mode == "die" {
 		// Rank 1 dies (exits without closing) while rank 0 waits for it.
 		if me == 1 {
@@ -87,6 +91,38 @@ func helperRank(mode string, iters, size int) error {
 	return nil
 }
 
+// helperShared runs AllToAlls through Direct from send buffers in obuf.Shared, through the
+// area's size and beyond it, and checks every byte.
+func helperShared(ctx context.Context, tr *shm.Transport, me, p, iters int) error {
+	d := tr.Direct()
+	if d == nil {
+		return fmt.Errorf("no Direct")
+	}
+	op := 0
+	for _, n := range []int{64 << 10, 2 << 20} {
+		n -= n % p
+		b := obuf.Shared.Get(n)
+		defer b.Release()
+		if !b.Shared() {
+			return fmt.Errorf("no shared buffer: %v", obuf.SharedErr())
+		}
+		for i := 0; i < iters; i++ {
+			copy(b.Bytes(), sendFor(op, me, p, n))
+			recv := make([]byte, n)
+			if err := d.AllToAll(ctx, d.Turn(), b.Bytes(), recv, uint64(n)); err != nil {
+				return fmt.Errorf("%d bytes, op %d: %w", n, op, err)
+			}
+			if err := checkRecv(recv, op, me, p); err != nil {
+				return err
+			}
+			op++
+		}
+	}
+	st := tr.Stats()
+	fmt.Printf("shared ok rank=%d shared_bytes=%d cma_bytes=%d\n", me, st.SharedBytes, st.CMABytes)
+	return nil
+}
+
 func runProcs(t testing.TB, n, iters, size int, env ...string) (string, error) {
 	var out bytes.Buffer
 	err := launch.Run(context.Background(), launch.Config{
@@ -112,6 +148,41 @@ func TestMultiProcessAllToAll(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Processes read each other's shared send buffers in place (the memfd taken with
+// pidfd_getfd), every byte checked, none read across.
+func TestMultiProcessSharedBuffers(t *testing.T) {
+	const p = 3
+	var out bytes.Buffer
+	err := launch.Run(context.Background(), launch.Config{
+		N: p, Prog: os.Args[0], Args: []string{"-test.run=^TestHelperRank$"},
+		Env: []string{"MOEX_SHM_HELPER=shared", "MOEX_SHM_HELPER_ITERS=5"}, Stdout: &out, Stderr: &out,
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	want := uint64(5 * ((64<<10)/p + (2<<20)/p) * (p - 1)) // blocks of n/p bytes from p-1 ranks
+	for r := 0; r < p; r++ {
+		var shared, cma uint64
+		if _, err := fmt.Sscanf(line(out.String(), fmt.Sprintf("shared ok rank=%d ", r)), "shared ok rank=%d shared_bytes=%d cma_bytes=%d", &r, &shared, &cma); err != nil {
+			t.Fatalf("rank %d: %v\n%s", r, err, out.String())
+		}
+		if shared != want || cma != 0 {
+			t.Errorf("rank %d: %d bytes read in place and %d across; want %d and 0", r, shared, cma, want)
+		}
+	}
+}
+
+// line returns the first line of out that contains prefix, from prefix on (the launcher
+// puts the rank before each line).
+func line(out, prefix string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if i := strings.Index(l, prefix); i >= 0 {
+			return l[i:]
+		}
+	}
+	return ""
 }
 
 // A process that dies is noticed (pidfd) and fails the receive waiting for it.

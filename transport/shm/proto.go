@@ -40,6 +40,7 @@ type peer struct {
 	in    ring     // the ring we consume (in our segment)
 	out   ring     // the ring we produce into (in the peer's segment)
 	cma   bool
+	arena peerArena // its shared buffers, as Direct reads them
 
 	outMu   sync.Mutex
 	pending []outFrame // frames waiting for ring space, in order

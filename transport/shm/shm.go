@@ -120,6 +120,7 @@ func (c *Config) ConfigFromEnv(getenv func(string) string) error {
 type Stats struct {
 	SlotsOut, SlotsIn uint64
 	CMABytes          uint64 // bytes read with process_vm_readv
+	SharedBytes       uint64 // bytes read in place from the peers' shared buffers (obuf.NewSharedPool)
 	RingBytes         uint64 // payload bytes through the rings
 	Parks             uint64 // times the progress loop slept on its doorbell
 	FullRing          uint64 // times a producer found a ring full
@@ -169,7 +170,7 @@ type Transport struct {
 	directFree atomic.Bool // Direct not claimed yet
 
 	slotsOut, slotsIn, cmaBytes, ringBytes, parks, full, rewinds atomic.Uint64
-	directOps, directParks, directTimeouts                       atomic.Uint64
+	directOps, directParks, directTimeouts, sharedBytes          atomic.Uint64
 }
 
 var _ transport.Transport = (*Transport)(nil)
@@ -305,7 +306,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		if err != nil {
 			return fail(err)
 		}
-		p := &peer{t: t, rank: q, seg: seg, pid: h.pid, in: own.ring(q), out: seg.ring(cfg.Rank), pidfd: -1,
+		p := &peer{t: t, rank: q, seg: seg, pid: h.pid, in: own.ring(q), out: seg.ring(cfg.Rank), pidfd: -1, arena: peerArena{fd: -1},
 			posted: core.NewQueue[*recvReq](1), unexp: core.NewQueue[*unexpected](1)}
 		t.peers[q] = p
 		if fd, err := unix.PidfdOpen(h.pid, 0); err == nil {
@@ -359,6 +360,7 @@ func (t *Transport) unmapAll() {
 	for _, p := range t.peers {
 		if p != nil {
 			p.seg.unmap()
+			p.closeArena()
 			if p.pidfd >= 0 {
 				unix.Close(p.pidfd)
 				p.pidfd = -1
@@ -410,7 +412,7 @@ func (t *Transport) Stats() Stats {
 	return Stats{SlotsOut: t.slotsOut.Load(), SlotsIn: t.slotsIn.Load(), CMABytes: t.cmaBytes.Load(),
 		RingBytes: t.ringBytes.Load(), Parks: t.parks.Load(), FullRing: t.full.Load(),
 		Rewinds: t.rewinds.Load(), DirectOps: t.directOps.Load(), DirectParks: t.directParks.Load(),
-		DirectTimeouts: t.directTimeouts.Load()}
+		DirectTimeouts: t.directTimeouts.Load(), SharedBytes: t.sharedBytes.Load()}
 }
 
 // Close tells the peers, stops the progress loop and unmaps everything. Pending requests

@@ -1,0 +1,94 @@
+package shm
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/transport"
+)
+
+// peerArena is this rank's view of a peer's shared arena (obuf.NewSharedPool): the
+// peer's memfd, taken with pidfd_getfd the first time the peer publishes a buffer from
+// it, and one read-only mapping of the whole file, made again larger when the peer
+// publishes beyond it. The file never shrinks (obuf punches freed ranges out and keeps
+// its size), so a mapping stays valid however the peer's buffers come and go. Used only
+// by the Direct operations, one at a time; unmapped at Close.
+type peerArena struct {
+	fd     int // -1: not taken yet
+	mem    []byte
+	failed error // taking or mapping failed: the peer's buffers are read across instead
+	warned error // the failure was logged
+}
+
+// arenaData returns n bytes at off of the peer's shared arena.
+func (p *peer) arenaData(off uint64, n int) ([]byte, error) {
+	a := &p.arena
+	end := off + uint64(n)
+	if end <= uint64(len(a.mem)) {
+		return a.mem[off:end:end], nil
+	}
+	if a.failed != nil {
+		return nil, a.failed
+	}
+	if err := p.mapArena(end); err != nil {
+		a.failed = err
+		return nil, err
+	}
+	return a.mem[off:end:end], nil
+}
+
+// mapArena maps the peer's arena, which must hold at least end bytes.
+func (p *peer) mapArena(end uint64) error {
+	a := &p.arena
+	if a.fd < 0 {
+		fdw := atomic.LoadUint64(p.seg.areaU64(areaArenaFD))
+		switch {
+		case fdw == 0:
+			return fmt.Errorf("%w: rank %d published a shared buffer but no arena", transport.ErrProtocol, p.rank)
+		case p.pidfd < 0:
+			return fmt.Errorf("no pidfd for rank %d (pid %d)", p.rank, p.pid)
+		}
+		fd, err := unix.PidfdGetfd(p.pidfd, int(fdw-1), 0)
+		if err != nil {
+			return fmt.Errorf("pidfd_getfd of rank %d's arena (pid %d, fd %d): %w", p.rank, p.pid, fdw-1, err)
+		}
+		unix.CloseOnExec(fd)
+		if !obuf.ArenaFile(fd) {
+			unix.Close(fd)
+			return fmt.Errorf("%w: rank %d's fd %d is not a shared arena", transport.ErrProtocol, p.rank, fdw-1)
+		}
+		a.fd = fd
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(a.fd, &st); err != nil {
+		return fmt.Errorf("fstat of rank %d's arena: %w", p.rank, err)
+	}
+	if uint64(st.Size) < end {
+		return fmt.Errorf("%w: rank %d published bytes up to %d of its %d-byte arena", transport.ErrProtocol, p.rank, end, st.Size)
+	}
+	mem, err := unix.Mmap(a.fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return fmt.Errorf("mapping rank %d's %d-byte arena: %w", p.rank, st.Size, err)
+	}
+	if a.mem != nil {
+		_ = unix.Munmap(a.mem)
+	}
+	a.mem = mem
+	return nil
+}
+
+// closeArena unmaps the peer's arena and closes its memfd.
+func (p *peer) closeArena() {
+	a := &p.arena
+	if a.mem != nil {
+		_ = unix.Munmap(a.mem)
+		a.mem = nil
+	}
+	if a.fd >= 0 {
+		unix.Close(a.fd)
+		a.fd = -1
+	}
+}

@@ -1,0 +1,121 @@
+package shm_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/transport/shm"
+	"github.com/moex-ai/moex/transport/transporttest"
+)
+
+// Send buffers from a shared pool are read in place by the other ranks (one copy), mixed
+// in the same operations with ranks whose buffers are private (through the area or read
+// across), at sizes through and beyond the area, the shared buffers reused from operation
+// to operation: every byte arrives where it belongs, and the counters say the shared
+// buffers were read in place.
+func TestDirectSharedBuffers(t *testing.T) {
+	const p = 4
+	ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4096 })
+	ds := directs(t, ts)
+	pool := obuf.NewSharedPool(0)
+	sizes := []int{4096, 64, 1 << 20, 4096 + 4*p, 0, 1 << 20, 4000, 256 << 10, 4096}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	errs := onRanks(p, func(r int) error {
+		for op, n := range sizes {
+			var send []byte
+			if r%2 == 0 || op%3 == 0 { // odd ranks' buffers are private in most operations
+				b := pool.Get(n)
+				defer b.Release()
+				if n > 0 && !b.Shared() {
+					return fmt.Errorf("no shared buffer: %v", obuf.SharedErr())
+				}
+				send = b.Bytes()
+				copy(send, sendFor(op, r, p, n))
+			} else {
+				send = sendFor(op, r, p, n)
+			}
+			recv := make([]byte, n)
+			if err := ds[r].AllToAll(ctx, ds[r].Turn(), send, recv, uint64(n)); err != nil {
+				return fmt.Errorf("op %d (%d bytes): %w", op, n, err)
+			}
+			if err := checkRecv(recv, op, r, p); err != nil {
+				return err
+			}
+		}
+		// AlltoAllv, every rank's rows shared.
+		for op := 0; op < 6; op++ {
+			counts := vcounts(op, p)
+			lay, ns, nr := vlayout(counts, r)
+			b := pool.Get(ns)
+			defer b.Release()
+			at := 0
+			for j := 0; j < p; j++ {
+				fill(b.Bytes()[at:at+counts[r][j]], op, r, j)
+				at += counts[r][j]
+			}
+			recv := make([]byte, nr)
+			if err := ds[r].AllToAllv(ctx, ds[r].Turn(), b.Bytes(), recv, lay, uint64(op)); err != nil {
+				return fmt.Errorf("v op %d: %w", op, err)
+			}
+			for q := 0; q < p; q++ {
+				want := make([]byte, counts[q][r])
+				fill(want, op, q, r)
+				if got := recv[lay.RecvOff[q]:][:lay.RecvLen[q]]; !bytes.Equal(got, want) {
+					return fmt.Errorf("v op %d: the %d bytes from rank %d are wrong", op, len(want), q)
+				}
+			}
+		}
+		return nil
+	})
+	reportRanks(t, errs)
+	for r, tr := range ts {
+		if st := tr.Stats(); st.SharedBytes == 0 || st.CMABytes == 0 {
+			t.Errorf("rank %d: stats %+v: want bytes read in place and across", r, st)
+		}
+	}
+}
+
+// A rank that cannot map a peer's shared arena reads that peer's shared buffers across
+// instead (the bytes still arrive), and says so once in its log.
+func TestDirectSharedFallsBack(t *testing.T) {
+	const p = 3
+	var logs transporttest.Logs
+	ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4096; cfg.Logger = logs.Logger() })
+	ds := directs(t, ts)
+	shm.BreakArena(ts[1], 0, errors.New("refused for the test"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const n = 3 * 1000
+	errs := onRanks(p, func(r int) error {
+		for op := 0; op < 4; op++ {
+			b := obuf.Shared.Get(n)
+			defer b.Release()
+			copy(b.Bytes(), sendFor(op, r, p, n))
+			recv := make([]byte, n)
+			if err := ds[r].AllToAll(ctx, ds[r].Turn(), b.Bytes(), recv, 1); err != nil {
+				return fmt.Errorf("op %d: %w", op, err)
+			}
+			if err := checkRecv(recv, op, r, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	reportRanks(t, errs)
+	if st := ts[1].Stats(); st.CMABytes != 4*n/p || st.SharedBytes != 4*n/p {
+		t.Errorf("rank 1: %d bytes across, %d in place; want %d each (rank 0's across, rank 2's in place)", st.CMABytes, st.SharedBytes, 4*n/p)
+	}
+	if st := ts[2].Stats(); st.CMABytes != 0 {
+		t.Errorf("rank 2 read %d bytes across", st.CMABytes)
+	}
+	if c := strings.Count(logs.String(), "cannot map a rank's shared buffers"); c != 1 {
+		t.Errorf("the fallback was logged %d times, want once:\n%s", c, logs.String())
+	}
+}
