@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/transport/shm"
 )
 
 // TestHelperCollRank is one rank of the multi-process tests; it runs only when launched by
@@ -211,6 +213,12 @@ func helperShared(ctx context.Context, c *Comm) error {
 		c.cfg.Algo = map[OpKind]Algo{OpAlltoAll: algo}
 		defer func() { c.cfg.Algo = map[OpKind]Algo{} }()
 		send, recv := make([]int32, blk*p), make([]int32, blk*p)
+		if op%4 == 1 { // from shared buffers, read in place
+			sb, rb := obuf.Shared.Get(4*blk*p), obuf.Shared.Get(4*blk*p)
+			defer sb.Release()
+			defer rb.Release()
+			send, recv = dtype.FromBytes[int32](sb.Bytes()), dtype.FromBytes[int32](rb.Bytes())
+		}
 		for q := 0; q < p; q++ {
 			for k := 0; k < blk; k++ {
 				send[q*blk+k] = val(op, r, q, k)
@@ -256,6 +264,9 @@ func helperShared(ctx context.Context, c *Comm) error {
 		if err := run(op+200, blk, Shared, op%2 == 1); err != nil {
 			return err
 		}
+	}
+	if tr, ok := c.Transport().(*shm.Transport); !ok || tr.Stats().SharedBytes == 0 {
+		return fmt.Errorf("no bytes read in place from shared buffers (transport %s)", c.Transport().Name())
 	}
 	// Several in flight at once: they run in issue order.
 	var hs []*Handle
@@ -344,6 +355,16 @@ func helperShared(ctx context.Context, c *Comm) error {
 			}
 		}); n != 0 {
 			return fmt.Errorf("%d-byte blocks through the shared areas: %v allocations per operation", blk*4, n)
+		}
+		sb := obuf.Shared.Get(4 * blk * p)
+		defer sb.Release()
+		send = dtype.FromBytes[float32](sb.Bytes())
+		if n := testing.AllocsPerRun(50, func() {
+			if err := AlltoAll(ctx, c, send, recv); err != nil {
+				panic(err)
+			}
+		}); n != 0 {
+			return fmt.Errorf("%d-byte blocks from a shared buffer: %v allocations per operation", blk*4, n)
 		}
 	}
 	return Barrier(ctx, c)

@@ -92,7 +92,7 @@ func TestDirectSharedFallsBack(t *testing.T) {
 	shm.BreakArena(ts[1], 0, errors.New("refused for the test"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	const n = 3 * 1000
+	const n = 3 * 8000 // above SharedMin
 	errs := onRanks(p, func(r int) error {
 		for op := 0; op < 4; op++ {
 			b := obuf.Shared.Get(n)

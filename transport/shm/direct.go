@@ -65,6 +65,15 @@ const (
 	// arenaTag marks an offset in areaArena (an offset of 0 is a valid one).
 	arenaTag = 1 << 63
 
+	// SharedMin is the smallest send buffer from obuf's shared arena that the others read
+	// in place. Reading in place saves the copy into the area but makes the sender wait
+	// until every reader is done, one more wait, which below this costs more than the
+	// copy: moex bench coll --op alltoall --transport shm (2 CPUs, --iters 5000-50000,
+	// private buffers against --shared, alternating): P=4 4 KiB 5.5-7.3 against 7.8-8.7
+	// us, 16 KiB 8.3-8.9 against 7.6-8.5, 32 KiB 9.9-11.4 against 7.8-10.5; P=8 16 KiB
+	// 37 against 25-27; P=2 4 KiB 0.8-1.2 against 1.0-1.2, 16 KiB 1.8-1.9 against 1.3-1.5.
+	SharedMin = 16 << 10
+
 	// DefaultAreaBytes is the default for the largest send buffer a Direct operation
 	// copies through the area. Larger ones are read across (process_vm_readv) from the
 	// send buffer itself, where cross-memory attach works. Measured with moex bench coll
@@ -456,7 +465,7 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 	// address with process_vm_readv by a rank that cannot map the arena. Cross-memory
 	// attach must work for that, and it does wherever taking the arena's memfd does.
 	var arena uint64
-	if d.pull && n > 0 {
+	if d.pull && n >= SharedMin {
 		if off, ok := obuf.Locate(send); ok {
 			arena = uint64(off) | arenaTag
 			pull = true
