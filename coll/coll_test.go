@@ -912,3 +912,20 @@ func TestAllocsPerOp(t *testing.T) {
 		}
 	}
 }
+
+// Ranks in one process (inproc) have no shared areas, and SharedMemory says so (the
+// multi-process tests over shm check that it says yes there).
+func TestSharedMemoryInproc(t *testing.T) {
+	cs, err := Local(2, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	}()
+	if cs[0].SharedMemory() {
+		t.Fatal("inproc communicator reports shared memory")
+	}
+}

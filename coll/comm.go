@@ -200,6 +200,12 @@ func (c *Comm) Logger() *slog.Logger { return c.log }
 // Pool returns the communicator's buffer pool.
 func (c *Comm) Pool() *obuf.Pool { return c.pool }
 
+// SharedMemory reports whether this communicator's AlltoAll, AlltoAllv and AllGather run
+// through the shared-memory transport's shared areas (every rank on this host over shm):
+// send buffers from obuf.Shared are then read in place by the other ranks, one copy per
+// byte.
+func (c *Comm) SharedMemory() bool { return c.direct != nil }
+
 // Stats returns the communicator's counters.
 func (c *Comm) Stats() *Stats { return &c.stats }
 

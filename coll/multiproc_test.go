@@ -205,7 +205,7 @@ func helperSubset(ctx context.Context, c *Comm) error {
 // way.
 func helperShared(ctx context.Context, c *Comm) error {
 	p, r := c.Size(), c.Rank()
-	if c.direct == nil {
+	if c.direct == nil || !c.SharedMemory() {
 		return fmt.Errorf("no shared areas over %s", c.Transport().Name())
 	}
 	val := func(op, from, to, k int) int32 { return int32(op*1e7 + from*1e5 + to*1e3 + k%1000) }

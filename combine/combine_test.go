@@ -23,6 +23,7 @@ import (
 	"github.com/moex-ai/moex/internal/race"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
+	"github.com/moex-ai/moex/transport/shm"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -522,7 +523,8 @@ func TestHelperMoERank(t *testing.T) {
 	tokens[1] = 0 // a rank with no tokens
 	for _, s := range []scenario{
 		{p: p, hid: 9, k: 3, experts: 2 * p, tokens: tokens, dropEvery: 7, seed: 1},
-		// Rows of 8 KiB: every rank's send buffer is larger than the area and read across.
+		// Rows of 8 KiB: every rank's send buffer is larger than the area (read in place
+		// from the shared arena, where private buffers are read across).
 		{p: p, hid: 2048, k: 2, experts: 2 * p, tokens: []int{200, 150, 220, 180}[:p], seed: 2},
 	} {
 		for _, wire := range []dtype.Type{dtype.F32, dtype.BF16} {
@@ -535,12 +537,17 @@ func TestHelperMoERank(t *testing.T) {
 			}
 		}
 	}
+	// The dispatcher's default buffers are shared, so the others read them in place.
+	if tr, ok := c.Transport().(*shm.Transport); !ok || tr.Stats().SharedBytes == 0 {
+		t.Fatalf("rank %d: no bytes read in place from the dispatchers' shared buffers", c.Rank())
+	}
 	fmt.Printf("rank %d ok\n", c.Rank())
 }
 
 // The MoE dispatch and combine between processes over shared memory go through the
 // shared areas (the plans say so), and deliver what the scenario implies, with small
-// send buffers (through the areas) and large ones (read across).
+// send buffers (through the areas) and large ones (read in place: the dispatcher takes
+// its buffers from obuf.Shared over shared memory).
 func TestMoEOverShm(t *testing.T) {
 	if runtime.GOOS != "linux" {
 		t.Skip("shared memory transport: Linux only")

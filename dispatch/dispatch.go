@@ -14,8 +14,10 @@
 //
 // Buffers are reused across calls: in steady state a dispatch allocates nothing. The wire
 // buffers and the expert inputs (Output.X) are obuf buffers (Config.Pool): page aligned,
-// huge pages from 2 MiB, so the shared-memory transport's single copy and RDMA
-// registration run at full speed; Close gives them back. The Output and Handle of a call
+// from the shared arena when every rank is on this host over shared memory (the other
+// ranks read the wire buffers in place), otherwise on huge pages from 2 MiB, so that the
+// shared-memory transport's single copy and RDMA registration run at full speed; Close
+// gives them back. The Output and Handle of a call
 // are valid until the next Dispatch on the same Dispatcher.
 //
 // dispatch owns its buffers and the packing; the transport and collective schedule are
@@ -43,7 +45,10 @@ type Config struct {
 	// GEMM kernels want this); padding rows are zero with origin -1.
 	Align int
 	// Pool provides the wire buffers and the expert inputs (Output.X): page aligned,
-	// huge pages from 2 MiB, reused across calls (default obuf.Default).
+	// reused across calls. Default: obuf.Shared when the communicator's collectives run
+	// through shared memory (coll.Comm.SharedMemory), where the other ranks then read the
+	// wire buffers in place, one copy per byte; obuf.Default (huge pages from 2 MiB)
+	// otherwise.
 	Pool *obuf.Pool
 }
 
@@ -160,6 +165,12 @@ func New(c *coll.Comm, cfg Config) (*Dispatcher, error) {
 	}
 	if cfg.Align < 1 {
 		cfg.Align = 1
+	}
+	if cfg.Pool == nil {
+		cfg.Pool = obuf.Default
+		if c.SharedMemory() {
+			cfg.Pool = obuf.Shared
+		}
 	}
 	d := &Dispatcher{c: c, cfg: cfg, es: cfg.WireDType.Size()}
 	d.sendS.Pool, d.recvS.Pool, d.xS.Pool = cfg.Pool, cfg.Pool, cfg.Pool
