@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -117,5 +118,58 @@ func TestDirectSharedFallsBack(t *testing.T) {
 	}
 	if c := strings.Count(logs.String(), "cannot map a rank's shared buffers"); c != 1 {
 		t.Errorf("the fallback was logged %d times, want once:\n%s", c, logs.String())
+	}
+}
+
+// arenaUse counts this process's open file descriptors and its read-only mappings of
+// shared arenas: those of peers' arenas (its own buffers are mapped read-write).
+func arenaUse(t *testing.T) (fds, maps int) {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := os.ReadFile("/proc/self/maps")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(m), "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[1] == "r--s" && strings.Contains(l, "/memfd:"+obuf.ArenaName) {
+			maps++
+		}
+	}
+	return len(ents), maps
+}
+
+// Close gives back what reading peers' shared buffers took: the memfds taken from them
+// and the mappings of their arenas.
+func TestDirectSharedCloses(t *testing.T) {
+	const p, n = 3, 3 << 13 // above SharedMin
+	keep := obuf.Shared.Get(n) // the process's own arena exists before the count
+	defer keep.Release()
+	fds, maps := arenaUse(t)
+	ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4096 })
+	ds := directs(t, ts)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	errs := onRanks(p, func(r int) error {
+		b := obuf.Shared.Get(n)
+		defer b.Release()
+		copy(b.Bytes(), sendFor(0, r, p, n))
+		recv := make([]byte, n)
+		if err := ds[r].AllToAll(ctx, ds[r].Turn(), b.Bytes(), recv, 1); err != nil {
+			return err
+		}
+		return checkRecv(recv, 0, r, p)
+	})
+	reportRanks(t, errs)
+	if f, m := arenaUse(t); f < fds+p*(p-1) || m != maps+p*(p-1) {
+		t.Fatalf("while open: %d fds and %d peer arena mappings, want at least %d and %d (one per rank and peer)", f, m, fds+p*(p-1), maps+p*(p-1))
+	}
+	for _, tr := range ts {
+		tr.Close()
+	}
+	if f, m := arenaUse(t); f != fds || m != maps {
+		t.Fatalf("after Close: %d fds and %d arena mappings, want %d and %d as before", f, m, fds, maps)
 	}
 }
