@@ -20,6 +20,7 @@ import (
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/internal/launch"
 	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport/shm"
 	"github.com/moex-ai/moex/transport/ucx"
 )
@@ -243,6 +244,18 @@ func (r *doctorReport) collectives(c *coll.Comm) {
 	}
 }
 
+// sharedBuffers says whether obuf.Shared can hand out shared memory here, and what it is
+// for.
+func sharedBuffers() string {
+	b := obuf.Shared.Get(1)
+	defer b.Release()
+	if !b.Shared() {
+		return fmt.Sprintf("unavailable (%v): obuf.Shared hands out private buffers", obuf.SharedErr())
+	}
+	return fmt.Sprintf("obuf.Shared works (memfd); over shm, send buffers of %s and more from it are read in place by the other ranks (AlltoAll(v), AllGather, the MoE dispatch and combine); shared-memory huge pages: %s",
+		humanBytes(shm.SharedMin), readTrim("/sys/kernel/mm/transparent_hugepage/shmem_enabled"))
+}
+
 func humanBytes(n int) string {
 	switch {
 	case n >= 1<<20:
@@ -283,6 +296,7 @@ func (r *doctorReport) machine(c *coll.Comm) {
 		add("/dev/shm", fmt.Sprintf("%.1f GiB free", float64(st.Bavail)*float64(st.Bsize)/(1<<30)))
 	}
 	add("huge pages", "transparent: "+readTrim("/sys/kernel/mm/transparent_hugepage/enabled")+" (obuf maps buffers from 2 MiB with MADV_HUGEPAGE; shm's single copy across, process_vm_readv, runs about twice as fast from them as from 4 KiB pages)")
+	add("shared buffers", sharedBuffers())
 	if v := readTrim("/proc/sys/kernel/yama/ptrace_scope"); v != "" {
 		add("ptrace_scope", v+" (shm's single copy, process_vm_readv, needs ptrace rights between ranks; moex grants them to its peers)")
 	}

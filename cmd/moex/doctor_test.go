@@ -46,7 +46,7 @@ func TestDiagnoseGathersEveryLink(t *testing.T) {
 	}
 	var out bytes.Buffer
 	rep.print(&out, 3, transport.Env{Launcher: "none"})
-	for _, want := range []string{"cpus", "cpu idle", "RDMA devices", "UCX", "links", "why", "collectives", "hosts      1 (ranks per host: 3)", "allreduce  8 B "} {
+	for _, want := range []string{"cpus", "cpu idle", "shared buffers  obuf.Shared works", "RDMA devices", "UCX", "links", "why", "collectives", "hosts      1 (ranks per host: 3)", "allreduce  8 B "} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("report lacks %q:\n%s", want, out.String())
 		}
