@@ -19,8 +19,8 @@ import (
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/internal/launch"
-	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/shm"
 	"github.com/moex-ai/moex/transport/ucx"
 )

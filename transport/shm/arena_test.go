@@ -144,7 +144,7 @@ func arenaUse(t *testing.T) (fds, maps int) {
 // Close gives back what reading peers' shared buffers took: the memfds taken from them
 // and the mappings of their arenas.
 func TestDirectSharedCloses(t *testing.T) {
-	const p, n = 3, 3 << 13 // above SharedMin
+	const p, n = 3, 3 << 13    // above SharedMin
 	keep := obuf.Shared.Get(n) // the process's own arena exists before the count
 	defer keep.Release()
 	fds, maps := arenaUse(t)
