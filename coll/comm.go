@@ -25,6 +25,11 @@
 //	b := obuf.Default.Get(4 * n)
 //	defer b.Release()
 //	x := dtype.FromBytes[float32](b.Bytes())
+//
+// Send buffers that an AlltoAll, AlltoAllv or AllGather uses again and again do better
+// still from obuf.Shared (when SharedMemory reports true): shared memory that the other
+// ranks map once and read in place, one copy per byte, as NCCL's registered buffers. The
+// MoE dispatcher takes its buffers from there by itself.
 package coll
 
 import (
