@@ -1,6 +1,14 @@
 // Package memx copies memory the way moex's collectives want it copied.
 package memx
 
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+)
+
 // Piece is the size of the pieces Copy moves: below 1 MiB, the size from which Go's
 // memmove on amd64 switches to non-temporal stores (runtime/memmove_amd64.s).
 const Piece = 512 << 10
@@ -19,4 +27,41 @@ func Copy(dst, src []byte) int {
 		copy(dst[i:n], src[i:min(n, i+Piece)])
 	}
 	return n
+}
+
+// LastLevelCache returns the size in bytes of this host's largest CPU cache (from
+// /sys/devices/system/cpu/cpu0/cache), or 0 where it cannot tell.
+func LastLevelCache() int {
+	llcOnce.Do(func() { llc = readLLC("/sys/devices/system/cpu/cpu0/cache") })
+	return llc
+}
+
+var (
+	llcOnce sync.Once
+	llc     int
+)
+
+// readLLC reads the largest size among the cache directories (index*/size, "32768K")
+// under dir.
+func readLLC(dir string) int {
+	idx, _ := filepath.Glob(filepath.Join(dir, "index*", "size"))
+	best := 0
+	for _, f := range idx {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		s := strings.TrimSpace(string(b))
+		mult := 1
+		switch {
+		case strings.HasSuffix(s, "K"):
+			mult, s = 1<<10, strings.TrimSuffix(s, "K")
+		case strings.HasSuffix(s, "M"):
+			mult, s = 1<<20, strings.TrimSuffix(s, "M")
+		}
+		if v, err := strconv.Atoi(s); err == nil && v > 0 {
+			best = max(best, v*mult)
+		}
+	}
+	return best
 }

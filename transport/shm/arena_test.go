@@ -21,11 +21,24 @@ import (
 // to operation: every byte arrives where it belongs, and the counters say the shared
 // buffers were read in place.
 func TestDirectSharedBuffers(t *testing.T) {
+	// As the host's cache says, and with a cache of 64 KiB, which the larger operations
+	// exceed: their blocks are then copied with streaming stores.
+	for _, llc := range []int{-1, 64 << 10} {
+		t.Run(fmt.Sprintf("llc=%d", llc), func(t *testing.T) { testDirectSharedBuffers(t, llc) })
+	}
+}
+
+func testDirectSharedBuffers(t *testing.T, llc int) {
 	const p = 4
 	ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4096 })
 	ds := directs(t, ts)
+	if llc >= 0 {
+		for _, d := range ds {
+			shm.SetLLC(d, llc)
+		}
+	}
 	pool := obuf.NewSharedPool(0)
-	sizes := []int{4096, 64, 1 << 20, 4096 + 4*p, 0, 1 << 20, 4000, 256 << 10, 4096}
+	sizes := []int{4096, 64, 1 << 20, 4096 + 4*p, 0, 1 << 20, 4000, 256 << 10, 4096, p * (16<<10 + 12)} // the last: blocks at unaligned offsets
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	errs := onRanks(p, func(r int) error {

@@ -131,6 +131,8 @@ type Direct struct {
 	broken atomic.Bool   // an operation failed: the order is lost, the rest fail too
 	order  []int         // the peers, from this rank's successor on
 	wanted []int         // scratch: peers not read yet
+	llc    int           // the host's last-level cache, bytes (0: unknown)
+	stream bool          // the running operation's blocks read in place go past the caches
 	liov   [1]unix.Iovec
 	riov   [1]unix.RemoteIovec
 }
@@ -169,6 +171,7 @@ func (t *Transport) Direct() *Direct {
 		d.order = append(d.order, (t.rank+i)%t.size)
 	}
 	d.wanted = make([]int, 0, t.size)
+	d.llc = memx.LastLevelCache()
 	d.pulled = make([]uint64, t.size)
 	return d
 }
@@ -475,6 +478,7 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		}
 	}
 	atomic.StoreUint64(own.areaU64(areaArena+par), arena)
+	d.stream = d.llc > 0 && d.footprint(n, lay) > d.llc
 	if pull {
 		d.pulled[me]++
 		if n > 0 {
@@ -518,6 +522,26 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		}
 	}
 	return nil
+}
+
+// footprint is about how many bytes an AllToAll (lay nil; n: the send buffer) or AlltoAllv
+// touches on this host: every rank's send buffer and as much again received. Above the
+// last-level cache, the blocks read in place from shared buffers are copied with
+// non-temporal stores (memx.Stream): every line would come from memory and go back
+// anyway, and streaming skips reading the destination's lines first. Measured with moex
+// bench coll --op alltoall --transport shm --shared (2 CPUs, 32 MiB L3; 6-10 runs
+// alternating with Copy): P=8 4 MiB (64 MiB touched) 748-1498 against 1134-1809 us,
+// better in 8 of 10; P=2 4 MiB (16 MiB, which the cache holds) 188-194 against 172-180,
+// worse.
+func (d *Direct) footprint(n int, lay *VLayout) int {
+	if lay == nil {
+		return 2 * d.t.size * n
+	}
+	total := 0
+	for _, l := range lay.SrcLen {
+		total += l
+	}
+	return 2 * total
 }
 
 // countIn starts a phase: it counts this rank in on every other rank's arrived count,
@@ -639,7 +663,11 @@ func (d *Direct) take(q int, turn uint64, recv []byte, total int, lay *VLayout) 
 	d.pulled[q]++
 	if n > 0 && arena != 0 {
 		if data, err := p.arenaData(arena&^arenaTag+uint64(src), n); err == nil {
-			memx.Copy(dst, data)
+			if d.stream {
+				memx.Stream(dst, data)
+			} else {
+				memx.Copy(dst, data)
+			}
 			d.t.sharedBytes.Add(uint64(n))
 			n = 0 // done
 		} else if p.arena.warned == nil {
