@@ -122,8 +122,8 @@ func Memcpy(n int) float64 {
 // over a few tries, of copying p buffers of n bytes block by block into p others with as
 // many threads as there are CPUs (at most p), with no synchronisation but the final join.
 // The buffers come from obuf, as the benchmark's do. Tries alternate between Go's copy
-// (which streams moves of 1 MiB and more past the caches) and memx.Copy (in pieces,
-// through them), whichever is faster here. With more ranks than CPUs it bounds what any
+// (which streams moves of 1 MiB and more past the caches), memx.Copy (in pieces, through
+// them) and memx.Stream (every store past them), whichever is faster here. With more ranks than CPUs it bounds what any
 // implementation can reach, whatever its protocol.
 func CopyFloor(p, n int) time.Duration {
 	if p < 1 || n < p {
@@ -138,11 +138,13 @@ func CopyFloor(p, n int) time.Duration {
 	}
 	threads := min(p, runtime.NumCPU())
 	best := time.Duration(1 << 62)
-	for try := 0; try < 2*max(5, min(200, (256<<20)/(p*n))); try++ {
-		cp := func(dst, src []byte) { copy(dst, src) }
-		if try%2 == 1 {
-			cp = func(dst, src []byte) { memx.Copy(dst, src) }
-		}
+	copies := []func(dst, src []byte){
+		func(dst, src []byte) { copy(dst, src) },
+		func(dst, src []byte) { memx.Copy(dst, src) },
+		func(dst, src []byte) { memx.Stream(dst, src) },
+	}
+	for try := 0; try < len(copies)*max(5, min(200, (256<<20)/(p*n))); try++ {
+		cp := copies[try%len(copies)]
 		start := time.Now()
 		var wg sync.WaitGroup
 		for w := 0; w < threads; w++ {
