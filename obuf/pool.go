@@ -15,6 +15,10 @@
 // 5.2-5.9 for cold 512 KiB blocks). Such a buffer that no pool keeps is unmapped when the
 // collector finds it unreachable.
 //
+// Buffers of a shared pool (NewSharedPool, Shared) live in shared memory instead, a memfd
+// of the process that the other ranks of a host can map and read in place (Locate says
+// where a slice lies in it); see NewSharedPool.
+//
 // Cheap invariants are always checked (release below zero, release while a send is in
 // flight). Build with -tags moexdebug to also catch writes to a buffer while a send reads
 // it (checksum at Lend, verified at Return) and writes after release (poison on release,

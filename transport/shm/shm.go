@@ -402,6 +402,9 @@ func (t *Transport) Path(peer int) string {
 	area := "no shared area"
 	if t.own.areaCap > 0 {
 		area = fmt.Sprintf("shared area for AlltoAll up to %d KiB", t.own.areaCap>>10)
+		if t.peers[peer].cma {
+			area += fmt.Sprintf(" (send buffers from obuf.Shared read in place from %d KiB)", SharedMin>>10)
+		}
 	}
 	return fmt.Sprintf("shm: same host (pid %d), %d-slot %s of %d B, %s, %s, progress poll %s",
 		t.peers[peer].pid, t.own.slots, rings, t.slotSize, t.mode, area, t.poller.Mode())

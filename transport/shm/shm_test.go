@@ -75,11 +75,11 @@ func TestConformanceRingCopies(t *testing.T) {
 
 func TestPathSaysHow(t *testing.T) {
 	ts := start(t, 2, nil)
-	if p := ts[0].Path(1); !contains(p, "cma") || !contains(p, "same host") {
+	if p := ts[0].Path(1); !contains(p, "cma") || !contains(p, "same host") || !contains(p, "obuf.Shared read in place") {
 		t.Fatalf("path: %q", p)
 	}
 	ts2 := start(t, 2, func(c *shm.Config) { c.CMA = -1 })
-	if p := ts2[0].Path(1); !contains(p, "ring copies") {
+	if p := ts2[0].Path(1); !contains(p, "ring copies") || contains(p, "read in place") {
 		t.Fatalf("path: %q", p)
 	}
 }
