@@ -106,7 +106,9 @@ func (s *segment) areaU32(off int) *uint32 { return s.u32(s.areaBase() + off) }
 // Direct runs collectives of the whole job through the shared areas of the ranks'
 // segments: each rank publishes its send buffer with one counter, copied into its own
 // area (up to Cap bytes) or, when larger, by address for the others to read across with
-// process_vm_readv; every rank then takes its blocks from the others straight away.
+// process_vm_readv; a send buffer from obuf's shared arena (obuf.Shared, from SharedMin
+// bytes) by its offset there, for the others to read in place; every rank then takes its
+// blocks from the others straight away.
 // An AlltoAll of P ranks thus costs each rank one store and P-1 loads of a counter where
 // the rings take P-1 messages each way with their notifications (and, for large ones, an
 // announcement and a reply per message), and a rank that waits sleeps about once per
@@ -643,8 +645,9 @@ func (d *Direct) wait(ctx context.Context, off int, target uint32, cond func() (
 	}
 }
 
-// take copies rank q's block of the AllToAll(v) of turn into recv, from q's area or
-// read across from its send buffer (counting the read at q).
+// take copies rank q's block of the AllToAll(v) of turn into recv: from q's area, in
+// place from q's send buffer in its shared arena, or read across from its send buffer
+// (counting the read at q for the last two).
 func (d *Direct) take(q int, turn uint64, recv []byte, total int, lay *VLayout) error {
 	p := d.t.peers[q]
 	s := p.seg
