@@ -68,15 +68,24 @@ func TestPathNamesTheTransports(t *testing.T) {
 }
 
 // Registered buffers are mapped with UCX once, however many messages use them (whole or
-// in part), and the bytes arrive intact.
+// in part), and the bytes arrive intact: private buffers on huge pages, and shared ones
+// (obuf.NewSharedPool, mappings of a memfd).
 func TestRegisterOncePerBuffer(t *testing.T) {
+	for name, pool := range map[string]*obuf.Pool{"private": obuf.NewPool(2), "shared": obuf.NewSharedPool(2)} {
+		t.Run(name, func(t *testing.T) { testRegisterOncePerBuffer(t, pool, name == "shared") })
+	}
+}
+
+func testRegisterOncePerBuffer(t *testing.T, pool *obuf.Pool, shared bool) {
 	ts := start(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pool := obuf.NewPool(2)
 	src, dst := pool.Get(4<<20), pool.Get(4<<20)
 	defer src.Release()
 	defer dst.Release()
+	if src.Shared() != shared || dst.Shared() != shared {
+		t.Fatalf("buffers shared %v and %v, want %v (%v)", src.Shared(), dst.Shared(), shared, obuf.SharedErr())
+	}
 	for _, b := range []*obuf.Buf{src, dst} {
 		if err := ts[0].Register(b); err != nil {
 			t.Fatal(err)
