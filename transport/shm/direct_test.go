@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/shm"
 )
@@ -516,33 +517,42 @@ func TestDirectBadArgs(t *testing.T) {
 // BenchmarkDirectAllToAll: ranks as goroutines of one process, each with its own
 // transport, exchanging through the shared areas (64 KiB per rank: through the area; 4 MiB:
 // read across).
+// BenchmarkDirectAllToAll: ranks as goroutines of one process, with send buffers from
+// the heap (through the area or read across) and from obuf.Shared (read in place).
 func BenchmarkDirectAllToAll(b *testing.B) {
 	for _, p := range []int{2, 4} {
 		for _, n := range []int{64 << 10, 4 << 20} {
-			b.Run(fmt.Sprintf("p=%d/%dKiB", p, n>>10), func(b *testing.B) {
-				ts := start(b, p, nil)
-				ds := make([]*shm.Direct, p)
-				for r := range ts {
-					ds[r] = ts[r].Direct()
-				}
-				ctx := context.Background()
-				b.SetBytes(int64(n))
-				b.ResetTimer()
-				errs := onRanks(p, func(r int) error {
-					send, recv := make([]byte, n), make([]byte, n)
-					for i := 0; i < b.N; i++ {
-						if err := ds[r].AllToAll(ctx, ds[r].Turn(), send, recv, 1); err != nil {
-							return err
+			for _, shared := range []bool{false, true} {
+				b.Run(fmt.Sprintf("p=%d/%dKiB/shared=%v", p, n>>10, shared), func(b *testing.B) {
+					ts := start(b, p, nil)
+					ds := make([]*shm.Direct, p)
+					for r := range ts {
+						ds[r] = ts[r].Direct()
+					}
+					ctx := context.Background()
+					b.SetBytes(int64(n))
+					b.ResetTimer()
+					errs := onRanks(p, func(r int) error {
+						send, recv := make([]byte, n), make([]byte, n)
+						if shared {
+							sb := obuf.Shared.Get(n)
+							defer sb.Release()
+							send = sb.Bytes()
+						}
+						for i := 0; i < b.N; i++ {
+							if err := ds[r].AllToAll(ctx, ds[r].Turn(), send, recv, 1); err != nil {
+								return err
+							}
+						}
+						return nil
+					})
+					for _, err := range errs {
+						if err != nil {
+							b.Fatal(err)
 						}
 					}
-					return nil
 				})
-				for _, err := range errs {
-					if err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
+			}
 		}
 	}
 }
