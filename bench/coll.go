@@ -123,8 +123,8 @@ func Memcpy(n int) float64 {
 // many threads as there are CPUs (at most p), with no synchronisation but the final join.
 // The buffers come from obuf, as the benchmark's do. Tries alternate between Go's copy
 // (which streams moves of 1 MiB and more past the caches), memx.Copy (in pieces, through
-// them) and memx.Stream (every store past them), whichever is faster here. With more ranks than CPUs it bounds what any
-// implementation can reach, whatever its protocol.
+// them) and memx.Stream (every store past them), whichever is faster here. With more
+// ranks than CPUs it bounds what any implementation can reach, whatever its protocol.
 func CopyFloor(p, n int) time.Duration {
 	if p < 1 || n < p {
 		return 0

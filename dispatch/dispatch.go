@@ -17,8 +17,8 @@
 // from the shared arena when every rank is on this host over shared memory (the other
 // ranks read the wire buffers in place), otherwise on huge pages from 2 MiB, so that the
 // shared-memory transport's single copy and RDMA registration run at full speed; Close
-// gives them back. The Output and Handle of a call
-// are valid until the next Dispatch on the same Dispatcher.
+// gives them back. The Output and Handle of a call are valid until the next Dispatch on
+// the same Dispatcher.
 //
 // dispatch owns its buffers and the packing; the transport and collective schedule are
 // coll's. It must not import combine or models.

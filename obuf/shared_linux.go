@@ -88,8 +88,9 @@ func sharedAlloc(n int) ([]byte, int64, error) {
 	return m[:n:n], off, nil
 }
 
-// sharedFree unmaps a buffer of sharedAlloc (m as it returned it), gives its pages back
-// and keeps its range for the next buffer of its size.
+// sharedFree unmaps a buffer of sharedAlloc (s: where it is mapped, the length asked of
+// sharedAlloc and its offset), gives its pages back and keeps its range for the next
+// buffer of its size.
 func sharedFree(s sharedMapping) {
 	a := &theArena
 	size := sharedRound(max(s.n, 1))

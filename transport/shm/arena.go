@@ -19,25 +19,24 @@ import (
 type peerArena struct {
 	fd     int // -1: not taken yet
 	mem    []byte
-	failed error // taking or mapping failed: the peer's buffers are read across instead
-	warned error // the failure was logged
+	failed error // taking or mapping failed (logged once): the peer's buffers are read across instead
 }
 
-// arenaData returns n bytes at off of the peer's shared arena.
-func (p *peer) arenaData(off uint64, n int) ([]byte, error) {
+// arenaData returns n bytes at off of the peer's shared arena, or nil when they cannot be
+// read in place: the arena could not be taken or mapped, which is logged the first time.
+func (p *peer) arenaData(off uint64, n int) []byte {
 	a := &p.arena
 	end := off + uint64(n)
-	if end <= uint64(len(a.mem)) {
-		return a.mem[off:end:end], nil
+	if end > uint64(len(a.mem)) {
+		if a.failed != nil {
+			return nil
+		}
+		if a.failed = p.mapArena(end); a.failed != nil {
+			p.t.log.Warn("moex shm: cannot map a rank's shared buffers; reading them across instead", "rank", p.t.rank, "peer", p.rank, "err", a.failed)
+			return nil
+		}
 	}
-	if a.failed != nil {
-		return nil, a.failed
-	}
-	if err := p.mapArena(end); err != nil {
-		a.failed = err
-		return nil, err
-	}
-	return a.mem[off:end:end], nil
+	return a.mem[off:end:end]
 }
 
 // mapArena maps the peer's arena, which must hold at least end bytes.
@@ -55,8 +54,7 @@ func (p *peer) mapArena(end uint64) error {
 		if err != nil {
 			return fmt.Errorf("pidfd_getfd of rank %d's arena (pid %d, fd %d): %w", p.rank, p.pid, fdw-1, err)
 		}
-		unix.CloseOnExec(fd)
-		if !obuf.ArenaFile(fd) {
+		if !obuf.ArenaFile(fd) { // pidfd_getfd sets close-on-exec
 			unix.Close(fd)
 			return fmt.Errorf("%w: rank %d's fd %d is not a shared arena", transport.ErrProtocol, p.rank, fdw-1)
 		}

@@ -3,7 +3,6 @@ package shm_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -103,7 +102,9 @@ func TestDirectSharedFallsBack(t *testing.T) {
 	var logs transporttest.Logs
 	ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4096; cfg.Logger = logs.Logger() })
 	ds := directs(t, ts)
-	shm.BreakArena(ts[1], 0, errors.New("refused for the test"))
+	if err := shm.BreakArena(ts[1], 0); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const n = 3 * 8000 // above SharedMin

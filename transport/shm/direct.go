@@ -474,8 +474,8 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		if off, ok := obuf.Locate(send); ok {
 			arena = uint64(off) | arenaTag
 			pull = true
-			if fd := obuf.SharedFD(); uint64(fd+1) != atomic.LoadUint64(own.areaU64(areaArenaFD)) {
-				atomic.StoreUint64(own.areaU64(areaArenaFD), uint64(fd+1))
+			if atomic.LoadUint64(own.areaU64(areaArenaFD)) == 0 { // the arena's fd never changes
+				atomic.StoreUint64(own.areaU64(areaArenaFD), uint64(obuf.SharedFD()+1))
 			}
 		}
 	}
@@ -664,21 +664,19 @@ func (d *Direct) take(q int, turn uint64, recv []byte, total int, lay *VLayout) 
 	}
 	where := atomic.LoadUint64(s.areaU64(areaWhere + 8*int(turn&1)))
 	d.pulled[q]++
-	if n > 0 && arena != 0 {
-		if data, err := p.arenaData(arena&^arenaTag+uint64(src), n); err == nil {
-			if d.stream {
-				memx.Stream(dst, data)
-			} else {
-				memx.Copy(dst, data)
-			}
-			d.t.sharedBytes.Add(uint64(n))
-			n = 0 // done
-		} else if p.arena.warned == nil {
-			p.arena.warned = err
-			d.t.log.Warn("moex shm: cannot map a rank's shared buffers; reading them across instead", "rank", d.t.rank, "peer", q, "err", err)
-		}
+	var data []byte // in place, when q's buffer is in its arena and this rank can map it
+	if arena != 0 && n > 0 {
+		data = p.arenaData(arena&^arenaTag+uint64(src), n)
 	}
-	if n > 0 {
+	switch {
+	case data != nil:
+		if d.stream {
+			memx.Stream(dst, data)
+		} else {
+			memx.Copy(dst, data)
+		}
+		d.t.sharedBytes.Add(uint64(n))
+	case n > 0:
 		if err := cmaRead(p.pid, dst, where+uint64(src), &d.liov, &d.riov); err != nil {
 			return &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, q, err)}
 		}

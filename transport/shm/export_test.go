@@ -1,13 +1,22 @@
 package shm
 
-import "time"
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+)
 
 // SetProgressNap sets how long the progress loop sleeps at most (see progressNap).
 func SetProgressNap(d time.Duration) { progressNap = d }
 
-// BreakArena makes rank peer's shared arena unmappable for t, as where pidfd_getfd is
-// refused, so that t reads that peer's shared buffers across instead.
-func BreakArena(t *Transport, peer int, err error) { t.peers[peer].arena.failed = err }
+// BreakArena gives t, as rank peer's arena, a file that is not one (/dev/null, empty), so
+// that mapping it fails as where the peer's memfd cannot be taken, and t reads that peer's
+// shared buffers across instead. Close closes it.
+func BreakArena(t *Transport, peer int) error {
+	fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	t.peers[peer].arena.fd = fd
+	return err
+}
 
 // SetLLC makes d take the last-level cache for llc bytes (0: unknown), which decides when
 // it streams the blocks it reads in place (see footprint).
