@@ -20,22 +20,16 @@ import (
 // to operation: every byte arrives where it belongs, and the counters say the shared
 // buffers were read in place.
 func TestDirectSharedBuffers(t *testing.T) {
-	// As the host's cache says, and with a cache of 64 KiB, which the larger operations
-	// exceed: their blocks are then copied with streaming stores.
-	for _, llc := range []int{-1, 64 << 10} {
-		t.Run(fmt.Sprintf("llc=%d", llc), func(t *testing.T) { testDirectSharedBuffers(t, llc) })
+	// As the host's cache decides, and with every block streamed (Config.Stream).
+	for _, stream := range []int{0, 1} {
+		t.Run(fmt.Sprintf("stream=%d", stream), func(t *testing.T) { testDirectSharedBuffers(t, stream) })
 	}
 }
 
-func testDirectSharedBuffers(t *testing.T, llc int) {
+func testDirectSharedBuffers(t *testing.T, stream int) {
 	const p = 4
-	ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4096 })
+	ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4096; cfg.Stream = stream })
 	ds := directs(t, ts)
-	if llc >= 0 {
-		for _, d := range ds {
-			shm.SetLLC(d, llc)
-		}
-	}
 	pool := obuf.NewSharedPool(0)
 	sizes := []int{4096, 64, 1 << 20, 4096 + 4*p, 0, 1 << 20, 4000, 256 << 10, 4096, p * (16<<10 + 12)} // the last: blocks at unaligned offsets
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

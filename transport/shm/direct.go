@@ -480,7 +480,7 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		}
 	}
 	atomic.StoreUint64(own.areaU64(areaArena+par), arena)
-	d.stream = d.llc > 0 && d.footprint(n, lay) > d.llc
+	d.stream = t.stream > 0 || (t.stream == 0 && d.llc > 0 && d.footprint(n, lay) >= d.llc)
 	if pull {
 		d.pulled[me]++
 		if n > 0 {
@@ -527,14 +527,16 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 }
 
 // footprint is about how many bytes an AllToAll (lay nil; n: the send buffer) or AlltoAllv
-// touches on this host: every rank's send buffer and as much again received. Above the
-// last-level cache, the blocks read in place from shared buffers are copied with
-// non-temporal stores (memx.Stream): every line would come from memory and go back
-// anyway, and streaming skips reading the destination's lines first. Measured with moex
-// bench coll --op alltoall --transport shm --shared (2 CPUs, 32 MiB L3; 6-10 runs
-// alternating with Copy): P=8 4 MiB (64 MiB touched) 748-1498 against 1134-1809 us,
-// better in 8 of 10; P=2 4 MiB (16 MiB, which the cache holds) 188-194 against 172-180,
-// worse.
+// touches on this host: every rank's send buffer and as much again received. From the
+// size of the last-level cache on (which the buffers then fill, with the areas and
+// everything else still wanting room), the blocks read in place from shared buffers are
+// copied with non-temporal stores (memx.Stream): every line would come from memory and
+// go back anyway, and streaming skips reading the destination's lines first. Measured
+// with MOEX_SHM_STREAM=0|1 moex bench coll --op alltoall --transport shm --shared
+// --min-bytes 4M --max-bytes 4M (2 CPUs, 32 MiB L3; runs alternating): P=8 (64 MiB
+// touched) 1067-1622 us streamed against 1875-2625 (5 runs), P=4 (32 MiB) 581-858
+// against 622-1074 (8 runs, streamed faster in 7), P=2 (16 MiB, which the cache holds)
+// 274-326 against 183-212 (5 runs).
 func (d *Direct) footprint(n int, lay *VLayout) int {
 	if lay == nil {
 		return 2 * d.t.size * n

@@ -17,7 +17,3 @@ func BreakArena(t *Transport, peer int) error {
 	t.peers[peer].arena.fd = fd
 	return err
 }
-
-// SetLLC makes d take the last-level cache for llc bytes (0: unknown), which decides when
-// it streams the blocks it reads in place (see footprint).
-func SetLLC(d *Direct, llc int) { d.llc = llc }

@@ -70,6 +70,10 @@ type Config struct {
 	// moex bench coll (alltoall, 64 KiB per rank, 2 CPUs): P=8 about 1.6x faster, P=4 about
 	// 1.15x, but P=2 (a CPU per rank, spinning) about 1.8x slower, hence the default.
 	Rewind int
+	// Stream: 0 copies the blocks that Direct reads in place from shared buffers with
+	// streaming stores when the operation touches as much as the last-level cache holds
+	// or more (see Direct's footprint), 1 always, -1 never.
+	Stream int
 	// AreaBytes is the largest send buffer that Direct's collectives copy through this
 	// rank's shared area, which holds three times as much (0: DefaultAreaBytes; negative:
 	// no area, no Direct).
@@ -81,13 +85,13 @@ type Config struct {
 	CancelGrace time.Duration
 }
 
-// ConfigFromEnv reads MOEX_SHM_CMA and MOEX_SHM_REWIND (auto, 0, 1), MOEX_SHM_AREA (KiB:
+// ConfigFromEnv reads MOEX_SHM_CMA, MOEX_SHM_REWIND and MOEX_SHM_STREAM (auto, 0, 1), MOEX_SHM_AREA (KiB:
 // AreaBytes; 0 turns the area off) and the polling variables.
 func (c *Config) ConfigFromEnv(getenv func(string) string) error {
 	for _, v := range []struct {
 		name string
 		dst  *int
-	}{{"MOEX_SHM_CMA", &c.CMA}, {"MOEX_SHM_REWIND", &c.Rewind}} {
+	}{{"MOEX_SHM_CMA", &c.CMA}, {"MOEX_SHM_REWIND", &c.Rewind}, {"MOEX_SHM_STREAM", &c.Stream}} {
 		switch s := getenv(v.name); s {
 		case "", "auto":
 		case "0", "off":
@@ -136,6 +140,7 @@ type Transport struct {
 	slotSize   int
 	eager      int
 	rewind     bool // producers rewind empty rings (see Config.Rewind)
+	stream     int  // Config.Stream
 	grace      time.Duration
 	poller     *busypoll.Poller
 	waitPoller *busypoll.Poller
@@ -224,8 +229,8 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	t := &Transport{
 		rank: cfg.Rank, size: cfg.Size, slotSize: cfg.SlotSize,
 		eager:  min(MaxEager, cfg.Slots/2*cfg.SlotSize-hdrSize),
-		rewind: cfg.Rewind > 0 || (cfg.Rewind == 0 && cfg.Poll.Oversubscribed),
-		grace:  cfg.CancelGrace, poller: cfg.Poller, pool: cfg.Pool, log: cfg.Logger, stop: make(chan struct{}),
+		rewind: cfg.Rewind > 0 || (cfg.Rewind == 0 && cfg.Poll.Oversubscribed), stream: cfg.Stream,
+		grace: cfg.CancelGrace, poller: cfg.Poller, pool: cfg.Pool, log: cfg.Logger, stop: make(chan struct{}),
 	}
 	if t.grace <= 0 {
 		t.grace = 5 * time.Second

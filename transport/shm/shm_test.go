@@ -234,12 +234,16 @@ func TestConfigFromEnv(t *testing.T) {
 	for _, c := range []struct {
 		env               map[string]string
 		cma, rewind, area int
+		stream            int
 		wantErrNamed      string
 	}{
 		{env: nil},
 		{env: map[string]string{"MOEX_SHM_CMA": "0", "MOEX_SHM_REWIND": "1"}, cma: -1, rewind: 1},
 		{env: map[string]string{"MOEX_SHM_CMA": "on", "MOEX_SHM_REWIND": "off"}, cma: 1, rewind: -1},
 		{env: map[string]string{"MOEX_SHM_AREA": "512"}, area: 512 << 10},
+		{env: map[string]string{"MOEX_SHM_STREAM": "0"}, stream: -1},
+		{env: map[string]string{"MOEX_SHM_STREAM": "1"}, stream: 1},
+		{env: map[string]string{"MOEX_SHM_STREAM": "always"}, wantErrNamed: "MOEX_SHM_STREAM"},
 		{env: map[string]string{"MOEX_SHM_AREA": "0"}, area: -1},
 		{env: map[string]string{"MOEX_SHM_REWIND": "sometimes"}, wantErrNamed: "MOEX_SHM_REWIND"},
 		{env: map[string]string{"MOEX_SHM_AREA": "1M"}, wantErrNamed: "MOEX_SHM_AREA"},
@@ -254,8 +258,8 @@ func TestConfigFromEnv(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || cfg.CMA != c.cma || cfg.Rewind != c.rewind || cfg.AreaBytes != c.area {
-			t.Fatalf("%v: CMA %d rewind %d area %d err %v, want %d %d %d", c.env, cfg.CMA, cfg.Rewind, cfg.AreaBytes, err, c.cma, c.rewind, c.area)
+		if err != nil || cfg.CMA != c.cma || cfg.Rewind != c.rewind || cfg.AreaBytes != c.area || cfg.Stream != c.stream {
+			t.Fatalf("%v: CMA %d rewind %d area %d stream %d err %v, want %d %d %d %d", c.env, cfg.CMA, cfg.Rewind, cfg.AreaBytes, cfg.Stream, err, c.cma, c.rewind, c.area, c.stream)
 		}
 	}
 }
