@@ -68,8 +68,9 @@ const (
 	// SharedMin is the smallest send buffer from obuf's shared arena that the others read
 	// in place. Reading in place saves the copy into the area but makes the sender wait
 	// until every reader is done, one more wait, which below this costs more than the
-	// copy: moex bench coll --op alltoall --transport shm (2 CPUs, --iters 5000-50000,
-	// private buffers against --shared, alternating): P=4 4 KiB 5.5-7.3 against 7.8-8.7
+	// copy: moex bench coll --op alltoall --transport shm at f680dc1, which read shared
+	// buffers in place at every size (2 CPUs, --iters 5000-50000, private buffers against
+	// --shared, alternating): P=4 4 KiB 5.5-7.3 against 7.8-8.7
 	// us, 16 KiB 8.3-8.9 against 7.6-8.5, 32 KiB 9.9-11.4 against 7.8-10.5; P=8 16 KiB
 	// 37 against 25-27; P=2 4 KiB 0.8-1.2 against 1.0-1.2, 16 KiB 1.8-1.9 against 1.3-1.5.
 	SharedMin = 16 << 10
@@ -480,7 +481,7 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		}
 	}
 	atomic.StoreUint64(own.areaU64(areaArena+par), arena)
-	d.stream = t.stream > 0 || (t.stream == 0 && d.llc > 0 && d.footprint(n, lay) >= d.llc)
+	d.stream = t.stream > 0 || (t.stream == 0 && d.llc > 0 && d.footprint(n, lay) > d.llc)
 	if pull {
 		d.pulled[me]++
 		if n > 0 {
@@ -527,16 +528,16 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 }
 
 // footprint is about how many bytes an AllToAll (lay nil; n: the send buffer) or AlltoAllv
-// touches on this host: every rank's send buffer and as much again received. From the
-// size of the last-level cache on (which the buffers then fill, with the areas and
-// everything else still wanting room), the blocks read in place from shared buffers are
-// copied with non-temporal stores (memx.Stream): every line would come from memory and
-// go back anyway, and streaming skips reading the destination's lines first. Measured
-// with MOEX_SHM_STREAM=0|1 moex bench coll --op alltoall --transport shm --shared
-// --min-bytes 4M --max-bytes 4M (2 CPUs, 32 MiB L3; runs alternating): P=8 (64 MiB
-// touched) 1067-1622 us streamed against 1875-2625 (5 runs), P=4 (32 MiB) 581-858
-// against 622-1074 (8 runs, streamed faster in 7), P=2 (16 MiB, which the cache holds)
-// 274-326 against 183-212 (5 runs).
+// touches on this host: every rank's send buffer and as much again received. Above the
+// last-level cache, the blocks read in place from shared buffers are copied with
+// non-temporal stores (memx.Stream): every line would come from memory and go back
+// anyway, and streaming skips reading the destination's lines first. Measured with
+// MOEX_SHM_STREAM=0|1 moex bench coll --op alltoall --transport shm --shared --min-bytes
+// 4M --max-bytes 4M (2 CPUs, 32 MiB L3; runs alternating): P=8 (64 MiB touched)
+// 1067-1622 us streamed against 1875-2625 (5 runs); P=2 (16 MiB, which the cache holds)
+// 274-326 against 183-212 (5 runs); P=4 (32 MiB, as much as the cache) either way by
+// the hour, 581-858 against 622-1074 (8 runs) and 535-667 against 462-749 (8 runs), so
+// it does not stream.
 func (d *Direct) footprint(n int, lay *VLayout) int {
 	if lay == nil {
 		return 2 * d.t.size * n

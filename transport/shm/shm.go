@@ -71,8 +71,8 @@ type Config struct {
 	// 1.15x, but P=2 (a CPU per rank, spinning) about 1.8x slower, hence the default.
 	Rewind int
 	// Stream: 0 copies the blocks that Direct reads in place from shared buffers with
-	// streaming stores when the operation touches as much as the last-level cache holds
-	// or more (see Direct's footprint), 1 always, -1 never.
+	// streaming stores when the operation touches more than the last-level cache (see
+	// Direct's footprint), 1 always, -1 never.
 	Stream int
 	// AreaBytes is the largest send buffer that Direct's collectives copy through this
 	// rank's shared area, which holds three times as much (0: DefaultAreaBytes; negative:
