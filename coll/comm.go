@@ -91,6 +91,9 @@ type Config struct {
 	// Hosts assigns ranks of Local communicators to pretend hosts (tests of hierarchical
 	// code); nil: one host.
 	Hosts []int
+	// NoWindows makes Exchanges (the MoE low-latency mode) send every block as a message,
+	// even to ranks whose memory the transport could write directly (MOEX_WINDOWS=0).
+	NoWindows bool
 }
 
 // Comm is a communicator: a group of ranks that run collectives together.
@@ -272,6 +275,13 @@ func (cfg *Config) fill() error {
 		default:
 			return &ArgError{Arg: "MOEX_PROFILE", Reason: fmt.Sprintf("%q: want 1 or 0", v)}
 		}
+	}
+	switch v := os.Getenv("MOEX_WINDOWS"); v {
+	case "", "auto", "1":
+	case "0", "off":
+		cfg.NoWindows = true
+	default:
+		return &ArgError{Arg: "MOEX_WINDOWS", Reason: fmt.Sprintf("%q: want auto or 0", v)}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = defaultLogger()

@@ -20,11 +20,13 @@ const (
 	OpAlltoAllv
 	OpScatter
 	OpGather
+	// OpExchange: an AlltoAllv whose block sizes travel with the data (Exchange).
+	OpExchange
 	opKindEnd
 )
 
 var opKindNames = [...]string{"", "barrier", "broadcast", "reduce", "allreduce", "reducescatter",
-	"allgather", "alltoall", "alltoallv", "scatter", "gather"}
+	"allgather", "alltoall", "alltoallv", "scatter", "gather", "exchange"}
 
 func (o OpKind) String() string {
 	if o > 0 && o < opKindEnd {

@@ -41,6 +41,7 @@ var EnvVars = []EnvVar{
 	{"MOEX_CPU_BIND", "auto (default): bind each rank to a core of its own when the host has enough cores; none: leave placement to the kernel"},
 	{"MOEX_SHM_CMA", "auto (default), 1 or 0: large shared-memory messages with process_vm_readv, or through the rings"},
 	{"MOEX_SHM_REWIND", "auto (default: when ranks outnumber cores), 1 or 0: a producer that finds its shared-memory ring empty starts again at the ring's first slot"},
+	{"MOEX_WINDOWS", "auto (default) or 0: exchanges (the MoE low-latency mode) write each block straight into the memory of same-host peers; 0: as messages"},
 	{"MOEX_SPIN_US", "longest adaptive spin before yielding, in microseconds (default 50)"},
 	{"MOEX_YIELD_US", "when ranks outnumber cores: how long a waiter yields and polls before parking, in microseconds (default 200; 0: park at once)"},
 	{"MOEX_TCP_STREAMS", "TCP connections per peer (default 1)"},

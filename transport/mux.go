@@ -88,3 +88,37 @@ func (m *Mux) Close() error {
 	}
 	return errors.Join(errs...)
 }
+
+var _ WindowTransport = (*Mux)(nil)
+
+// NewWindow implements WindowTransport with the first of its transports that has
+// windows (shared memory): peers served by another transport cannot be mapped (Map
+// returns ErrNoWindow for them). Without such a transport it returns ErrNoWindow.
+func (m *Mux) NewWindow(size int) (Window, []byte, error) {
+	for _, t := range m.all {
+		if wt, ok := t.(WindowTransport); ok {
+			w, desc, err := wt.NewWindow(size)
+			if err != nil {
+				return nil, nil, err
+			}
+			return &muxWindow{Window: w, m: m, t: t}, desc, nil
+		}
+	}
+	return nil, nil, fmt.Errorf("%w: none of %s has windows", ErrNoWindow, m.name)
+}
+
+type muxWindow struct {
+	Window
+	m *Mux
+	t Transport
+}
+
+func (w *muxWindow) Map(peer int, desc []byte) error {
+	if err := CheckPeer(peer, w.m.size); err != nil {
+		return err
+	}
+	if w.m.by[peer] != w.t {
+		return fmt.Errorf("%w: rank %d is served by %s", ErrNoWindow, peer, w.m.by[peer].Name())
+	}
+	return w.Window.Map(peer, desc)
+}

@@ -34,11 +34,12 @@ type Config struct {
 }
 
 type world struct {
-	eps    []*Transport
-	eager  int
-	poller *busypoll.Poller
-	pool   *obuf.Pool
-	free   core.FreeList[*req] // recycled requests: no allocation per message in steady state
+	eps     []*Transport
+	eager   int
+	poller  *busypoll.Poller
+	pool    *obuf.Pool
+	free    core.FreeList[*req] // recycled requests: no allocation per message in steady state
+	windows windows
 }
 
 // New returns n connected endpoints, endpoint i being rank i.

@@ -176,6 +176,7 @@ type Transport struct {
 
 	slotsOut, slotsIn, cmaBytes, ringBytes, parks, full, rewinds atomic.Uint64
 	directOps, directParks, directTimeouts, sharedBytes          atomic.Uint64
+	windows, winParks                                            atomic.Uint64
 }
 
 var _ transport.Transport = (*Transport)(nil)

@@ -1,0 +1,559 @@
+package coll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/transport"
+)
+
+// An Exchange is an AlltoAllv whose block sizes travel with the data: in each exchange
+// every rank sends one block (possibly empty) to every rank and receives one from each,
+// into a buffer of fixed capacity per source, and learns each block's size when it
+// arrives. There is no counts round trip and nothing is allocated per exchange: the
+// buffers are sized once (ExchangeConfig), and Slots exchanges may be in flight or hold
+// received data at once. It is the primitive under the MoE low-latency mode.
+//
+// A block has one or more fields (ExchangeConfig.Fields), each received into a buffer
+// of its own, so that, for instance, rows and their metadata land in separate arrays.
+//
+// Where the transport lets ranks write into one another's memory (inproc, shm: see
+// transport.WindowTransport), the sender writes each block straight into its receiver's
+// buffer (Dest returns the receiver's memory) and raises a flag there: one copy, from the
+// sender's data into the place it is read. With other peers (across hosts) blocks go as
+// tagged messages into the same buffers.
+//
+// One exchange: Begin, then for every rank Dest (or NextDest) to get the memory of its
+// block and Send to say how long each field is, then Wait; Recv then returns what each
+// rank sent. Begin, like every collective, is issued in the same order on every rank.
+// The data received in an exchange stays valid until the exchange that reuses its slot
+// begins (Slots exchanges later); Begin on a slot whose exchange has not been waited for
+// returns ErrBusy.
+type Exchange struct {
+	c      *Comm
+	sig    uint32
+	fields []int // capacity of each field, bytes
+	foff   []int // offset of each field's array in a slot: P buffers of its capacity, 64-aligned
+	per    int   // bytes of one slot: every field's array
+	slots  int
+
+	win  transport.Window // nil: every block is a message
+	push []bool           // push[q]: this rank writes its blocks into q's window
+	from []bool           // from[q]: q writes its blocks into this rank's window
+	ctl  int              // bytes of control words before the data, in the window
+
+	recv    []byte    // received blocks: [slot][field][source], in the window or recvBuf
+	recvBuf *obuf.Buf // when there is no window
+	send    []byte    // blocks for message peers: [slot][field][destination]
+	sendBuf *obuf.Buf
+
+	epoch  uint64 // exchanges begun
+	ops    []XOp  // one per slot
+	closed bool
+}
+
+// ExchangeConfig sizes an Exchange.
+type ExchangeConfig struct {
+	// Fields are the capacities in bytes of the fields of one block (what one rank sends
+	// one rank in one exchange); 1 to MaxExchangeFields of them.
+	Fields []int
+	// Slots is how many exchanges may be in flight or hold received data at once
+	// (default 2).
+	Slots int
+}
+
+// MaxExchangeFields is the most fields an exchange block may have.
+const MaxExchangeFields = 5
+
+// ErrBusy: an operation would reuse buffers that an earlier one, not finished, still uses.
+var ErrBusy = errors.New("coll: too many operations in flight")
+
+// Window control words: ready[slot] (the owner began the exchange with this epoch in
+// that slot, whose old data it no longer needs), then per (slot, source) a record
+// written by the source: the epoch, the signature and the length of every field.
+const (
+	recEpoch = 0
+	recSig   = 8
+	recLens  = 16
+)
+
+// NewExchange makes an Exchange on c. It is collective: every rank calls it with the
+// same configuration.
+func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, error) {
+	if len(cfg.Fields) == 0 || len(cfg.Fields) > MaxExchangeFields {
+		return nil, &ArgError{Arg: "Fields", Reason: fmt.Sprintf("%d fields (want 1..%d)", len(cfg.Fields), MaxExchangeFields)}
+	}
+	if cfg.Slots == 0 {
+		cfg.Slots = 2
+	}
+	if cfg.Slots < 1 || cfg.Slots > 64 {
+		return nil, &ArgError{Arg: "Slots", Reason: fmt.Sprintf("%d (want 1..64)", cfg.Slots)}
+	}
+	p := c.size
+	x := &Exchange{c: c, slots: cfg.Slots, push: make([]bool, p), from: make([]bool, p)}
+	sig := []int{int(OpExchange), cfg.Slots}
+	for i, n := range cfg.Fields {
+		if n < 0 || n > transport.MaxWindow/p {
+			return nil, &ArgError{Arg: fmt.Sprintf("Fields[%d]", i), Reason: fmt.Sprintf("%d bytes", n)}
+		}
+		x.foff = append(x.foff, x.per)
+		x.fields = append(x.fields, n)
+		x.per += (p*n + 63) &^ 63
+		sig = append(sig, n)
+	}
+	total := cfg.Slots * x.per
+	if total > transport.MaxWindow {
+		return nil, &ArgError{Arg: "Fields", Reason: fmt.Sprintf("%d slots of %d ranks x %d bytes is more than %d", cfg.Slots, p, x.per/p, transport.MaxWindow)}
+	}
+	x.sig = signature(OpExchange, AlgoAuto, 1, sig...)
+	x.ctl = ((cfg.Slots+cfg.Slots*p)*64 + 4095) &^ 4095
+	if err := x.openWindows(ctx, total); err != nil {
+		return nil, err
+	}
+	if x.win != nil {
+		x.recv = x.win.Local()[x.ctl:]
+	} else {
+		x.recvBuf = c.pool.Get(max(total, 1))
+		x.recv = x.recvBuf.Bytes()[:total]
+	}
+	msgPeers := 0
+	for q := 0; q < p; q++ {
+		if q != c.rank && !x.push[q] {
+			msgPeers++
+		}
+	}
+	if msgPeers > 0 {
+		x.sendBuf = c.pool.Get(total)
+		x.send = x.sendBuf.Bytes()[:total]
+	}
+	x.ops = make([]XOp, cfg.Slots)
+	for s := range x.ops {
+		o := &x.ops[s]
+		o.x, o.slot = x, s
+		o.sent = make([]bool, p)
+		o.lens = make([]int, p*len(x.fields))
+		o.dests = make([][]byte, len(x.fields))
+		o.reqs = make([]transport.Request, 0, 2*p*len(x.fields))
+		o.reqPeer = make([]int32, 0, 2*p*len(x.fields))
+		o.readyQ = func() bool { return o.Ready(o.waitQ) }
+		o.arrived = o.allArrived
+	}
+	return x, nil
+}
+
+// openWindows makes the windows where the transport has them, and agrees with every
+// rank on which pairs write into each other's memory.
+func (x *Exchange) openWindows(ctx context.Context, data int) error {
+	c := x.c
+	p := c.size
+	const descMax = 256
+	var desc []byte
+	if wt, ok := c.tr.(transport.WindowTransport); ok && p > 1 && !c.cfg.NoWindows {
+		w, d, err := wt.NewWindow(x.ctl + data)
+		if err == nil && len(d) <= descMax {
+			x.win, desc = w, d
+		} else if err == nil {
+			w.Close()
+		}
+	}
+	rec := make([]byte, 2+descMax)
+	if x.win != nil {
+		rec[0] = 1
+		rec[1] = byte(len(desc))
+		copy(rec[2:], desc)
+	}
+	all := make([]byte, p*len(rec))
+	if err := AllGather(ctx, c, rec, all); err != nil {
+		x.closeWindow()
+		return err
+	}
+	mapped := make([]byte, p)
+	if x.win != nil {
+		for q := 0; q < p; q++ {
+			r := all[q*len(rec) : (q+1)*len(rec)]
+			if q == c.rank || r[0] != 1 || int(r[1]) > descMax {
+				continue
+			}
+			if err := x.win.Map(c.ranks[q], r[2:2+int(r[1])]); err == nil {
+				mapped[q] = 1
+			} else if !errors.Is(err, transport.ErrNoWindow) {
+				c.log.Warn("moex: cannot map a rank's window; exchanging messages with it instead", "rank", c.rank, "peer", q, "err", err)
+			}
+		}
+	}
+	// Every rank's map of who it writes into; this all-gather is also the barrier after
+	// which no window is mapped again.
+	maps := make([]byte, p*p)
+	if err := AllGather(ctx, c, mapped, maps); err != nil {
+		x.closeWindow()
+		return err
+	}
+	any := false
+	for q := 0; q < p; q++ {
+		x.push[q] = maps[c.rank*p+q] == 1
+		x.from[q] = maps[q*p+c.rank] == 1
+		any = any || x.push[q] || x.from[q]
+	}
+	if x.win != nil {
+		x.win.Seal()
+		if !any {
+			x.closeWindow()
+		}
+	}
+	return nil
+}
+
+func (x *Exchange) closeWindow() {
+	if x.win != nil {
+		x.win.Close()
+		x.win = nil
+	}
+	clear(x.push)
+	clear(x.from)
+}
+
+// Slots is how many exchanges may be in flight or hold data at once.
+func (x *Exchange) Slots() int { return x.slots }
+
+// Pushes reports whether this rank writes its blocks for rank q straight into q's memory
+// (one-sided), rather than sending them as messages.
+func (x *Exchange) Pushes(q int) bool { return x.push[q] }
+
+// Close releases the buffers and windows. It is local; every exchange begun must have
+// been waited for.
+func (x *Exchange) Close() error {
+	if x.closed {
+		return nil
+	}
+	x.closed = true
+	var err error
+	if x.win != nil {
+		err = x.win.Close()
+		x.win = nil
+	}
+	if x.recvBuf != nil {
+		x.recvBuf.Release()
+	}
+	if x.sendBuf != nil {
+		x.sendBuf.Release()
+	}
+	x.recv, x.send = nil, nil
+	return err
+}
+
+// field returns field f of block (slot s, peer q) of mem, a [slot][field][peer] array.
+func (x *Exchange) field(mem []byte, s, f, q int) []byte {
+	n := x.fields[f]
+	o := s*x.per + x.foff[f] + q*n
+	return mem[o : o+n : o+n]
+}
+
+func (x *Exchange) u64(mem []byte, off int) *uint64 { return (*uint64)(unsafe.Pointer(&mem[off])) }
+
+func (x *Exchange) readyOff(s int) int     { return s * 64 }
+func (x *Exchange) recordOff(s, q int) int { return (x.slots + s*x.c.size + q) * 64 }
+
+// XOp is one exchange in flight (see Exchange).
+type XOp struct {
+	x       *Exchange
+	slot    int
+	epoch   uint64
+	seq     uint32
+	begun   bool
+	sent    []bool
+	nsent   int
+	lens    []int // [peer][field]: what each rank sent this one (after Wait), or this rank sent itself
+	dests   [][]byte
+	reqs    []transport.Request
+	reqPeer []int32 // per request: peer, or -1-peer for a send
+
+	waitQ   int         // the peer Dest waits for
+	readyQ  func() bool // o.Ready(o.waitQ), made once: a closure per wait would allocate
+	arrived func() bool // every block written into this rank's memory has arrived
+}
+
+// Begin starts the next exchange: receives are posted, and the ranks that write into
+// this rank's memory may do so.
+func (x *Exchange) Begin(ctx context.Context) (*XOp, error) {
+	c := x.c
+	if x.closed {
+		return nil, ErrClosed
+	}
+	e := x.epoch + 1
+	s := int((e - 1) % uint64(x.slots))
+	o := &x.ops[s]
+	if o.begun {
+		return nil, fmt.Errorf("%w: exchange %d would reuse the buffers of exchange %d, not waited for (%d slots)", ErrBusy, e, o.epoch, x.slots)
+	}
+	if err := c.begin(ctx); err != nil {
+		return nil, err
+	}
+	x.epoch = e
+	o.epoch, o.seq, o.begun, o.nsent = e, c.nextSeq(), true, 0
+	clear(o.sent)
+	clear(o.lens)
+	o.reqs, o.reqPeer = o.reqs[:0], o.reqPeer[:0]
+	tag := transport.Tag{Comm: c.id, Seq: o.seq, Sig: x.sig}
+	for q := 0; q < c.size; q++ {
+		if q == c.rank || x.from[q] {
+			continue
+		}
+		for f := range x.fields {
+			tag.Tag = uint32(f)
+			r, err := c.tr.Irecv(c.ranks[q], tag, x.field(x.recv, s, f, q))
+			if err != nil {
+				return o, o.abort(err)
+			}
+			o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, int32(q))
+		}
+	}
+	if x.win != nil {
+		atomic.StoreUint64(x.u64(x.win.Local(), x.readyOff(s)), e)
+		for q := 0; q < c.size; q++ {
+			if x.from[q] {
+				x.win.Notify(c.ranks[q])
+			}
+		}
+	}
+	return o, nil
+}
+
+// abort fails the exchange on every rank (the communicator aborts) and ends it here.
+func (o *XOp) abort(err error) error {
+	c := o.x.c
+	_ = c.fail(err)
+	o.finish()
+	return c.opError()
+}
+
+// finish ends the exchange: its requests are waited for (they fail at once once the
+// communicator aborted) and the slot is free again.
+func (o *XOp) finish() {
+	if !o.begun {
+		return
+	}
+	for i, r := range o.reqs {
+		if r != nil {
+			_, _ = r.Wait(o.x.c.actx)
+			o.reqs[i] = nil
+		}
+	}
+	o.begun = false
+	o.x.c.end()
+}
+
+// Epoch is the exchange's number on its Exchange (1 for the first).
+func (o *XOp) Epoch() uint64 { return o.epoch }
+
+// Ready reports whether Dest(q) would return without waiting.
+func (o *XOp) Ready(q int) bool {
+	x := o.x
+	if !x.push[q] {
+		return true
+	}
+	return atomic.LoadUint64(x.u64(x.win.Remote(x.c.ranks[q]), x.readyOff(o.slot))) >= o.epoch
+}
+
+// Dest returns the memory of this rank's block for rank q, one slice per field, each of
+// the field's capacity: q's own buffers when this rank writes into q's memory (it may
+// have to wait until q has begun the exchange), otherwise a send buffer. The slices are
+// valid until the next Dest call and must be filled before Send(q, ...).
+func (o *XOp) Dest(ctx context.Context, q int) ([][]byte, error) {
+	x := o.x
+	c := x.c
+	if err := o.check(q); err != nil {
+		return nil, err
+	}
+	mem, at := x.send, q
+	switch {
+	case q == c.rank:
+		mem = x.recv
+	case x.push[q]:
+		if !o.Ready(q) {
+			o.waitQ = q
+			if err := x.win.Wait(c.actx, o.readyQ); err != nil {
+				return nil, o.abort(err)
+			}
+		}
+		mem, at = x.win.Remote(c.ranks[q])[x.ctl:], c.rank
+	}
+	for f := range x.fields {
+		o.dests[f] = x.field(mem, o.slot, f, at)
+	}
+	return o.dests, nil
+}
+
+// NextDest is Dest for a rank that has not been sent to yet and can be written without
+// waiting, if there is one (the lowest after this rank, cyclically), else the first that
+// becomes ready. It returns q = -1 when every rank has been sent to.
+func (o *XOp) NextDest(ctx context.Context) (int, [][]byte, error) {
+	c := o.x.c
+	if o.nsent == c.size {
+		return -1, nil, nil
+	}
+	first := -1
+	for i := 0; i < c.size; i++ {
+		q := (c.rank + i) % c.size
+		if o.sent[q] {
+			continue
+		}
+		if first < 0 {
+			first = q
+		}
+		if o.Ready(q) {
+			b, err := o.Dest(ctx, q)
+			return q, b, err
+		}
+	}
+	b, err := o.Dest(ctx, first)
+	return first, b, err
+}
+
+func (o *XOp) check(q int) error {
+	c := o.x.c
+	switch {
+	case !o.begun:
+		return &ArgError{Arg: "exchange", Reason: "not begun (or already waited for)"}
+	case q < 0 || q >= c.size:
+		return &ArgError{Arg: "rank", Reason: fmt.Sprintf("%d out of range [0,%d)", q, c.size)}
+	case o.sent[q]:
+		return &ArgError{Arg: "rank", Reason: fmt.Sprintf("rank %d's block was sent already", q)}
+	}
+	return nil
+}
+
+// Send says that this rank's block for q is in the memory Dest(q) returned, lens[f]
+// bytes of field f, and sends it. Every rank, this one included, must be sent a block
+// (an empty one is fine) before Wait, which sends empty blocks where Send was not called.
+func (o *XOp) Send(q int, lens ...int) error {
+	x := o.x
+	c := x.c
+	if err := o.check(q); err != nil {
+		return err
+	}
+	if len(lens) != len(x.fields) {
+		return &ArgError{Arg: "lens", Reason: fmt.Sprintf("%d lengths for %d fields", len(lens), len(x.fields))}
+	}
+	for f, n := range lens {
+		if n < 0 || n > x.fields[f] {
+			return &ArgError{Arg: fmt.Sprintf("lens[%d]", f), Reason: fmt.Sprintf("%d bytes, the field holds %d", n, x.fields[f])}
+		}
+	}
+	o.sent[q] = true
+	o.nsent++
+	switch {
+	case q == c.rank:
+		copy(o.lens[q*len(x.fields):], lens)
+	case x.push[q]:
+		mem := x.win.Remote(c.ranks[q])
+		rec := x.recordOff(o.slot, c.rank)
+		for f, n := range lens {
+			atomic.StoreUint64(x.u64(mem, rec+recLens+8*f), uint64(n))
+		}
+		atomic.StoreUint64(x.u64(mem, rec+recSig), uint64(x.sig))
+		atomic.StoreUint64(x.u64(mem, rec+recEpoch), o.epoch)
+		x.win.Notify(c.ranks[q])
+	default:
+		tag := transport.Tag{Comm: c.id, Seq: o.seq, Sig: x.sig}
+		for f, n := range lens {
+			tag.Tag = uint32(f)
+			r, err := c.tr.Isend(c.ranks[q], tag, x.field(x.send, o.slot, f, q)[:n])
+			if err != nil {
+				return o.abort(err)
+			}
+			o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, int32(-1-q))
+		}
+	}
+	c.progress.Store(nanotime())
+	return nil
+}
+
+// Wait completes the exchange: empty blocks go to the ranks not sent to, and it returns
+// once every rank's block has arrived. On error the communicator is aborted (as with
+// every collective) and the error names the rank at fault where one is.
+func (o *XOp) Wait(ctx context.Context) error {
+	x := o.x
+	c := x.c
+	if !o.begun {
+		return &ArgError{Arg: "exchange", Reason: "not begun (or already waited for)"}
+	}
+	var zero [MaxExchangeFields]int
+	for q := 0; q < c.size; q++ {
+		if !o.sent[q] {
+			if _, err := o.Dest(ctx, q); err != nil {
+				return err
+			}
+			if err := o.Send(q, zero[:len(x.fields)]...); err != nil {
+				return err
+			}
+		}
+	}
+	nf := len(x.fields)
+	for i, r := range o.reqs {
+		n, err := r.Wait(c.actx)
+		o.reqs[i] = nil
+		if err != nil {
+			return o.abort(err)
+		}
+		if q := o.reqPeer[i]; q >= 0 {
+			o.lens[int(q)*nf+i%nf] = n
+		}
+	}
+	if x.win != nil {
+		own := x.win.Local()
+		if err := x.win.Wait(c.actx, o.arrived); err != nil {
+			return o.abort(err)
+		}
+		for q := 0; q < c.size; q++ {
+			if !x.from[q] {
+				continue
+			}
+			rec := x.recordOff(o.slot, q)
+			if got := atomic.LoadUint64(x.u64(own, rec+recSig)); got != uint64(x.sig) {
+				return o.abort(&PeerError{Rank: c.ranks[q], Op: "exchange", Err: fmt.Errorf(
+					"%w: rank %d's exchange block has signature %#x, this rank's is %#x", ErrMismatch, q, got, x.sig)})
+			}
+			for f := 0; f < nf; f++ {
+				n := atomic.LoadUint64(x.u64(own, rec+recLens+8*f))
+				if n > uint64(x.fields[f]) {
+					return o.abort(&PeerError{Rank: c.ranks[q], Op: "exchange", Err: fmt.Errorf(
+						"%w: rank %d says it wrote %d bytes into a %d-byte field", transport.ErrProtocol, q, n, x.fields[f])})
+				}
+				o.lens[q*nf+f] = int(n)
+			}
+		}
+	}
+	o.finish()
+	return nil
+}
+
+// allArrived reports whether every rank that writes into this rank's memory has
+// published its block of this exchange.
+func (o *XOp) allArrived() bool {
+	x := o.x
+	own := x.win.Local()
+	for q := 0; q < x.c.size; q++ {
+		if x.from[q] && atomic.LoadUint64(x.u64(own, x.recordOff(o.slot, q)+recEpoch)) < o.epoch {
+			return false
+		}
+	}
+	return true
+}
+
+// Recv returns field f of the block rank q sent in this exchange (after Wait), valid
+// until the exchange that reuses the slot begins.
+func (o *XOp) Recv(q, f int) []byte {
+	return o.x.field(o.x.recv, o.slot, f, q)[:o.lens[q*len(o.x.fields)+f]]
+}
+
+// Field returns the buffers of field f of every rank's block in this exchange, rank by
+// rank: rank q's is at q times the field's capacity (valid as Recv's).
+func (o *XOp) Field(f int) []byte {
+	x := o.x
+	o0 := o.slot*x.per + x.foff[f]
+	return x.recv[o0 : o0+x.c.size*x.fields[f]]
+}

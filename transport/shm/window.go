@@ -1,0 +1,208 @@
+package shm
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moex-ai/moex/transport"
+)
+
+// A window is a file in DevShm that its rank and every peer on this host map read-write
+// (transport.WindowTransport): the peers write blocks straight into the owner's memory.
+// Layout: a page of header (a doorbell futex word at 0, a count of sleeping waiters at 64),
+// then the window's bytes. The file is named like a segment, with the creator's pid, so
+// that a job that dies before Seal leaves nothing that the next start does not remove.
+const (
+	winHdr      = 4096
+	winDoorbell = 0
+	winSleeping = 64
+)
+
+var _ transport.WindowTransport = (*Transport)(nil)
+
+// window is one rank's view of a set of shm windows.
+type window struct {
+	t      *Transport
+	name   string // the file, until Seal
+	own    []byte // the whole mapping, header included
+	peers  [][]byte
+	procs  bool // the peers are other processes: waiters yield to the kernel only
+	sealed atomic.Bool
+	closed atomic.Bool
+}
+
+// NewWindow implements transport.WindowTransport.
+func (t *Transport) NewWindow(size int) (transport.Window, []byte, error) {
+	if size < 0 || size > transport.MaxWindow {
+		return nil, nil, &transport.ArgError{Arg: "size", Reason: fmt.Sprintf("%d bytes (want 0..%d)", size, transport.MaxWindow)}
+	}
+	if t.closed.Load() {
+		return nil, nil, transport.ErrClosed
+	}
+	job := strings.TrimPrefix(t.own.name, segPrefix)
+	if i := strings.Index(job, "-r"); i >= 0 {
+		job = job[:i]
+	}
+	name := fmt.Sprintf("%s%s-w%d-r%d-p%d", segPrefix, job, t.windows.Add(1), t.rank, os.Getpid())
+	path := filepath.Join(DevShm, name)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("shm: creating window %s: %w", path, err)
+	}
+	defer f.Close()
+	total := winHdr + size
+	if err := f.Truncate(int64(total)); err != nil {
+		os.Remove(path)
+		return nil, nil, fmt.Errorf("shm: sizing window %s to %d bytes: %w", path, total, err)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, total, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		os.Remove(path)
+		return nil, nil, fmt.Errorf("shm: mapping window %s: %w", path, err)
+	}
+	w := &window{t: t, name: name, own: mem, peers: make([][]byte, t.size), procs: true}
+	for _, p := range t.peers {
+		if p != nil && p.pid == os.Getpid() {
+			w.procs = false // ranks as goroutines of one process (tests)
+		}
+	}
+	desc := make([]byte, 8+len(name))
+	binary.LittleEndian.PutUint64(desc, uint64(total))
+	copy(desc[8:], name)
+	return w, desc, nil
+}
+
+func (w *window) Local() []byte { return w.own[winHdr:] }
+
+func (w *window) Map(peer int, desc []byte) error {
+	t := w.t
+	switch {
+	case peer < 0 || peer >= t.size:
+		return &transport.ArgError{Arg: "peer", Reason: fmt.Sprintf("rank %d of %d", peer, t.size)}
+	case peer == t.rank:
+		w.peers[peer] = w.own
+		return nil
+	case t.peers[peer] == nil:
+		return fmt.Errorf("%w: rank %d is not on this host", transport.ErrNoWindow, peer)
+	case len(desc) < 8 || len(desc) > 8+255:
+		return fmt.Errorf("%w: rank %d's window descriptor has %d bytes", transport.ErrProtocol, peer, len(desc))
+	}
+	total := int(binary.LittleEndian.Uint64(desc))
+	name := string(desc[8:])
+	if total < winHdr || total > winHdr+transport.MaxWindow || !strings.HasPrefix(name, segPrefix) || strings.ContainsAny(name, "/\x00") {
+		return fmt.Errorf("%w: rank %d's window descriptor (%q, %d bytes)", transport.ErrProtocol, peer, name, total)
+	}
+	path := filepath.Join(DevShm, name)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return fmt.Errorf("shm: opening rank %d's window %s: %w", peer, path, err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if st.Size() != int64(total) {
+		return fmt.Errorf("%w: rank %d's window %s has %d bytes, its descriptor says %d", transport.ErrProtocol, peer, path, st.Size(), total)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, total, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return fmt.Errorf("shm: mapping rank %d's window %s: %w", peer, path, err)
+	}
+	if old := w.peers[peer]; old != nil {
+		_ = unix.Munmap(old)
+	}
+	w.peers[peer] = mem
+	return nil
+}
+
+func (w *window) Remote(peer int) []byte {
+	if peer < 0 || peer >= len(w.peers) || w.peers[peer] == nil {
+		return nil
+	}
+	return w.peers[peer][winHdr:]
+}
+
+func (w *window) Seal() {
+	if !w.sealed.Swap(true) {
+		os.Remove(filepath.Join(DevShm, w.name))
+	}
+}
+
+func u32At(mem []byte, off int) *uint32 { return (*uint32)(unsafe.Pointer(&mem[off])) }
+
+func (w *window) Notify(peer int) {
+	m := w.peers[peer]
+	if m == nil || peer == w.t.rank {
+		return
+	}
+	if atomic.LoadUint32(u32At(m, winSleeping)) != 0 {
+		bell := u32At(m, winDoorbell)
+		atomic.AddUint32(bell, 1)
+		futexWakeAll(bell)
+	}
+}
+
+func (w *window) Wait(ctx context.Context, ready func() bool) error {
+	if ready() {
+		return nil
+	}
+	t := w.t
+	bell, sleeping := u32At(w.own, winDoorbell), u32At(w.own, winSleeping)
+	for {
+		spin := t.poller.Begin()
+		if w.procs {
+			spin = t.poller.BeginProcess()
+		}
+		for !ready() {
+			if !spin.Idle() {
+				continue
+			}
+			// Announce, then sleep unless ready meanwhile: a notifier that stored before
+			// it saw the announcement is seen by the look below; one that saw it rings.
+			v := atomic.LoadUint32(bell)
+			atomic.AddUint32(sleeping, 1)
+			if !ready() && ctx.Err() == nil {
+				t.winParks.Add(1)
+				futexWaitOn(bell, v, int64(2*time.Millisecond))
+			}
+			atomic.AddUint32(sleeping, ^uint32(0))
+			break
+		}
+		spin.End()
+		if ready() {
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if t.closed.Load() || w.closed.Load() {
+			return transport.ErrClosed
+		}
+	}
+}
+
+func (w *window) Close() error {
+	if w.closed.Swap(true) {
+		return nil
+	}
+	w.Seal()
+	for q, m := range w.peers {
+		if m != nil && q != w.t.rank {
+			_ = unix.Munmap(m)
+		}
+		w.peers[q] = nil
+	}
+	err := unix.Munmap(w.own)
+	w.own = nil
+	return err
+}

@@ -1,0 +1,115 @@
+package transporttest
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-ai/moex/transport"
+)
+
+// testWindows checks one-sided windows (transport.WindowTransport) where the transport
+// has them: every rank writes a block into every peer's window, publishes it with a flag
+// and notifies; every rank waits for its flags and checks each block's bytes, for several
+// rounds (one rank late each round, so that waiters park and must be woken).
+func testWindows(t *testing.T, f Factory) {
+	const n, block, rounds = 4, 40 << 10, 6
+	w := f(t, n)
+	if _, ok := w.T[0].(transport.WindowTransport); !ok {
+		t.Skipf("%s has no one-sided windows (transport.WindowTransport)", w.T[0].Name())
+	}
+	// Bad sizes are refused, naming the argument.
+	_, _, err := w.T[0].(transport.WindowTransport).NewWindow(-1)
+	var ae *transport.ArgError
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, "size", ae.Arg)
+
+	// Layout of each window: a flag word per source (64 bytes apart), then a block per source.
+	size := 64*n + n*block
+	wins := make([]transport.Window, n)
+	descs := make([][]byte, n)
+	for r := range wins {
+		wins[r], descs[r], err = w.T[r].(transport.WindowTransport).NewWindow(size)
+		require.NoError(t, err)
+		require.Len(t, wins[r].Local(), size)
+	}
+	defer func() {
+		for _, win := range wins {
+			assert.NoError(t, win.Close())
+		}
+	}()
+	for r, win := range wins {
+		for q := range wins {
+			require.NoError(t, win.Map(q, descs[q]), "rank %d maps rank %d", r, q)
+		}
+		other := (r + 1) % n
+		assert.Error(t, win.Map(other, []byte{1, 2, 3}), "a garbage descriptor is refused")
+		require.NoError(t, win.Map(other, descs[other]))
+	}
+	for _, win := range wins {
+		win.Seal()
+	}
+	flag := func(mem []byte, src int) *uint64 { return (*uint64)(unsafe.Pointer(&mem[64*src])) }
+	data := func(mem []byte, src int) []byte { return mem[64*n+src*block : 64*n+(src+1)*block] }
+	ctx := ctxT(t)
+	for round := uint64(1); round <= rounds; round++ {
+		late := int(round) % n
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for r := 0; r < n; r++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if r == late {
+					time.Sleep(20 * time.Millisecond)
+				}
+				for q := 0; q < n; q++ {
+					if q == r {
+						continue
+					}
+					mem := wins[r].Remote(q)
+					Pattern(data(mem, r), round<<8|uint64(r)<<4|uint64(q))
+					atomic.StoreUint64(flag(mem, r), round)
+					wins[r].Notify(q)
+				}
+				own := wins[r].Local()
+				if err := wins[r].Wait(ctx, func() bool {
+					for q := 0; q < n; q++ {
+						if q != r && atomic.LoadUint64(flag(own, q)) < round {
+							return false
+						}
+					}
+					return true
+				}); err != nil {
+					errs[r] = err
+					return
+				}
+				for q := 0; q < n; q++ {
+					if q == r {
+						continue
+					}
+					if err := Check(data(own, q), round<<8|uint64(q)<<4|uint64(r)); err != nil {
+						errs[r] = errors.Join(errs[r], err)
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		for r, err := range errs {
+			require.NoError(t, err, "round %d rank %d", round, r)
+		}
+		// Everyone has read this round before anyone writes the next.
+	}
+	// A wait whose condition never holds ends with its context.
+	short, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	err = wins[1].Wait(short, func() bool { return false })
+	assert.Error(t, err)
+}

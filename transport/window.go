@@ -1,0 +1,55 @@
+package transport
+
+import (
+	"context"
+	"errors"
+)
+
+// WindowTransport is implemented by transports whose ranks can write straight into one
+// another's memory: inproc (one address space) and shm (shared mappings). A window is a
+// block of one rank's memory that its peers write with plain stores and then notify:
+// one-sided puts, so that an exchange writes each block once, from the sender's data
+// into the receiver's buffer (coll.Exchange uses them).
+//
+// Windows are made collectively, with the help of the caller: every rank calls
+// NewWindow, the ranks swap the descriptors it returns (coll all-gathers them), each
+// maps the others' with Map, and once every rank has mapped every window (a barrier)
+// each calls Seal. A window outlives neither its Close nor the process.
+type WindowTransport interface {
+	// NewWindow allocates this rank's window of size bytes, zeroed, and returns it with a
+	// descriptor for the other ranks' Map. size is bounded by MaxWindow.
+	NewWindow(size int) (Window, []byte, error)
+}
+
+// MaxWindow is the largest window NewWindow makes.
+const MaxWindow = 16 << 30
+
+// ErrNoWindow is returned by Map for a peer whose memory this transport cannot reach
+// (another host); exchanges with that peer go through messages instead.
+var ErrNoWindow = errors.New("transport: peer's window cannot be mapped here")
+
+// Window is one rank's view of a set of windows: its own, and the peers' it mapped.
+//
+// The memory of a window is plain memory: writers and readers order their accesses with
+// sync/atomic on words inside it (a writer fills a block, then stores a flag; the reader
+// loads the flag, then reads the block). Notify and Wait only wake and park.
+type Window interface {
+	// Local is this rank's window.
+	Local() []byte
+	// Map maps peer's window (peer: a transport rank) from the descriptor its NewWindow
+	// returned. It returns an error wrapping ErrNoWindow when the peer is out of reach.
+	Map(peer int, desc []byte) error
+	// Remote is peer's window, writable; nil unless mapped.
+	Remote(peer int) []byte
+	// Seal says every rank has mapped every window: nothing more will be mapped (shm
+	// unlinks its file, so that nothing is left behind however the processes end).
+	Seal()
+	// Notify wakes peer if it waits in Wait (call it after the stores it should see).
+	Notify(peer int)
+	// Wait returns when ready() holds, polling it under the transport's busy-poll policy
+	// and parking until a Notify (or a few milliseconds) when the policy says so. It
+	// returns ctx's error if ctx ends first. Waits of several goroutines may overlap.
+	Wait(ctx context.Context, ready func() bool) error
+	// Close unmaps everything; the window must not be used afterwards.
+	Close() error
+}
