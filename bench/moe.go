@@ -13,6 +13,7 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/models"
 	"github.com/moex-ai/moex/router"
 	"github.com/moex-ai/moex/transport"
@@ -99,7 +100,7 @@ type moeSetup struct {
 // setup builds, on this rank, the model's layer (with this rank's experts when o.Compute
 // is ffn), its expert-parallel form and routed tokens. It fills o's defaults. The caller
 // closes s.ep.
-func setup(c *coll.Comm, o *MoEOpts) (*moeSetup, error) {
+func setup(ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSetup, error) {
 	cfg, err := models.Get(o.Model)
 	if err != nil {
 		return nil, err
@@ -135,7 +136,7 @@ func setup(c *coll.Comm, o *MoEOpts) (*moeSetup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (use --compute none, a smaller model or fewer ranks per process)", err)
 	}
-	ep, err := models.NewEP(c, layer, pl, o.Wire)
+	ep, err := models.NewEP(ctx, c, layer, dispatch.Config{WireDType: o.Wire, Placement: pl})
 	if err != nil {
 		return nil, err
 	}
@@ -150,7 +151,7 @@ func setup(c *coll.Comm, o *MoEOpts) (*moeSetup, error) {
 
 // MoE runs the measurement on every rank of c (collectively); the result on rank 0.
 func MoE(ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResult, error) {
-	su, err := setup(c, &o)
+	su, err := setup(ctx, c, &o)
 	if err != nil {
 		return nil, err
 	}

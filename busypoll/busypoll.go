@@ -483,6 +483,27 @@ func (e *Event) Kick() {
 	}
 }
 
+// WaitSet blocks until the event is set or ctx ends (Park on the event itself, without
+// a condition to pass).
+func (e *Event) WaitSet(ctx context.Context) error {
+	for {
+		e.parked.Store(1)
+		if e.state.Load() != 0 {
+			e.parked.Store(0)
+			return nil
+		}
+		select {
+		case <-e.ch:
+		case <-ctx.Done():
+			e.parked.Store(0)
+			if e.state.Load() != 0 {
+				return nil
+			}
+			return ctx.Err()
+		}
+	}
+}
+
 // Park blocks until ready() is true (re-checked after every wake-up) or ctx ends.
 func (e *Event) Park(ctx context.Context, ready func() bool) error {
 	for {

@@ -268,6 +268,18 @@ func (c *Comm) IRunAlltoAllv(ctx context.Context, vp *VPlan, send, recv []byte) 
 	return c.runV(ctx, vp, send, recv, true)
 }
 
+// IRunAlltoAllvWith is IRunAlltoAllv completing h, a Handle of an earlier operation that
+// has completed (or a zero Handle), instead of a new one: nothing is allocated.
+func (c *Comm) IRunAlltoAllvWith(ctx context.Context, vp *VPlan, send, recv []byte, h *Handle) error {
+	if len(send) < vp.sendLen {
+		return c.invalid("send", "%d bytes, the plan sends %d", len(send), vp.sendLen)
+	}
+	if len(recv) < vp.recvLen {
+		return c.invalid("recv", "%d bytes, the plan receives %d", len(recv), vp.recvLen)
+	}
+	return c.submitInto(ctx, call{op: OpAlltoAllv, dt: dtype.U8, send: send, recv: recv}, vp.pl, h, nil)
+}
+
 func (c *Comm) runV(ctx context.Context, vp *VPlan, send, recv []byte, async bool) (*Handle, error) {
 	if len(send) < vp.sendLen {
 		return nil, c.invalid("send", "%d bytes, the plan sends %d", len(send), vp.sendLen)

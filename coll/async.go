@@ -2,50 +2,151 @@ package coll
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/moex-ai/moex/busypoll"
 
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/transport"
 )
 
 // Handle is a non-blocking operation in flight. Operations run in issue order on every
-// rank; several in flight at once proceed concurrently.
+// rank; several in flight at once proceed concurrently. Wait for a Handle from one
+// goroutine at a time.
 type Handle struct {
-	done chan struct{}
+	ev   busypoll.Event // set when the operation completes
 	err  error
+	busy atomic.Bool // in flight (for handles reused by the With forms)
 }
 
-func newHandle() *Handle { return &Handle{done: make(chan struct{})} }
+func newHandle() *Handle {
+	h := &Handle{}
+	h.ev.Init()
+	return h
+}
+
+// take readies h for another operation; it must not be in flight.
+func (h *Handle) take() error {
+	if h.ev.IsSet() || !h.busy.Load() {
+		if h.ev.IsSet() {
+			h.ev.Reset()
+		} else {
+			h.ev.Init()
+		}
+		h.err = nil
+		h.busy.Store(true)
+		return nil
+	}
+	return &ArgError{Arg: "handle", Reason: "its operation is still in flight"}
+}
 
 func (h *Handle) finish(err error) {
 	h.err = err
-	close(h.done)
+	h.busy.Store(false)
+	h.ev.Set()
 }
 
 // Wait blocks until the operation completes and returns its error. If ctx ends first,
 // Wait returns a timeout/cancellation error; the operation itself goes on, bounded by the
 // communicator's timeout.
 func (h *Handle) Wait(ctx context.Context) error {
-	select {
-	case <-h.done:
+	if h.ev.IsSet() {
 		return h.err
-	default:
 	}
-	select {
-	case <-h.done:
-		return h.err
-	case <-ctx.Done():
-		return transport.CtxError(ctx.Err())
+	if err := h.ev.WaitSet(ctx); err != nil {
+		return transport.CtxError(err)
 	}
+	return h.err
 }
 
 // Test reports whether the operation has completed.
-func (h *Handle) Test() bool {
-	select {
-	case <-h.done:
-		return true
-	default:
-		return false
+func (h *Handle) Test() bool { return h.ev.IsSet() }
+
+// job is a non-blocking operation waiting for, or running on, one of the
+// communicator's workers.
+type job struct {
+	pl    *plan
+	seq   uint32
+	cl    call
+	after func()
+	h     *Handle
+}
+
+// workers run the non-blocking operations: a pool that grows to the number in flight at
+// once and is stopped, and waited for, by Close. Starting no goroutine per operation
+// keeps the non-blocking forms free of allocation.
+type workers struct {
+	jobs chan *job
+	stop chan struct{}
+	idle atomic.Int32 // workers waiting for a job that no submission has claimed
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	free []*job
+}
+
+func (w *workers) init() {
+	w.jobs = make(chan *job, 1024)
+	w.stop = make(chan struct{})
+}
+
+// run queues j, starting a worker unless an idle one can take it.
+func (c *Comm) runAsync(j *job) {
+	w := &c.async
+	if w.idle.Add(-1) < 0 {
+		w.idle.Add(1)
+		w.wg.Add(1)
+		go c.worker()
 	}
+	w.jobs <- j
+}
+
+func (c *Comm) worker() {
+	w := &c.async
+	defer w.wg.Done()
+	for {
+		select {
+		case j := <-w.jobs:
+			c.runJob(j)
+			w.idle.Add(1)
+		case <-w.stop:
+			// Whatever was queued still completes (with the communicator's error).
+			for {
+				select {
+				case j := <-w.jobs:
+					c.runJob(j)
+				default:
+					return
+				}
+			}
+		}
+	}
+}
+
+func (c *Comm) runJob(j *job) {
+	err := c.exec(j.pl, j.seq, &j.cl)
+	if j.after != nil {
+		j.after()
+	}
+	h := j.h
+	w := &c.async
+	*j = job{}
+	w.mu.Lock()
+	w.free = append(w.free, j)
+	w.mu.Unlock()
+	h.finish(err)
+}
+
+func (c *Comm) getJob() *job {
+	w := &c.async
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if n := len(w.free); n > 0 {
+		j := w.free[n-1]
+		w.free = w.free[:n-1]
+		return j
+	}
+	return &job{}
 }
 
 // Group collects non-blocking operations submitted together and waits for all of them:

@@ -136,6 +136,7 @@ type Comm struct {
 	stopCtx func() bool
 
 	execPool sync.Pool
+	async    workers
 	stats    Stats
 	prof     profiler
 
@@ -306,6 +307,7 @@ func newComm(tr transport.Transport, id uint32, ranks, hosts []int, rank int, cf
 		tr: tr, ranks: ranks, rank: rank, size: len(ranks), id: id, hosts: hosts, cfg: cfg,
 		link: link, log: cfg.Logger, pool: cfg.Pool, plans: map[planKey]*plan{},
 	}
+	c.async.init()
 	if cfg.Link != nil {
 		c.link = *cfg.Link
 	}
@@ -551,6 +553,8 @@ func (c *Comm) Close() error {
 	}
 	c.ctxMu.Unlock()
 	c.watchers.Wait()
+	close(c.async.stop)
+	c.async.wg.Wait()
 	for i := len(c.owned) - 1; i >= 0; i-- {
 		errs = append(errs, c.owned[i]())
 	}

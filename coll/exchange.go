@@ -2,6 +2,7 @@ package coll
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -160,25 +161,34 @@ func (x *Exchange) openWindows(ctx context.Context, data int) error {
 			w.Close()
 		}
 	}
-	rec := make([]byte, 2+descMax)
+	// Every rank's signature (they must agree before anyone writes into another's
+	// memory with its own idea of the layout) and window descriptor.
+	rec := make([]byte, 6+descMax)
+	binary.LittleEndian.PutUint32(rec, x.sig)
 	if x.win != nil {
-		rec[0] = 1
-		rec[1] = byte(len(desc))
-		copy(rec[2:], desc)
+		rec[4] = 1
+		rec[5] = byte(len(desc))
+		copy(rec[6:], desc)
 	}
 	all := make([]byte, p*len(rec))
 	if err := AllGather(ctx, c, rec, all); err != nil {
 		x.closeWindow()
 		return err
 	}
+	for q := 0; q < p; q++ {
+		if sig := binary.LittleEndian.Uint32(all[q*len(rec):]); sig != x.sig {
+			x.closeWindow()
+			return fmt.Errorf("%w: rank %d makes an exchange of another shape (signature %#x, this rank's %#x)", ErrMismatch, q, sig, x.sig)
+		}
+	}
 	mapped := make([]byte, p)
 	if x.win != nil {
 		for q := 0; q < p; q++ {
 			r := all[q*len(rec) : (q+1)*len(rec)]
-			if q == c.rank || r[0] != 1 || int(r[1]) > descMax {
+			if q == c.rank || r[4] != 1 || int(r[5]) > descMax {
 				continue
 			}
-			if err := x.win.Map(c.ranks[q], r[2:2+int(r[1])]); err == nil {
+			if err := x.win.Map(c.ranks[q], r[6:6+int(r[5])]); err == nil {
 				mapped[q] = 1
 			} else if !errors.Is(err, transport.ErrNoWindow) {
 				c.log.Warn("moex: cannot map a rank's window; exchanging messages with it instead", "rank", c.rank, "peer", q, "err", err)

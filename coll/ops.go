@@ -109,33 +109,44 @@ func (c *Comm) submit(ctx context.Context, cl call, k planKey, async bool, after
 }
 
 func (c *Comm) submitPlan(ctx context.Context, cl call, pl *plan, async bool, after func()) (*Handle, error) {
+	var h *Handle
+	if async {
+		h = newHandle()
+	}
+	return h, c.submitInto(ctx, cl, pl, h, after)
+}
+
+// submitInto runs the call now (h nil) or on a worker, completing h.
+func (c *Comm) submitInto(ctx context.Context, cl call, pl *plan, h *Handle, after func()) error {
+	if h != nil {
+		if err := h.take(); err != nil {
+			return err
+		}
+	}
 	seq, err := c.start(ctx)
 	if err != nil {
 		if after != nil {
 			after()
 		}
-		return nil, err
+		if h != nil {
+			h.finish(err)
+		}
+		return err
 	}
 	if pl.algo == Shared {
 		cl.turn = c.direct.Turn() // in issue order, as the sequence numbers
 	}
-	if !async {
+	if h == nil {
 		err := c.exec(pl, seq, &cl)
 		if after != nil {
 			after()
 		}
-		return nil, err
+		return err
 	}
-	h := newHandle()
-	bg := cl // only the background form moves the call to the heap
-	go func() {
-		err := c.exec(pl, seq, &bg)
-		if after != nil {
-			after()
-		}
-		h.finish(err)
-	}()
-	return h, nil
+	j := c.getJob()
+	j.pl, j.seq, j.cl, j.after, j.h = pl, seq, cl, after, h
+	c.runAsync(j)
+	return nil
 }
 
 func key(c *Comm, cl *call, costBytes int) planKey {

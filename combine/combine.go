@@ -2,17 +2,23 @@
 // outputs back to the ranks the tokens came from and sums them with the router's weights.
 //
 // Each expert rank first sums, weighted, the outputs of its experts for the same token
-// (in the order of the token's choices), so one row per (token, rank) goes back, in one
-// fused AlltoAllv over the layout the dispatch Handle remembers. The origin starts from the
-// terms of the experts it holds itself (in the order of the token's choices), then adds
-// the other ranks' partial sums in ascending rank order: a fixed order, so the result is
-// bitwise identical run to run.
+// (in the order of the token's choices), so one row per (token, rank) goes back: in the
+// normal mode one fused AlltoAllv over the layout the dispatch Handle remembers, in the
+// low-latency mode one coll.Exchange (written straight into the origin's buffer where
+// ranks share memory). The origin starts from the terms of the experts it holds itself
+// (in the order of the token's choices, in float32), then adds the other ranks' partial
+// sums in ascending rank order: a fixed order, so the result is bitwise identical run to
+// run. The result goes into the caller's output.
 //
-// What is guaranteed: for a fixed number of ranks, placement and wire type, Combine's
-// output is bitwise reproducible whatever the timing. Across different rank counts the
-// per-rank grouping of a token's experts changes, and with it the rounding of the sum:
-// results then agree to a few float32 ulps of the largest term (f32 wire), or to bf16
-// precision (bf16 wire), not bit for bit.
+// What is guaranteed: for a fixed number of ranks, placement and wire types, the output
+// is bitwise reproducible whatever the timing. Across different rank counts the per-rank
+// grouping of a token's experts changes, and with it the rounding of the sum: results
+// then agree to a few float32 ulps of the largest term (f32 partial sums), or to bf16
+// precision (bf16 partial sums), not bit for bit.
+//
+// Every block carries a header with a status, so that a rank whose call is bad (a stale
+// handle, buffers of the wrong length) makes every rank fail in the same call with a
+// dispatch.PeerInputError naming it, and the communicator stays usable.
 //
 // combine owns its buffers (reused: no allocation per call in steady state); it must not
 // import models.
@@ -30,125 +36,296 @@ import (
 	"gonum.org/v1/gonum/blas/blas32"
 )
 
+// Act is the element type of the expert outputs and of the combined output.
+type Act interface{ float32 | dtype.BFloat16 }
+
 // Errors.
 var (
+	// ErrInput: this rank's expert outputs or output buffer have the wrong length.
 	ErrInput = errors.New("combine: invalid input")
 )
 
-// Combiner brings expert outputs back. One per Dispatcher.
-type Combiner struct {
-	d     *dispatch.Dispatcher
-	plan  coll.VPlan
-	sendS obuf.Scratch
-	recvS obuf.Scratch
-	send  []byte
-	recv  []byte
-	part  []float32
-	row   int
+// Source is what a Combiner needs of a dispatcher: every *dispatch.Dispatcher is one.
+type Source interface {
+	Comm() *coll.Comm
+	Config() dispatch.Config
+	Format() dispatch.Format
+	Owner() any
 }
 
-// New returns a combiner for the dispatches of d.
-func New(d *dispatch.Dispatcher) *Combiner {
+// Combiner brings expert outputs back. One per dispatcher; as many combines may be in
+// flight as the dispatcher's InFlight.
+type Combiner[T Act] struct {
+	c     *coll.Comm
+	cfg   dispatch.Config
+	f     dispatch.Format
+	owner any
+	slots []*slot[T]
+	n     uint64 // combines started
+	x     *coll.Exchange
+	part  []float32 // one row of a partial sum
+	yrow  []float32 // one expert output row as float32 (bf16 outputs)
+}
+
+// slot is one combine in flight and its buffers.
+type slot[T Act] struct {
+	cb      *Combiner[T]
+	started bool
+	h       dispatch.Handle
+	pinned  bool
+	out     []T
+	acc     []float32 // the sum being made: out itself for float32, else accS
+	accS    obuf.Scratch
+	code    int
+	inErr   error
+	// Normal mode.
+	plan       coll.VPlan
+	bytes      [][]int
+	sendS      obuf.Scratch
+	recvS      obuf.Scratch
+	send, recv []byte
+	pend       coll.Handle
+	// Low-latency mode.
+	op      *coll.XOp
+	pending Pending[T]
+}
+
+// New returns a combiner for the dispatches of d. In the low-latency mode it is
+// collective (every rank calls it): it makes the exchange's buffers.
+func New[T Act](ctx context.Context, d Source) (*Combiner[T], error) {
 	cfg := d.Config()
-	c := &Combiner{d: d, row: (cfg.Hidden*cfg.WireDType.Size() + 7) &^ 7}
-	c.sendS.Pool, c.recvS.Pool = cfg.Pool, cfg.Pool
-	return c
+	cb := &Combiner[T]{c: d.Comm(), cfg: cfg, f: d.Format(), owner: d.Owner()}
+	p := cb.c.Size()
+	for i := 0; i < cfg.InFlight; i++ {
+		s := &slot[T]{cb: cb}
+		s.sendS.Pool, s.recvS.Pool, s.accS.Pool = cfg.Pool, cfg.Pool, cfg.Pool
+		s.bytes = make([][]int, p)
+		for j := range s.bytes {
+			s.bytes[j] = make([]int, p)
+		}
+		cb.slots = append(cb.slots, s)
+	}
+	cb.part = make([]float32, cfg.Hidden)
+	cb.yrow = make([]float32, cfg.Hidden)
+	if cfg.Mode == dispatch.LowLatency {
+		x, err := cb.c.NewExchange(ctx, coll.ExchangeConfig{Slots: cfg.InFlight,
+			Fields: []int{dispatch.BlockHeader, cfg.MaxTokens * cb.f.Combined}})
+		if err != nil {
+			return nil, err
+		}
+		cb.x = x
+	}
+	return cb, nil
 }
-
-// Plan returns the AlltoAllv schedule of the last combine (for moex flow and debugging).
-func (c *Combiner) Plan() *coll.VPlan { return &c.plan }
 
 // RowBytes is the size of one partial sum on the wire.
-func (c *Combiner) RowBytes() int { return c.row }
+func (cb *Combiner[T]) RowBytes() int { return cb.f.Combined }
 
-// Close gives the combiner's buffers back to their pool; it must not be used again.
-func (c *Combiner) Close() {
-	c.send, c.recv = nil, nil
-	c.sendS.Release()
-	c.recvS.Release()
+// Plan returns the AlltoAllv schedule of the last normal-mode combine (for moex flow).
+func (cb *Combiner[T]) Plan() *coll.VPlan {
+	if cb.n == 0 {
+		return &cb.slots[0].plan
+	}
+	return &cb.slots[(cb.n-1)%uint64(len(cb.slots))].plan
 }
 
-// Combine takes the experts' outputs y (expert-major, the layout of the dispatch Output
-// that h belongs to: Output.Rows() x Hidden) and writes into out (Tokens x Hidden) the
-// weighted sum, for each of this rank's tokens, of its experts' outputs. Every rank must
-// call it. Tokens whose every choice was dropped get zeros.
-func (c *Combiner) Combine(ctx context.Context, h dispatch.Handle, y []float32, out []float32) error {
-	d := c.d
-	if h.Dispatcher() != d || !h.Valid() {
-		return dispatch.ErrStale
+// Close gives the combiner's buffers back to their pool; it must not be used again.
+func (cb *Combiner[T]) Close() error {
+	for _, s := range cb.slots {
+		s.send, s.recv, s.acc = nil, nil, nil
+		s.sendS.Release()
+		s.recvS.Release()
+		s.accS.Release()
 	}
-	cfg := d.Config()
-	hid := cfg.Hidden
-	comm := d.Comm()
-	p, me := comm.Size(), comm.Rank()
-	if len(out) != h.Tokens()*hid {
-		return fmt.Errorf("%w: output of %d values for %d tokens of %d", ErrInput, len(out), h.Tokens(), hid)
+	if cb.x != nil {
+		return cb.x.Close()
 	}
-	if len(y) != h.Rows()*hid {
-		return fmt.Errorf("%w: %d expert output values, the dispatch delivered %d rows of %d", ErrInput, len(y), h.Rows(), hid)
-	}
-	if err := comm.ReplanAlltoAllv(&c.plan, h.Back(), c.row); err != nil {
+	return nil
+}
+
+// Pending is a combine in flight: Wait completes it.
+type Pending[T Act] struct {
+	s *slot[T]
+	n uint64
+}
+
+// Combine takes the experts' outputs y (one row of Hidden values per entry of the
+// dispatch Output that h belongs to, in entry order: Output.Rows() x Hidden) and writes
+// into out (Tokens x Hidden) the weighted sum, for each of this rank's tokens, of its
+// experts' outputs. Every rank must call it. Tokens whose every choice was dropped get
+// zeros. It is Start followed by Wait.
+func (cb *Combiner[T]) Combine(ctx context.Context, h dispatch.Handle, y, out []T) error {
+	p, err := cb.Start(ctx, h, y, out)
+	if err != nil {
 		return err
 	}
-	c.send = c.sendS.Bytes(c.plan.SendBytes())
-	c.recv = c.recvS.Bytes(c.plan.RecvBytes())
-	if cap(c.part) < hid {
-		c.part = make([]float32, hid)
+	return p.Wait(ctx)
+}
+
+// Start is the send half of Combine: it sums this rank's experts' outputs per token and
+// sends them; y is not read after Start returns, out is written until Wait returns.
+func (cb *Combiner[T]) Start(ctx context.Context, h dispatch.Handle, y, out []T) (*Pending[T], error) {
+	s := cb.slots[cb.n%uint64(len(cb.slots))]
+	if s.started {
+		return nil, fmt.Errorf("%w: combine %d would reuse the buffers of a combine not waited for", dispatch.ErrBusy, cb.n+1)
 	}
-	ownTokens := h.RowsTo(me) // incoming rows from this rank are its own tokens, in this order
-	part := c.part[:hid]
-	// Expert side: one weighted partial sum per incoming row. Rows of other origins are
-	// summed straight into the send buffer (origin ascending); our own tokens' terms are
-	// added straight into out.
-	clear(out)
-	off := 0
-	for s := 0; s < p; s++ {
-		a, b := h.Incoming(s)
-		for i := a; i < b; i++ {
-			rows, ws := h.Contributions(i)
-			if s == me {
-				t := int(ownTokens[i-a])
-				dst := out[t*hid : (t+1)*hid]
-				for j, r := range rows {
-					axpy(dst, ws[j], y[int(r)*hid:(int(r)+1)*hid])
-				}
-				continue
-			}
-			dst := c.send[off : off+c.row]
-			off += c.row
-			acc := part
-			if cfg.WireDType == dtype.F32 {
-				acc = dtype.FromBytes[float32](dst[:hid*4])
-			}
-			clear(acc)
-			for j, r := range rows {
-				axpy(acc, ws[j], y[int(r)*hid:(int(r)+1)*hid])
-			}
-			if cfg.WireDType == dtype.BF16 {
-				dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](dst[:hid*2]), acc)
-			}
-		}
+	if h.Owner() != cb.owner {
+		return nil, fmt.Errorf("%w: the handle is not from this combiner's dispatcher", dispatch.ErrStale)
 	}
-	if err := comm.RunAlltoAllv(ctx, &c.plan, c.send, c.recv); err != nil {
+	hid := cb.cfg.Hidden
+	s.code, s.inErr = dispatch.CodeOK, nil
+	switch {
+	case !h.Valid():
+		s.code, s.inErr = dispatch.CodeStale, dispatch.ErrStale
+	case len(out) != h.Tokens()*hid:
+		s.code, s.inErr = dispatch.CodeOutput, fmt.Errorf("%w: output of %d values for %d tokens of %d", ErrInput, len(out), h.Tokens(), hid)
+	case len(y) != h.Rows()*hid:
+		s.code, s.inErr = dispatch.CodeOutput, fmt.Errorf("%w: %d expert output values, the dispatch delivered %d rows of %d", ErrInput, len(y), h.Rows(), hid)
+	}
+	s.h, s.out = h, out
+	if s.code == dispatch.CodeOK {
+		h.Pin()
+		s.pinned = true
+		s.ownTerms(y)
+	}
+	var err error
+	if cb.cfg.Mode == dispatch.LowLatency {
+		err = s.startLL(ctx, y)
+	} else {
+		err = s.startNormal(ctx, y)
+	}
+	if err != nil {
+		s.unpin()
+		return nil, err
+	}
+	cb.n++
+	s.started = true
+	s.pending = Pending[T]{s: s, n: cb.n}
+	return &s.pending, nil
+}
+
+func (s *slot[T]) unpin() {
+	if s.pinned {
+		s.h.Unpin()
+		s.pinned = false
+	}
+}
+
+// Wait is the receive half of Combine: it adds the other ranks' partial sums into out.
+func (p *Pending[T]) Wait(ctx context.Context) error {
+	s := p.s
+	if !s.started {
+		return fmt.Errorf("%w: Wait called twice", dispatch.ErrStale)
+	}
+	s.started = false
+	defer s.unpin()
+	var err error
+	if s.cb.cfg.Mode == dispatch.LowLatency {
+		err = s.waitLL(ctx)
+	} else {
+		err = s.waitNormal(ctx)
+	}
+	if err != nil {
 		return err
 	}
-	// Origin side: add the other ranks' partial sums in ascending rank order.
-	off = 0
-	for q := 0; q < p; q++ {
-		if q == me {
-			continue
-		}
-		for _, t := range h.RowsTo(q) {
-			src := c.recv[off : off+c.row]
-			off += c.row
-			dst := out[int(t)*hid : (int(t)+1)*hid]
-			if cfg.WireDType == dtype.BF16 {
-				addBF16(dst, dtype.FromBytes[dtype.BFloat16](src[:hid*2]))
-			} else {
-				addTo(dst, dtype.FromBytes[float32](src[:hid*4]))
-			}
+	if s.inErr != nil {
+		return s.inErr
+	}
+	if !isF32[T]() {
+		dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](dtype.Bytes(s.out)), s.acc)
+	}
+	return nil
+}
+
+func isF32[T Act]() bool {
+	var z T
+	_, ok := any(z).(float32)
+	return ok
+}
+
+// ownTerms starts the sum: zeros, then the terms of this rank's own experts for its own
+// tokens, in the order of the tokens' choices.
+func (s *slot[T]) ownTerms(y []T) {
+	cb := s.cb
+	h := s.h
+	hid := cb.cfg.Hidden
+	if isF32[T]() {
+		s.acc = dtype.FromBytes[float32](dtype.Bytes(s.out))
+	} else {
+		s.acc = dtype.FromBytes[float32](s.accS.Bytes(len(s.out) * 4))
+	}
+	clear(s.acc)
+	me := cb.c.Rank()
+	a, b := h.Incoming(me)
+	own := h.RowsTo(me) // incoming rows from this rank are its own tokens, in this order
+	for i := a; i < b; i++ {
+		t := int(own[i-a])
+		dst := s.acc[t*hid : (t+1)*hid]
+		entries, ws := h.Contributions(i)
+		for j, e := range entries {
+			axpy(dst, ws[j], cb.row(y, int(e)))
 		}
 	}
+}
+
+// row returns expert output row e as float32 (converted into scratch for bf16).
+func (cb *Combiner[T]) row(y []T, e int) []float32 {
+	hid := cb.cfg.Hidden
+	r := y[e*hid : (e+1)*hid]
+	if isF32[T]() {
+		return dtype.FromBytes[float32](dtype.Bytes(r))
+	}
+	dtype.BF16ToF32(cb.yrow, dtype.FromBytes[dtype.BFloat16](dtype.Bytes(r)))
+	return cb.yrow
+}
+
+// partial writes into dst (Combined bytes, the combine's wire type) the weighted sum of
+// the expert outputs for incoming row i.
+func (s *slot[T]) partial(dst []byte, y []T, i int) {
+	cb := s.cb
+	entries, ws := s.h.Contributions(i)
+	acc := cb.part
+	if cb.f.Combine == dtype.F32 {
+		acc = dtype.FromBytes[float32](dst)
+	}
+	clear(acc)
+	for j, e := range entries {
+		axpy(acc, ws[j], cb.row(y, int(e)))
+	}
+	if cb.f.Combine == dtype.BF16 {
+		dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](dst), acc)
+	}
+}
+
+// addPartial adds a partial sum (the combine's wire type) to token t's sum.
+func (s *slot[T]) addPartial(t int, src []byte) {
+	cb := s.cb
+	hid := cb.cfg.Hidden
+	dst := s.acc[t*hid : (t+1)*hid]
+	if cb.f.Combine == dtype.BF16 {
+		dtype.BF16ToF32(cb.part, dtype.FromBytes[dtype.BFloat16](src))
+		axpy(dst, 1, cb.part)
+		return
+	}
+	axpy(dst, 1, dtype.FromBytes[float32](src))
+}
+
+// checkHeader checks the header of the block rank q sent: the same dispatcher
+// configuration, the same dispatch, and its status.
+func (s *slot[T]) checkHeader(q int, hb []byte, rows int) error {
+	cb := s.cb
+	status, n, fp, gen := dispatch.ReadHeader(hb)
+	switch {
+	case fp != s.h.Fingerprint():
+		return fmt.Errorf("%w: rank %d combines the dispatches of another configuration or placement", dispatch.ErrMismatch, q)
+	case status == dispatch.CodeOK && s.code == dispatch.CodeOK && gen != s.h.Generation():
+		return fmt.Errorf("%w: rank %d combines dispatch %d, this rank dispatch %d", dispatch.ErrMismatch, q, gen, s.h.Generation())
+	case status != dispatch.CodeOK:
+		return &dispatch.PeerInputError{Rank: q, Code: status}
+	case s.code == dispatch.CodeOK && n != rows:
+		return fmt.Errorf("%w: rank %d sends %d partial sums for the %d rows this rank sent it", dispatch.ErrMismatch, q, n, rows)
+	}
+	_ = cb
 	return nil
 }
 
@@ -158,12 +335,4 @@ func axpy(dst []float32, a float32, x []float32) {
 		return
 	}
 	blas32.Axpy(a, blas32.Vector{N: len(x), Inc: 1, Data: x}, blas32.Vector{N: len(dst), Inc: 1, Data: dst})
-}
-
-func addTo(dst, src []float32) { axpy(dst, 1, src) }
-
-func addBF16(dst []float32, src []dtype.BFloat16) {
-	for i, h := range src {
-		dst[i] += h.Float32()
-	}
 }

@@ -2,28 +2,22 @@ package combine_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"runtime"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
-	"github.com/moex-ai/moex/internal/race"
-	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
-	"github.com/moex-ai/moex/transport/shm"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -35,6 +29,7 @@ type scenario struct {
 	dropEvery          int   // drop one choice in this many (0: none)
 	skew               bool  // everything to expert 0 and 1
 	seed               uint64
+	maxTokens          int // low-latency mode
 }
 
 func (s scenario) routing(rank int) (*router.Routing, []float32) {
@@ -46,11 +41,8 @@ func (s scenario) routing(rank int) (*router.Routing, []float32) {
 		perm := rng.Perm(s.experts)
 		for j := 0; j < s.k; j++ {
 			e := perm[j]
-			if s.skew {
-				e = j % 2
-				if j >= 2 {
-					e = perm[j]
-				}
+			if s.skew && j < 2 {
+				e = j
 			}
 			r.Experts[i*s.k+j] = int32(e)
 			r.Weights[i*s.k+j] = dyadic[rng.IntN(len(dyadic))]
@@ -62,7 +54,7 @@ func (s scenario) routing(rank int) (*router.Routing, []float32) {
 			seen := map[int32]bool{}
 			for j := 0; j < s.k; j++ {
 				e := r.Experts[i*s.k+j]
-				for seen[e] {
+				for e >= 0 && seen[e] {
 					e = (e + 1) % int32(s.experts)
 				}
 				seen[e] = true
@@ -80,12 +72,73 @@ func (s scenario) routing(rank int) (*router.Routing, []float32) {
 // expert is the test's expert function: expert e multiplies by e+1.
 func expert(e int32, x float32) float32 { return x * float32(e+1) }
 
-func runRanks(t *testing.T, p int, f func(c *coll.Comm) error) {
-	t.Helper()
-	cs, err := coll.Local(p, coll.Config{})
-	if err != nil {
-		t.Fatal(err)
+func toT[T combine.Act](x []float32) []T {
+	out := make([]T, len(x))
+	dtype.Convert(out, x)
+	return out
+}
+
+func toF32[T dispatch.Act](x []T) []float32 {
+	out := make([]float32, len(x))
+	switch v := any(x).(type) {
+	case []float32:
+		copy(out, v)
+	case []dtype.BFloat16:
+		dtype.BF16ToF32(out, v)
 	}
+	return out
+}
+
+// wireRound is a row as the experts see it: through the wire type and into the
+// activation type, done by the test from the kernels' definitions.
+func wireRound(x []float32, wire, act dtype.Type, pow2 bool) []float32 {
+	y := append([]float32(nil), x...)
+	switch wire {
+	case dtype.BF16:
+		for i := range y {
+			y[i] = dtype.ToBF16(y[i]).Float32()
+		}
+	case dtype.FP8E4M3:
+		q := make([]byte, len(x))
+		s := make([]float32, dtype.FP8Scales(len(x)))
+		dtype.QuantizeFP8(q, s, x, pow2)
+		dtype.DequantizeFP8(y, q, s)
+	case dtype.I8:
+		q := make([]byte, len(x))
+		dtype.DequantizeI8(y, q, dtype.QuantizeI8(q, x))
+	}
+	if act == dtype.BF16 {
+		for i := range y {
+			y[i] = dtype.ToBF16(y[i]).Float32()
+		}
+	}
+	return y
+}
+
+// exact reports whether every value the test computes is exact in cfg's types (the
+// combined sums are then compared bit for bit): small integers and dyadic weights are
+// exact in f32 and bf16, and in fp8 with power-of-two scales.
+func exact(cfg dispatch.Config) bool {
+	return cfg.WireDType != dtype.I8 && (cfg.WireDType != dtype.FP8E4M3 || cfg.PowerOfTwoScales)
+}
+
+func runRanks(t *testing.T, p int, ccfg coll.Config, f func(c *coll.Comm) error) {
+	t.Helper()
+	errs := onRanks(t, p, ccfg, true, f)
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+}
+
+// onRanks runs f on p local ranks and returns each rank's error; with abortOnError a
+// rank that fails aborts the communicator, so that the others do not wait for it.
+func onRanks(t *testing.T, p int, ccfg coll.Config, abortOnError bool, f func(c *coll.Comm) error) []error {
+	t.Helper()
+	if ccfg.Timeout == 0 {
+		ccfg.Timeout = 30 * time.Second // a hang fails the test instead of stalling it
+	}
+	cs, err := coll.Local(p, ccfg)
+	require.NoError(t, err)
 	defer func() {
 		for _, c := range cs {
 			c.Close()
@@ -98,17 +151,13 @@ func runRanks(t *testing.T, p int, f func(c *coll.Comm) error) {
 		go func() {
 			defer wg.Done()
 			errs[i] = f(c)
-			if errs[i] != nil {
+			if errs[i] != nil && abortOnError {
 				c.Abort(errs[i].Error()) // the others must not wait for this rank
 			}
 		}()
 	}
 	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			t.Fatalf("rank %d: %v", r, err)
-		}
-	}
+	return errs
 }
 
 func placement(t *testing.T, kind string, experts, p int) *router.Placement {
@@ -126,45 +175,56 @@ func placement(t *testing.T, kind string, experts, p int) *router.Placement {
 			err = pl.Replicate([]int{0, 1}, min(p, 3))
 		}
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return pl
 }
 
-// check runs dispatch, the test experts, and combine, and compares everything with what
-// the scenario implies.
-func check(t *testing.T, s scenario, plKind string, wire dtype.Type, align int) {
-	t.Helper()
-	pl := placement(t, plKind, s.experts, s.p)
-	runRanks(t, s.p, func(c *coll.Comm) error { return checkRank(c, s, pl, wire, align, 2, coll.AlgoAuto) })
-}
-
-// checkRank is one rank's part of check: rounds of dispatch, the test experts, combine
-// and redispatch on c, every row, weight and sum compared with what the scenario implies.
-// algo, unless AlgoAuto, is the algorithm the dispatch and combine plans must have.
-func checkRank(c *coll.Comm, s scenario, pl *router.Placement, wire dtype.Type, align, rounds int, algo coll.Algo) error {
+// checkRank is one rank's part of a check: rounds of dispatch, the test experts, combine
+// and redispatch on c, every row, weight and sum compared with what the scenario
+// implies. algo, unless AlgoAuto, is the algorithm the normal mode's plans must have.
+func checkRank[T combine.Act](c *coll.Comm, s scenario, cfg dispatch.Config, rounds int, algo coll.Algo) error {
+	ctx := context.Background()
 	routings := make([]*router.Routing, s.p)
 	inputs := make([][]float32, s.p)
 	for o := range routings {
 		routings[o], inputs[o] = s.routing(o)
 	}
 	me := c.Rank()
-	d, err := dispatch.New(c, dispatch.Config{Hidden: s.hid, TopK: s.k, WireDType: wire, Placement: pl, Align: align})
+	pl := cfg.Placement
+	cfg.Hidden, cfg.TopK = s.hid, s.k
+	if cfg.Mode == dispatch.LowLatency {
+		cfg.MaxTokens = s.maxTokens
+	}
+	d, err := dispatch.New[T](ctx, c, cfg)
 	if err != nil {
 		return err
 	}
-	cb := combine.New(d)
-	ctx := context.Background()
+	defer d.Close()
+	cb, err := combine.New[T](ctx, d)
+	if err != nil {
+		return err
+	}
+	defer cb.Close()
+	cfg = d.Config()
+	act := dtype.Of[T]()
+	f := d.Format()
+	// What each token looks like to the experts.
+	seen := make([][]float32, s.p)
+	for o := range seen {
+		seen[o] = make([]float32, len(inputs[o]))
+		for tok := 0; tok < s.tokens[o]; tok++ {
+			copy(seen[o][tok*s.hid:], wireRound(inputs[o][tok*s.hid:(tok+1)*s.hid], cfg.WireDType, act, cfg.PowerOfTwoScales))
+		}
+	}
 	for round := 0; round < rounds; round++ {
-		r, x := s.routing(me)
+		r, x32 := s.routing(me)
+		x := toT[T](x32)
 		out, h, err := d.Dispatch(ctx, x, r)
 		if err != nil {
 			return err
 		}
 		// What this rank must receive, per local expert, in (origin, token) order.
-		local := pl.Local[me]
-		for li, e := range local {
+		for li, e := range pl.Local[me] {
 			var want [][2]int32
 			var wantW []float32
 			for o := 0; o < s.p; o++ {
@@ -181,388 +241,370 @@ func checkRank(c *coll.Comm, s scenario, pl *router.Placement, wire dtype.Type, 
 			if out.Counts[li] != len(want) {
 				return fmt.Errorf("expert %d: %d rows, want %d", e, out.Counts[li], len(want))
 			}
-			if (out.Offsets[li+1]-out.Offsets[li])%align != 0 {
-				return fmt.Errorf("expert %d block of %d rows not aligned to %d", e, out.Offsets[li+1]-out.Offsets[li], align)
+			if (out.Offsets[li+1]-out.Offsets[li])%cfg.Align != 0 {
+				return fmt.Errorf("expert %d block of %d rows not aligned to %d", e, out.Offsets[li+1]-out.Offsets[li], cfg.Align)
 			}
 			for i, w := range want {
-				row := out.Offsets[li] + i
-				if out.Origin[row] != w[0] || out.Source[row] != w[1] || out.Weight[row] != wantW[i] || out.Expert[row] != int32(e) {
-					return fmt.Errorf("expert %d row %d: origin %d src %d w %v, want %v w %v", e, i, out.Origin[row], out.Source[row], out.Weight[row], w, wantW[i])
+				j := out.Offsets[li] + i
+				if out.Origin[j] != w[0] || out.Source[j] != w[1] || out.Weight[j] != wantW[i] || out.Expert[j] != int32(e) {
+					return fmt.Errorf("expert %d entry %d: origin %d src %d w %v, want %v w %v", e, i, out.Origin[j], out.Source[j], out.Weight[j], w, wantW[i])
 				}
-				xo := inputs[w[0]]
-				for k := 0; k < s.hid; k++ {
-					if out.X[row*s.hid+k] != xo[int(w[1])*s.hid+k] {
-						return fmt.Errorf("expert %d row %d element %d: %v want %v", e, i, k, out.X[row*s.hid+k], xo[int(w[1])*s.hid+k])
+				wantRow := seen[w[0]][int(w[1])*s.hid : int(w[1]+1)*s.hid]
+				if cfg.Quantized {
+					q := out.Q[int(out.Row[j])*f.Payload : int(out.Row[j]+1)*f.Payload]
+					sc := out.Scales[int(out.Row[j])*f.Scales : int(out.Row[j]+1)*f.Scales]
+					got := make([]float32, s.hid)
+					if cfg.WireDType == dtype.I8 {
+						dtype.DequantizeI8(got, q, sc[0])
+					} else {
+						dtype.DequantizeFP8(got, q, sc)
 					}
+					if err := sameRow(got, wantRow); err != nil {
+						return fmt.Errorf("expert %d entry %d (quantised): %v", e, i, err)
+					}
+					continue
+				}
+				if err := sameRow(toF32(out.Entry(j)), wantRow); err != nil {
+					return fmt.Errorf("expert %d entry %d: %v", e, i, err)
 				}
 			}
-			for row := out.Offsets[li] + out.Counts[li]; row < out.Offsets[li+1]; row++ {
-				if out.Origin[row] != -1 {
-					return fmt.Errorf("padding row %d has origin %d", row, out.Origin[row])
+			for j := out.Offsets[li] + out.Counts[li]; j < out.Offsets[li+1]; j++ {
+				if out.Origin[j] != -1 || out.Row[j] != -1 {
+					return fmt.Errorf("padding entry %d has origin %d row %d", j, out.Origin[j], out.Row[j])
 				}
 			}
 		}
-		// Experts compute; combine.
-		y := make([]float32, len(out.X))
-		for row := 0; row < out.Rows(); row++ {
+		// Experts compute (on what they were given); combine.
+		y32 := make([]float32, out.Rows()*s.hid)
+		for j := 0; j < out.Rows(); j++ {
+			if out.Origin[j] < 0 {
+				continue
+			}
+			src := seen[out.Origin[j]][int(out.Source[j])*s.hid:]
 			for k := 0; k < s.hid; k++ {
-				y[row*s.hid+k] = expert(out.Expert[row], out.X[row*s.hid+k])
+				y32[j*s.hid+k] = expert(out.Expert[j], src[k])
 			}
 		}
-		got := make([]float32, len(x))
+		y := toT[T](y32)
+		got := make([]T, len(x))
 		if err := cb.Combine(ctx, h, y, got); err != nil {
 			return err
 		}
-		if algo != coll.AlgoAuto && (d.Plan().Algo != algo || cb.Plan().Algo != algo) {
-			return fmt.Errorf("dispatch ran %v, combine %v, want %v", d.Plan().Algo, cb.Plan().Algo, algo)
+		if cfg.Mode == dispatch.Normal && algo != coll.AlgoAuto && (d.Stats().Algo != algo || cb.Plan().Algo != algo) {
+			return fmt.Errorf("dispatch ran %v, combine %v, want %v", d.Stats().Algo, cb.Plan().Algo, algo)
 		}
-		for tok := 0; tok < r.T; tok++ {
-			for k := 0; k < s.hid; k++ {
-				// This rank's own experts' terms first (choice order), then each other
-				// serving rank's partial sum (exact: small dyadic values), which crosses
-				// the wire in the wire type, in ascending rank order.
-				want := float32(0)
-				for j := 0; j < s.k; j++ {
-					if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == me {
-						want += r.Weights[tok*s.k+j] * expert(e, x[tok*s.hid+k])
-					}
-				}
-				for q := 0; q < s.p; q++ {
-					if q == me {
-						continue
-					}
-					part := float32(0)
-					for j := 0; j < s.k; j++ {
-						if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == q {
-							part += r.Weights[tok*s.k+j] * expert(e, x[tok*s.hid+k])
-						}
-					}
-					if wire == dtype.BF16 {
-						part = dtype.ToBF16(part).Float32()
-					}
-					want += part
-				}
-				if got[tok*s.hid+k] != want {
-					return fmt.Errorf("round %d token %d element %d: combined %v, want %v", round, tok, k, got[tok*s.hid+k], want)
-				}
-			}
+		if err := checkCombined(toF32(got), r, seen[me], toF32(y), pl, me, s, cfg, act); err != nil {
+			return fmt.Errorf("round %d: %w", round, err)
 		}
 		// Redispatch with the same routing and new activations.
-		x2 := make([]float32, len(x))
-		for i := range x2 {
-			x2[i] = x[i] + 1
+		for i := range x32 {
+			x32[i]++
 		}
-		out2, err := d.Redispatch(ctx, h, x2)
+		out2, err := d.Redispatch(ctx, h, toT[T](x32))
 		if err != nil {
 			return err
 		}
-		for row := 0; row < out2.Rows(); row++ {
-			if out2.Origin[row] < 0 {
+		for j := 0; j < out2.Rows(); j++ {
+			if out2.Origin[j] < 0 || cfg.Quantized {
 				continue
 			}
-			xo := inputs[out2.Origin[row]]
-			if out2.X[row*s.hid] != xo[int(out2.Source[row])*s.hid]+1 {
-				return fmt.Errorf("redispatch row %d wrong", row)
+			tok := int(out2.Source[j])
+			o := inputs[out2.Origin[j]]
+			want := make([]float32, s.hid)
+			for k := range want {
+				want[k] = o[tok*s.hid+k] + 1
+			}
+			if err := sameRow(toF32(out2.Entry(j)), wireRound(want, cfg.WireDType, act, cfg.PowerOfTwoScales)); err != nil {
+				return fmt.Errorf("redispatch entry %d: %v", j, err)
 			}
 		}
 	}
 	return nil
 }
 
+func sameRow(got, want []float32) error {
+	for k := range want {
+		if got[k] != want[k] && !(math.IsNaN(float64(got[k])) && math.IsNaN(float64(want[k]))) {
+			return fmt.Errorf("element %d: %v, want %v", k, got[k], want[k])
+		}
+	}
+	return nil
+}
+
+// checkCombined compares the combined rows with the scenario's: this rank's own
+// experts' terms first (choice order), then each other serving rank's partial sum, in
+// the combine's wire type, in ascending rank order: bit for bit where exact, within a
+// relative 1e-5 of the terms' magnitudes otherwise.
+func checkCombined(got []float32, r *router.Routing, seen, y []float32, pl *router.Placement, me int, s scenario, cfg dispatch.Config, act dtype.Type) error {
+	for tok := 0; tok < r.T; tok++ {
+		for k := 0; k < s.hid; k++ {
+			term := func(j int) float32 {
+				e := r.Experts[tok*s.k+j]
+				return r.Weights[tok*s.k+j] * expert(e, seen[tok*s.hid+k])
+			}
+			if act == dtype.BF16 {
+				term = func(j int) float32 {
+					e := r.Experts[tok*s.k+j]
+					return r.Weights[tok*s.k+j] * dtype.ToBF16(expert(e, seen[tok*s.hid+k])).Float32()
+				}
+			}
+			want, mag := float32(0), 0.0
+			for j := 0; j < s.k; j++ {
+				if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == me {
+					want += term(j)
+					mag += math.Abs(float64(term(j)))
+				}
+			}
+			for q := 0; q < s.p; q++ {
+				if q == me {
+					continue
+				}
+				part := float32(0)
+				for j := 0; j < s.k; j++ {
+					if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == q {
+						part += term(j)
+						mag += math.Abs(float64(term(j)))
+					}
+				}
+				if cfg.CombineDType == dtype.BF16 {
+					part = dtype.ToBF16(part).Float32()
+				}
+				want += part
+			}
+			if act == dtype.BF16 {
+				want = dtype.ToBF16(want).Float32()
+			}
+			g := got[tok*s.hid+k]
+			switch {
+			case exact(cfg) && g != want:
+				return fmt.Errorf("token %d element %d: combined %v, want %v", tok, k, g, want)
+			case !exact(cfg) && math.Abs(float64(g-want)) > 1e-5*mag+1e-6:
+				return fmt.Errorf("token %d element %d: combined %v, want %v (terms' magnitude %v)", tok, k, g, want, mag)
+			}
+		}
+	}
+	return nil
+}
+
+// check runs checkRank on p local ranks for every rank.
+func check[T combine.Act](t *testing.T, s scenario, cfg dispatch.Config, ccfg coll.Config) {
+	t.Helper()
+	runRanks(t, s.p, ccfg, func(c *coll.Comm) error { return checkRank[T](c, s, cfg, 2, coll.AlgoAuto) })
+}
+
+func defaultScenario(p int) scenario {
+	tokens := make([]int, p)
+	for i := range tokens {
+		tokens[i] = 13 + 7*i
+	}
+	if p > 2 {
+		tokens[1] = 0 // a rank with no tokens
+	}
+	return scenario{p: p, hid: 9, k: min(3, 2*p), experts: 2 * p, tokens: tokens, dropEvery: 7, seed: uint64(p), maxTokens: 13 + 7*(p-1)}
+}
+
+// The matrix: ranks, placements, modes, wire types, activation types, windows or
+// messages.
 func TestDispatchCombine(t *testing.T) {
+	wires := []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3, dtype.I8}
 	for _, p := range []int{1, 2, 3, 4, 5, 7, 8} {
-		for _, plKind := range []string{"contiguous", "roundrobin", "replicated"} {
-			for _, wire := range []dtype.Type{dtype.F32, dtype.BF16} {
-				name := fmt.Sprintf("P=%d/%s/%v", p, plKind, wire)
-				t.Run(name, func(t *testing.T) {
-					tokens := make([]int, p)
-					for i := range tokens {
-						tokens[i] = 13 + 7*i
+		for pi, plKind := range []string{"contiguous", "roundrobin", "replicated"} {
+			for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+				// Every wire type for each (P, mode); placements and activation types
+				// rotate so that each pair meets every wire type at some P.
+				for wi, wire := range wires {
+					if (pi+wi+p)%3 != 0 && wire != dtype.F32 {
+						continue
 					}
-					if p > 2 {
-						tokens[1] = 0 // a rank with no tokens
-					}
-					s := scenario{p: p, hid: 9, k: min(3, 2*p), experts: 2 * p, tokens: tokens, dropEvery: 7, seed: uint64(p)}
-					check(t, s, plKind, wire, 1)
-				})
-			}
-		}
-	}
-}
-
-func TestDispatchSkewAndAlign(t *testing.T) {
-	s := scenario{p: 4, hid: 16, k: 4, experts: 16, tokens: []int{40, 40, 40, 40}, skew: true, seed: 9}
-	check(t, s, "contiguous", dtype.F32, 8)
-	check(t, s, "replicated", dtype.BF16, 4)
-}
-
-func TestBadInputs(t *testing.T) {
-	pl, _ := router.NewPlacement(router.Contiguous, 8, 3)
-	ctx := context.Background()
-	runRanks(t, 3, func(c *coll.Comm) error {
-		d, err := dispatch.New(c, dispatch.Config{Hidden: 4, TopK: 2, Placement: pl})
-		if err != nil {
-			return err
-		}
-		good := func() (*router.Routing, []float32) {
-			r := &router.Routing{T: 2, K: 2, E: 8, Experts: []int32{0, 5, 7, 2}, Weights: []float32{1, 1, 1, 1}}
-			return r, make([]float32, 8)
-		}
-		// Expert out of range on rank 1: rank 1 gets ErrInput, the others a
-		// PeerInputError naming rank 1, in the same call.
-		r, x := good()
-		if c.Rank() == 1 {
-			r.Experts[3] = 8
-		}
-		_, _, err = d.Dispatch(ctx, x, r)
-		var pie *dispatch.PeerInputError
-		switch {
-		case c.Rank() == 1 && !errors.Is(err, dispatch.ErrInput):
-			return fmt.Errorf("bad expert: %v", err)
-		case c.Rank() != 1 && (!errors.As(err, &pie) || pie.Rank != 1):
-			return fmt.Errorf("other rank's bad expert: %v", err)
-		}
-		// Shape mismatch on rank 2.
-		r, x = good()
-		if c.Rank() == 2 {
-			x = x[:4]
-		}
-		if _, _, err = d.Dispatch(ctx, x, r); !errors.Is(err, dispatch.ErrInput) {
-			return fmt.Errorf("shape: %v", err)
-		}
-		// The communicator is still usable: a good dispatch works, with a rank at zero
-		// tokens.
-		r, x = good()
-		if c.Rank() == 0 {
-			r = &router.Routing{T: 0, K: 2, E: 8}
-			x = nil
-		}
-		out, h, err := d.Dispatch(ctx, x, r)
-		if err != nil {
-			return fmt.Errorf("good dispatch after errors: %v", err)
-		}
-		y := make([]float32, len(out.X))
-		res := make([]float32, len(x))
-		if err := combine.New(d).Combine(ctx, h, y, res); err != nil {
-			return err
-		}
-		// A handle from an older dispatch is refused.
-		if _, _, err := d.Dispatch(ctx, x, r); err != nil {
-			return err
-		}
-		if err := combine.New(d).Combine(ctx, h, y, res); !errors.Is(err, dispatch.ErrStale) {
-			return fmt.Errorf("stale handle: %v", err)
-		}
-		return nil
-	})
-	// Ranks that disagree on the hidden size all fail with ErrMismatch.
-	runRanks(t, 3, func(c *coll.Comm) error {
-		hid := 4
-		if c.Rank() == 0 {
-			hid = 5
-		}
-		d, err := dispatch.New(c, dispatch.Config{Hidden: hid, TopK: 1, Placement: pl})
-		if err != nil {
-			return err
-		}
-		r := &router.Routing{T: 1, K: 1, E: 8, Experts: []int32{int32(c.Rank())}, Weights: []float32{1}}
-		if _, _, err := d.Dispatch(ctx, make([]float32, hid), r); !errors.Is(err, coll.ErrMismatch) {
-			return fmt.Errorf("hidden mismatch: %v", err)
-		}
-		return nil
-	})
-	// Configuration errors.
-	cs, _ := coll.Local(1, coll.Config{})
-	defer cs[0].Close()
-	pl1, _ := router.NewPlacement(router.Contiguous, 4, 1)
-	for _, cfg := range []dispatch.Config{
-		{Hidden: 0, TopK: 1, Placement: pl1},
-		{Hidden: 4, TopK: 5, Placement: pl1},
-		{Hidden: 4, TopK: 1, Placement: pl1, WireDType: dtype.F16},
-		{Hidden: 4, TopK: 1},
-		{Hidden: 4, TopK: 1, Placement: pl},
-	} {
-		if _, err := dispatch.New(cs[0], cfg); !errors.Is(err, dispatch.ErrConfig) {
-			t.Errorf("%+v: %v", cfg, err)
-		}
-	}
-}
-
-// Bitwise reproducibility: the same inputs give the same bits run after run, whatever
-// the scheduling of the ranks (non-integer data this time).
-func TestReproducible(t *testing.T) {
-	s := scenario{p: 4, hid: 32, k: 3, experts: 8, tokens: []int{50, 60, 70, 80}, seed: 5}
-	var first [][]float32
-	for run := 0; run < 4; run++ {
-		results := make([][]float32, s.p)
-		pl := placement(t, "replicated", s.experts, s.p)
-		runRanks(t, s.p, func(c *coll.Comm) error {
-			d, _ := dispatch.New(c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl})
-			r, x := s.routing(c.Rank())
-			rng := rand.New(rand.NewPCG(uint64(c.Rank()), 3))
-			for i := range x {
-				x[i] = float32(rng.NormFloat64())
-			}
-			for i := range r.Weights {
-				r.Weights[i] = float32(rng.Float64())
-			}
-			out, h, err := d.Dispatch(context.Background(), x, r)
-			if err != nil {
-				return err
-			}
-			y := make([]float32, len(out.X))
-			for i := range y {
-				y[i] = out.X[i] * 1.1
-			}
-			res := make([]float32, len(x))
-			if err := combine.New(d).Combine(context.Background(), h, y, res); err != nil {
-				return err
-			}
-			results[c.Rank()] = res
-			return nil
-		})
-		if first == nil {
-			first = results
-			continue
-		}
-		for rk := range results {
-			for i := range results[rk] {
-				if results[rk][i] != first[rk][i] {
-					t.Fatalf("run %d rank %d element %d: %v differs from %v", run, rk, i, results[rk][i], first[rk][i])
+					cfg := dispatch.Config{WireDType: wire, Placement: placement(t, plKind, 2*p, p), Mode: mode}
+					ccfg := coll.Config{NoWindows: (p+wi)%2 == 1}
+					name := fmt.Sprintf("P=%d/%s/%v/%v/windows=%v", p, plKind, mode, wire, !ccfg.NoWindows)
+					t.Run(name+"/f32", func(t *testing.T) { check[float32](t, defaultScenario(p), cfg, ccfg) })
+					t.Run(name+"/bf16", func(t *testing.T) {
+						cfg := cfg
+						if wire == dtype.FP8E4M3 {
+							cfg.PowerOfTwoScales = true // exact for the test's small integers
+						}
+						check[dtype.BFloat16](t, defaultScenario(p), cfg, ccfg)
+					})
 				}
 			}
 		}
 	}
 }
 
-// In steady state a dispatch and a combine allocate nothing.
-func TestAllocs(t *testing.T) {
-	if race.Enabled {
-		t.Skip("allocation counts are meaningless under -race (sync.Pool drops items on purpose)")
-	}
-	s := scenario{p: 2, hid: 64, k: 2, experts: 4, tokens: []int{100, 100}, seed: 1}
-	pl := placement(t, "contiguous", s.experts, s.p)
-	cs, _ := coll.Local(2, coll.Config{})
-	defer cs[0].Close()
-	defer cs[1].Close()
-	type st struct {
-		d   *dispatch.Dispatcher
-		cb  *combine.Combiner
-		r   *router.Routing
-		x   []float32
-		y   []float32
-		res []float32
-	}
-	sts := make([]*st, 2)
-	pools := []*obuf.Pool{obuf.NewPool(0), obuf.NewPool(0)}
-	for i, c := range cs {
-		d, _ := dispatch.New(c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, WireDType: dtype.BF16, Pool: pools[i]})
-		r, x := s.routing(i)
-		sts[i] = &st{d: d, cb: combine.New(d), r: r, x: x, y: make([]float32, 4096*s.hid), res: make([]float32, len(x))}
-	}
-	step := func(s *st) {
-		out, h, err := s.d.Dispatch(context.Background(), s.x, s.r)
-		if err != nil {
-			panic(err)
-		}
-		if err := s.cb.Combine(context.Background(), h, s.y[:len(out.X)], s.res); err != nil {
-			panic(err)
+// Quantised rows straight to the experts; bf16 partial sums; padded expert blocks;
+// everything to two hot experts.
+func TestDispatchQuantizedAlignSkew(t *testing.T) {
+	s := scenario{p: 4, hid: 300, k: 4, experts: 16, tokens: []int{40, 40, 40, 40}, skew: true, seed: 9, maxTokens: 40}
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		for _, wire := range []dtype.Type{dtype.FP8E4M3, dtype.I8} {
+			t.Run(fmt.Sprintf("%v/%v", mode, wire), func(t *testing.T) {
+				cfg := dispatch.Config{WireDType: wire, Quantized: true, Placement: placement(t, "replicated", 16, 4), Mode: mode, Align: 8}
+				check[float32](t, s, cfg, coll.Config{})
+				cfg.CombineDType = dtype.BF16
+				cfg.Quantized = false
+				cfg.PowerOfTwoScales = true
+				check[float32](t, s, cfg, coll.Config{})
+			})
 		}
 	}
-	other := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for range other {
-			step(sts[1])
-		}
-	}()
-	run := func() {
-		other <- struct{}{}
-		step(sts[0])
-	}
-	for i := 0; i < 10; i++ {
-		run()
-	}
-	n := testing.AllocsPerRun(100, run)
-	close(other)
-	<-done
-	if n > 0 {
-		t.Fatalf("%.1f allocations per dispatch+combine", n)
-	}
-	// The wire buffers and expert inputs came from the pool, and go back to it on Close.
-	for i, x := range sts {
-		if st := pools[i].Stats(); st.Gets < 5 || st.Allocs > st.Gets {
-			t.Errorf("rank %d: pool stats %+v: dispatch and combine buffers not taken from the pool", i, st)
-		}
-		x.cb.Close()
-		x.d.Close()
-		if st := pools[i].Stats(); st.Gets != st.Releases {
-			t.Errorf("rank %d: %d buffers taken, %d given back after Close", i, st.Gets, st.Releases)
-		}
-	}
+	check[float32](t, s, dispatch.Config{Placement: placement(t, "contiguous", 16, 4), Align: 8}, coll.Config{})
 }
 
-// TestHelperMoERank is one rank of TestMoEOverShm, started by `moex run`.
-func TestHelperMoERank(t *testing.T) {
-	if os.Getenv("MOEX_COMBINE_HELPER") == "" {
-		t.Skip("helper rank: runs only under TestMoEOverShm")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := coll.Init(ctx, coll.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	p := c.Size()
-	tokens := make([]int, p)
-	for i := range tokens {
-		tokens[i] = 13 + 7*i
-	}
-	tokens[1] = 0 // a rank with no tokens
-	for _, s := range []scenario{
-		{p: p, hid: 9, k: 3, experts: 2 * p, tokens: tokens, dropEvery: 7, seed: 1},
-		// Rows of 8 KiB: every rank's send buffer is larger than the area (read in place
-		// from the shared arena, where private buffers are read across).
-		{p: p, hid: 2048, k: 2, experts: 2 * p, tokens: []int{200, 150, 220, 180}[:p], seed: 2},
-	} {
-		for _, wire := range []dtype.Type{dtype.F32, dtype.BF16} {
-			pl, err := router.NewPlacement(router.Contiguous, s.experts, p)
+// Opaque rows (Dispatcher[byte]) travel as they are; the combine runs in float32.
+func TestDispatchOpaque(t *testing.T) {
+	const p, rowBytes, hid = 3, 40, 10
+	pl := placement(t, "contiguous", 6, p)
+	ctx := context.Background()
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		runRanks(t, p, coll.Config{}, func(c *coll.Comm) error {
+			d, err := dispatch.New[byte](ctx, c, dispatch.Config{Hidden: rowBytes, TopK: 2, Placement: pl, Mode: mode, MaxTokens: 8})
 			if err != nil {
-				t.Fatal(err)
+				return err
 			}
-			if err := checkRank(c, s, pl, wire, 1, 2, coll.Shared); err != nil {
-				t.Fatalf("rank %d, hidden %d, %v on the wire: %v", c.Rank(), s.hid, wire, err)
+			defer d.Close()
+			r := &router.Routing{T: 5, K: 2, E: 6, Experts: make([]int32, 10), Weights: make([]float32, 10)}
+			x := make([]byte, 5*rowBytes)
+			for tok := 0; tok < 5; tok++ {
+				r.Experts[2*tok], r.Experts[2*tok+1] = int32((tok+c.Rank())%6), int32((tok+c.Rank()+3)%6)
+				r.Weights[2*tok], r.Weights[2*tok+1] = 1, 0.5
+				for b := 0; b < rowBytes; b++ {
+					x[tok*rowBytes+b] = byte(c.Rank()*50 + tok*7 + b)
+				}
+			}
+			out, h, err := d.Dispatch(ctx, x, r)
+			if err != nil {
+				return err
+			}
+			for j := 0; j < out.Rows(); j++ {
+				o, tok := int(out.Origin[j]), int(out.Source[j])
+				for b, v := range out.Entry(j) {
+					if v != byte(o*50+tok*7+b) {
+						return fmt.Errorf("entry %d byte %d: %d from rank %d token %d", j, b, v, o, tok)
+					}
+				}
+			}
+			// The combine needs its own hidden size for opaque rows: Hidden bytes.
+			cb, err := combine.New[float32](ctx, d)
+			if err != nil {
+				return err
+			}
+			defer cb.Close()
+			y := make([]float32, out.Rows()*rowBytes)
+			for j := range y {
+				y[j] = 1
+			}
+			res := make([]float32, 5*rowBytes)
+			if err := cb.Combine(ctx, h, y, res); err != nil {
+				return err
+			}
+			for i, v := range res {
+				if v != 1.5 {
+					return fmt.Errorf("combined %d: %v, want 1.5", i, v)
+				}
+			}
+			return nil
+		})
+	}
+	_ = hid
+}
+
+// Bitwise reproducibility: the same inputs give the same bits run after run, whatever
+// the scheduling of the ranks (non-integer data this time), in both modes.
+func TestReproducible(t *testing.T) {
+	s := scenario{p: 4, hid: 32, k: 3, experts: 8, tokens: []int{50, 60, 70, 80}, seed: 5, maxTokens: 80}
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		var first [][]float32
+		for run := 0; run < 4; run++ {
+			results := make([][]float32, s.p)
+			pl := placement(t, "replicated", s.experts, s.p)
+			runRanks(t, s.p, coll.Config{}, func(c *coll.Comm) error {
+				ctx := context.Background()
+				d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens})
+				if err != nil {
+					return err
+				}
+				defer d.Close()
+				cb, err := combine.New[float32](ctx, d)
+				if err != nil {
+					return err
+				}
+				defer cb.Close()
+				r, x := s.routing(c.Rank())
+				rng := rand.New(rand.NewPCG(uint64(c.Rank()), 3))
+				for i := range x {
+					x[i] = float32(rng.NormFloat64())
+				}
+				for i := range r.Weights {
+					r.Weights[i] = float32(rng.Float64())
+				}
+				out, h, err := d.Dispatch(ctx, x, r)
+				if err != nil {
+					return err
+				}
+				y := make([]float32, out.Rows()*s.hid)
+				for j := 0; j < out.Rows(); j++ {
+					for k, v := range out.Entry(j) {
+						y[j*s.hid+k] = v * 1.1
+					}
+				}
+				res := make([]float32, len(x))
+				if err := cb.Combine(ctx, h, y, res); err != nil {
+					return err
+				}
+				results[c.Rank()] = res
+				return nil
+			})
+			if first == nil {
+				first = results
+				continue
+			}
+			for rk := range results {
+				require.Equal(t, first[rk], results[rk], "%v run %d rank %d", mode, run, rk)
 			}
 		}
 	}
-	// The dispatcher's default buffers are shared, so the others read them in place.
-	if tr, ok := c.Transport().(*shm.Transport); !ok || tr.Stats().SharedBytes == 0 {
-		t.Fatalf("rank %d: no bytes read in place from the dispatchers' shared buffers", c.Rank())
-	}
-	fmt.Printf("rank %d ok\n", c.Rank())
 }
 
-// The MoE dispatch and combine between processes over shared memory go through the
-// shared areas (the plans say so), and deliver what the scenario implies, with small
-// send buffers (through the areas) and large ones (read in place: the dispatcher takes
-// its buffers from obuf.Shared over shared memory).
-func TestMoEOverShm(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("shared memory transport: Linux only")
+// The two modes agree bit for bit: the same sums in the same order.
+func TestModesAgree(t *testing.T) {
+	s := scenario{p: 5, hid: 24, k: 3, experts: 10, tokens: []int{20, 0, 31, 7, 16}, dropEvery: 5, seed: 11, maxTokens: 32}
+	pl := placement(t, "replicated", s.experts, s.p)
+	results := map[dispatch.Mode][][]float32{}
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		res := make([][]float32, s.p)
+		runRanks(t, s.p, coll.Config{}, func(c *coll.Comm) error {
+			ctx := context.Background()
+			d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens, WireDType: dtype.FP8E4M3})
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			cb, err := combine.New[float32](ctx, d)
+			if err != nil {
+				return err
+			}
+			defer cb.Close()
+			r, x := s.routing(c.Rank())
+			rng := rand.New(rand.NewPCG(uint64(c.Rank()), 7))
+			for i := range x {
+				x[i] = float32(rng.NormFloat64())
+			}
+			out, h, err := d.Dispatch(ctx, x, r)
+			if err != nil {
+				return err
+			}
+			y := make([]float32, out.Rows()*s.hid)
+			for j := 0; j < out.Rows(); j++ {
+				for k, v := range out.Entry(j) {
+					y[j*s.hid+k] = v * float32(out.Expert[j]+1)
+				}
+			}
+			res[c.Rank()] = make([]float32, len(x))
+			return cb.Combine(ctx, h, y, res[c.Rank()])
+		})
+		results[mode] = res
 	}
-	exe := filepath.Join(t.TempDir(), "moex")
-	if out, err := exec.Command("go", "build", "-o", exe, "github.com/moex-ai/moex/cmd/moex").CombinedOutput(); err != nil {
-		t.Fatalf("building moex: %v\n%s", err, out)
-	}
-	cmd := exec.Command(exe, "run", "-n", "4", "--", os.Args[0], "-test.run=^TestHelperMoERank$")
-	cmd.Env = append(os.Environ(), "MOEX_COMBINE_HELPER=1", "MOEX_TRANSPORT=shm")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("moex run: %v\n%s", err, out)
-	}
-	if n := strings.Count(string(out), " ok"); n != 4 {
-		t.Fatalf("%d of 4 ranks ok:\n%s", n, out)
-	}
+	assert.Equal(t, results[dispatch.Normal], results[dispatch.LowLatency])
 }

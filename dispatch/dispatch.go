@@ -1,27 +1,41 @@
 // Package dispatch is the first stage of MoE expert parallelism: it sends every token to
 // the ranks that hold its experts, as one message per destination rank, and hands each
-// rank its experts' inputs expert-major, ready for grouped expert compute.
+// rank its experts' inputs with an expert-major view, ready for grouped expert compute.
 //
 // A token bound for several experts on one rank crosses the wire once: its row is
 // followed, in the same message, by the list of that rank's experts it goes to and the
-// router's weights. One small all-gather exchanges every rank's per-destination row
-// counts (and checks that all ranks agree on the hidden size, the wire type and the
-// router), then one fused AlltoAllv moves the rows. The receiver scatters the rows into
-// contiguous per-expert blocks (optionally padded to an alignment for grouped GEMM) with,
-// per row, its origin rank, source index and weight. The Handle remembers the layout so
-// that package combine can bring the results back, and Redispatch can move new
-// activations with the same routing without the counts exchange.
+// router's weights. Two modes share one API (Config.Mode):
 //
-// Buffers are reused across calls: in steady state a dispatch allocates nothing. The wire
-// buffers and the expert inputs (Output.X) are obuf buffers (Config.Pool): page aligned,
-// from the shared arena when every rank is on this host over shared memory (the other
-// ranks read the wire buffers in place), otherwise on huge pages from 2 MiB, so that the
-// shared-memory transport's single copy and RDMA registration run at full speed; Close
-// gives them back. The Output and Handle of a call are valid until the next Dispatch on
-// the same Dispatcher.
+//   - Normal (prefill): one small all-gather exchanges every rank's per-destination row
+//     counts (with a status and a fingerprint of the configuration and placement, so
+//     that a rank with bad input or another placement fails every rank in the same
+//     call), then one fused, exact-size AlltoAllv moves the rows, and the receiver
+//     scatters them into contiguous per-expert blocks (optionally padded for grouped
+//     GEMM).
+//   - LowLatency (decode): buffers sized once for Config.MaxTokens tokens per rank; no
+//     counts round trip, the counts travel with the rows in one coll.Exchange; the
+//     receive buffer is indexed by source rank (its size grows with ranks, not with
+//     local experts), and where ranks share memory each sender writes its rows straight
+//     into the receiver's buffer. The experts see the rows through an expert-major view
+//     (Output.Row) with a count per expert; nothing is allocated from call to call.
 //
-// dispatch owns its buffers and the packing; the transport and collective schedule are
-// coll's. It must not import combine or models.
+// Activations are float32 or bfloat16, or opaque rows of bytes (Dispatcher[byte]) for
+// engines with element types of their own. The wire is f32, bf16, fp8 E4M3 (a float32
+// scale per 128 elements) or int8 (a float32 scale per token), quantised as the rows
+// are packed; the experts get rows in the activation type, or the quantised rows and
+// their scales (Config.Quantized). Every expert sees a token as the wire carries it,
+// whichever rank holds the expert.
+//
+// Dispatch is Start (the send half) then Wait (the receive half); between them the
+// caller may compute (two micro-batches: start B while A's experts run). InFlight
+// results may be alive at once: the dispatch after them reuses the oldest's buffers, and
+// its Output and Handle become stale (ErrStale); a dispatch that would reuse buffers
+// still in use (not waited for, or pinned by a running combine) returns ErrBusy. The
+// Handle remembers the layout for package combine.
+//
+// dispatch owns its buffers, the packing and the planning (plan.go, pure: it touches no
+// transport); the transport and collective schedules are coll's. It must not import
+// combine or models.
 package dispatch
 
 import (
@@ -35,20 +49,80 @@ import (
 	"github.com/moex-ai/moex/router"
 )
 
+// Act is the element type of the activations a Dispatcher moves: float32, bfloat16, or
+// byte for opaque rows (Hidden is then the bytes of a row, and the wire carries them as
+// they are).
+type Act interface {
+	float32 | dtype.BFloat16 | byte
+}
+
+// Mode selects how a dispatch moves its rows.
+type Mode int
+
+const (
+	// Normal: a counts all-gather, then an exact-size AlltoAllv (prefill).
+	Normal Mode = iota
+	// LowLatency: one exchange into buffers sized for MaxTokens tokens per rank, counts
+	// travelling with the rows (decode).
+	LowLatency
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Normal:
+		return "normal"
+	case LowLatency:
+		return "low-latency"
+	}
+	return fmt.Sprintf("mode(%d)", int(m))
+}
+
+// ParseMode accepts "normal" and "low-latency" (or "ll").
+func ParseMode(s string) (Mode, error) {
+	switch s {
+	case "normal":
+		return Normal, nil
+	case "low-latency", "lowlatency", "ll":
+		return LowLatency, nil
+	}
+	return 0, fmt.Errorf("%w: mode %q (want normal or low-latency)", ErrConfig, s)
+}
+
+// MaxLowLatencyTokens bounds Config.MaxTokens.
+const MaxLowLatencyTokens = 1 << 16
+
 // Config describes the dispatch of one MoE layer.
 type Config struct {
-	Hidden    int               // elements per token row
-	TopK      int               // experts per token (the router's k)
-	WireDType dtype.Type        // F32 (default) or BF16 for the rows on the wire
-	Placement *router.Placement // which ranks hold which experts
+	Hidden int // elements per token row (bytes, for opaque rows)
+	TopK   int // experts per token (the router's k)
+	// WireDType is the type of the rows on the wire: F32, BF16, FP8E4M3 or I8 (default:
+	// the activation type; U8, and only U8, for opaque rows).
+	WireDType dtype.Type
+	// CombineDType is the type of the partial sums package combine sends back: F32 or
+	// BF16 (default: the activation type, F32 for opaque rows).
+	CombineDType dtype.Type
+	Placement    *router.Placement // which ranks hold which experts
+	Mode         Mode
+	// MaxTokens is, in the low-latency mode, the most tokens any rank dispatches in one
+	// call (required; at most MaxLowLatencyTokens). Buffers are sized for it once.
+	MaxTokens int
+	// InFlight is how many dispatch results may be alive at once (default 2, at most
+	// 16): the dispatch after them makes the oldest stale.
+	InFlight int
 	// Align pads each local expert's block of rows to a multiple of Align rows (grouped
-	// GEMM kernels want this); padding rows are zero with origin -1.
+	// GEMM kernels want this); padding rows have origin -1 (and, in the normal mode,
+	// zero activations).
 	Align int
-	// Pool provides the wire buffers and the expert inputs (Output.X): page aligned,
-	// reused across calls. Default: obuf.Shared when the communicator's collectives run
-	// through shared memory (coll.Comm.SharedMemory), where the other ranks then read the
-	// wire buffers in place, one copy per byte; obuf.Default (huge pages from 2 MiB)
-	// otherwise.
+	// Quantized hands the experts the rows as the wire carries them (Output.Q and
+	// Output.Scales, for fp8 or int8 kernels) instead of dequantised rows (Output.X).
+	Quantized bool
+	// PowerOfTwoScales rounds fp8 scales up to powers of two (exact to apply; the
+	// UE8M0 scales some kernels want).
+	PowerOfTwoScales bool
+	// Pool provides the buffers: page aligned, reused across calls. Default: obuf.Shared
+	// when the communicator's collectives run through shared memory
+	// (coll.Comm.SharedMemory), where the other ranks then read the wire buffers in
+	// place; obuf.Default (huge pages from 2 MiB) otherwise.
 	Pool *obuf.Pool
 }
 
@@ -58,52 +132,47 @@ var (
 	ErrConfig = errors.New("dispatch: invalid configuration")
 	// ErrInput: this rank's tokens or routing are invalid (details in the message).
 	ErrInput = errors.New("dispatch: invalid input")
-	// ErrMismatch: ranks disagree on hidden size, wire type, top-k or experts; every rank
-	// gets it.
+	// ErrMismatch: ranks disagree on the configuration or the placement; every rank gets
+	// it, naming one that differs.
 	ErrMismatch = coll.ErrMismatch
-	// ErrStale: a Handle or Output was used after a newer Dispatch on its Dispatcher.
-	ErrStale = errors.New("dispatch: handle is stale (a newer Dispatch reused its buffers)")
+	// ErrStale: a Handle or Output was used after a newer dispatch reused its buffers.
+	ErrStale = errors.New("dispatch: handle is stale (a newer dispatch reused its buffers)")
+	// ErrBusy: a dispatch would reuse buffers still in use (InFlight results, the
+	// oldest not waited for or pinned by a combine).
+	ErrBusy = coll.ErrBusy
 )
 
-// PeerInputError says that another rank could not dispatch its tokens (every rank
-// returns an error in the same call, and the communicator stays usable).
+// PeerInputError says that another rank could not dispatch (or combine) its tokens:
+// every rank returns an error in the same call, and the communicator stays usable.
 type PeerInputError struct {
 	Rank int
 	Code int
 }
 
 func (e *PeerInputError) Error() string {
-	return fmt.Sprintf("dispatch: rank %d rejected its input (%s)", e.Rank, inputCodes[e.Code])
+	c := "unknown error"
+	if e.Code >= 0 && e.Code < len(inputCodes) {
+		c = inputCodes[e.Code]
+	}
+	return fmt.Sprintf("dispatch: rank %d rejected its input (%s)", e.Rank, c)
 }
 
 // Is makes PeerInputError match ErrInput.
 func (e *PeerInputError) Is(target error) bool { return target == ErrInput }
 
+// Status codes that travel with a dispatch or combine.
 const (
-	codeOK = iota
-	codeShape
-	codeRouting
+	CodeOK      = iota
+	CodeShape   // tokens and routing disagree in shape
+	CodeRouting // invalid routing, or the rank abandoned the step
+	CodeTooMany // more tokens than MaxTokens
+	CodeStale   // combine: a stale handle
+	CodeOutput  // combine: expert outputs or output of the wrong length
+	codeEnd
 )
 
-var inputCodes = []string{"ok", "tokens and routing disagree in shape", "invalid routing"}
-
-// Output is what a rank's experts receive.
-type Output struct {
-	// X holds Rows() rows of Hidden float32s, expert-major: the rows of local expert i are
-	// X[Offsets[i]*Hidden : Offsets[i+1]*Hidden], the first Counts[i] of them real.
-	X       []float32
-	Offsets []int
-	Counts  []int
-	// Per row: origin rank (-1 for padding), token index at the origin, router weight,
-	// and the global expert id.
-	Origin []int32
-	Source []int32
-	Weight []float32
-	Expert []int32
-}
-
-// Rows returns the number of rows in X.
-func (o *Output) Rows() int { return len(o.Origin) }
+var inputCodes = []string{"ok", "tokens and routing disagree in shape", "invalid routing",
+	"more tokens than MaxTokens", "stale dispatch handle", "buffers of the wrong length"}
 
 // Stats describes the last dispatch.
 type Stats struct {
@@ -113,58 +182,96 @@ type Stats struct {
 	BytesReceived int   //
 	Assignments   int   // (token, expert) pairs of this rank's tokens
 	RowsPerRank   []int // rows this rank sent to each rank, itself included
-	Algo          coll.Algo
+	// Algo is the AlltoAllv algorithm of the normal mode; Pushed, in the low-latency
+	// mode, says how many ranks this rank wrote its rows into directly.
+	Algo   coll.Algo
+	Pushed int
+}
+
+// core is the part of a dispatcher that does not depend on the activation type: what
+// package combine reads through a Handle.
+type core struct {
+	c      *coll.Comm
+	cfg    Config
+	f      Format
+	fp     uint64
+	gen    uint64 // dispatches begun
+	cores  []*slotCore
+	x      *coll.Exchange // low-latency
+	stats  Stats
+	closed bool
+}
+
+// slot states.
+const (
+	slotIdle    = iota
+	slotStarted // a dispatch was started and not waited for
+)
+
+// slotCore is one result's layout.
+type slotCore struct {
+	idx    int
+	gen    uint64 // the dispatch it holds
+	state  int
+	pins   int  // running combines
+	valid  bool // holds a complete dispatch
+	tokens int
+	r      *router.Routing
+	layout router.Layout
+	// Incoming rows, in order (origin rank ascending, then the origin's token order):
+	// originStart[s] is the first incoming row from origin s; the entries of row i (and
+	// their router weights) are entries[start[i]:start[i+1]].
+	originStart []int
+	start       []int32
+	entries     []int32
+	weights     []float32
+	rowsOut     int // entries (expert-major rows), padding included
+	// Normal mode: the row matrix; back[i][j] rows go from i to j in the combine.
+	matrix, back [][]int
+	// Low-latency mode: rows received from each rank.
+	from []int
 }
 
 // Dispatcher moves tokens to experts over one communicator.
-type Dispatcher struct {
-	c   *coll.Comm
-	cfg Config
-	es  int // wire element size
-	row int // bytes per row on the wire (metadata + payload, 8-aligned)
-	gen uint64
-
-	layout router.Layout
-	hdr    []int64 // this rank's header + counts
-	all    []int64 // every rank's
-	matrix [][]int
-	back   [][]int
-	fwd    coll.VPlan
-	sendS  obuf.Scratch
-	recvS  obuf.Scratch
-	xS     obuf.Scratch // storage of out.X
-	send   []byte
-	recv   []byte
-	out    Output
-	h      handleState
-	fill   []int
-	cs     []contrib
-	stats  Stats
+type Dispatcher[T Act] struct {
+	*core
+	act   dtype.Type
+	slots []*slot[T]
+	stage obuf.Scratch // this rank's tokens in the wire format (when it is not T's)
+	// The tokens being packed (stageTokens): x, or their encoding in st, stRow bytes per
+	// token with the scales at stPer.
+	stX          []T
+	st           []byte
+	stPer, stRow int
+	cs           []contrib
+	fill         []int
 }
 
-const hdrLen = 6 // status, hidden, wire type, top-k, experts, ranks
-
-// New returns a dispatcher for c.
-func New(c *coll.Comm, cfg Config) (*Dispatcher, error) {
+// New returns a dispatcher for c. In the low-latency mode it is collective (every rank
+// calls it with the same configuration): it makes the exchange's buffers.
+func New[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*Dispatcher[T], error) {
+	act := actType[T]()
 	if cfg.WireDType == 0 {
-		cfg.WireDType = dtype.F32
+		cfg.WireDType = act
+	}
+	if cfg.CombineDType == 0 {
+		cfg.CombineDType = act
+		if act == dtype.U8 {
+			cfg.CombineDType = dtype.F32
+		}
+	}
+	if err := cfg.fill(); err != nil {
+		return nil, err
 	}
 	switch {
-	case cfg.Hidden < 1:
-		return nil, fmt.Errorf("%w: hidden size %d", ErrConfig, cfg.Hidden)
-	case cfg.TopK < 1:
-		return nil, fmt.Errorf("%w: top-k %d", ErrConfig, cfg.TopK)
-	case cfg.WireDType != dtype.F32 && cfg.WireDType != dtype.BF16:
-		return nil, fmt.Errorf("%w: wire type %v (want f32 or bf16)", ErrConfig, cfg.WireDType)
-	case cfg.Placement == nil:
-		return nil, fmt.Errorf("%w: no placement", ErrConfig)
+	case act == dtype.U8 && cfg.WireDType != dtype.U8:
+		return nil, fmt.Errorf("%w: opaque rows travel as they are (wire type u8), not %v", ErrConfig, cfg.WireDType)
+	case act != dtype.U8 && cfg.WireDType == dtype.U8:
+		return nil, fmt.Errorf("%w: wire type u8 is for opaque rows (Dispatcher[byte])", ErrConfig)
+	case cfg.Quantized && cfg.WireDType != dtype.FP8E4M3 && cfg.WireDType != dtype.I8:
+		return nil, fmt.Errorf("%w: Quantized needs an fp8 or int8 wire, not %v", ErrConfig, cfg.WireDType)
 	case cfg.Placement.Ranks != c.Size():
 		return nil, fmt.Errorf("%w: placement over %d ranks on a communicator of %d", ErrConfig, cfg.Placement.Ranks, c.Size())
-	case cfg.TopK > cfg.Placement.Experts:
-		return nil, fmt.Errorf("%w: top-k %d with %d experts", ErrConfig, cfg.TopK, cfg.Placement.Experts)
-	}
-	if cfg.Align < 1 {
-		cfg.Align = 1
 	}
 	if cfg.Pool == nil {
 		cfg.Pool = obuf.Default
@@ -172,192 +279,279 @@ func New(c *coll.Comm, cfg Config) (*Dispatcher, error) {
 			cfg.Pool = obuf.Shared
 		}
 	}
-	d := &Dispatcher{c: c, cfg: cfg, es: cfg.WireDType.Size()}
-	d.sendS.Pool, d.recvS.Pool, d.xS.Pool = cfg.Pool, cfg.Pool, cfg.Pool
-	d.row = align8(metaBytes(cfg.TopK) + cfg.Hidden*d.es)
+	co := &core{c: c, cfg: cfg, f: NewFormat(cfg), fp: Fingerprint(cfg)}
+	d := &Dispatcher[T]{core: co, act: act}
+	d.stage.Pool = cfg.Pool
 	p := c.Size()
-	d.hdr = make([]int64, hdrLen+p)
-	d.all = make([]int64, (hdrLen+p)*p)
-	d.matrix, d.back = make([][]int, p), make([][]int, p)
-	for i := range d.matrix {
-		d.matrix[i], d.back[i] = make([]int, p), make([]int, p)
+	for i := 0; i < cfg.InFlight; i++ {
+		sc := &slotCore{idx: i}
+		if cfg.Mode == Normal {
+			sc.matrix, sc.back = make([][]int, p), make([][]int, p)
+			for j := range sc.matrix {
+				sc.matrix[j], sc.back[j] = make([]int, p), make([]int, p)
+			}
+		}
+		co.cores = append(co.cores, sc)
+		s := &slot[T]{d: d, sc: sc}
+		s.sendS.Pool, s.recvS.Pool, s.xS.Pool = cfg.Pool, cfg.Pool, cfg.Pool
+		s.hdr = make([]int64, hdrLen+p)
+		s.all = make([]int64, (hdrLen+p)*p)
+		d.slots = append(d.slots, s)
 	}
-	d.stats.RowsPerRank = make([]int, p)
+	co.stats.RowsPerRank = make([]int, p)
+	if cfg.Mode == LowLatency {
+		f := co.f
+		x, err := c.NewExchange(ctx, coll.ExchangeConfig{Slots: cfg.InFlight, Fields: []int{
+			BlockHeader + cfg.MaxTokens*f.Meta, cfg.MaxTokens * f.Payload, cfg.MaxTokens * f.ScaleBytes()}})
+		if err != nil {
+			return nil, err
+		}
+		co.x = x
+	}
 	return d, nil
 }
 
-func align8(n int) int { return (n + 7) &^ 7 }
+// fill checks cfg and fills its defaults (the wire and combine types are set).
+func (cfg *Config) fill() error {
+	if cfg.InFlight == 0 {
+		cfg.InFlight = 2
+	}
+	if cfg.Align < 1 {
+		cfg.Align = 1
+	}
+	switch {
+	case cfg.Hidden < 1 || cfg.Hidden > 1<<24:
+		return fmt.Errorf("%w: hidden size %d", ErrConfig, cfg.Hidden)
+	case cfg.TopK < 1 || cfg.TopK > 64:
+		return fmt.Errorf("%w: top-k %d (want 1..64)", ErrConfig, cfg.TopK)
+	case cfg.WireDType != dtype.F32 && cfg.WireDType != dtype.BF16 && cfg.WireDType != dtype.FP8E4M3 && cfg.WireDType != dtype.I8 && cfg.WireDType != dtype.U8:
+		return fmt.Errorf("%w: wire type %v (want f32, bf16, fp8 or int8)", ErrConfig, cfg.WireDType)
+	case cfg.CombineDType != dtype.F32 && cfg.CombineDType != dtype.BF16:
+		return fmt.Errorf("%w: combine type %v (want f32 or bf16)", ErrConfig, cfg.CombineDType)
+	case cfg.Placement == nil:
+		return fmt.Errorf("%w: no placement", ErrConfig)
+	case cfg.TopK > cfg.Placement.Experts:
+		return fmt.Errorf("%w: top-k %d with %d experts", ErrConfig, cfg.TopK, cfg.Placement.Experts)
+	case cfg.Mode != Normal && cfg.Mode != LowLatency:
+		return fmt.Errorf("%w: mode %v", ErrConfig, cfg.Mode)
+	case cfg.Mode == LowLatency && (cfg.MaxTokens < 1 || cfg.MaxTokens > MaxLowLatencyTokens):
+		return fmt.Errorf("%w: the low-latency mode needs MaxTokens in 1..%d, not %d", ErrConfig, MaxLowLatencyTokens, cfg.MaxTokens)
+	case cfg.InFlight < 1 || cfg.InFlight > 16:
+		return fmt.Errorf("%w: InFlight %d (want 1..16)", ErrConfig, cfg.InFlight)
+	case cfg.Align > 1<<16:
+		return fmt.Errorf("%w: alignment %d", ErrConfig, cfg.Align)
+	}
+	return nil
+}
 
-// metaBytes: per row, the source index, the number of local experts, then k pairs of
-// (local expert index, weight).
-func metaBytes(k int) int { return 8 + 8*k }
+func actType[T Act]() dtype.Type {
+	var z T
+	switch any(z).(type) {
+	case float32:
+		return dtype.F32
+	case dtype.BFloat16:
+		return dtype.BF16
+	}
+	return dtype.U8
+}
 
-// Config returns the dispatcher's configuration.
-func (d *Dispatcher) Config() Config { return d.cfg }
+// Config returns the dispatcher's configuration (defaults filled).
+func (d *core) Config() Config { return d.cfg }
+
+// Format returns the wire format.
+func (d *core) Format() Format { return d.f }
 
 // Comm returns the communicator.
-func (d *Dispatcher) Comm() *coll.Comm { return d.c }
+func (d *core) Comm() *coll.Comm { return d.c }
 
-// RowBytes is the size of one row on the wire.
-func (d *Dispatcher) RowBytes() int { return d.row }
+// RowBytes is the size of one row on the wire in the normal mode (metadata, payload and
+// scales).
+func (d *core) RowBytes() int { return d.f.Row }
 
 // Stats describes the last dispatch.
-func (d *Dispatcher) Stats() Stats { return d.stats }
+func (d *core) Stats() Stats { return d.stats }
 
-// Plan returns the AlltoAllv schedule of the last dispatch (for moex flow and debugging).
-func (d *Dispatcher) Plan() *coll.VPlan { return &d.fwd }
+// Owner identifies the dispatcher, whatever its activation type (Handle.Owner).
+func (d *core) Owner() any { return d }
 
-// CountsExchange is how many int64 every rank contributes to the counts all-gather that
-// precedes a dispatch whose routing changed (a header, then a row count per rank).
-func (d *Dispatcher) CountsExchange() int { return len(d.hdr) }
+// Exchange is the low-latency mode's exchange (nil in the normal mode).
+func (d *core) Exchange() *coll.Exchange { return d.x }
 
-// Dispatch sends this rank's T tokens x (T x Hidden, row-major) to the experts r chose.
-// Every rank must call it (a rank with no tokens passes empty x and routing).
-func (d *Dispatcher) Dispatch(ctx context.Context, x []float32, r *router.Routing) (*Output, Handle, error) {
-	d.gen++
+// CountsExchange is how many int64 every rank contributes to the counts all-gather of
+// the normal mode (a header, then a row count per rank).
+func (d *core) CountsExchange() int { return hdrLen + d.c.Size() }
+
+// Plan returns the AlltoAllv schedule of the last normal-mode dispatch (for moex flow
+// and debugging).
+func (d *Dispatcher[T]) Plan() *coll.VPlan {
+	return &d.slots[int((d.gen+uint64(len(d.slots))-1)%uint64(len(d.slots)))].fwd
+}
+
+// Pending is a dispatch whose rows are on their way: Wait completes it.
+type Pending[T Act] struct {
+	s   *slot[T]
+	gen uint64
+}
+
+// Dispatch sends this rank's T tokens x (T x Hidden, row-major) to the experts r chose
+// and returns what this rank's experts receive. Every rank must call it (a rank with no
+// tokens passes empty x and routing). It is Start followed by Wait.
+func (d *Dispatcher[T]) Dispatch(ctx context.Context, x []T, r *router.Routing) (*Output[T], Handle, error) {
+	p, err := d.Start(ctx, x, r)
+	if err != nil {
+		return nil, Handle{}, err
+	}
+	return p.Wait(ctx)
+}
+
+// Start is the send half of Dispatch: it checks the input, plans, packs and sends, and
+// returns without waiting for the other ranks' rows. x and r must stay unchanged until
+// Wait returns.
+func (d *Dispatcher[T]) Start(ctx context.Context, x []T, r *router.Routing) (*Pending[T], error) {
+	s, err := d.take()
+	if err != nil {
+		return nil, err
+	}
 	code, inErr := d.check(x, r)
-	if code == codeOK {
-		if err := router.BuildLayoutInto(&d.layout, r, d.cfg.Placement, d.c.Rank()); err != nil {
-			code, inErr = codeRouting, fmt.Errorf("%w: %v", ErrInput, err)
-		}
+	return d.startSlot(ctx, s, x, r, code, inErr, false)
+}
+
+// take reserves the next slot, unless its buffers are still in use.
+func (d *Dispatcher[T]) take() (*slot[T], error) {
+	if d.closed {
+		return nil, fmt.Errorf("%w: dispatcher closed", coll.ErrClosed)
 	}
-	// Counts exchange: every rank's header and per-destination row counts.
-	p := d.c.Size()
-	d.hdr[0], d.hdr[1], d.hdr[2] = int64(code), int64(d.cfg.Hidden), int64(d.cfg.WireDType)
-	d.hdr[3], d.hdr[4], d.hdr[5] = int64(d.cfg.TopK), int64(d.cfg.Placement.Experts), int64(p)
-	for q := 0; q < p; q++ {
-		d.hdr[hdrLen+q] = 0
-		if code == codeOK {
-			d.hdr[hdrLen+q] = int64(len(d.layout.Rows[q]))
-		}
+	s := d.slots[int(d.gen%uint64(len(d.slots)))]
+	switch {
+	case s.sc.state == slotStarted:
+		return nil, fmt.Errorf("%w: dispatch %d would reuse the buffers of dispatch %d, not waited for (InFlight %d)", ErrBusy, d.gen+1, s.sc.gen, len(d.slots))
+	case s.sc.pins > 0:
+		return nil, fmt.Errorf("%w: dispatch %d would reuse the buffers of dispatch %d, whose combine runs (InFlight %d)", ErrBusy, d.gen+1, s.sc.gen, len(d.slots))
 	}
-	if err := coll.AllGather(ctx, d.c, d.hdr, d.all); err != nil {
+	d.gen++
+	s.sc.gen, s.sc.valid = d.gen, false
+	return s, nil
+}
+
+func (d *Dispatcher[T]) startSlot(ctx context.Context, s *slot[T], x []T, r *router.Routing, code int, inErr error, reuse bool) (*Pending[T], error) {
+	var err error
+	if d.cfg.Mode == LowLatency {
+		err = s.startLL(ctx, x, r, code, inErr, reuse)
+	} else {
+		err = s.startNormal(ctx, x, r, code, inErr, reuse)
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.sc.state = slotStarted
+	s.pending = Pending[T]{s: s, gen: s.sc.gen}
+	return &s.pending, nil
+}
+
+// Wait is the receive half of Dispatch: it waits for the other ranks' rows and returns
+// this rank's experts' inputs and the handle for combine.
+func (p *Pending[T]) Wait(ctx context.Context) (*Output[T], Handle, error) {
+	s := p.s
+	if p.gen != s.sc.gen || s.sc.state != slotStarted {
+		return nil, Handle{}, fmt.Errorf("%w: Wait called twice, or after the dispatcher moved on", ErrStale)
+	}
+	var err error
+	if s.d.cfg.Mode == LowLatency {
+		err = s.waitLL(ctx)
+	} else {
+		err = s.waitNormal(ctx)
+	}
+	s.sc.state = slotIdle
+	if err != nil {
 		return nil, Handle{}, err
 	}
-	w := hdrLen + p
-	for q := 0; q < p; q++ {
-		h := d.all[q*w : q*w+hdrLen]
-		if h[1] != d.hdr[1] || h[2] != d.hdr[2] || h[3] != d.hdr[3] || h[4] != d.hdr[4] || h[5] != d.hdr[5] {
-			return nil, Handle{}, fmt.Errorf("%w: rank %d dispatches hidden=%d wire=%v top-k=%d experts=%d ranks=%d; this rank hidden=%d wire=%v top-k=%d experts=%d ranks=%d",
-				ErrMismatch, q, h[1], dtype.Type(h[2]), h[3], h[4], h[5], d.hdr[1], d.cfg.WireDType, d.hdr[3], d.hdr[4], d.hdr[5])
-		}
-	}
-	if inErr != nil {
-		return nil, Handle{}, inErr
-	}
-	for q := 0; q < p; q++ {
-		if c := d.all[q*w]; c != codeOK {
-			return nil, Handle{}, &PeerInputError{Rank: q, Code: int(c)}
-		}
-	}
-	for i := 0; i < p; i++ {
-		for j := 0; j < p; j++ {
-			n := int(d.all[i*w+hdrLen+j])
-			if i == j {
-				n = 0 // a rank's own rows never touch the wire
-			}
-			d.matrix[i][j], d.back[j][i] = n, n
-		}
-	}
-	if err := d.c.ReplanAlltoAllv(&d.fwd, d.matrix, d.row); err != nil {
-		return nil, Handle{}, err
-	}
-	d.h.tokens, d.h.r = len(x)/d.cfg.Hidden, r
-	if err := d.move(ctx, x); err != nil {
-		return nil, Handle{}, err
-	}
-	return &d.out, Handle{d: d, gen: d.gen}, nil
+	s.sc.valid = true
+	return &s.out, Handle{d: s.d.core, s: s.sc, gen: s.sc.gen}, nil
 }
 
 // Abandon takes part in a dispatch that this rank cannot make (its router failed, for
 // instance): the other ranks' Dispatch returns a PeerInputError naming this rank, in the
 // same call, instead of waiting; the communicator stays usable. It returns cause.
-func (d *Dispatcher) Abandon(ctx context.Context, cause error) error {
-	d.gen++
-	p := d.c.Size()
-	d.hdr[0], d.hdr[1], d.hdr[2] = codeRouting, int64(d.cfg.Hidden), int64(d.cfg.WireDType)
-	d.hdr[3], d.hdr[4], d.hdr[5] = int64(d.cfg.TopK), int64(d.cfg.Placement.Experts), int64(p)
-	for q := 0; q < p; q++ {
-		d.hdr[hdrLen+q] = 0
+func (d *Dispatcher[T]) Abandon(ctx context.Context, cause error) error {
+	s, err := d.take()
+	if err != nil {
+		return errors.Join(cause, err)
 	}
-	if err := coll.AllGather(ctx, d.c, d.hdr, d.all); err != nil {
+	p, err := d.startSlot(ctx, s, nil, nil, CodeRouting, cause, false)
+	if err != nil {
+		return errors.Join(cause, err)
+	}
+	if _, _, err := p.Wait(ctx); err != nil && !errors.Is(err, cause) {
 		return errors.Join(cause, err)
 	}
 	return cause
 }
 
 // Redispatch moves new activations x with the routing of h (same tokens, same experts):
-// no counts exchange, the plans and maps of h are reused. Every rank must call it.
-func (d *Dispatcher) Redispatch(ctx context.Context, h Handle, x []float32) (*Output, error) {
-	if h.d != d || !h.Valid() {
+// the layout and plan of h are reused (in the normal mode: no counts exchange), and h
+// and its Output stay valid. Every rank must call it.
+func (d *Dispatcher[T]) Redispatch(ctx context.Context, h Handle, x []T) (*Output[T], error) {
+	if h.d != d.core || !h.Valid() {
 		return nil, ErrStale
 	}
-	if len(x) != d.h.tokens*d.cfg.Hidden {
-		return nil, fmt.Errorf("%w: %d values for %d tokens of %d", ErrInput, len(x), d.h.tokens, d.cfg.Hidden)
+	if h.s.state == slotStarted || h.s.pins > 0 {
+		return nil, fmt.Errorf("%w: the dispatch's buffers are in use", ErrBusy)
 	}
-	return &d.out, d.move(ctx, x)
+	s := d.slots[h.s.idx]
+	code, inErr := CodeOK, error(nil)
+	if len(x) != h.s.tokens*d.cfg.Hidden {
+		code, inErr = CodeShape, fmt.Errorf("%w: %d values for %d tokens of %d", ErrInput, len(x), h.s.tokens, d.cfg.Hidden)
+	}
+	p, err := d.startSlot(ctx, s, x, h.s.r, code, inErr, true)
+	if err != nil {
+		return nil, err
+	}
+	out, _, err := p.Wait(ctx)
+	return out, err
 }
 
-func (d *Dispatcher) check(x []float32, r *router.Routing) (int, error) {
-	if r == nil {
-		return codeRouting, fmt.Errorf("%w: nil routing", ErrInput)
+// check validates this rank's input, returning its status code.
+func (d *Dispatcher[T]) check(x []T, r *router.Routing) (int, error) {
+	t, err := checkRouting(d.cfg, r)
+	if err != nil {
+		return CodeRouting, err
 	}
-	if len(x)%d.cfg.Hidden != 0 {
-		return codeShape, fmt.Errorf("%w: %d values is not a whole number of %d-wide rows", ErrInput, len(x), d.cfg.Hidden)
+	if len(x) != t*d.cfg.Hidden {
+		return CodeShape, fmt.Errorf("%w: %d values for %d tokens of %d", ErrInput, len(x), t, d.cfg.Hidden)
 	}
-	if t := len(x) / d.cfg.Hidden; t != r.T {
-		return codeShape, fmt.Errorf("%w: %d tokens but a routing of %d", ErrInput, t, r.T)
+	if d.cfg.Mode == LowLatency && t > d.cfg.MaxTokens {
+		return CodeTooMany, fmt.Errorf("%w: %d tokens, MaxTokens is %d", ErrInput, t, d.cfg.MaxTokens)
 	}
-	if r.K != d.cfg.TopK || len(r.Experts) != r.T*r.K || len(r.Weights) != r.T*r.K {
-		return codeRouting, fmt.Errorf("%w: routing with k=%d (%d choices) for top-k %d", ErrInput, r.K, len(r.Experts), d.cfg.TopK)
-	}
-	if r.E != d.cfg.Placement.Experts {
-		return codeRouting, fmt.Errorf("%w: routing over %d experts, placement of %d", ErrInput, r.E, d.cfg.Placement.Experts)
-	}
-	for i, e := range r.Experts {
-		if e < -1 || int(e) >= r.E {
-			return codeRouting, fmt.Errorf("%w: token %d choice %d is expert %d (have %d)", ErrInput, i/r.K, i%r.K, e, r.E)
-		}
-	}
-	return codeOK, nil
+	return CodeOK, nil
 }
 
-// move packs, exchanges and unpacks.
-func (d *Dispatcher) move(ctx context.Context, x []float32) error {
-	p, me := d.c.Size(), d.c.Rank()
-	d.send = d.sendS.Bytes(d.fwd.SendBytes())
-	d.recv = d.recvS.Bytes(d.fwd.RecvBytes())
-	// Pack: per destination rank (ascending), its rows in token order. Our own rows are
-	// not packed: they are unpacked straight from x.
-	off := 0
-	d.stats.RowsSent, d.stats.Assignments = 0, d.layout.Assignments
-	for q := 0; q < p; q++ {
-		d.stats.RowsPerRank[q] = len(d.layout.Rows[q])
-		if q == me {
-			continue
-		}
-		for _, t := range d.layout.Rows[q] {
-			d.packRow(d.send[off:off+d.row], x, int(t), q)
-			off += d.row
-		}
-		d.stats.RowsSent += len(d.layout.Rows[q])
+// Close gives the dispatcher's buffers back to their pool. Outputs and Handles are
+// invalid afterwards, and the Dispatcher must not be used again.
+func (d *Dispatcher[T]) Close() error {
+	if d.closed {
+		return nil
 	}
-	if err := d.c.RunAlltoAllv(ctx, &d.fwd, d.send, d.recv); err != nil {
-		return err
+	d.closed = true
+	d.gen++
+	for _, s := range d.slots {
+		s.sc.valid = false
+		s.release()
 	}
-	d.stats.BytesSent, d.stats.BytesReceived = d.fwd.SendBytes(), d.fwd.RecvBytes()
-	d.stats.RowsReceived = d.fwd.RecvBytes() / d.row
-	d.stats.Algo = d.fwd.Algo
-	d.unpack(x)
+	d.stage.Release()
+	if d.x != nil {
+		return d.x.Close()
+	}
 	return nil
 }
 
-// Close gives the dispatcher's buffers back to their pool. The last Output and Handle
-// are invalid afterwards, and the Dispatcher must not be used again.
-func (d *Dispatcher) Close() {
-	d.gen++
-	d.send, d.recv, d.out.X = nil, nil, nil
-	d.sendS.Release()
-	d.recvS.Release()
-	d.xS.Release()
+// MaxRows is the most expert-major rows (entries, padding included) a low-latency
+// dispatch can deliver to this rank: the size of the largest expert outputs Combine
+// takes. 0 in the normal mode (no bound).
+func (d *core) MaxRows() int {
+	if d.cfg.Mode != LowLatency {
+		return 0
+	}
+	nLocal := len(d.cfg.Placement.Local[d.c.Rank()])
+	per := min(d.cfg.TopK, nLocal)
+	return d.c.Size()*d.cfg.MaxTokens*per + nLocal*(d.cfg.Align-1)
 }

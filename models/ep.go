@@ -2,11 +2,11 @@ package models
 
 import (
 	"context"
+	"errors"
 
 	"gorgonia.org/tensor"
 
 	"github.com/moex-ai/moex/coll"
-	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/router"
@@ -17,27 +17,35 @@ import (
 // shared experts for its own tokens.
 type EP struct {
 	L  *Layer
-	D  *dispatch.Dispatcher
-	C  *combine.Combiner
+	D  *dispatch.Dispatcher[float32]
+	C  *combine.Combiner[float32]
 	pl *router.Placement
 	y  []float32
 	sc []float32
+	xs []float32 // an expert's rows gathered (low-latency mode)
 }
 
-// NewEP prepares the expert-parallel form of l on c. To run the experts (Experts,
-// Forward) l must materialise the experts that pl places on this rank.
-func NewEP(c *coll.Comm, l *Layer, pl *router.Placement, wire dtype.Type) (*EP, error) {
-	d, err := dispatch.New(c, dispatch.Config{Hidden: l.Cfg.Hidden, TopK: l.Cfg.TopK, WireDType: wire, Placement: pl})
+// NewEP prepares the expert-parallel form of l on c, with the dispatch configured by
+// cfg (its Hidden and TopK come from the layer; Placement is required). To run the
+// experts (Experts, Forward) l must materialise the experts that the placement puts on
+// this rank. In the low-latency mode it is collective.
+func NewEP(ctx context.Context, c *coll.Comm, l *Layer, cfg dispatch.Config) (*EP, error) {
+	cfg.Hidden, cfg.TopK = l.Cfg.Hidden, l.Cfg.TopK
+	d, err := dispatch.New[float32](ctx, c, cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &EP{L: l, D: d, C: combine.New(d), pl: pl}, nil
+	cb, err := combine.New[float32](ctx, d)
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	return &EP{L: l, D: d, C: cb, pl: cfg.Placement}, nil
 }
 
 // Close gives the dispatcher's and combiner's buffers back to their pool.
-func (ep *EP) Close() {
-	ep.C.Close()
-	ep.D.Close()
+func (ep *EP) Close() error {
+	return errors.Join(ep.C.Close(), ep.D.Close())
 }
 
 // Forward runs the layer on this rank's tokens (a (tokens, hidden) float32 tensor).
@@ -73,20 +81,23 @@ func (ep *EP) ForwardRouted(ctx context.Context, in []float32, r *router.Routing
 	return ep.C.Combine(ctx, h, ep.y, out)
 }
 
-// Experts runs every local expert on its block of o, into ep's output buffer.
-func (ep *EP) Experts(o *dispatch.Output) error {
+// Experts runs every local expert on its rows of o, into ep's output buffer (one row
+// per entry of o).
+func (ep *EP) Experts(o *dispatch.Output[float32]) error {
 	hid, f := ep.L.Cfg.Hidden, ep.L.Cfg.ExpertFFN
-	if cap(ep.y) < len(o.X) {
-		ep.y = make([]float32, len(o.X))
-	}
-	ep.y = ep.y[:len(o.X)]
+	ep.y = grow(ep.y, o.Rows()*hid)
 	me := ep.D.Comm().Rank()
 	for li, e := range ep.pl.Local[me] {
 		a, n := o.Offsets[li], o.Counts[li]
 		if need := 2 * n * f; cap(ep.sc) < need {
 			ep.sc = make([]float32, need)
 		}
-		if err := ep.L.Expert(e, o.X[a*hid:(a+n)*hid], n, ep.y[a*hid:(a+n)*hid], ep.sc); err != nil {
+		x := o.X[a*hid : (a+n)*hid] // expert-major rows (normal mode)
+		if n > 0 && o.Row[a] != int32(a) {
+			ep.xs = grow(ep.xs, n*hid)
+			x = o.Gather(li, ep.xs)
+		}
+		if err := ep.L.Expert(e, x, n, ep.y[a*hid:(a+n)*hid], ep.sc); err != nil {
 			return err
 		}
 		clear(ep.y[(a+n)*hid : o.Offsets[li+1]*hid]) // padding rows
@@ -94,15 +105,26 @@ func (ep *EP) Experts(o *dispatch.Output) error {
 	return nil
 }
 
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
 // Output returns the expert outputs of the last Experts call.
 func (ep *EP) Output() []float32 { return ep.y }
 
 // Identity makes every expert the identity (outputs = inputs), for measuring the
 // communication alone.
-func (ep *EP) Identity(o *dispatch.Output) {
-	if cap(ep.y) < len(o.X) {
-		ep.y = make([]float32, len(o.X))
+func (ep *EP) Identity(o *dispatch.Output[float32]) {
+	hid := ep.L.Cfg.Hidden
+	ep.y = grow(ep.y, o.Rows()*hid)
+	for j := 0; j < o.Rows(); j++ {
+		if r := o.Entry(j); r != nil {
+			copy(ep.y[j*hid:(j+1)*hid], r)
+		} else {
+			clear(ep.y[j*hid : (j+1)*hid])
+		}
 	}
-	ep.y = ep.y[:len(o.X)]
-	copy(ep.y, o.X)
 }

@@ -1,0 +1,513 @@
+package combine_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/combine"
+	"github.com/moex-ai/moex/dispatch"
+	"github.com/moex-ai/moex/internal/race"
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/router"
+)
+
+var modes = []dispatch.Mode{dispatch.Normal, dispatch.LowLatency}
+
+// Failures must never wait for the timeout: tests run with a short one, so that a hang
+// shows as ErrTimeout, not as a stalled test.
+var quick = coll.Config{Timeout: 10 * time.Second}
+
+func goodRouting() (*router.Routing, []float32) {
+	r := &router.Routing{T: 2, K: 2, E: 8, Experts: []int32{0, 5, 7, 2}, Weights: []float32{1, 1, 1, 1}}
+	return r, make([]float32, 8)
+}
+
+func newPair(ctx context.Context, c *coll.Comm, cfg dispatch.Config) (*dispatch.Dispatcher[float32], *combine.Combiner[float32], error) {
+	d, err := dispatch.New[float32](ctx, c, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	cb, err := combine.New[float32](ctx, d)
+	if err != nil {
+		d.Close()
+		return nil, nil, err
+	}
+	return d, cb, nil
+}
+
+// A rank with bad input makes every rank fail in the same call, with a typed error
+// naming it, and the communicator stays usable.
+func TestBadInputs(t *testing.T) {
+	pl := placement(t, "contiguous", 8, 3)
+	ctx := context.Background()
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			runRanks(t, 3, quick, func(c *coll.Comm) error {
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: 4, TopK: 2, Placement: pl, Mode: mode, MaxTokens: 4})
+				if err != nil {
+					return err
+				}
+				defer d.Close()
+				defer cb.Close()
+				var pie *dispatch.PeerInputError
+				expect := func(what string, bad int, err error) error {
+					switch {
+					case c.Rank() == bad && !errors.Is(err, dispatch.ErrInput):
+						return fmt.Errorf("%s: the bad rank got %v", what, err)
+					case c.Rank() != bad && (!errors.As(err, &pie) || pie.Rank != bad):
+						return fmt.Errorf("%s: rank %d got %v, want a PeerInputError naming rank %d", what, c.Rank(), err, bad)
+					}
+					return nil
+				}
+				// An expert out of range on rank 1.
+				r, x := goodRouting()
+				if c.Rank() == 1 {
+					r.Experts[3] = 8
+				}
+				_, _, err = d.Dispatch(ctx, x, r)
+				if err := expect("bad expert", 1, err); err != nil {
+					return err
+				}
+				// Rows and routing of different sizes on rank 2.
+				r, x = goodRouting()
+				if c.Rank() == 2 {
+					x = x[:4]
+				}
+				_, _, err = d.Dispatch(ctx, x, r)
+				if err := expect("shape", 2, err); err != nil {
+					return err
+				}
+				// More tokens than MaxTokens on rank 0 (a limit of the low-latency mode).
+				if mode == dispatch.LowLatency {
+					big := &router.Routing{T: 5, K: 2, E: 8, Experts: make([]int32, 10), Weights: make([]float32, 10)}
+					xb := make([]float32, 20)
+					if c.Rank() != 0 {
+						big, xb = goodRouting()
+					}
+					_, _, err = d.Dispatch(ctx, xb, big)
+					if err := expect("too many tokens", 0, err); err != nil {
+						return err
+					}
+				}
+				// Abandon on rank 1: the others learn in the same call.
+				r, x = goodRouting()
+				cause := errors.New("router failed")
+				if c.Rank() == 1 {
+					err = d.Abandon(ctx, cause)
+					if !errors.Is(err, cause) {
+						return fmt.Errorf("abandon returned %v", err)
+					}
+				} else {
+					_, _, err = d.Dispatch(ctx, x, r)
+					if !errors.As(err, &pie) || pie.Rank != 1 {
+						return fmt.Errorf("abandoned dispatch: %v", err)
+					}
+				}
+				// The communicator is still usable: a good dispatch and combine work, with
+				// a rank at zero tokens.
+				r, x = goodRouting()
+				if c.Rank() == 0 {
+					r, x = &router.Routing{T: 0, K: 2, E: 8}, nil
+				}
+				out, h, err := d.Dispatch(ctx, x, r)
+				if err != nil {
+					return fmt.Errorf("good dispatch after errors: %v", err)
+				}
+				return cb.Combine(ctx, h, make([]float32, out.Rows()*4), make([]float32, len(x)))
+			})
+		})
+	}
+	// Configuration errors.
+	cs, err := coll.Local(1, coll.Config{})
+	require.NoError(t, err)
+	defer cs[0].Close()
+	pl1 := placement(t, "contiguous", 4, 1)
+	for _, cfg := range []dispatch.Config{
+		{Hidden: 0, TopK: 1, Placement: pl1},
+		{Hidden: 4, TopK: 5, Placement: pl1},
+		{Hidden: 4, TopK: 1, Placement: pl1, WireDType: dtype.F16},
+		{Hidden: 4, TopK: 1, Placement: pl1, WireDType: dtype.U8},
+		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.FP8E4M3},
+		{Hidden: 4, TopK: 1, Placement: pl1, Quantized: true},
+		{Hidden: 4, TopK: 1},
+		{Hidden: 4, TopK: 1, Placement: pl},
+		{Hidden: 4, TopK: 1, Placement: pl1, Mode: dispatch.LowLatency},
+		{Hidden: 4, TopK: 1, Placement: pl1, Mode: dispatch.LowLatency, MaxTokens: dispatch.MaxLowLatencyTokens + 1},
+		{Hidden: 4, TopK: 1, Placement: pl1, InFlight: 17},
+		{Hidden: 4, TopK: 1, Placement: pl1, Mode: 7},
+	} {
+		_, err := dispatch.New[float32](context.Background(), cs[0], cfg)
+		assert.ErrorIs(t, err, dispatch.ErrConfig, "%+v", cfg)
+	}
+	_, err = dispatch.New[byte](context.Background(), cs[0], dispatch.Config{Hidden: 4, TopK: 1, Placement: pl1, WireDType: dtype.BF16})
+	assert.ErrorIs(t, err, dispatch.ErrConfig, "opaque rows on a bf16 wire")
+}
+
+// Ranks whose placements differ (another kind, other replicas) or whose configurations
+// differ fail every one of them with ErrMismatch in the same call: nothing is delivered
+// to the wrong experts, nothing panics.
+func TestConfigurationMismatch(t *testing.T) {
+	ctx := context.Background()
+	for _, mode := range modes {
+		for _, what := range []string{"kind", "replicas", "hidden", "wire"} {
+			t.Run(fmt.Sprintf("%v/%s", mode, what), func(t *testing.T) {
+				errs := onRanks(t, 4, quick, false, func(c *coll.Comm) error {
+					cfg := dispatch.Config{Hidden: 8, TopK: 2, Mode: mode, MaxTokens: 8, Placement: placement(t, "contiguous", 8, 4)}
+					if c.Rank() == 2 {
+						switch what {
+						case "kind":
+							cfg.Placement = placement(t, "roundrobin", 8, 4)
+						case "replicas":
+							cfg.Placement = placement(t, "replicated", 8, 4)
+						case "hidden":
+							cfg.Hidden = 16
+						case "wire":
+							cfg.WireDType = dtype.BF16
+						}
+					}
+					d, err := dispatch.New[float32](ctx, c, cfg)
+					if err != nil {
+						return err
+					}
+					defer d.Close()
+					r := &router.Routing{T: 3, K: 2, E: 8, Experts: []int32{0, 1, 2, 3, 6, 7}, Weights: []float32{1, 1, 1, 1, 1, 1}}
+					_, _, err = d.Dispatch(ctx, make([]float32, 3*cfg.Hidden), r)
+					return err
+				})
+				for r, err := range errs {
+					assert.ErrorIs(t, err, coll.ErrMismatch, "rank %d", r)
+				}
+			})
+		}
+	}
+}
+
+// A rank that passes Combine a stale handle, or buffers of the wrong length, fails with
+// its own error, and every other rank with a PeerInputError naming it, in the same call;
+// the communicator and the dispatch stay usable.
+func TestCombineBadCall(t *testing.T) {
+	s := scenario{p: 4, hid: 8, k: 2, experts: 8, tokens: []int{6, 5, 7, 4}, seed: 3, maxTokens: 8}
+	ctx := context.Background()
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			pl := placement(t, "contiguous", s.experts, s.p)
+			runRanks(t, s.p, quick, func(c *coll.Comm) error {
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens})
+				if err != nil {
+					return err
+				}
+				defer d.Close()
+				defer cb.Close()
+				r, x := s.routing(c.Rank())
+				var hs []dispatch.Handle
+				var outs []*dispatch.Output[float32]
+				for i := 0; i < 3; i++ { // InFlight 2: the first handle is stale after the third
+					out, h, err := d.Dispatch(ctx, x, r)
+					if err != nil {
+						return err
+					}
+					hs, outs = append(hs, h), append(outs, out)
+				}
+				if hs[0].Valid() {
+					return errors.New("handle of the first of three dispatches still valid")
+				}
+				h, out := hs[2], outs[2]
+				y, res := make([]float32, out.Rows()*s.hid), make([]float32, len(x))
+				var pie *dispatch.PeerInputError
+				for _, bad := range []struct {
+					rank int
+					want error
+					code int
+				}{{1, dispatch.ErrStale, dispatch.CodeStale}, {2, combine.ErrInput, dispatch.CodeOutput}, {0, combine.ErrInput, dispatch.CodeOutput}} {
+					hh, yy, rr := h, y, res
+					if c.Rank() == bad.rank {
+						switch bad.rank {
+						case 1:
+							hh = hs[0]
+						case 2:
+							yy = y[:len(y)-1]
+						case 0:
+							rr = append(res, 0)
+						}
+					}
+					err := cb.Combine(ctx, hh, yy, rr)
+					switch {
+					case c.Rank() == bad.rank && !errors.Is(err, bad.want):
+						return fmt.Errorf("bad rank %d got %v, want %v", bad.rank, err, bad.want)
+					case c.Rank() != bad.rank && (!errors.As(err, &pie) || pie.Rank != bad.rank || pie.Code != bad.code):
+						return fmt.Errorf("rank %d got %v, want a PeerInputError naming rank %d (code %d)", c.Rank(), err, bad.rank, bad.code)
+					}
+				}
+				if err := cb.Combine(ctx, h, y, res); err != nil {
+					return fmt.Errorf("combine after the failures: %v", err)
+				}
+				// Every rank passes the stale handle: every rank says so, nobody waits.
+				if err := cb.Combine(ctx, hs[0], y, res); !errors.Is(err, dispatch.ErrStale) {
+					return fmt.Errorf("stale everywhere: %v", err)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// Two dispatches and two combines in flight on one dispatcher (two micro-batches); the
+// limit is checked with ErrBusy, the same way on every rank.
+func TestInFlight(t *testing.T) {
+	s := scenario{p: 3, hid: 16, k: 2, experts: 6, tokens: []int{9, 12, 7}, seed: 21, maxTokens: 12}
+	ctx := context.Background()
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			pl := placement(t, "replicated", s.experts, s.p)
+			runRanks(t, s.p, quick, func(c *coll.Comm) error {
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens})
+				if err != nil {
+					return err
+				}
+				defer d.Close()
+				defer cb.Close()
+				r, x := s.routing(c.Rank())
+				xb := make([]float32, len(x))
+				for i := range xb {
+					xb[i] = 2 * x[i]
+				}
+				pa, err := d.Start(ctx, x, r)
+				if err != nil {
+					return err
+				}
+				pb, err := d.Start(ctx, xb, r)
+				if err != nil {
+					return err
+				}
+				if _, err := d.Start(ctx, x, r); !errors.Is(err, dispatch.ErrBusy) {
+					return fmt.Errorf("third dispatch in flight: %v, want ErrBusy", err)
+				}
+				oa, ha, err := pa.Wait(ctx)
+				if err != nil {
+					return err
+				}
+				ya := identity(oa, s.hid)
+				ob, hb, err := pb.Wait(ctx)
+				if err != nil {
+					return err
+				}
+				yb := identity(ob, s.hid)
+				ra, rb := make([]float32, len(x)), make([]float32, len(x))
+				ca, err := cb.Start(ctx, ha, ya, ra)
+				if err != nil {
+					return err
+				}
+				// A's combine pins A's buffers: the dispatch that would reuse them waits.
+				if _, err := d.Start(ctx, x, r); !errors.Is(err, dispatch.ErrBusy) {
+					return fmt.Errorf("dispatch over a running combine: %v, want ErrBusy", err)
+				}
+				cbb, err := cb.Start(ctx, hb, yb, rb)
+				if err != nil {
+					return err
+				}
+				if err := ca.Wait(ctx); err != nil {
+					return err
+				}
+				if err := cbb.Wait(ctx); err != nil {
+					return err
+				}
+				// Identity experts: the sum of the weights times the token.
+				for tok := 0; tok < r.T; tok++ {
+					w := float32(0)
+					for j := 0; j < s.k; j++ {
+						if r.Experts[tok*s.k+j] >= 0 {
+							w += r.Weights[tok*s.k+j]
+						}
+					}
+					for k := 0; k < s.hid; k++ {
+						if ra[tok*s.hid+k] != w*x[tok*s.hid+k] || rb[tok*s.hid+k] != w*xb[tok*s.hid+k] {
+							return fmt.Errorf("token %d element %d: %v and %v, want %v and %v", tok, k, ra[tok*s.hid+k], rb[tok*s.hid+k], w*x[tok*s.hid+k], w*xb[tok*s.hid+k])
+						}
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
+func identity(o *dispatch.Output[float32], hid int) []float32 {
+	y := make([]float32, o.Rows()*hid)
+	for j := 0; j < o.Rows(); j++ {
+		copy(y[j*hid:], o.Entry(j))
+	}
+	return y
+}
+
+// Non-finite activations come through each wire type as documented (coll/dtype): bf16
+// keeps NaN and infinities; fp8 keeps NaN and saturates infinities to the block's
+// largest finite magnitude; int8 turns a row with a NaN into NaNs and saturates
+// infinities.
+func TestNonFinite(t *testing.T) {
+	const hid = 256
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	row := make([]float32, hid)
+	for i := range row {
+		row[i] = float32(i%7) - 3
+	}
+	row[5], row[200] = inf, -inf
+	withNaN := append([]float32(nil), row...)
+	withNaN[9] = nan
+	ctx := context.Background()
+	pl := placement(t, "contiguous", 2, 2)
+	for _, mode := range modes {
+		for _, wire := range []dtype.Type{dtype.BF16, dtype.FP8E4M3, dtype.I8} {
+			t.Run(fmt.Sprintf("%v/%v", mode, wire), func(t *testing.T) {
+				runRanks(t, 2, quick, func(c *coll.Comm) error {
+					d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: hid, TopK: 1, Placement: pl, Mode: mode, MaxTokens: 2, WireDType: wire})
+					if err != nil {
+						return err
+					}
+					defer d.Close()
+					// Both tokens of rank 0 go to expert 1 (rank 1).
+					r := &router.Routing{T: 2, K: 1, E: 2, Experts: []int32{1, 1}, Weights: []float32{1, 1}}
+					x := append(append([]float32(nil), row...), withNaN...)
+					if c.Rank() == 1 {
+						r, x = &router.Routing{T: 0, K: 1, E: 2}, nil
+					}
+					out, _, err := d.Dispatch(ctx, x, r)
+					if err != nil || c.Rank() == 0 {
+						return err
+					}
+					if out.Counts[0] != 2 {
+						return fmt.Errorf("%d rows", out.Counts[0])
+					}
+					a, b := out.Entry(out.Offsets[0]), out.Entry(out.Offsets[0]+1)
+					switch wire {
+					case dtype.BF16:
+						if a[5] != inf || b[200] != -inf || !math.IsNaN(float64(b[9])) || a[0] != -3 {
+							return fmt.Errorf("bf16: %v %v %v %v", a[5], b[200], b[9], a[0])
+						}
+					case dtype.FP8E4M3:
+						if a[5] != 3 || a[200] != -3 || !math.IsNaN(float64(b[9])) || b[10] != row[10] {
+							return fmt.Errorf("fp8: %v %v %v %v", a[5], a[200], b[9], b[10])
+						}
+					case dtype.I8:
+						if a[5] != 3 || a[200] != -3 || math.Abs(float64(a[1]+2)) > 1.5/127 {
+							return fmt.Errorf("int8: %v %v %v", a[5], a[200], a[1])
+						}
+						for _, v := range b {
+							if !math.IsNaN(float64(v)) {
+								return fmt.Errorf("int8 row with a NaN: %v", v)
+							}
+						}
+					}
+					return nil
+				})
+			})
+		}
+	}
+}
+
+// In steady state a dispatch and a combine allocate nothing, in both modes.
+func TestAllocs(t *testing.T) {
+	if race.Enabled {
+		t.Skip("allocation counts are meaningless under -race (sync.Pool drops items on purpose)")
+	}
+	s := scenario{p: 2, hid: 64, k: 2, experts: 4, tokens: []int{100, 100}, seed: 1, maxTokens: 100}
+	pl := placement(t, "contiguous", s.experts, s.p)
+	ctx := context.Background()
+	for _, mode := range modes {
+		for _, wire := range []dtype.Type{dtype.BF16, dtype.FP8E4M3} {
+			cs, err := coll.Local(2, coll.Config{})
+			require.NoError(t, err)
+			type st struct {
+				d   *dispatch.Dispatcher[float32]
+				cb  *combine.Combiner[float32]
+				r   *router.Routing
+				x   []float32
+				y   []float32
+				res []float32
+			}
+			sts := make([]*st, 2)
+			pools := []*obuf.Pool{obuf.NewPool(0), obuf.NewPool(0)}
+			errs := runOnComms(cs, func(c *coll.Comm) error {
+				i := c.Rank()
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, WireDType: wire, Pool: pools[i], Mode: mode, MaxTokens: s.maxTokens})
+				if err != nil {
+					return err
+				}
+				r, x := s.routing(i)
+				sts[i] = &st{d: d, cb: cb, r: r, x: x, y: make([]float32, 4096*s.hid), res: make([]float32, len(x))}
+				return nil
+			})
+			for _, err := range errs {
+				require.NoError(t, err)
+			}
+			step := func(s *st) error {
+				out, h, err := s.d.Dispatch(ctx, s.x, s.r)
+				if err != nil {
+					return err
+				}
+				return s.cb.Combine(ctx, h, s.y[:out.Rows()*64], s.res)
+			}
+			other := make(chan struct{})
+			done := make(chan error, 1)
+			go func() {
+				var err error
+				for range other {
+					if e := step(sts[1]); e != nil && err == nil {
+						err = e
+					}
+				}
+				done <- err
+			}()
+			var first error
+			run := func() {
+				other <- struct{}{}
+				if err := step(sts[0]); err != nil && first == nil {
+					first = err
+				}
+			}
+			for i := 0; i < 10; i++ {
+				run()
+			}
+			n := testing.AllocsPerRun(100, run)
+			close(other)
+			require.NoError(t, <-done)
+			require.NoError(t, first)
+			assert.Zero(t, n, "%v %v: allocations per dispatch+combine", mode, wire)
+			// The buffers came from the pool, and go back to it on Close.
+			for i, x := range sts {
+				ps := pools[i].Stats()
+				assert.True(t, ps.Gets >= 2 && ps.Allocs <= ps.Gets, "rank %d: pool stats %+v", i, ps)
+				require.NoError(t, x.cb.Close())
+				require.NoError(t, x.d.Close())
+				ps = pools[i].Stats()
+				assert.Equal(t, ps.Gets, ps.Releases, "rank %d: buffers taken and given back after Close", i)
+			}
+			for _, c := range cs {
+				c.Close()
+			}
+		}
+	}
+}
+
+func runOnComms(cs []*coll.Comm, f func(c *coll.Comm) error) []error {
+	errs := make([]error, len(cs))
+	done := make(chan struct{})
+	for i, c := range cs {
+		go func() {
+			errs[i] = f(c)
+			done <- struct{}{}
+		}()
+	}
+	for range cs {
+		<-done
+	}
+	return errs
+}

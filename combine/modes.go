@@ -1,0 +1,182 @@
+package combine
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/moex-ai/moex/dispatch"
+)
+
+// The normal mode: one AlltoAllv of blocks, each a dispatch.BlockHeader and the partial
+// sums of the rows the destination sent this rank, in the order it sent them. A rank
+// whose call is bad still sends every block its handle's layout calls for (header set,
+// rows left as they are), so that the sizes agree and every rank learns.
+
+func (s *slot[T]) startNormal(ctx context.Context, y []T) error {
+	cb := s.cb
+	c := cb.c
+	p, me := c.Size(), c.Rank()
+	h := s.h
+	back := h.Back()
+	rb := cb.f.Combined
+	for i := 0; i < p; i++ {
+		for j := 0; j < p; j++ {
+			s.bytes[i][j] = 0
+			if i != j {
+				s.bytes[i][j] = dispatch.BlockHeader + back[i][j]*rb
+			}
+		}
+	}
+	if err := c.ReplanAlltoAllv(&s.plan, s.bytes, 1); err != nil {
+		return err
+	}
+	s.send = s.sendS.Bytes(s.plan.SendBytes())
+	s.recv = s.recvS.Bytes(s.plan.RecvBytes())
+	off := 0
+	for q := 0; q < p; q++ {
+		if q == me {
+			continue
+		}
+		n := back[me][q]
+		dispatch.PutHeader(s.send[off:], s.code, n, h.Fingerprint(), h.Generation())
+		off += dispatch.BlockHeader
+		if s.code == dispatch.CodeOK {
+			a, _ := h.Incoming(q)
+			for i := a; i < a+n; i++ {
+				s.partial(s.send[off:off+rb], y, i)
+				off += rb
+			}
+		} else {
+			off += n * rb
+		}
+	}
+	return c.IRunAlltoAllvWith(ctx, &s.plan, s.send, s.recv, &s.pend)
+}
+
+func (s *slot[T]) waitNormal(ctx context.Context) error {
+	cb := s.cb
+	p, me := cb.c.Size(), cb.c.Rank()
+	if err := s.pend.Wait(ctx); err != nil {
+		return err
+	}
+	h := s.h
+	back := h.Back()
+	rb := cb.f.Combined
+	var first error
+	off := 0
+	for q := 0; q < p; q++ {
+		if q == me {
+			continue
+		}
+		n := back[q][me]
+		if err := s.checkHeader(q, s.recv[off:off+dispatch.BlockHeader], n); err != nil && first == nil {
+			first = err
+		}
+		off += dispatch.BlockHeader + n*rb
+	}
+	if s.inErr != nil || first != nil {
+		if s.inErr != nil {
+			return s.inErr
+		}
+		return first
+	}
+	off = 0
+	for q := 0; q < p; q++ {
+		if q == me {
+			continue
+		}
+		off += dispatch.BlockHeader
+		for _, t := range h.RowsTo(q) {
+			s.addPartial(int(t), s.recv[off:off+rb])
+			off += rb
+		}
+	}
+	return nil
+}
+
+// The low-latency mode: one exchange of two fields, the header and the partial sums.
+
+func (s *slot[T]) startLL(ctx context.Context, y []T) error {
+	cb := s.cb
+	me := cb.c.Rank()
+	h := s.h
+	rb := cb.f.Combined
+	op, err := cb.x.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	s.op = op
+	for {
+		q, dst, err := op.NextDest(ctx)
+		if err != nil {
+			return err
+		}
+		if q < 0 {
+			return nil
+		}
+		n := 0
+		if s.code == dispatch.CodeOK && q != me {
+			a, b := h.Incoming(q)
+			n = b - a
+			for i := a; i < b; i++ {
+				s.partial(dst[1][(i-a)*rb:(i-a+1)*rb], y, i)
+			}
+		}
+		dispatch.PutHeader(dst[0], s.code, n, h.Fingerprint(), h.Generation())
+		if err := op.Send(q, dispatch.BlockHeader, n*rb); err != nil {
+			return err
+		}
+	}
+}
+
+func (s *slot[T]) waitLL(ctx context.Context) error {
+	cb := s.cb
+	p, me := cb.c.Size(), cb.c.Rank()
+	op := s.op
+	s.op = nil
+	if err := op.Wait(ctx); err != nil {
+		return err
+	}
+	h := s.h
+	rb := cb.f.Combined
+	var first error
+	for q := 0; q < p; q++ {
+		if q == me {
+			continue
+		}
+		hb := op.Recv(q, 0)
+		if len(hb) < dispatch.BlockHeader {
+			if first == nil {
+				first = fmt.Errorf("%w: rank %d sent a %d-byte combine block", dispatch.ErrMismatch, q, len(hb))
+			}
+			continue
+		}
+		n := 0
+		if s.code == dispatch.CodeOK {
+			n = len(h.RowsTo(q))
+		}
+		err := s.checkHeader(q, hb, n)
+		if err == nil && s.code == dispatch.CodeOK && len(op.Recv(q, 1)) != n*rb {
+			err = fmt.Errorf("%w: rank %d sent %d bytes of partial sums for %d rows", dispatch.ErrMismatch, q, len(op.Recv(q, 1)), n)
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if s.inErr != nil {
+		return s.inErr
+	}
+	if first != nil {
+		return first
+	}
+	for q := 0; q < p; q++ {
+		if q == me {
+			continue
+		}
+		part := op.Recv(q, 1)
+		for i, t := range h.RowsTo(q) {
+			s.addPartial(int(t), part[i*rb:(i+1)*rb])
+		}
+	}
+	return nil
+}

@@ -1,0 +1,232 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/router"
+)
+
+// The low-latency mode: one coll.Exchange per dispatch, three fields per block: a
+// BlockHeader and the rows' metadata; the rows' payloads; their scales (fp8, int8).
+// Every rank sends every rank a block, a header-only one when it has no rows for it or
+// its input is bad, so the counts and the status travel with the rows and nobody waits
+// for a rank that gave up.
+
+// BlockHeader is the size of the header that starts every block of a low-latency
+// dispatch and of every combine: status (u32), rows (u32), fingerprint (u64), the
+// dispatch's generation (u64), reserved (u64).
+const BlockHeader = 32
+
+// PutHeader writes a block header.
+func PutHeader(b []byte, status, rows int, fp, gen uint64) {
+	binary.LittleEndian.PutUint32(b[0:], uint32(status))
+	binary.LittleEndian.PutUint32(b[4:], uint32(rows))
+	binary.LittleEndian.PutUint64(b[8:], fp)
+	binary.LittleEndian.PutUint64(b[16:], gen)
+	binary.LittleEndian.PutUint64(b[24:], 0)
+}
+
+// ReadHeader reads a block header.
+func ReadHeader(b []byte) (status, rows int, fp, gen uint64) {
+	return int(binary.LittleEndian.Uint32(b[0:])), int(binary.LittleEndian.Uint32(b[4:])),
+		binary.LittleEndian.Uint64(b[8:]), binary.LittleEndian.Uint64(b[16:])
+}
+
+func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code int, inErr error, reuse bool) error {
+	d := s.d
+	sc := s.sc
+	me := d.c.Rank()
+	if !reuse && code == CodeOK {
+		if err := router.BuildLayoutInto(&sc.layout, r, d.cfg.Placement, me); err != nil {
+			code, inErr = CodeRouting, fmt.Errorf("%w: %v", ErrInput, err)
+		} else {
+			sc.tokens, sc.r = r.T, r
+		}
+	}
+	s.x, s.code, s.inErr = x, code, inErr
+	if code == CodeOK {
+		d.stageTokens(x, sc.tokens)
+	}
+	op, err := d.x.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	s.op = op
+	f := &d.f
+	sb := f.ScaleBytes()
+	st := &s.stats
+	st.RowsSent, st.BytesSent, st.Pushed, st.Assignments = 0, 0, 0, 0
+	if code == CodeOK {
+		st.Assignments = sc.layout.Assignments
+	}
+	for {
+		q, dst, err := op.NextDest(ctx)
+		if err != nil {
+			return err
+		}
+		if q < 0 {
+			break
+		}
+		var rows []int32
+		if code == CodeOK {
+			rows = sc.layout.Rows[q]
+		}
+		n := len(rows)
+		PutHeader(dst[0], code, n, d.fp, sc.gen)
+		meta := dst[0][BlockHeader:]
+		for i, t := range rows {
+			d.putMeta(meta[i*f.Meta:(i+1)*f.Meta], sc.r, int(t), q)
+			pay, sca := d.token(int(t))
+			copy(dst[1][i*f.Payload:(i+1)*f.Payload], pay)
+			copy(dtype.FromBytes[float32](dst[2][i*sb:(i+1)*sb]), sca)
+		}
+		if err := op.Send(q, BlockHeader+n*f.Meta, n*f.Payload, n*sb); err != nil {
+			return err
+		}
+		if q != me {
+			st.RowsSent += n
+			st.BytesSent += BlockHeader + n*(f.Meta+f.Payload+sb)
+			if d.x.Pushes(q) {
+				st.Pushed++
+			}
+		}
+	}
+	return nil
+}
+
+func (s *slot[T]) waitLL(ctx context.Context) error {
+	d := s.d
+	sc := s.sc
+	op := s.op
+	s.op = nil
+	if err := op.Wait(ctx); err != nil {
+		return err
+	}
+	p, me := d.c.Size(), d.c.Rank()
+	f := &d.f
+	sb := f.ScaleBytes()
+	sc.from = growInts(sc.from, p)
+	// Headers first: another configuration on any rank, then a rank's bad input, fail
+	// every rank alike.
+	for q := 0; q < p; q++ {
+		h := op.Recv(q, 0)
+		if len(h) < BlockHeader {
+			return fmt.Errorf("%w: rank %d sent a %d-byte block", ErrMismatch, q, len(h))
+		}
+		if _, _, fp, _ := ReadHeader(h); fp != d.fp {
+			return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, fp, d.fp)
+		}
+	}
+	if s.inErr != nil {
+		return s.inErr
+	}
+	st := &s.stats
+	st.RowsReceived, st.BytesReceived = 0, 0
+	for q := 0; q < p; q++ {
+		h := op.Recv(q, 0)
+		status, n, _, _ := ReadHeader(h)
+		if status != CodeOK {
+			return &PeerInputError{Rank: q, Code: status}
+		}
+		if n > d.cfg.MaxTokens || len(h) != BlockHeader+n*f.Meta || len(op.Recv(q, 1)) != n*f.Payload || len(op.Recv(q, 2)) != n*sb {
+			return fmt.Errorf("%w: rank %d's block says %d rows but carries %d, %d and %d bytes", ErrMismatch, q, n, len(h), len(op.Recv(q, 1)), len(op.Recv(q, 2)))
+		}
+		sc.from[q] = n
+		if q != me {
+			st.RowsReceived += n
+			st.BytesReceived += BlockHeader + n*(f.Meta+f.Payload+sb)
+		}
+	}
+	st.RowsPerRank = growInts(st.RowsPerRank, p)
+	for q := 0; q < p; q++ {
+		st.RowsPerRank[q] = len(sc.layout.Rows[q])
+	}
+	if err := s.viewLL(op); err != nil {
+		return err
+	}
+	d.stats = *st
+	return nil
+}
+
+// viewLL builds the expert-major view of the rows where they arrived (MaxTokens rows
+// per source rank), and the handle's maps; it converts the rows into X only when the
+// wire type is not the activation type.
+func (s *slot[T]) viewLL(op interface {
+	Recv(q, f int) []byte
+	Field(f int) []byte
+}) error {
+	d := s.d
+	sc := s.sc
+	p, me, hid, k := d.c.Size(), d.c.Rank(), d.cfg.Hidden, d.cfg.TopK
+	pl := d.cfg.Placement
+	f := &d.f
+	nLocal := len(pl.Local[me])
+	mt := d.cfg.MaxTokens
+	o := &s.out
+	o.hidden = hid
+	if cap(d.cs) < k {
+		d.cs = make([]contrib, 0, k)
+	}
+	o.Counts = growInts(o.Counts, nLocal)
+	clear(o.Counts)
+	o.Offsets = growInts(o.Offsets, nLocal+1)
+	incomingRows, contribs := 0, 0
+	for q := 0; q < p; q++ {
+		meta := op.Recv(q, 0)[BlockHeader:]
+		for i := 0; i < sc.from[q]; i++ {
+			_, cs, ok := getMeta(meta[i*f.Meta:(i+1)*f.Meta], k, nLocal, d.cs[:0])
+			if !ok {
+				return fmt.Errorf("%w: rank %d sent a row whose metadata is out of bounds", ErrMismatch, q)
+			}
+			incomingRows++
+			contribs += len(cs)
+			for _, x := range cs {
+				o.Counts[x.le]++
+			}
+		}
+	}
+	total := layoutEntries(o, d.cfg.Align)
+	s.allocEntries(total, incomingRows, contribs)
+	switch {
+	case d.cfg.Quantized:
+		o.X, o.Q, o.Scales = nil, op.Field(1), dtype.FromBytes[float32](op.Field(2))
+	case f.Wire == d.act:
+		o.X, o.Q, o.Scales = dtype.FromBytes[T](op.Field(1)), nil, nil // where the rows arrived
+	default:
+		o.X, o.Q, o.Scales = dtype.FromBytes[T](s.xS.Bytes(p*mt*hid*int(sizeOf[T]()))), nil, nil
+		pay, sca := op.Field(1), dtype.FromBytes[float32](op.Field(2))
+		for q := 0; q < p; q++ {
+			for i := 0; i < sc.from[q]; i++ {
+				r := q*mt + i
+				decode(f, dtype.Bytes(o.X[r*hid:(r+1)*hid]), d.act, pay[r*f.Payload:(r+1)*f.Payload], sca[r*f.Scales:(r+1)*f.Scales])
+			}
+		}
+	}
+	s.padEntries(false)
+	fill := d.fillScratch(nLocal)
+	row, ci := 0, 0
+	for q := 0; q < p; q++ {
+		sc.originStart[q] = row
+		meta := op.Recv(q, 0)[BlockHeader:]
+		for i := 0; i < sc.from[q]; i++ {
+			src, cs, _ := getMeta(meta[i*f.Meta:(i+1)*f.Meta], k, nLocal, d.cs[:0])
+			sc.start[row] = int32(ci)
+			for _, x := range cs {
+				dst := o.Offsets[x.le] + fill[x.le]
+				fill[x.le]++
+				o.Row[dst] = int32(q*mt + i)
+				o.Origin[dst], o.Source[dst], o.Weight[dst] = int32(q), int32(src), x.w
+				o.Expert[dst] = int32(pl.Local[me][x.le])
+				sc.entries[ci], sc.weights[ci] = int32(dst), x.w
+				ci++
+			}
+			row++
+		}
+	}
+	sc.originStart[p] = row
+	sc.start[row] = int32(ci)
+	return nil
+}

@@ -1,0 +1,427 @@
+package dispatch
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/router"
+)
+
+// The normal mode: a counts all-gather (hdrLen words of header, then a row count per
+// destination), then one AlltoAllv of blocks, each a blockHeader and that many rows.
+// The block header repeats the status, so that a Redispatch (no counts exchange) with
+// bad input still fails every rank.
+
+const (
+	hdrLen      = 2  // status, fingerprint
+	blockHeader = 16 // status (u32), rows (u32), fingerprint (u64)
+)
+
+// slot is one in-flight or alive dispatch result and its buffers.
+type slot[T Act] struct {
+	d  *Dispatcher[T]
+	sc *slotCore
+	x  []T
+	// This dispatch's input error, if any: it still takes part, then Wait returns it.
+	code  int
+	inErr error
+	// Normal mode.
+	hdr, all         []int64
+	bytes            [][]int // the AlltoAllv's block sizes
+	fwd              coll.VPlan
+	sendS, recvS, xS obuf.Scratch
+	send, recv       []byte
+	pend             coll.Handle
+	// Low-latency mode.
+	op *coll.XOp
+	// Both.
+	out     Output[T]
+	stats   Stats
+	pending Pending[T]
+}
+
+func (s *slot[T]) release() {
+	s.send, s.recv, s.out.X, s.out.Q, s.out.Scales = nil, nil, nil, nil, nil
+	s.sendS.Release()
+	s.recvS.Release()
+	s.xS.Release()
+}
+
+// stageTokens encodes this rank's t tokens in the wire format once, when it is not the
+// activation type; token then gives each token's payload and scales.
+func (d *Dispatcher[T]) stageTokens(x []T, t int) {
+	f := &d.f
+	hid := d.cfg.Hidden
+	d.stX = x
+	if f.Wire == d.act {
+		return
+	}
+	d.stPer = (f.Payload + 3) &^ 3
+	d.stRow = d.stPer + f.ScaleBytes()
+	d.st = d.stage.Bytes(t * d.stRow)
+	for i := 0; i < t; i++ {
+		row := d.st[i*d.stRow : (i+1)*d.stRow]
+		encode(f, row[:f.Payload], dtype.FromBytes[float32](row[d.stPer:]), dtype.Bytes(x[i*hid:(i+1)*hid]), d.act, d.cfg.PowerOfTwoScales)
+	}
+}
+
+// token returns token t's payload and scales as stageTokens left them.
+func (d *Dispatcher[T]) token(t int) ([]byte, []float32) {
+	if d.f.Wire == d.act {
+		hid := d.cfg.Hidden
+		return dtype.Bytes(d.stX[t*hid : (t+1)*hid]), nil
+	}
+	row := d.st[t*d.stRow : (t+1)*d.stRow]
+	return row[:d.f.Payload], dtype.FromBytes[float32](row[d.stPer:])
+}
+
+func (s *slot[T]) startNormal(ctx context.Context, x []T, r *router.Routing, code int, inErr error, reuse bool) error {
+	d := s.d
+	sc := s.sc
+	c := d.c
+	p, me := c.Size(), c.Rank()
+	if !reuse {
+		if code == CodeOK {
+			if err := router.BuildLayoutInto(&sc.layout, r, d.cfg.Placement, me); err != nil {
+				code, inErr = CodeRouting, fmt.Errorf("%w: %v", ErrInput, err)
+			}
+		}
+		s.hdr[0], s.hdr[1] = int64(code), int64(d.fp)
+		for q := 0; q < p; q++ {
+			s.hdr[hdrLen+q] = 0
+			if code == CodeOK {
+				s.hdr[hdrLen+q] = int64(len(sc.layout.Rows[q]))
+			}
+		}
+		if err := coll.AllGather(ctx, c, s.hdr, s.all); err != nil {
+			return err
+		}
+		w := hdrLen + p
+		for q := 0; q < p; q++ {
+			if uint64(s.all[q*w+1]) != d.fp {
+				return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, uint64(s.all[q*w+1]), d.fp)
+			}
+		}
+		if inErr != nil {
+			return inErr
+		}
+		for q := 0; q < p; q++ {
+			if cd := s.all[q*w]; cd != CodeOK {
+				return &PeerInputError{Rank: q, Code: int(cd)}
+			}
+		}
+		if s.bytes == nil {
+			s.bytes = make([][]int, p)
+			for i := range s.bytes {
+				s.bytes[i] = make([]int, p)
+			}
+		}
+		for i := 0; i < p; i++ {
+			for j := 0; j < p; j++ {
+				n := int(s.all[i*w+hdrLen+j])
+				sc.matrix[i][j], sc.back[j][i], s.bytes[i][j] = n, n, blockHeader+n*d.f.Row
+				if i == j {
+					sc.back[j][i], s.bytes[i][j] = 0, 0
+				}
+			}
+		}
+		if err := c.ReplanAlltoAllv(&s.fwd, s.bytes, 1); err != nil {
+			return err
+		}
+		sc.tokens, sc.r = r.T, r
+	}
+	s.x, s.code, s.inErr = x, code, inErr
+	s.send = s.sendS.Bytes(s.fwd.SendBytes())
+	s.recv = s.recvS.Bytes(s.fwd.RecvBytes())
+	if code == CodeOK {
+		d.stageTokens(x, sc.tokens)
+	}
+	f := &d.f
+	off := 0
+	st := &s.stats
+	st.RowsSent, st.Assignments = 0, sc.layout.Assignments
+	for q := 0; q < p; q++ {
+		if q == me {
+			continue
+		}
+		rows := sc.layout.Rows[q]
+		h := s.send[off : off+blockHeader]
+		binary.LittleEndian.PutUint32(h[0:], uint32(code))
+		binary.LittleEndian.PutUint32(h[4:], uint32(len(rows)))
+		binary.LittleEndian.PutUint64(h[8:], d.fp)
+		off += blockHeader
+		if code == CodeOK {
+			for _, t := range rows {
+				row := s.send[off : off+f.Row]
+				d.putMeta(row, sc.r, int(t), q)
+				pay, sca := d.token(int(t))
+				copy(row[f.Meta:f.Meta+f.Payload], pay)
+				copy(dtype.FromBytes[float32](row[f.ScaleOff:f.ScaleOff+4*f.Scales]), sca)
+				off += f.Row
+			}
+		} else {
+			off += len(rows) * f.Row
+		}
+		st.RowsSent += len(rows)
+	}
+	return c.IRunAlltoAllvWith(ctx, &s.fwd, s.send, s.recv, &s.pend)
+}
+
+func (s *slot[T]) waitNormal(ctx context.Context) error {
+	d := s.d
+	c := d.c
+	p, me := c.Size(), c.Rank()
+	if err := s.pend.Wait(ctx); err != nil {
+		return err
+	}
+	// Every block's header: a rank with bad input (Redispatch) says so in it.
+	off := 0
+	for q := 0; q < p; q++ {
+		if q == me {
+			continue
+		}
+		hb := s.recv[off : off+blockHeader]
+		switch {
+		case binary.LittleEndian.Uint64(hb[8:]) != d.fp:
+			return fmt.Errorf("%w: rank %d's rows are of another configuration or placement", ErrMismatch, q)
+		case binary.LittleEndian.Uint32(hb[0:]) != CodeOK && s.inErr == nil:
+			return &PeerInputError{Rank: q, Code: int(binary.LittleEndian.Uint32(hb[0:]))}
+		}
+		off += blockHeader + s.sc.matrix[q][me]*d.f.Row
+	}
+	if s.inErr != nil {
+		return s.inErr
+	}
+	st := &s.stats
+	st.BytesSent, st.BytesReceived = s.fwd.SendBytes(), s.fwd.RecvBytes()
+	st.RowsReceived, st.Pushed = 0, 0
+	st.RowsPerRank = growInts(st.RowsPerRank, p)
+	for q := 0; q < p; q++ {
+		if q != me {
+			st.RowsReceived += s.sc.matrix[q][me]
+		}
+		st.RowsPerRank[q] = len(s.sc.layout.Rows[q])
+	}
+	st.Algo = s.fwd.Algo
+	if err := s.unpackNormal(); err != nil {
+		return err
+	}
+	d.stats = *st
+	return nil
+}
+
+// cursor walks the rows this rank received, in order (origin rank ascending, then the
+// origin's order): received ones from the blocks, this rank's own from its stage or x.
+type cursor[T Act] struct {
+	s    *slot[T]
+	q, i int // origin, row index within it
+	off  int // in recv
+	src  int
+	cs   []contrib
+	pay  []byte
+	sca  []float32
+	bad  bool // a row whose metadata is out of bounds
+}
+
+func (s *slot[T]) cursor() cursor[T] {
+	return cursor[T]{s: s, i: -1, cs: s.d.cs[:0]}
+}
+
+// next advances to the next incoming row; false at the end (or at a bad row: c.bad).
+func (c *cursor[T]) next() bool {
+	s := c.s
+	d := s.d
+	sc := s.sc
+	p, me, k := d.c.Size(), d.c.Rank(), d.cfg.TopK
+	pl := d.cfg.Placement
+	f := &d.f
+	for c.q < p {
+		c.i++
+		if c.i == 0 && c.q != me {
+			c.off += blockHeader // every block has one, rows or not
+		}
+		n := sc.matrix[c.q][me]
+		if c.q == me {
+			n = len(sc.layout.Rows[me])
+		}
+		if c.i >= n {
+			c.q++
+			c.i = -1
+			continue
+		}
+		c.cs = c.cs[:0]
+		if c.q == me {
+			t := int(sc.layout.Rows[me][c.i])
+			rt := sc.r
+			for j := 0; j < k; j++ {
+				e := int(rt.Experts[t*k+j])
+				if e >= 0 && pl.RankOf(e, me, t) == me {
+					c.cs = append(c.cs, contrib{pl.LocalIndex(me, e), rt.Weights[t*k+j]})
+				}
+			}
+			c.src = t
+			c.pay, c.sca = d.token(t)
+			return true
+		}
+		row := s.recv[c.off : c.off+f.Row]
+		c.off += f.Row
+		var ok bool
+		c.src, c.cs, ok = getMeta(row, k, len(pl.Local[me]), c.cs)
+		if !ok {
+			c.bad = true
+			return false
+		}
+		c.pay = row[f.Meta : f.Meta+f.Payload]
+		c.sca = dtype.FromBytes[float32](row[f.ScaleOff : f.ScaleOff+4*f.Scales])
+		return true
+	}
+	return false
+}
+
+// unpackNormal scatters the incoming rows into expert-major blocks and records the
+// handle's maps.
+func (s *slot[T]) unpackNormal() error {
+	d := s.d
+	sc := s.sc
+	p, me, hid := d.c.Size(), d.c.Rank(), d.cfg.Hidden
+	pl := d.cfg.Placement
+	f := &d.f
+	nLocal := len(pl.Local[me])
+	o := &s.out
+	o.hidden = hid
+	if cap(d.cs) < d.cfg.TopK {
+		d.cs = make([]contrib, 0, d.cfg.TopK)
+	}
+	if len(sc.layout.Rows[me]) > 0 {
+		d.stageTokens(s.x, sc.tokens) // the own rows are read from it
+	}
+	// Pass 1: rows per local expert.
+	o.Counts = growInts(o.Counts, nLocal)
+	clear(o.Counts)
+	o.Offsets = growInts(o.Offsets, nLocal+1)
+	incomingRows, contribs := 0, 0
+	c := s.cursor()
+	for c.next() {
+		incomingRows++
+		contribs += len(c.cs)
+		for _, x := range c.cs {
+			o.Counts[x.le]++
+		}
+	}
+	if c.bad {
+		return fmt.Errorf("%w: rank %d sent a row whose metadata is out of bounds", ErrMismatch, c.q)
+	}
+	total := layoutEntries(o, d.cfg.Align)
+	s.allocEntries(total, incomingRows, contribs)
+	if d.cfg.Quantized {
+		qb := s.xS.Bytes(total * (f.Payload + f.ScaleBytes()))
+		o.X, o.Q, o.Scales = nil, qb[:total*f.Payload], dtype.FromBytes[float32](qb[total*f.Payload:])
+	} else {
+		o.X, o.Q, o.Scales = dtype.FromBytes[T](s.xS.Bytes(total*hid*int(sizeOf[T]()))), nil, nil
+	}
+	s.padEntries(true)
+	// Pass 2: scatter.
+	fill := d.fillScratch(nLocal)
+	row, ci := 0, 0
+	lastOrigin := -1
+	for c := s.cursor(); c.next(); {
+		for lastOrigin < c.q {
+			lastOrigin++
+			sc.originStart[lastOrigin] = row
+		}
+		sc.start[row] = int32(ci)
+		for _, x := range c.cs {
+			dst := o.Offsets[x.le] + fill[x.le]
+			fill[x.le]++
+			if d.cfg.Quantized {
+				copy(o.Q[dst*f.Payload:(dst+1)*f.Payload], c.pay)
+				copy(o.Scales[dst*f.Scales:(dst+1)*f.Scales], c.sca)
+			} else {
+				decode(f, dtype.Bytes(o.X[dst*hid:(dst+1)*hid]), d.act, c.pay, c.sca)
+			}
+			o.Row[dst] = int32(dst)
+			o.Origin[dst], o.Source[dst], o.Weight[dst] = int32(c.q), int32(c.src), x.w
+			o.Expert[dst] = int32(pl.Local[me][x.le])
+			sc.entries[ci], sc.weights[ci] = int32(dst), x.w
+			ci++
+		}
+		row++
+	}
+	for lastOrigin < p {
+		lastOrigin++
+		sc.originStart[lastOrigin] = row
+	}
+	sc.start[row] = int32(ci)
+	return nil
+}
+
+// layoutEntries sets the view's offsets from its counts (each block padded to align)
+// and returns the number of entries.
+func layoutEntries[T Act](o *Output[T], align int) int {
+	total := 0
+	for i, c := range o.Counts {
+		o.Offsets[i] = total
+		total += (c + align - 1) / align * align
+	}
+	o.Offsets[len(o.Counts)] = total
+	return total
+}
+
+// allocEntries sizes the view and the handle's maps.
+func (s *slot[T]) allocEntries(total, incomingRows, contribs int) {
+	o := &s.out
+	sc := s.sc
+	o.Row = growI32(o.Row, total)
+	o.Origin = growI32(o.Origin, total)
+	o.Source = growI32(o.Source, total)
+	o.Weight = growF32(o.Weight, total)
+	o.Expert = growI32(o.Expert, total)
+	sc.originStart = growInts(sc.originStart, s.d.c.Size()+1)
+	sc.start = growI32(sc.start, incomingRows+1)
+	sc.entries = growI32(sc.entries, contribs)
+	sc.weights = growF32(sc.weights, contribs)
+	sc.rowsOut = total
+}
+
+// padEntries marks the padding entries, zeroing their rows when the rows are
+// expert-major (zero).
+func (s *slot[T]) padEntries(zero bool) {
+	o := &s.out
+	d := s.d
+	hid := d.cfg.Hidden
+	local := d.cfg.Placement.Local[d.c.Rank()]
+	for i, c := range o.Counts {
+		for j := o.Offsets[i] + c; j < o.Offsets[i+1]; j++ {
+			if zero {
+				if o.X != nil {
+					clear(o.X[j*hid : (j+1)*hid])
+				} else {
+					clear(o.Q[j*d.f.Payload : (j+1)*d.f.Payload])
+					clear(o.Scales[j*d.f.Scales : (j+1)*d.f.Scales])
+				}
+			}
+			o.Row[j], o.Origin[j], o.Source[j], o.Weight[j], o.Expert[j] = -1, -1, -1, 0, int32(local[i])
+		}
+	}
+}
+
+// fillScratch returns a zeroed counter per local expert.
+func (d *Dispatcher[T]) fillScratch(n int) []int {
+	d.fill = growInts(d.fill, n)
+	clear(d.fill)
+	return d.fill
+}
+
+func sizeOf[T Act]() uintptr {
+	switch actType[T]() {
+	case dtype.F32:
+		return 4
+	case dtype.BF16:
+		return 2
+	}
+	return 1
+}

@@ -1,0 +1,142 @@
+package dispatch
+
+import (
+	"github.com/moex-ai/moex/router"
+)
+
+// Output is what a rank's experts receive. Its rows are seen through an expert-major
+// view: local expert i's entries are [Offsets[i], Offsets[i+1]), the first Counts[i] of
+// them real (the rest padding, Config.Align); entry j is row Row[j] of X (or of Q). In
+// the normal mode the rows themselves are expert-major (Row[j] == j); in the
+// low-latency mode they stay where they arrived, MaxTokens rows per source rank, and
+// nothing is copied.
+//
+// Package combine takes one expert output row per entry, in entry order.
+type Output[T Act] struct {
+	// X holds rows of Hidden values (nil when Config.Quantized).
+	X []T
+	// Q and Scales (Config.Quantized) hold the rows as the wire carries them: Hidden
+	// bytes of fp8 E4M3 or int8 per row, and Format.Scales float32 scales per row.
+	Q      []byte
+	Scales []float32
+	// The view.
+	Offsets []int
+	Counts  []int
+	Row     []int32 // per entry: its row (-1 for padding)
+	// Per entry: origin rank (-1 for padding), token index at the origin, router
+	// weight, and global expert id.
+	Origin []int32
+	Source []int32
+	Weight []float32
+	Expert []int32
+	hidden int
+}
+
+// Rows returns the number of entries (expert-major rows, padding included): the expert
+// outputs passed to combine have this many rows.
+func (o *Output[T]) Rows() int { return len(o.Origin) }
+
+// Entry returns the activations of entry j (nil for padding, or when quantised).
+func (o *Output[T]) Entry(j int) []T {
+	r := int(o.Row[j])
+	if r < 0 || o.X == nil {
+		return nil
+	}
+	return o.X[r*o.hidden : (r+1)*o.hidden]
+}
+
+// Gather copies local expert i's rows (Counts[i] of them) contiguously into dst, which
+// must hold Counts[i] x Hidden values, and returns dst: for expert kernels that want one
+// matrix per expert in the low-latency mode (in the normal mode the block of X already
+// is one).
+func (o *Output[T]) Gather(i int, dst []T) []T {
+	a := o.Offsets[i]
+	for k := 0; k < o.Counts[i]; k++ {
+		copy(dst[k*o.hidden:(k+1)*o.hidden], o.Entry(a+k))
+	}
+	return dst[:o.Counts[i]*o.hidden]
+}
+
+// Handle remembers one dispatch's layout for package combine (and Redispatch). It is a
+// small value, valid until the dispatch that reuses its buffers starts (Valid says so,
+// and combine refuses a stale one).
+type Handle struct {
+	d   *core
+	s   *slotCore
+	gen uint64
+}
+
+// Valid reports whether h still describes its dispatcher's buffers.
+func (h Handle) Valid() bool { return h.d != nil && !h.d.closed && h.s.valid && h.gen == h.s.gen }
+
+// Generation is the dispatch's number on its dispatcher (1 for the first).
+func (h Handle) Generation() uint64 { return h.gen }
+
+// Config returns the dispatcher's configuration.
+func (h Handle) Config() Config { return h.d.cfg }
+
+// Format returns the dispatcher's wire format.
+func (h Handle) Format() Format { return h.d.f }
+
+// Fingerprint is the fingerprint of the dispatcher's configuration and placement.
+func (h Handle) Fingerprint() uint64 { return h.d.fp }
+
+// Owner reports whether h was made by the dispatcher that d is (any activation type).
+func (h Handle) Owner() any { return h.d }
+
+// Tokens is the number of this rank's tokens.
+func (h Handle) Tokens() int { return h.s.tokens }
+
+// Routing is the routing h was made from.
+func (h Handle) Routing() *router.Routing { return h.s.r }
+
+// Incoming returns the range [start, end) of incoming rows from origin rank s.
+func (h Handle) Incoming(s int) (start, end int) { return h.s.originStart[s], h.s.originStart[s+1] }
+
+// Contributions returns, for incoming row i, the entries it was delivered to and their
+// router weights (in the order of the token's choices).
+func (h Handle) Contributions(i int) ([]int32, []float32) {
+	st := h.s
+	a, b := st.start[i], st.start[i+1]
+	return st.entries[a:b], st.weights[a:b]
+}
+
+// RowsTo lists the tokens of this rank that went to rank q, in the order they were sent.
+func (h Handle) RowsTo(q int) []int32 { return h.s.layout.Rows[q] }
+
+// Back is the row matrix of the way back in the normal mode: Back()[i][j] rows go from
+// rank i to rank j (diagonal zero: a rank's own rows never touch the wire).
+func (h Handle) Back() [][]int { return h.s.back }
+
+// Rows is the number of entries (expert-major rows, padding included) the dispatch
+// delivered to this rank: the expert outputs passed to combine have this many rows.
+func (h Handle) Rows() int { return h.s.rowsOut }
+
+// Pin keeps the dispatch's buffers and layout from being reused until Unpin: a
+// dispatch that would reuse them returns ErrBusy. Package combine pins its handle while
+// a combine runs.
+func (h Handle) Pin() { h.s.pins++ }
+
+// Unpin undoes Pin.
+func (h Handle) Unpin() { h.s.pins-- }
+
+func growInts(s []int, n int) []int {
+	if cap(s) < n {
+		return make([]int, n)
+	}
+	return s[:n]
+}
+
+func growI32(s []int32, n int) []int32 {
+	if cap(s) < n {
+		return make([]int32, n)
+	}
+	return s[:n]
+}
+
+func growF32(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}

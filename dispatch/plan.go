@@ -1,0 +1,202 @@
+package dispatch
+
+import (
+	"fmt"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/router"
+)
+
+// The planning half of dispatch and combine: pure functions of the configuration, the
+// placement and every rank's routing. The executors use them for their own rank; Plan
+// runs them for every rank at once, for moex flow and for tests without processes.
+
+// Format is the wire format of one configuration: how big a row is, where its parts are.
+type Format struct {
+	Hidden   int        // elements per row
+	TopK     int        // routing choices per token
+	Wire     dtype.Type // payload type
+	Scales   int        // float32 scales per row (fp8: one per 128 elements; int8: one)
+	Meta     int        // bytes of a row's metadata: source index, expert count, (local expert, weight) per choice
+	Payload  int        // bytes of a row's activations on the wire
+	ScaleOff int        // where a row's scales start in the normal mode (4-aligned, after the payload)
+	Row      int        // bytes of a row in the normal mode: metadata, payload, scales, 8-aligned
+	Combined int        // bytes of a combined row (partial sum) on the wire
+	Combine  dtype.Type // the combine's wire type
+}
+
+// NewFormat returns the format of cfg (whose defaults are filled).
+func NewFormat(cfg Config) Format {
+	f := Format{Hidden: cfg.Hidden, TopK: cfg.TopK, Wire: cfg.WireDType, Meta: 8 + 8*cfg.TopK}
+	switch cfg.WireDType {
+	case dtype.FP8E4M3:
+		f.Scales = dtype.FP8Scales(cfg.Hidden)
+	case dtype.I8:
+		f.Scales = 1
+	}
+	f.Payload = cfg.Hidden * cfg.WireDType.Size()
+	f.ScaleOff = (f.Meta + f.Payload + 3) &^ 3
+	f.Row = align8(f.ScaleOff + 4*f.Scales)
+	f.Combine = cfg.CombineDType
+	f.Combined = cfg.Hidden * cfg.CombineDType.Size()
+	return f
+}
+
+func align8(n int) int { return (n + 7) &^ 7 }
+
+// ScaleBytes is the bytes of a row's scales.
+func (f Format) ScaleBytes() int { return 4 * f.Scales }
+
+// WireBytesPerChoice is the bytes DeepEP counts per valid (token, expert) selection:
+// the payload, its scales and 16 bytes of routing (index and weight).
+func (f Format) WireBytesPerChoice() int { return f.Payload + f.ScaleBytes() + 16 }
+
+// Fingerprint identifies what every rank must agree on to dispatch together: the
+// format, the mode, the limits and the placement (every expert's replicas). Ranks whose
+// fingerprints differ fail the dispatch with ErrMismatch.
+func Fingerprint(cfg Config) uint64 {
+	h := xxhash.New()
+	var b [8]byte
+	put := func(v int) {
+		for i := range b {
+			b[i] = byte(uint64(v) >> (8 * i))
+		}
+		h.Write(b[:])
+	}
+	for _, v := range []int{cfg.Hidden, cfg.TopK, int(cfg.WireDType), int(cfg.CombineDType), int(cfg.Mode), cfg.MaxTokens, cfg.InFlight} {
+		put(v)
+	}
+	pl := cfg.Placement
+	put(pl.Experts)
+	put(pl.Ranks)
+	put(int(pl.Kind))
+	for _, owners := range pl.Owners {
+		put(len(owners))
+		for _, r := range owners {
+			put(r)
+		}
+	}
+	return h.Sum64()
+}
+
+// Plan is the data flow of one dispatch and its combine over every rank.
+type Plan struct {
+	Cfg     Config
+	Format  Format
+	Layouts []*router.Layout // per rank: which of its tokens go to which rank
+	// Rows[i][j] is how many rows rank i sends rank j (each token once per rank,
+	// however many of its experts are there); Rows[i][i] are the rows a rank keeps.
+	Rows [][]int
+	// ExpertRows[r][k] is how many rows local expert k of rank r receives (one per
+	// (token, expert) pair).
+	ExpertRows [][]int
+}
+
+// NewPlan plans a dispatch of the given routing of every rank (routings[r] is rank r's)
+// under cfg, without running anything.
+func NewPlan(cfg Config, routings []*router.Routing) (*Plan, error) {
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	p := cfg.Placement.Ranks
+	if len(routings) != p {
+		return nil, fmt.Errorf("%w: %d routings for %d ranks", ErrConfig, len(routings), p)
+	}
+	pl := &Plan{Cfg: cfg, Format: NewFormat(cfg), Layouts: make([]*router.Layout, p), Rows: make([][]int, p), ExpertRows: make([][]int, p)}
+	for r := range pl.ExpertRows {
+		pl.ExpertRows[r] = make([]int, len(cfg.Placement.Local[r]))
+	}
+	for o, rt := range routings {
+		if _, err := checkRouting(cfg, rt); err != nil {
+			return nil, fmt.Errorf("rank %d: %w", o, err)
+		}
+		if cfg.Mode == LowLatency && rt.T > cfg.MaxTokens {
+			return nil, fmt.Errorf("%w: rank %d has %d tokens, MaxTokens is %d", ErrInput, o, rt.T, cfg.MaxTokens)
+		}
+		l, err := router.BuildLayout(rt, cfg.Placement, o)
+		if err != nil {
+			return nil, fmt.Errorf("%w: rank %d: %v", ErrInput, o, err)
+		}
+		pl.Layouts[o] = l
+		pl.Rows[o] = make([]int, p)
+		for q, rows := range l.Rows {
+			pl.Rows[o][q] = len(rows)
+		}
+		for t := 0; t < rt.T; t++ {
+			for j := 0; j < rt.K; j++ {
+				e := int(rt.Experts[t*rt.K+j])
+				if e < 0 {
+					continue
+				}
+				q := cfg.Placement.RankOf(e, o, t)
+				pl.ExpertRows[q][cfg.Placement.LocalIndex(q, e)]++
+			}
+		}
+	}
+	return pl, nil
+}
+
+// DispatchBytes[i][j] is what rank i puts on the wire for rank j in the dispatch (zero
+// on the diagonal: a rank's own rows never travel), headers included.
+func (pl *Plan) DispatchBytes() [][]int {
+	f := pl.Format
+	return pl.bytes(func(rows int) int {
+		if pl.Cfg.Mode == LowLatency {
+			return BlockHeader + rows*(f.Meta+f.Payload+f.ScaleBytes())
+		}
+		return rows * f.Row
+	})
+}
+
+// CombineBytes[i][j] is what rank i puts on the wire for rank j in the combine: the
+// partial sums of the rows j sent i.
+func (pl *Plan) CombineBytes() [][]int {
+	f := pl.Format
+	t := pl.bytes(func(rows int) int { return BlockHeader + rows*f.Combined })
+	p := len(t)
+	out := make([][]int, p)
+	for i := range out {
+		out[i] = make([]int, p)
+		for j := range out[i] {
+			out[i][j] = t[j][i]
+		}
+	}
+	return out
+}
+
+func (pl *Plan) bytes(per func(rows int) int) [][]int {
+	p := len(pl.Rows)
+	m := make([][]int, p)
+	for i := range m {
+		m[i] = make([]int, p)
+		for j := range m[i] {
+			if i != j {
+				m[i][j] = per(pl.Rows[i][j])
+			}
+		}
+	}
+	return m
+}
+
+// checkRouting validates a rank's routing against cfg (shapes, expert ids), returning
+// the number of tokens.
+func checkRouting(cfg Config, r *router.Routing) (int, error) {
+	switch {
+	case r == nil:
+		return 0, fmt.Errorf("%w: nil routing", ErrInput)
+	case r.T < 0:
+		return 0, fmt.Errorf("%w: %d tokens", ErrInput, r.T)
+	case r.K != cfg.TopK || len(r.Experts) != r.T*r.K || len(r.Weights) != r.T*r.K:
+		return 0, fmt.Errorf("%w: routing with k=%d (%d choices, %d weights) for %d tokens, top-k %d", ErrInput, r.K, len(r.Experts), len(r.Weights), r.T, cfg.TopK)
+	case r.E != cfg.Placement.Experts:
+		return 0, fmt.Errorf("%w: routing over %d experts, placement of %d", ErrInput, r.E, cfg.Placement.Experts)
+	}
+	for i, e := range r.Experts {
+		if e < -1 || int(e) >= r.E {
+			return 0, fmt.Errorf("%w: token %d choice %d is expert %d (have %d)", ErrInput, i/r.K, i%r.K, e, r.E)
+		}
+	}
+	return r.T, nil
+}
