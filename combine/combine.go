@@ -33,6 +33,7 @@ import (
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/router"
 	"gonum.org/v1/gonum/blas/blas32"
 )
 
@@ -63,8 +64,9 @@ type Combiner[T Act] struct {
 	slots []*slot[T]
 	n     uint64 // combines started
 	x     *coll.Exchange
-	part  []float32 // one row of a partial sum
-	yrow  []float32 // one expert output row as float32 (bf16 outputs)
+	part   []float32 // one row of a partial sum
+	yrow   []float32 // one expert output row as float32 (bf16 outputs)
+	chunkR []router.Routing
 }
 
 // slot is one combine in flight and its buffers.

@@ -511,3 +511,69 @@ func runOnComms(cs []*coll.Comm, f func(c *coll.Comm) error) []error {
 	}
 	return errs
 }
+
+// The chunked pipeline gives the same bits as one dispatch and combine, in both modes,
+// for any number of chunks; an expert failure on one rank fails every rank's pipeline
+// with a typed error, and the next pipeline works.
+func TestPipeline(t *testing.T) {
+	s := scenario{p: 4, hid: 16, k: 3, experts: 8, tokens: []int{23, 0, 17, 30}, dropEvery: 6, seed: 31, maxTokens: 30}
+	ctx := context.Background()
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			pl := placement(t, "replicated", s.experts, s.p)
+			runRanks(t, s.p, quick, func(c *coll.Comm) error {
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens, WireDType: dtype.BF16})
+				if err != nil {
+					return err
+				}
+				defer d.Close()
+				defer cb.Close()
+				r, x := s.routing(c.Rank())
+				var y []float32
+				experts := func(o *dispatch.Output[float32]) ([]float32, error) {
+					y = identity(o, s.hid)
+					for j := range y {
+						y[j] *= float32(o.Expert[j/s.hid] + 1)
+					}
+					return y, nil
+				}
+				want := make([]float32, len(x))
+				if err := cb.Pipeline(ctx, d, x, r, 1, experts, want); err != nil {
+					return err
+				}
+				for _, chunks := range []int{2, 3, 5} {
+					got := make([]float32, len(x))
+					if err := cb.Pipeline(ctx, d, x, r, chunks, experts, got); err != nil {
+						return fmt.Errorf("%d chunks: %w", chunks, err)
+					}
+					if err := sameRow(got, want); err != nil {
+						return fmt.Errorf("%d chunks: %w", chunks, err)
+					}
+				}
+				// Rank 3's experts fail in the second of three chunks.
+				boom := errors.New("expert kernel failed")
+				calls := 0
+				failing := func(o *dispatch.Output[float32]) ([]float32, error) {
+					calls++
+					if c.Rank() == 3 && calls == 2 {
+						return nil, boom
+					}
+					return experts(o)
+				}
+				err = cb.Pipeline(ctx, d, x, r, 3, failing, make([]float32, len(x)))
+				var pie *dispatch.PeerInputError
+				switch {
+				case c.Rank() == 3 && !errors.Is(err, boom):
+					return fmt.Errorf("failing rank: %v", err)
+				case c.Rank() != 3 && (!errors.As(err, &pie) || pie.Rank != 3):
+					return fmt.Errorf("rank %d: %v, want a PeerInputError naming rank 3", c.Rank(), err)
+				}
+				got := make([]float32, len(x))
+				if err := cb.Pipeline(ctx, d, x, r, 2, experts, got); err != nil {
+					return fmt.Errorf("pipeline after the failure: %w", err)
+				}
+				return sameRow(got, want)
+			})
+		})
+	}
+}

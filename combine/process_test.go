@@ -1,0 +1,104 @@
+package combine_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/dispatch"
+	"github.com/moex-ai/moex/router"
+	"github.com/moex-ai/moex/transport/shm"
+)
+
+// TestHelperMoERank is one rank of TestMoEProcesses, started by `moex run`.
+func TestHelperMoERank(t *testing.T) {
+	tr := os.Getenv("MOEX_COMBINE_HELPER")
+	if tr == "" {
+		t.Skip("helper rank: runs only under TestMoEProcesses")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c, err := coll.Init(ctx, coll.Config{})
+	require.NoError(t, err)
+	defer c.Close()
+	p := c.Size()
+	tokens := make([]int, p)
+	for i := range tokens {
+		tokens[i] = 13 + 7*i
+	}
+	tokens[1] = 0 // a rank with no tokens
+	for _, s := range []scenario{
+		{p: p, hid: 9, k: 3, experts: 2 * p, tokens: tokens, dropEvery: 7, seed: 1, maxTokens: 13 + 7*(p-1)},
+		// Rows of 8 KiB: every rank's send buffer is larger than the area (read in place
+		// from the shared arena in the normal mode).
+		{p: p, hid: 2048, k: 2, experts: 2 * p, tokens: []int{200, 150, 220, 180}[:p], seed: 2, maxTokens: 220},
+	} {
+		for _, mode := range modes {
+			for _, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3} {
+				pl, err := router.NewPlacement(router.Contiguous, s.experts, p)
+				require.NoError(t, err)
+				algo := coll.AlgoAuto
+				if tr == "shm" {
+					algo = coll.Shared
+				}
+				cfg := dispatch.Config{WireDType: wire, Placement: pl, Mode: mode}
+				require.NoError(t, checkRank[float32](c, s, cfg, 2, algo), "rank %d, hidden %d, %v, %v on the wire", c.Rank(), s.hid, mode, wire)
+				require.NoError(t, checkRank[dtype.BFloat16](c, s, cfg, 1, algo), "rank %d, hidden %d, %v, %v on the wire, bf16", c.Rank(), s.hid, mode, wire)
+			}
+		}
+	}
+	if tr == "shm" {
+		// The normal mode's buffers are shared, so the others read them in place.
+		st, ok := c.Transport().(*shm.Transport)
+		require.True(t, ok, "transport %T", c.Transport())
+		require.NotZero(t, st.Stats().SharedBytes, "rank %d: no bytes read in place from the dispatchers' shared buffers", c.Rank())
+	}
+	// The low-latency mode writes into every peer's memory over shm, and sends messages
+	// over tcp.
+	pl, err := router.NewPlacement(router.Contiguous, 2*p, p)
+	require.NoError(t, err)
+	d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: 16, TopK: 2, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: 4})
+	require.NoError(t, err)
+	defer d.Close()
+	r := &router.Routing{T: 2, K: 2, E: 2 * p, Experts: []int32{0, int32(2*p - 1), 1, 2}, Weights: []float32{1, 1, 1, 1}}
+	_, _, err = d.Dispatch(ctx, make([]float32, 32), r)
+	require.NoError(t, err)
+	want := 0
+	if tr == "shm" {
+		want = p - 1
+	}
+	require.Equal(t, want, d.Stats().Pushed, "ranks written into directly over %s", tr)
+	fmt.Printf("rank %d ok\n", c.Rank())
+}
+
+// The MoE dispatch and combine between processes, over shared memory (through the
+// shared areas in the normal mode, the plans say so, and written into the peers' memory
+// in the low-latency mode) and over tcp, deliver what the scenario implies.
+func TestMoEProcesses(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("shared memory and the launcher's process handling: Linux only")
+	}
+	exe := filepath.Join(t.TempDir(), "moex")
+	out, err := exec.Command("go", "build", "-o", exe, "github.com/moex-ai/moex/cmd/moex").CombinedOutput()
+	require.NoError(t, err, "building moex: %s", out)
+	for _, tr := range []string{"shm", "tcp"} {
+		t.Run(tr, func(t *testing.T) {
+			cmd := exec.Command(exe, "run", "-n", "4", "--", os.Args[0], "-test.run=^TestHelperMoERank$")
+			cmd.Env = append(os.Environ(), "MOEX_COMBINE_HELPER="+tr, "MOEX_TRANSPORT="+tr)
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "moex run: %s", out)
+			require.Equal(t, 4, strings.Count(string(out), " ok"), "ranks ok:\n%s", out)
+			require.Empty(t, shm.Segments(), "segments left in /dev/shm")
+		})
+	}
+}
