@@ -57,13 +57,13 @@ type Source interface {
 // Combiner brings expert outputs back. One per dispatcher; as many combines may be in
 // flight as the dispatcher's InFlight.
 type Combiner[T Act] struct {
-	c     *coll.Comm
-	cfg   dispatch.Config
-	f     dispatch.Format
-	owner any
-	slots []*slot[T]
-	n     uint64 // combines started
-	x     *coll.Exchange
+	c      *coll.Comm
+	cfg    dispatch.Config
+	f      dispatch.Format
+	owner  any
+	slots  []*slot[T]
+	n      uint64 // combines started
+	x      *coll.Exchange
 	part   []float32 // one row of a partial sum
 	yrow   []float32 // one expert output row as float32 (bf16 outputs)
 	chunkR []router.Routing
