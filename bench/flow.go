@@ -30,7 +30,7 @@ type FlowRank struct {
 // rank did.
 func Flow(ctx context.Context, c *coll.Comm, o MoEOpts) (*FlowRank, error) {
 	o.Compute = "none"
-	su, err := setup(ctx, c, &o)
+	su, err := setup[float32](ctx, c, &o)
 	if err != nil {
 		return nil, err
 	}

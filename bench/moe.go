@@ -6,30 +6,46 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
+	"github.com/moex-ai/moex/internal/memx"
 	"github.com/moex-ai/moex/models"
+	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
-	"github.com/moex-ai/moex/transport"
 )
 
 // MoEOpts selects an expert-parallel MoE measurement.
 type MoEOpts struct {
 	Model     string
-	Tokens    int        // tokens per rank
-	Wire      dtype.Type // F32 or BF16
-	Compute   string     // "none" (identity experts) or "ffn" (the reference SwiGLU)
-	Placement string     // "contiguous" (default), "roundrobin"
-	Iters     int        // 0: about a second's worth, 3..50
+	Tokens    int           // tokens per rank
+	Act       dtype.Type    // the activations: F32 (default) or BF16
+	Wire      dtype.Type    // F32, BF16, FP8E4M3 or I8
+	Combine   dtype.Type    // the partial sums on the way back: F32 or BF16 (default: F32 for an f32 wire, else BF16)
+	Mode      dispatch.Mode // normal or low-latency (buffers for Tokens per rank)
+	Compute   string        // "none" (identity experts) or "ffn" (the reference SwiGLU)
+	Placement string        // "contiguous" (default), "roundrobin"
+	Iters     int           // 0: about a second's worth, 3..200
 	Warmup    int
 	Seed      uint64
 	Naive     bool // also time the naive dispatch (one message per token-expert pair)
+	// Overlap also times the step as Chunks micro-batches (default 2) in a pipeline
+	// (combine.Pipeline: one chunk's rows move while another's experts compute) against
+	// the same micro-batches one after the other.
+	Overlap bool
+	Chunks  int
+	// Pairs is how many dispatch-then-combine pairs run back to back, without a barrier
+	// or expert compute, for the pair period (default 32).
+	Pairs int
 	// Profile reports how much of the AlltoAllvs' time is waiting for the last rank (the
 	// communicator must have been made with coll.Config.Profile).
 	Profile bool
@@ -37,32 +53,53 @@ type MoEOpts struct {
 	LocalRanks int
 }
 
+// Stage is one stage's figures over the timed iterations, each the slowest rank's time.
+type Stage struct {
+	MeanUS  float64 `json:"mean_us"`
+	P50US   float64 `json:"p50_us"`
+	P99US   float64 `json:"p99_us"`
+	Bytes   int64   `json:"wire_bytes"`     // every rank's bytes on the wire in one stage
+	FloorUS float64 `json:"copy_floor_us"`  // those bytes, each copied once, with every CPU
+	OverP50 float64 `json:"p50_over_floor"` // P50US / FloorUS
+}
+
 // MoEResult is the outcome, the fields of `moex bench moe --json`.
 type MoEResult struct {
-	Model          string  `json:"model"`
-	Ranks          int     `json:"ranks"`
-	Transport      string  `json:"transport"`
-	TokensPerRank  int     `json:"tokens_per_rank"`
-	Hidden         int     `json:"hidden"`
-	TopK           int     `json:"top_k"`
-	Experts        int     `json:"experts"`
-	Wire           string  `json:"wire_dtype"`
-	Compute        string  `json:"compute"`
-	DispatchUS     float64 `json:"dispatch_us"`
-	ComputeUS      float64 `json:"compute_us"`
-	CombineUS      float64 `json:"combine_us"`
-	TokensPerS     float64 `json:"tokens_per_s"`
-	WireBytes      int64   `json:"wire_bytes"`         // bytes all ranks put on the wire per step (dispatch + combine)
-	DispatchAlgBW  float64 `json:"dispatch_algbw_gbs"` // slowest rank's dispatch bytes / dispatch time
-	ExpertImbal    float64 `json:"expert_imbalance"`   // max/mean tokens per expert
-	RankImbal      float64 `json:"rank_imbalance"`     // max/mean rows received per rank
+	Model         string  `json:"model"`
+	Ranks         int     `json:"ranks"`
+	Transport     string  `json:"transport"`
+	Mode          string  `json:"mode"`
+	Path          string  `json:"path"` // how rows move: the AlltoAllv's algorithm, or the low-latency exchange's
+	TokensPerRank int     `json:"tokens_per_rank"`
+	Act           string  `json:"activations"`
+	Hidden        int     `json:"hidden"`
+	TopK          int     `json:"top_k"`
+	Experts       int     `json:"experts"`
+	Wire          string  `json:"wire_dtype"`
+	CombineWire   string  `json:"combine_dtype"`
+	Compute       string  `json:"compute"`
+	Dispatch      Stage   `json:"dispatch"`
+	Combine       Stage   `json:"combine"`
+	ComputeUS     float64 `json:"compute_us"`
+	StepUS        float64 `json:"step_us"`      // dispatch + compute + combine, the slowest rank per stage, mean
+	PairUS        float64 `json:"pair_us"`      // one dispatch-then-combine pair, back to back
+	TokensPerS    float64 `json:"tokens_per_s"` // every rank's tokens per step time
+	// DeepEP counts a dispatch's bytes per valid (token, expert) choice: for fp8 the
+	// payload, its scales and 16 bytes of routing, for bf16 the payload.
+	Choices        int64   `json:"choices"`
+	BytesPerChoice int     `json:"bytes_per_choice"`
+	ExpertImbal    float64 `json:"expert_imbalance"` // max/mean tokens per expert
+	RankImbal      float64 `json:"rank_imbalance"`   // max/mean rows received per rank
 	AuxLoss        float64 `json:"aux_loss"`
-	Algo           string  `json:"alltoallv_algo"`
-	ConvertUS      float64 `json:"convert_us,omitempty"` // f32<->bf16 conversion of one dispatch's rows, measured apart
+	Iters          int     `json:"iters"`
+	// Overlap: the step as micro-batches one after the other, and pipelined.
+	Chunks         int     `json:"chunks,omitempty"`
+	SerialUS       float64 `json:"serial_us,omitempty"`
+	OverlapUS      float64 `json:"overlap_us,omitempty"`
+	OverlapSpeedup float64 `json:"overlap_speedup,omitempty"`
 	NaiveUS        float64 `json:"naive_dispatch_us,omitempty"`
 	NaiveMessages  int64   `json:"naive_messages,omitempty"`
 	FusedOverNaive float64 `json:"naive_over_fused,omitempty"`
-	Iters          int     `json:"iters"`
 	// With profiling, per step (dispatch and combine together), the longest over the
 	// ranks: waiting in the AlltoAllvs for the last rank to arrive, and moving after it;
 	// and the rank that arrived last most often.
@@ -89,18 +126,19 @@ func memTotal() int64 {
 }
 
 // moeSetup is one rank's expert-parallel layer and tokens, routed.
-type moeSetup struct {
+type moeSetup[T combine.Act] struct {
 	cfg models.Config
 	pl  *router.Placement
-	ep  *models.EP
-	x   []float32
+	ep  *models.EP[T]
+	x32 []float32 // the tokens
+	x   []T       // the same, as the activations
 	r   *router.Routing
 }
 
 // setup builds, on this rank, the model's layer (with this rank's experts when o.Compute
 // is ffn), its expert-parallel form and routed tokens. It fills o's defaults. The caller
 // closes s.ep.
-func setup(ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSetup, error) {
+func setup[T combine.Act](ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSetup[T], error) {
 	cfg, err := models.Get(o.Model)
 	if err != nil {
 		return nil, err
@@ -108,15 +146,32 @@ func setup(ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSetup, error) {
 	if o.Wire == 0 {
 		o.Wire = dtype.F32
 	}
+	o.Act = dtype.Of[T]()
+	if o.Combine == 0 {
+		o.Combine = dtype.BF16
+		if o.Wire == dtype.F32 {
+			o.Combine = dtype.F32
+		}
+	}
 	if o.Warmup == 0 {
 		o.Warmup = 2
 	}
 	if o.Seed == 0 {
 		o.Seed = 1
 	}
+	if o.Chunks == 0 {
+		o.Chunks = 2
+	}
+	if o.Pairs == 0 {
+		o.Pairs = 32
+	}
 	kind := router.Contiguous
-	if o.Placement == "roundrobin" {
+	switch o.Placement {
+	case "", "contiguous":
+	case "roundrobin", "round-robin":
 		kind = router.RoundRobin
+	default:
+		return nil, fmt.Errorf("bench: placement %q (want contiguous or roundrobin)", o.Placement)
 	}
 	pl, err := router.NewPlacement(kind, cfg.Experts, c.Size())
 	if err != nil {
@@ -136,130 +191,205 @@ func setup(ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSetup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w (use --compute none, a smaller model or fewer ranks per process)", err)
 	}
-	ep, err := models.NewEP(ctx, c, layer, dispatch.Config{WireDType: o.Wire, Placement: pl})
+	dcfg := dispatch.Config{WireDType: o.Wire, CombineDType: o.Combine, Placement: pl, Mode: o.Mode, MaxTokens: max(o.Tokens, 1)}
+	ep, err := models.NewEP[T](ctx, c, layer, dcfg)
 	if err != nil {
 		return nil, err
 	}
-	x := models.Floats(cfg.Tokens(o.Seed, c.Rank(), o.Tokens))
-	r, err := layer.Route(x, o.Tokens)
+	x32 := models.Floats(cfg.Tokens(o.Seed, c.Rank(), o.Tokens))
+	r, err := layer.Route(x32, o.Tokens)
 	if err != nil {
 		ep.Close()
 		return nil, err
 	}
-	return &moeSetup{cfg: cfg, pl: pl, ep: ep, x: x, r: r}, nil
+	x := make([]T, len(x32))
+	dtype.Convert(x, x32)
+	return &moeSetup[T]{cfg: cfg, pl: pl, ep: ep, x32: x32, x: x, r: r}, nil
 }
 
 // MoE runs the measurement on every rank of c (collectively); the result on rank 0.
 func MoE(ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResult, error) {
-	su, err := setup(ctx, c, &o)
+	switch o.Act {
+	case 0, dtype.F32:
+		return moe[float32](ctx, c, o)
+	case dtype.BF16:
+		return moe[dtype.BFloat16](ctx, c, o)
+	}
+	return nil, fmt.Errorf("bench: activations of %v (want f32 or bf16)", o.Act)
+}
+
+func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResult, error) {
+	su, err := setup[T](ctx, c, &o)
 	if err != nil {
 		return nil, err
 	}
 	defer su.ep.Close()
 	cfg, pl, ep, x, r := su.cfg, su.pl, su.ep, su.x, su.r
 	p, me := c.Size(), c.Rank()
-	out := make([]float32, len(x))
-	var tDisp, tComp, tComb time.Duration
-	step := func(timed bool) error {
+	out := make([]T, len(x))
+	experts := func(o2 *dispatch.Output[T]) error {
+		if o.Compute == "ffn" {
+			return ep.Experts(o2)
+		}
+		ep.Identity(o2)
+		return nil
+	}
+	var combineBytes int
+	// A timed step starts each stage together (a barrier before it), so that a stage's
+	// time is its own, not the wait for a rank still busy with the stage before.
+	step := func(rec []float64) error {
+		if rec != nil {
+			if err := coll.Barrier(ctx, c); err != nil {
+				return err
+			}
+		}
 		t0 := time.Now()
 		dout, h, err := ep.D.Dispatch(ctx, x, r)
 		if err != nil {
 			return err
 		}
 		t1 := time.Now()
-		if o.Compute == "ffn" {
-			if err := ep.Experts(dout); err != nil {
-				return err
-			}
-		} else {
-			ep.Identity(dout)
+		if err := experts(dout); err != nil {
+			return err
 		}
 		t2 := time.Now()
+		if rec != nil {
+			if err := coll.Barrier(ctx, c); err != nil {
+				return err
+			}
+		}
+		t2b := time.Now()
 		if err := ep.C.Combine(ctx, h, ep.Output(), out); err != nil {
 			return err
 		}
-		if timed {
-			tDisp += t1.Sub(t0)
-			tComp += t2.Sub(t1)
-			tComb += time.Since(t2)
+		t3 := time.Now()
+		if rec != nil {
+			rec[0], rec[1], rec[2] = t1.Sub(t0).Seconds(), t2.Sub(t1).Seconds(), t3.Sub(t2b).Seconds()
 		}
+		combineBytes = combineSent(h, ep.C.RowBytes(), p, me, o.Mode)
 		return nil
 	}
 	for i := 0; i < o.Warmup; i++ {
-		if err := step(false); err != nil {
+		if err := step(nil); err != nil {
 			return nil, err
 		}
 	}
 	iters := o.Iters
 	if iters <= 0 {
 		start := time.Now()
-		if err := step(false); err != nil {
+		if err := step(nil); err != nil {
 			return nil, err
 		}
 		per := []float64{time.Since(start).Seconds()}
 		if err := coll.AllReduce(ctx, c, nil, per, dtype.Max); err != nil {
 			return nil, err
 		}
-		iters = int(min(50, max(3, 1/max(per[0], 1e-6))))
-	}
-	if err := coll.Barrier(ctx, c); err != nil {
-		return nil, err
+		iters = int(min(200, max(5, 1/max(per[0], 1e-6))))
 	}
 	prof0 := c.ProfileOf(coll.OpAlltoAllv)
+	// Every rank's stage times are kept: a stage takes, each iteration, as long as its
+	// slowest rank.
+	times := make([]float64, 3*iters)
 	for i := 0; i < iters; i++ {
-		if err := step(true); err != nil {
+		if err := step(times[3*i : 3*i+3]); err != nil {
 			return nil, err
 		}
 	}
 	prof := c.ProfileOf(coll.OpAlltoAllv)
-	st := ep.D.Stats()
-	// Slowest rank per phase; totals of bytes and loads.
-	times := []float64{tDisp.Seconds() / float64(iters), tComp.Seconds() / float64(iters), tComb.Seconds() / float64(iters),
-		tDisp.Seconds() / float64(iters) / float64(max(st.BytesSent, 1))}
 	if err := coll.AllReduce(ctx, c, nil, times, dtype.Max); err != nil {
 		return nil, err
 	}
+	st := ep.D.Stats()
+	res := &MoEResult{
+		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), TokensPerRank: o.Tokens,
+		Act: o.Act.String(), Hidden: cfg.Hidden, TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(),
+		CombineWire: ep.D.Config().CombineDType.String(), Compute: o.Compute, Iters: iters,
+	}
+	res.Path = st.Algo.String()
+	if o.Mode == dispatch.LowLatency {
+		res.Path = fmt.Sprintf("exchange, written into %d of %d peers' memory", st.Pushed, p-1)
+	}
+	res.Dispatch = stageOf(times, 0, iters)
+	res.Combine = stageOf(times, 2, iters)
+	comp := stageOf(times, 1, iters)
+	res.ComputeUS = comp.MeanUS
+	steps := make([]float64, iters)
+	for i := range steps {
+		steps[i] = times[3*i] + times[3*i+1] + times[3*i+2]
+	}
+	res.StepUS = mean(steps) * 1e6
+	if res.StepUS > 0 {
+		res.TokensPerS = float64(p*o.Tokens) / (res.StepUS / 1e6)
+	}
+
+	// Bytes, loads and DeepEP's count, summed over the ranks.
 	stats := r.Stats()
-	loads := make([]int64, 2+p+cfg.Experts)
-	loads[0] = int64(st.BytesSent)
+	f := ep.D.Format()
+	loads := make([]int64, 3+p+cfg.Experts)
+	loads[0], loads[1], loads[2] = int64(st.BytesSent), int64(combineBytes), int64(st.Assignments)
 	for q, n := range st.RowsPerRank {
-		loads[2+q] = int64(n)
+		loads[3+q] = int64(n)
 	}
 	for e, n := range stats.TokensPerExpert {
-		loads[2+p+e] = int64(n)
+		loads[3+p+e] = int64(n)
 	}
 	if err := coll.AllReduce(ctx, c, nil, loads, dtype.Sum); err != nil {
 		return nil, err
 	}
-	res := &MoEResult{
-		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), TokensPerRank: o.Tokens, Hidden: cfg.Hidden,
-		TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(), Compute: o.Compute,
-		DispatchUS: times[0] * 1e6, ComputeUS: times[1] * 1e6, CombineUS: times[2] * 1e6, Iters: iters,
-		Algo: st.Algo.String(), AuxLoss: stats.AuxLoss,
-	}
-	// Combine moves one row per (token, serving rank) back: the same count as dispatch,
-	// with payload only.
-	combineRow := (cfg.Hidden*o.Wire.Size() + 7) &^ 7
-	res.WireBytes = loads[0] + loads[0]/int64(ep.D.RowBytes())*int64(combineRow)
-	if times[0] > 0 {
-		res.DispatchAlgBW = float64(loads[0]) / float64(p) / times[0] / 1e9
-	}
-	total := times[0] + times[1] + times[2]
-	if total > 0 {
-		res.TokensPerS = float64(p*o.Tokens) / total
+	res.Dispatch.Bytes, res.Combine.Bytes, res.Choices = loads[0], loads[1], loads[2]
+	res.BytesPerChoice = f.Payload
+	if f.Scales > 0 {
+		res.BytesPerChoice = f.Payload + f.ScaleBytes() + 16
 	}
 	rowsPerRank := make([]int, p)
 	for q := range rowsPerRank {
-		rowsPerRank[q] = int(loads[2+q])
+		rowsPerRank[q] = int(loads[3+q])
 	}
 	res.RankImbal = router.Imbalance(rowsPerRank)
 	perExpert := make([]int, cfg.Experts)
 	for e := range perExpert {
-		perExpert[e] = int(loads[2+p+e])
+		perExpert[e] = int(loads[3+p+e])
 	}
 	res.ExpertImbal = router.Imbalance(perExpert)
-	if o.Wire == dtype.BF16 {
-		res.ConvertUS = convertCost(st.RowsSent+st.RowsReceived, cfg.Hidden)
+	res.AuxLoss = stats.AuxLoss
+
+	// Copy floors: every rank's stage bytes copied once, every rank at once.
+	sent := []int64{int64(st.BytesSent), int64(combineBytes)}
+	allSent := make([]int64, 2*p)
+	if err := coll.AllGather(ctx, c, sent, allSent); err != nil {
+		return nil, err
+	}
+	if me == 0 {
+		for k, s := range []*Stage{&res.Dispatch, &res.Combine} {
+			per := make([]int, p)
+			for q := range per {
+				per[q] = int(allSent[2*q+k])
+			}
+			s.FloorUS = StageFloor(per).Seconds() * 1e6
+			if s.FloorUS > 0 {
+				s.OverP50 = s.P50US / s.FloorUS
+			}
+		}
+	}
+	if err := coll.Barrier(ctx, c); err != nil {
+		return nil, err
+	}
+
+	// The pair period: dispatch then combine, back to back, no barrier, no compute.
+	pair, err := pairPeriod(ctx, c, ep, x, r, out, o.Pairs)
+	if err != nil {
+		return nil, err
+	}
+	res.PairUS = pair
+
+	if o.Overlap {
+		res.Chunks = o.Chunks
+		if res.SerialUS, res.OverlapUS, err = overlap(ctx, c, ep, x, r, out, o.Chunks, iters, experts); err != nil {
+			return nil, err
+		}
+		if res.OverlapUS > 0 {
+			res.OverlapSpeedup = res.SerialUS / res.OverlapUS
+		}
 	}
 	if o.Profile {
 		wm := []float64{(prof.Wait - prof0.Wait).Seconds() / float64(iters) * 1e6, (prof.Move - prof0.Move).Seconds() / float64(iters) * 1e6}
@@ -279,13 +409,13 @@ func MoE(ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResult, error) {
 		res.LastRank = &last
 	}
 	if o.Naive {
-		us, msgs, err := naiveDispatch(ctx, c, x, r, pl, cfg.Hidden, o.Wire)
+		us, msgs, err := naiveDispatch(ctx, c, su.x32, r, pl, cfg.Hidden, o.Wire)
 		if err != nil {
 			return nil, err
 		}
 		res.NaiveUS, res.NaiveMessages = us, msgs
-		if res.DispatchUS > 0 {
-			res.FusedOverNaive = us / res.DispatchUS
+		if res.Dispatch.MeanUS > 0 {
+			res.FusedOverNaive = us / res.Dispatch.MeanUS
 		}
 	}
 	if me != 0 {
@@ -294,138 +424,192 @@ func MoE(ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResult, error) {
 	return res, nil
 }
 
-// convertCost times converting rows rows of hidden float32s to bf16 and back.
-func convertCost(rows, hidden int) float64 {
-	n := rows * hidden
-	if n == 0 {
-		return 0
+// combineSent is the bytes this rank's combine put on the wire: a header to every other
+// rank (low-latency mode and the normal one alike) and a partial sum per row received.
+func combineSent(h dispatch.Handle, rowBytes, p, me int, mode dispatch.Mode) int {
+	n := 0
+	for q := 0; q < p; q++ {
+		if q == me {
+			continue
+		}
+		a, b := h.Incoming(q)
+		n += dispatch.BlockHeader + (b-a)*rowBytes
 	}
-	src := make([]float32, n)
-	mid := make([]dtype.BFloat16, n)
-	dtype.F32ToBF16(mid, src) // touch the pages first
-	dtype.BF16ToF32(src, mid)
-	start := time.Now()
-	const reps = 3
-	for i := 0; i < reps; i++ {
-		dtype.F32ToBF16(mid, src)
-		dtype.BF16ToF32(src, mid)
-	}
-	return time.Since(start).Seconds() / reps * 1e6
+	return n
 }
 
-// naiveDispatch sends one message per (token, expert) pair, each with its own row and
-// metadata, all posted at once: the per-message cost the fused path avoids (and the
-// bytes of tokens sent once per expert instead of once per rank). Buffers are allocated
-// once, outside the timing, so that the comparison is of messages, not of allocation.
-// It returns the slowest rank's time and the total number of messages.
-func naiveDispatch(ctx context.Context, c *coll.Comm, x []float32, r *router.Routing, pl *router.Placement, hid int, wire dtype.Type) (float64, int64, error) {
-	p, me := c.Size(), c.Rank()
-	tr := c.Transport()
-	rowBytes := 8 + hid*wire.Size()
-	counts := make([]int64, p)
-	for i, e := range r.Experts {
-		if e >= 0 {
-			counts[pl.RankOf(int(e), me, i/r.K)]++
+// stageOf is stage k's figures from the per-iteration times (seconds, [iteration][3]).
+func stageOf(times []float64, k, iters int) Stage {
+	v := make([]float64, iters)
+	for i := range v {
+		v[i] = times[3*i+k]
+	}
+	return Stage{MeanUS: mean(v) * 1e6, P50US: percentile(v, 0.50) * 1e6, P99US: percentile(v, 0.99) * 1e6}
+}
+
+func mean(v []float64) float64 {
+	s := 0.0
+	for _, x := range v {
+		s += x
+	}
+	return s / float64(max(len(v), 1))
+}
+
+// percentile is the q-th quantile of v (nearest rank).
+func percentile(v []float64, q float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	i := int(q*float64(len(s))+0.999999) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// pairPeriod times n dispatch-then-combine pairs back to back (the expert outputs are a
+// fixed buffer: the pair moves the bytes, nothing computes) and returns the slowest
+// rank's time per pair, in microseconds.
+func pairPeriod[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[T], x []T, r *router.Routing, out []T, n int) (float64, error) {
+	hid := ep.L.Cfg.Hidden
+	var y []T
+	if err := coll.Barrier(ctx, c); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	for i := 0; i < n; i++ {
+		o, h, err := ep.D.Dispatch(ctx, x, r)
+		if err != nil {
+			return 0, err
+		}
+		if cap(y) < o.Rows()*hid {
+			y = make([]T, o.Rows()*hid)
+		}
+		if err := ep.C.Combine(ctx, h, y[:o.Rows()*hid], out); err != nil {
+			return 0, err
 		}
 	}
-	all := make([]int64, p*p)
-	if err := coll.AllGather(ctx, c, counts, all); err != nil {
-		return 0, 0, err
+	v := []float64{time.Since(start).Seconds() / float64(n) * 1e6}
+	if err := coll.AllReduce(ctx, c, nil, v, dtype.Max); err != nil {
+		return 0, err
 	}
-	var nIn, nOut int64
-	for q := 0; q < p; q++ {
-		nIn += all[q*p+me]
-		nOut += counts[q]
-	}
-	inBufs, outBufs := make([][]byte, nIn), make([][]byte, nOut)
-	for i := range inBufs {
-		inBufs[i] = make([]byte, rowBytes)
-	}
-	for i := range outBufs {
-		outBufs[i] = make([]byte, rowBytes)
-	}
-	reqs := make([]transport.Request, 0, nIn+nOut)
-	sent := make([]int, p)
-	const iters = 3
-	var el time.Duration
-	for it := 0; it <= iters; it++ {
-		if err := coll.Barrier(ctx, c); err != nil {
-			return 0, 0, err
+	return v[0], nil
+}
+
+// overlap times the step as chunks micro-batches one after the other and pipelined
+// (combine.Pipeline), and returns the slowest rank's mean time of each.
+func overlap[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[T], x []T, r *router.Routing, out []T, chunks, iters int, experts func(*dispatch.Output[T]) error) (serial, pipelined float64, err error) {
+	run := func(o *dispatch.Output[T]) ([]T, error) {
+		if err := experts(o); err != nil {
+			return nil, err
 		}
-		start := time.Now()
-		// The counts exchange, as the fused path does.
-		if err := coll.AllGather(ctx, c, counts, all); err != nil {
-			return 0, 0, err
-		}
-		reqs = reqs[:0]
-		tag := transport.Tag{Comm: 0x6e616976, Seq: uint32(it)} // a private tag space
-		k := 0
-		for q := 0; q < p; q++ {
-			for i := 0; i < int(all[q*p+me]); i++ {
-				tag.Tag = uint32(i)
-				rq, err := tr.Irecv(c.WorldRank(q), tag, inBufs[k])
-				if err != nil {
-					return 0, 0, err
-				}
-				k++
-				reqs = append(reqs, rq)
+		return ep.Output(), nil
+	}
+	hid := ep.L.Cfg.Hidden
+	serialStep := func() error {
+		for i := 0; i < chunks; i++ {
+			a, b := r.T*i/chunks, r.T*(i+1)/chunks
+			ri := &router.Routing{T: b - a, K: r.K, E: r.E, Experts: r.Experts[a*r.K : b*r.K], Weights: r.Weights[a*r.K : b*r.K]}
+			if err := ep.C.Pipeline(ctx, ep.D, x[a*hid:b*hid], ri, 1, run, out[a*hid:b*hid]); err != nil {
+				return err
 			}
 		}
-		clear(sent)
-		k = 0
-		for i, e := range r.Experts {
-			if e < 0 {
-				continue
-			}
-			t := i / r.K
-			q := pl.RankOf(int(e), me, t)
-			buf := outBufs[k]
-			k++
-			if wire == dtype.BF16 {
-				dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](buf[8:]), x[t*hid:(t+1)*hid])
-			} else {
-				copy(buf[8:], dtype.Bytes(x[t*hid:(t+1)*hid]))
-			}
-			tag.Tag = uint32(sent[q])
-			sent[q]++
-			rq, err := tr.Isend(c.WorldRank(q), tag, buf)
-			if err != nil {
+		return nil
+	}
+	pipeStep := func() error { return ep.C.Pipeline(ctx, ep.D, x, r, chunks, run, out) }
+	var ts, tp time.Duration
+	for i := 0; i < iters+1; i++ {
+		for k, f := range []func() error{serialStep, pipeStep} {
+			if err := coll.Barrier(ctx, c); err != nil {
 				return 0, 0, err
 			}
-			reqs = append(reqs, rq)
-		}
-		if err := transport.WaitAll(ctx, reqs...); err != nil {
-			return 0, 0, err
-		}
-		if it > 0 {
-			el += time.Since(start)
+			start := time.Now()
+			if err := f(); err != nil {
+				return 0, 0, err
+			}
+			if i > 0 { // the first round warms up
+				if k == 0 {
+					ts += time.Since(start)
+				} else {
+					tp += time.Since(start)
+				}
+			}
 		}
 	}
-	v := []float64{el.Seconds() / iters * 1e6}
+	v := []float64{ts.Seconds() / float64(iters) * 1e6, tp.Seconds() / float64(iters) * 1e6}
 	if err := coll.AllReduce(ctx, c, nil, v, dtype.Max); err != nil {
 		return 0, 0, err
 	}
-	m := []int64{nOut}
-	if err := coll.AllReduce(ctx, c, nil, m, dtype.Sum); err != nil {
-		return 0, 0, err
+	return v[0], v[1], nil
+}
+
+// StageFloor is a lower bound for a stage in which rank q puts bytes[q] on the wire and
+// each byte moves once: the best time, over a few tries, of copying every rank's bytes
+// once into another buffer with as many threads as there are CPUs (at most one per
+// rank), alternating Go's copy, memx.Copy and memx.Stream.
+func StageFloor(bytes []int) time.Duration {
+	p := len(bytes)
+	total := 0
+	for _, n := range bytes {
+		total += n
 	}
-	return v[0], m[0], nil
+	if p == 0 || total == 0 {
+		return 0
+	}
+	src, dst := make([]*obuf.Buf, p), make([]*obuf.Buf, p)
+	for q, n := range bytes {
+		src[q], dst[q] = obuf.Default.Get(max(n, 1)), obuf.Default.Get(max(n, 1))
+		defer src[q].Release()
+		defer dst[q].Release()
+		clear(src[q].Bytes()) // fault the pages in
+		clear(dst[q].Bytes())
+	}
+	threads := min(p, runtime.NumCPU())
+	copies := []func(dst, src []byte){
+		func(dst, src []byte) { copy(dst, src) },
+		func(dst, src []byte) { memx.Copy(dst, src) },
+		func(dst, src []byte) { memx.Stream(dst, src) },
+	}
+	best := time.Duration(1 << 62)
+	for try := 0; try < len(copies)*max(5, min(100, (256<<20)/total)); try++ {
+		cp := copies[try%len(copies)]
+		start := time.Now()
+		var wg sync.WaitGroup
+		for w := 0; w < threads; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for q := w; q < p; q += threads {
+					cp(dst[q].Bytes()[:bytes[q]], src[q].Bytes()[:bytes[q]])
+				}
+			}()
+		}
+		wg.Wait()
+		best = min(best, time.Since(start))
+	}
+	return best
 }
 
 // PrintMoE writes the result as a table.
 func PrintMoE(w io.Writer, r *MoEResult) {
-	fmt.Fprintf(w, "# moex bench moe: %s (hidden %d, %d experts, top-%d), %d ranks over %s, %d tokens per rank, %s on the wire, experts: %s\n",
-		r.Model, r.Hidden, r.Experts, r.TopK, r.Ranks, r.Transport, r.TokensPerRank, r.Wire, r.Compute)
+	fmt.Fprintf(w, "# moex bench moe: %s (hidden %d, %d experts, top-%d), %d ranks over %s, %s mode, %d tokens per rank, %s activations, %s on the wire, %s back, experts: %s\n",
+		r.Model, r.Hidden, r.Experts, r.TopK, r.Ranks, r.Transport, r.Mode, r.TokensPerRank, r.Act, r.Wire, r.CombineWire, r.Compute)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
-	row("dispatch", fmt.Sprintf("%.1f us (alltoallv: %s, %.2f GB/s per rank)", r.DispatchUS, r.Algo, r.DispatchAlgBW))
+	stage := func(name string, s Stage) {
+		row(name, fmt.Sprintf("p50 %.1f us, p99 %.1f us, mean %.1f us; %s on the wire, copy floor %.1f us (p50 %.2fx the floor)",
+			s.P50US, s.P99US, s.MeanUS, sizeOf(s.Bytes), s.FloorUS, s.OverP50))
+	}
+	row("path", r.Path)
+	stage("dispatch", r.Dispatch)
 	row("expert compute", fmt.Sprintf("%.1f us", r.ComputeUS))
-	row("combine", fmt.Sprintf("%.1f us", r.CombineUS))
+	stage("combine", r.Combine)
+	row("step", fmt.Sprintf("%.1f us (slowest rank per stage, mean of %d)", r.StepUS, r.Iters))
 	row("tokens/s", fmt.Sprintf("%.0f", r.TokensPerS))
-	row("bytes on the wire per step", fmt.Sprintf("%d (dispatch + combine, all ranks)", r.WireBytes))
+	row("dispatch+combine pair", fmt.Sprintf("%.1f us back to back", r.PairUS))
+	row("bytes per choice", fmt.Sprintf("%d (DeepEP's count; %d choices, %s)", r.BytesPerChoice, r.Choices, sizeOf(int64(r.BytesPerChoice)*r.Choices)))
 	row("load imbalance", fmt.Sprintf("experts %.2f, ranks %.2f (max/mean); aux loss %.3f", r.ExpertImbal, r.RankImbal, r.AuxLoss))
-	if r.ConvertUS > 0 {
-		row("bf16 conversion", fmt.Sprintf("%.1f us for this rank's rows (measured apart)", r.ConvertUS))
+	if r.Chunks > 0 {
+		row("overlap", fmt.Sprintf("%d micro-batches: %.1f us one after the other, %.1f us pipelined (%.2fx)", r.Chunks, r.SerialUS, r.OverlapUS, r.OverlapSpeedup))
 	}
 	if r.LastRank != nil {
 		row("alltoallv wait / move", fmt.Sprintf("%.1f / %.1f us per step (longest over the ranks); last to arrive most often: rank %d", r.WaitUS, r.MoveUS, *r.LastRank))
@@ -433,6 +617,16 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 	if r.NaiveUS > 0 {
 		row("naive dispatch", fmt.Sprintf("%.1f us, %d messages: fused is %.1fx faster", r.NaiveUS, r.NaiveMessages, r.FusedOverNaive))
 	}
-	row("iterations", strconv.Itoa(r.Iters))
 	tw.Flush()
+}
+
+// sizeOf writes n bytes with one decimal in the largest unit that fits.
+func sizeOf(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }

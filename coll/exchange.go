@@ -31,16 +31,19 @@ import (
 // One exchange: Begin, then for every rank Dest (or NextDest) to get the memory of its
 // block and Send to say how long each field is, then Wait; Recv then returns what each
 // rank sent. Begin, like every collective, is issued in the same order on every rank.
-// The data received in an exchange stays valid until the exchange that reuses its slot
-// begins (Slots exchanges later); Begin on a slot whose exchange has not been waited for
-// returns ErrBusy.
+// The data received in an exchange stays valid until the exchange Slots later begins;
+// Begin while the exchange Slots earlier has not been waited for returns ErrBusy. (The
+// buffers have one slot more than that, so that a rank beginning an exchange can already
+// free the buffers of the next: where ranks write into each other's memory, a sender then
+// rarely waits for its receiver to begin.)
 type Exchange struct {
 	c      *Comm
 	sig    uint32
 	fields []int // capacity of each field, bytes
 	foff   []int // offset of each field's array in a slot: P buffers of its capacity, 64-aligned
 	per    int   // bytes of one slot: every field's array
-	slots  int
+	slots  int   // exchanges that may hold data at once
+	bufs   int   // slots of buffers: one more, so that the next exchange's is free early
 
 	win  transport.Window // nil: every block is a message
 	push []bool           // push[q]: this rank writes its blocks into q's window
@@ -95,7 +98,7 @@ func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, 
 		return nil, &ArgError{Arg: "Slots", Reason: fmt.Sprintf("%d (want 1..64)", cfg.Slots)}
 	}
 	p := c.size
-	x := &Exchange{c: c, slots: cfg.Slots, push: make([]bool, p), from: make([]bool, p)}
+	x := &Exchange{c: c, slots: cfg.Slots, bufs: cfg.Slots + 1, push: make([]bool, p), from: make([]bool, p)}
 	sig := []int{int(OpExchange), cfg.Slots}
 	for i, n := range cfg.Fields {
 		if n < 0 || n > transport.MaxWindow/p {
@@ -106,12 +109,12 @@ func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, 
 		x.per += (p*n + 63) &^ 63
 		sig = append(sig, n)
 	}
-	total := cfg.Slots * x.per
+	total := x.bufs * x.per
 	if total > transport.MaxWindow {
 		return nil, &ArgError{Arg: "Fields", Reason: fmt.Sprintf("%d slots of %d ranks x %d bytes is more than %d", cfg.Slots, p, x.per/p, transport.MaxWindow)}
 	}
 	x.sig = signature(OpExchange, AlgoAuto, 1, sig...)
-	x.ctl = ((cfg.Slots+cfg.Slots*p)*64 + 4095) &^ 4095
+	x.ctl = ((x.bufs+x.bufs*p)*64 + 4095) &^ 4095
 	if err := x.openWindows(ctx, total); err != nil {
 		return nil, err
 	}
@@ -131,7 +134,7 @@ func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, 
 		x.sendBuf = c.pool.Get(total)
 		x.send = x.sendBuf.Bytes()[:total]
 	}
-	x.ops = make([]XOp, cfg.Slots)
+	x.ops = make([]XOp, x.bufs)
 	for s := range x.ops {
 		o := &x.ops[s]
 		o.x, o.slot = x, s
@@ -265,7 +268,7 @@ func (x *Exchange) field(mem []byte, s, f, q int) []byte {
 func (x *Exchange) u64(mem []byte, off int) *uint64 { return (*uint64)(unsafe.Pointer(&mem[off])) }
 
 func (x *Exchange) readyOff(s int) int     { return s * 64 }
-func (x *Exchange) recordOff(s, q int) int { return (x.slots + s*x.c.size + q) * 64 }
+func (x *Exchange) recordOff(s, q int) int { return (x.bufs + s*x.c.size + q) * 64 }
 
 // XOp is one exchange in flight (see Exchange).
 type XOp struct {
@@ -294,10 +297,10 @@ func (x *Exchange) Begin(ctx context.Context) (*XOp, error) {
 		return nil, ErrClosed
 	}
 	e := x.epoch + 1
-	s := int((e - 1) % uint64(x.slots))
+	s := int((e - 1) % uint64(x.bufs))
 	o := &x.ops[s]
-	if o.begun {
-		return nil, fmt.Errorf("%w: exchange %d would reuse the buffers of exchange %d, not waited for (%d slots)", ErrBusy, e, o.epoch, x.slots)
+	if o.begun || x.ops[int(e%uint64(x.bufs))].begun { // exchange e-Slots is still in flight
+		return nil, fmt.Errorf("%w: exchange %d would reuse the buffers of exchange %d, not waited for (%d slots)", ErrBusy, e, e-uint64(x.slots), x.slots)
 	}
 	if err := c.begin(ctx); err != nil {
 		return nil, err
@@ -322,7 +325,16 @@ func (x *Exchange) Begin(ctx context.Context) (*XOp, error) {
 		}
 	}
 	if x.win != nil {
-		atomic.StoreUint64(x.u64(x.win.Local(), x.readyOff(s)), e)
+		// This exchange's buffers may be written; so may the next one's: they hold the
+		// data of exchange e-Slots, dead from now on. Senders of the next exchange then
+		// find them free without waiting for this rank to begin it.
+		own := x.win.Local()
+		if r := x.u64(own, x.readyOff(s)); atomic.LoadUint64(r) < e {
+			atomic.StoreUint64(r, e)
+		}
+		if n := int(e % uint64(x.bufs)); !x.ops[n].begun {
+			atomic.StoreUint64(x.u64(own, x.readyOff(n)), e+1)
+		}
 		for q := 0; q < c.size; q++ {
 			if x.from[q] {
 				x.win.Notify(c.ranks[q])

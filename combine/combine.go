@@ -34,7 +34,6 @@ import (
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
-	"gonum.org/v1/gonum/blas/blas32"
 )
 
 // Act is the element type of the expert outputs and of the combined output.
@@ -65,7 +64,6 @@ type Combiner[T Act] struct {
 	n      uint64 // combines started
 	x      *coll.Exchange
 	part   []float32 // one row of a partial sum
-	yrow   []float32 // one expert output row as float32 (bf16 outputs)
 	chunkR []router.Routing
 }
 
@@ -90,6 +88,9 @@ type slot[T Act] struct {
 	// Low-latency mode.
 	op      *coll.XOp
 	pending Pending[T]
+	// Where each rank's partial sums arrived (reduce), and a count per rank.
+	parts [][]byte
+	cnt   []int
 }
 
 // New returns a combiner for the dispatches of d. In the low-latency mode it is
@@ -101,6 +102,7 @@ func New[T Act](ctx context.Context, d Source) (*Combiner[T], error) {
 	for i := 0; i < cfg.InFlight; i++ {
 		s := &slot[T]{cb: cb}
 		s.sendS.Pool, s.recvS.Pool, s.accS.Pool = cfg.Pool, cfg.Pool, cfg.Pool
+		s.parts = make([][]byte, p)
 		s.bytes = make([][]int, p)
 		for j := range s.bytes {
 			s.bytes[j] = make([]int, p)
@@ -108,7 +110,6 @@ func New[T Act](ctx context.Context, d Source) (*Combiner[T], error) {
 		cb.slots = append(cb.slots, s)
 	}
 	cb.part = make([]float32, cfg.Hidden)
-	cb.yrow = make([]float32, cfg.Hidden)
 	if cfg.Mode == dispatch.LowLatency {
 		x, err := cb.c.NewExchange(ctx, coll.ExchangeConfig{Slots: cfg.InFlight,
 			Fields: []int{dispatch.BlockHeader, cfg.MaxTokens * cb.f.Combined}})
@@ -233,9 +234,7 @@ func (p *Pending[T]) Wait(ctx context.Context) error {
 	if s.inErr != nil {
 		return s.inErr
 	}
-	if !isF32[T]() {
-		dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](dtype.Bytes(s.out)), s.acc)
-	}
+	s.reduce()
 	return nil
 }
 
@@ -245,8 +244,8 @@ func isF32[T Act]() bool {
 	return ok
 }
 
-// ownTerms starts the sum: zeros, then the terms of this rank's own experts for its own
-// tokens, in the order of the tokens' choices.
+// ownTerms starts the sum: for each of this rank's tokens, the terms of this rank's own
+// experts, in the order of the token's choices, or zeros.
 func (s *slot[T]) ownTerms(y []T) {
 	cb := s.cb
 	h := s.h
@@ -256,66 +255,101 @@ func (s *slot[T]) ownTerms(y []T) {
 	} else {
 		s.acc = dtype.FromBytes[float32](s.accS.Bytes(len(s.out) * 4))
 	}
-	clear(s.acc)
 	me := cb.c.Rank()
 	a, b := h.Incoming(me)
-	own := h.RowsTo(me) // incoming rows from this rank are its own tokens, in this order
-	for i := a; i < b; i++ {
-		t := int(own[i-a])
+	own := h.RowsTo(me) // incoming rows from this rank are its own tokens, in token order
+	i := a
+	for t := 0; t < h.Tokens(); t++ {
 		dst := s.acc[t*hid : (t+1)*hid]
-		entries, ws := h.Contributions(i)
-		for j, e := range entries {
-			axpy(dst, ws[j], cb.row(y, int(e)))
+		if i == b || int(own[i-a]) != t {
+			clear(dst)
+			continue
 		}
+		s.sumRows(dst, y, i)
+		i++
 	}
 }
 
-// row returns expert output row e as float32 (converted into scratch for bf16).
-func (cb *Combiner[T]) row(y []T, e int) []float32 {
-	hid := cb.cfg.Hidden
-	r := y[e*hid : (e+1)*hid]
-	if isF32[T]() {
-		return dtype.FromBytes[float32](dtype.Bytes(r))
+// sumRows writes into dst the weighted sum of the expert outputs of incoming row i (the
+// first term written, the others added: nothing to clear).
+func (s *slot[T]) sumRows(dst []float32, y []T, i int) {
+	entries, ws := s.h.Contributions(i)
+	if len(entries) == 0 {
+		clear(dst)
+		return
 	}
-	dtype.BF16ToF32(cb.yrow, dtype.FromBytes[dtype.BFloat16](dtype.Bytes(r)))
-	return cb.yrow
+	hid := s.cb.cfg.Hidden
+	for j, e := range entries {
+		r := dtype.Bytes(y[int(e)*hid : (int(e)+1)*hid])
+		switch {
+		case isF32[T]() && j == 0:
+			dtype.Scale(dst, ws[j], dtype.FromBytes[float32](r))
+		case isF32[T]():
+			dtype.Axpy(dst, ws[j], dtype.FromBytes[float32](r))
+		case j == 0:
+			dtype.ScaleBF16(dst, ws[j], dtype.FromBytes[dtype.BFloat16](r))
+		default:
+			dtype.AxpyBF16(dst, ws[j], dtype.FromBytes[dtype.BFloat16](r))
+		}
+	}
 }
 
 // partial writes into dst (Combined bytes, the combine's wire type) the weighted sum of
 // the expert outputs for incoming row i.
 func (s *slot[T]) partial(dst []byte, y []T, i int) {
 	cb := s.cb
-	entries, ws := s.h.Contributions(i)
 	acc := cb.part
 	if cb.f.Combine == dtype.F32 {
 		acc = dtype.FromBytes[float32](dst)
 	}
-	clear(acc)
-	for j, e := range entries {
-		axpy(acc, ws[j], cb.row(y, int(e)))
-	}
+	s.sumRows(acc, y, i)
 	if cb.f.Combine == dtype.BF16 {
 		dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](dst), acc)
 	}
 }
 
-// addPartial adds a partial sum (the combine's wire type) to token t's sum.
-func (s *slot[T]) addPartial(t int, src []byte) {
+// reduce adds, token by token, the other ranks' partial sums (s.parts[q] holds rank q's,
+// in the order this rank sent q its rows) to the own terms, in ascending rank order,
+// and writes each finished row into out: every partial is read once, and a token's sum
+// stays in the cache until it is done.
+func (s *slot[T]) reduce() {
 	cb := s.cb
-	hid := cb.cfg.Hidden
-	dst := s.acc[t*hid : (t+1)*hid]
-	if cb.f.Combine == dtype.BF16 {
-		dtype.BF16ToF32(cb.part, dtype.FromBytes[dtype.BFloat16](src))
-		axpy(dst, 1, cb.part)
-		return
+	h := s.h
+	hid, rb := cb.cfg.Hidden, cb.f.Combined
+	me := cb.c.Rank()
+	s.cnt = growInts(s.cnt, cb.c.Size())
+	clear(s.cnt)
+	for t := 0; t < h.Tokens(); t++ {
+		dst := s.acc[t*hid : (t+1)*hid]
+		for _, q := range h.Dests(t) {
+			if int(q) == me {
+				continue
+			}
+			i := s.cnt[q]
+			s.cnt[q]++
+			src := s.parts[q][i*rb : (i+1)*rb]
+			if cb.f.Combine == dtype.BF16 {
+				dtype.AxpyBF16(dst, 1, dtype.FromBytes[dtype.BFloat16](src))
+			} else {
+				dtype.Axpy(dst, 1, dtype.FromBytes[float32](src))
+			}
+		}
+		if !isF32[T]() {
+			dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](dtype.Bytes(s.out[t*hid:(t+1)*hid])), dst)
+		}
 	}
-	axpy(dst, 1, dtype.FromBytes[float32](src))
+}
+
+func growInts(s []int, n int) []int {
+	if cap(s) < n {
+		return make([]int, n)
+	}
+	return s[:n]
 }
 
 // checkHeader checks the header of the block rank q sent: the same dispatcher
 // configuration, the same dispatch, and its status.
 func (s *slot[T]) checkHeader(q int, hb []byte, rows int) error {
-	cb := s.cb
 	status, n, fp, gen := dispatch.ReadHeader(hb)
 	switch {
 	case fp != s.h.Fingerprint():
@@ -327,14 +361,5 @@ func (s *slot[T]) checkHeader(q int, hb []byte, rows int) error {
 	case s.code == dispatch.CodeOK && n != rows:
 		return fmt.Errorf("%w: rank %d sends %d partial sums for the %d rows this rank sent it", dispatch.ErrMismatch, q, n, rows)
 	}
-	_ = cb
 	return nil
-}
-
-// axpy: dst += a*x (gonum's assembly kernel).
-func axpy(dst []float32, a float32, x []float32) {
-	if len(dst) == 0 {
-		return
-	}
-	blas32.Axpy(a, blas32.Vector{N: len(x), Inc: 1, Data: x}, blas32.Vector{N: len(dst), Inc: 1, Data: dst})
 }

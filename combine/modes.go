@@ -86,10 +86,9 @@ func (s *slot[T]) waitNormal(ctx context.Context) error {
 			continue
 		}
 		off += dispatch.BlockHeader
-		for _, t := range h.RowsTo(q) {
-			s.addPartial(int(t), s.recv[off:off+rb])
-			off += rb
-		}
+		n := len(h.RowsTo(q))
+		s.parts[q] = s.recv[off : off+n*rb]
+		off += n * rb
 	}
 	return nil
 }
@@ -170,12 +169,8 @@ func (s *slot[T]) waitLL(ctx context.Context) error {
 		return first
 	}
 	for q := 0; q < p; q++ {
-		if q == me {
-			continue
-		}
-		part := op.Recv(q, 1)
-		for i, t := range h.RowsTo(q) {
-			s.addPartial(int(t), part[i*rb:(i+1)*rb])
+		if q != me {
+			s.parts[q] = op.Recv(q, 1)
 		}
 	}
 	return nil

@@ -45,6 +45,7 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/internal/memx"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
 )
@@ -198,6 +199,7 @@ type core struct {
 	gen    uint64 // dispatches begun
 	cores  []*slotCore
 	x      *coll.Exchange // low-latency
+	llc    int            // the host's last-level cache, bytes (0: unknown)
 	stats  Stats
 	closed bool
 }
@@ -279,7 +281,7 @@ func New[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*Dispatcher[T], 
 			cfg.Pool = obuf.Shared
 		}
 	}
-	co := &core{c: c, cfg: cfg, f: NewFormat(cfg), fp: Fingerprint(cfg)}
+	co := &core{c: c, cfg: cfg, f: NewFormat(cfg), fp: Fingerprint(cfg), llc: memx.LastLevelCache()}
 	d := &Dispatcher[T]{core: co, act: act}
 	d.stage.Pool = cfg.Pool
 	p := c.Size()

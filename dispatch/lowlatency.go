@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/internal/memx"
 	"github.com/moex-ai/moex/router"
 )
 
@@ -62,6 +63,19 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 	if code == CodeOK {
 		st.Assignments = sc.layout.Assignments
 	}
+	// Rows written into other ranks' memory, which they read only once all have
+	// arrived, go past the caches (non-temporal stores) when the exchange touches more
+	// than the last-level cache holds: each line would go to memory anyway.
+	stream := false
+	if code == CodeOK && d.llc > 0 {
+		sent := 0
+		for q, rows := range sc.layout.Rows {
+			if q != me {
+				sent += len(rows) * f.Payload
+			}
+		}
+		stream = sent*d.c.Size() > d.llc // about every rank's share, all of them
+	}
 	for {
 		q, dst, err := op.NextDest(ctx)
 		if err != nil {
@@ -80,7 +94,11 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 		for i, t := range rows {
 			d.putMeta(meta[i*f.Meta:(i+1)*f.Meta], sc.r, int(t), q)
 			pay, sca := d.token(int(t))
-			copy(dst[1][i*f.Payload:(i+1)*f.Payload], pay)
+			if stream && q != me && d.x.Pushes(q) {
+				memx.Stream(dst[1][i*f.Payload:(i+1)*f.Payload], pay)
+			} else {
+				copy(dst[1][i*f.Payload:(i+1)*f.Payload], pay)
+			}
 			copy(dtype.FromBytes[float32](dst[2][i*sb:(i+1)*sb]), sca)
 		}
 		if err := op.Send(q, BlockHeader+n*f.Meta, n*f.Payload, n*sb); err != nil {
@@ -166,7 +184,7 @@ func (s *slot[T]) viewLL(op interface {
 	nLocal := len(pl.Local[me])
 	mt := d.cfg.MaxTokens
 	o := &s.out
-	o.hidden = hid
+	o.hidden, o.ExpertMajor = hid, false
 	if cap(d.cs) < k {
 		d.cs = make([]contrib, 0, k)
 	}

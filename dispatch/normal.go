@@ -292,7 +292,7 @@ func (s *slot[T]) unpackNormal() error {
 	f := &d.f
 	nLocal := len(pl.Local[me])
 	o := &s.out
-	o.hidden = hid
+	o.hidden, o.ExpertMajor = hid, true
 	if cap(d.cs) < d.cfg.TopK {
 		d.cs = make([]contrib, 0, d.cfg.TopK)
 	}

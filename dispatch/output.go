@@ -29,7 +29,10 @@ type Output[T Act] struct {
 	Source []int32
 	Weight []float32
 	Expert []int32
-	hidden int
+	// ExpertMajor says the rows themselves are expert-major (entry j is row j of X or Q:
+	// the normal mode), so that local expert i's rows are one block of X.
+	ExpertMajor bool
+	hidden      int
 }
 
 // Rows returns the number of entries (expert-major rows, padding included): the expert
@@ -100,6 +103,9 @@ func (h Handle) Contributions(i int) ([]int32, []float32) {
 	a, b := st.start[i], st.start[i+1]
 	return st.entries[a:b], st.weights[a:b]
 }
+
+// Dests lists the ranks token t of this rank went to, ascending (each once).
+func (h Handle) Dests(t int) []int32 { return h.s.layout.Dest[t] }
 
 // RowsTo lists the tokens of this rank that went to rank q, in the order they were sent.
 func (h Handle) RowsTo(q int) []int32 { return h.s.layout.Rows[q] }

@@ -125,7 +125,7 @@ func checkEP(t *testing.T, cfg Config, ref *Layer, seed uint64, tokens, p int, k
 				if err != nil {
 					return err
 				}
-				ep, err := NewEP(context.Background(), c, l, dispatch.Config{WireDType: wire, Placement: pl})
+				ep, err := NewEP[float32](context.Background(), c, l, dispatch.Config{WireDType: wire, Placement: pl})
 				if err != nil {
 					return err
 				}
@@ -209,7 +209,7 @@ func TestNonFiniteLogitsOnOneRank(t *testing.T) {
 			r := c.Rank()
 			errs[r] = func() error {
 				l, _ := NewLayer(cfg, 3, pl.Local[r], 0)
-				ep, err := NewEP(context.Background(), c, l, dispatch.Config{Placement: pl})
+				ep, err := NewEP[float32](context.Background(), c, l, dispatch.Config{Placement: pl})
 				if err != nil {
 					return err
 				}

@@ -38,13 +38,19 @@ type Placement struct {
 	Ranks   int
 	Owners  [][]int // expert -> ranks holding it, ascending
 	Local   [][]int // rank -> experts it holds, in local order (ascending)
-	local   []map[int]int
+	local   []int32 // [rank*Experts+expert]: local index, -1 where not held
 }
+
+// Bounds of a placement.
+const (
+	MaxExperts = 1 << 16
+	MaxRanks   = 1 << 14
+)
 
 // NewPlacement places e experts on p ranks.
 func NewPlacement(kind PlacementKind, e, p int) (*Placement, error) {
-	if e < 1 || p < 1 {
-		return nil, fmt.Errorf("%w: %d experts on %d ranks", ErrConfig, e, p)
+	if e < 1 || p < 1 || e > MaxExperts || p > MaxRanks {
+		return nil, fmt.Errorf("%w: %d experts on %d ranks (at most %d experts, %d ranks)", ErrConfig, e, p, MaxExperts, MaxRanks)
 	}
 	pl := &Placement{Kind: kind, Experts: e, Ranks: p, Owners: make([][]int, e)}
 	for x := 0; x < e; x++ {
@@ -104,11 +110,13 @@ func (pl *Placement) index() {
 			pl.Local[r] = append(pl.Local[r], e)
 		}
 	}
-	pl.local = make([]map[int]int, pl.Ranks)
+	pl.local = make([]int32, pl.Ranks*pl.Experts)
+	for i := range pl.local {
+		pl.local[i] = -1
+	}
 	for r, es := range pl.Local {
-		pl.local[r] = make(map[int]int, len(es))
 		for i, e := range es {
-			pl.local[r][e] = i
+			pl.local[r*pl.Experts+e] = int32(i)
 		}
 	}
 }
@@ -128,12 +136,7 @@ func (pl *Placement) RankOf(e, o, t int) int {
 }
 
 // LocalIndex returns e's index among rank r's experts, or -1.
-func (pl *Placement) LocalIndex(r, e int) int {
-	if i, ok := pl.local[r][e]; ok {
-		return i
-	}
-	return -1
-}
+func (pl *Placement) LocalIndex(r, e int) int { return int(pl.local[r*pl.Experts+e]) }
 
 // Layout is the dispatch plan of one rank's tokens: for each destination rank, the tokens
 // that go there (each once, however many of its experts live there), in token order.

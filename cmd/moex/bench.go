@@ -75,6 +75,18 @@ type rankFlags struct {
 	json      bool
 }
 
+// MaxRanks bounds --ranks: every rank of a benchmark is a goroutine or a process of
+// this host.
+const MaxRanks = 256
+
+// check bounds the flags.
+func (r *rankFlags) check() error {
+	if r.ranks < 1 || r.ranks > MaxRanks {
+		return &usageError{fmt.Sprintf("--ranks %d: want 1 to %d", r.ranks, MaxRanks)}
+	}
+	return nil
+}
+
 func (r *rankFlags) register(fs *flag.FlagSet, defRanks int) {
 	fs.IntVar(&r.ranks, "ranks", defRanks, "number of ranks")
 	fs.StringVar(&r.transport, "transport", "inproc", "inproc (goroutines of this process), tcp, shm or ucx (processes launched by moex)")

@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -78,8 +79,26 @@ type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
 
+// parseFlags parses a command's flags: -h prints them and ends the command
+// successfully (errHelp), a bad flag or a stray argument is a usage error.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return errHelp
+		}
+		return &usageError{err.Error()}
+	}
+	if fs.NArg() > 0 {
+		return &usageError{fmt.Sprintf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))}
+	}
+	return nil
+}
+
+// errHelp ends a command that printed its help: exit code 0.
+var errHelp = errors.New("help printed")
+
 func exitCode(err error) int {
-	if err == nil {
+	if err == nil || errors.Is(err, errHelp) {
 		return 0
 	}
 	var re *launch.RankError

@@ -9,6 +9,7 @@ import (
 	"github.com/moex-ai/moex/bench"
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/models"
 )
 
@@ -21,10 +22,13 @@ func benchMoE(ctx context.Context, args []string) error {
 	fs.StringVar(&o.Compute, "compute", "none", "experts: none (identity) or ffn (the reference SwiGLU at the model's sizes)")
 	fs.IntVar(&o.Iters, "iters", 0, "timed steps (0: about a second's worth)")
 	fs.BoolVar(&o.Naive, "naive", false, "also time a naive dispatch (one message per token-expert pair)")
+	fs.BoolVar(&o.Overlap, "overlap", false, "also time the step as micro-batches in a pipeline (one's rows move while another's experts compute) against one after the other")
+	fs.IntVar(&o.Chunks, "chunks", 2, "micro-batches of --overlap")
+	fs.IntVar(&o.Pairs, "pairs", 32, "dispatch-then-combine pairs run back to back for the pair period")
 	fs.BoolVar(&o.Profile, "profile", false, "time the AlltoAllvs' wait for the last rank apart from moving (MOEX_PROFILE=1)")
 	list := fs.Bool("models", false, "list the models and exit")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err.Error()}
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if *list {
 		for _, n := range models.Names() {
@@ -35,6 +39,19 @@ func benchMoE(ctx context.Context, args []string) error {
 	}
 	if err := check(); err != nil {
 		return err
+	}
+	if err := rf.check(); err != nil {
+		return err
+	}
+	switch {
+	case o.Iters < 0 || o.Iters > 1_000_000:
+		return &usageError{fmt.Sprintf("--iters %d: want 0 (automatic) to 1000000", o.Iters)}
+	case o.Chunks < 1 || o.Chunks > 64:
+		return &usageError{fmt.Sprintf("--chunks %d: want 1 to 64", o.Chunks)}
+	case o.Pairs < 1 || o.Pairs > 1_000_000:
+		return &usageError{fmt.Sprintf("--pairs %d: want 1 to 1000000", o.Pairs)}
+	case o.Overlap && o.Tokens < o.Chunks:
+		return &usageError{fmt.Sprintf("--overlap: %d tokens cannot make %d micro-batches", o.Tokens, o.Chunks)}
 	}
 	if o.Profile {
 		os.Setenv("MOEX_PROFILE", "1") // for the communicators below, and ranks launched
@@ -60,12 +77,15 @@ func benchMoE(ctx context.Context, args []string) error {
 }
 
 // moeFlags registers the flags that choose a MoE layer and its tokens (model, tokens,
-// wire type, placement) and returns the check to run after parsing, which also sets
-// o.Wire.
+// wire type, mode, placement) and returns the check to run after parsing, which also
+// sets o.Wire and o.Mode.
 func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 	fs.StringVar(&o.Model, "model", "mixtral-8x7b", "model (moex bench moe -models lists them)")
 	fs.IntVar(&o.Tokens, "tokens", 512, "tokens per rank")
-	wire := fs.String("wire-dtype", "f32", "activations on the wire: f32 or bf16")
+	wire := fs.String("wire-dtype", "f32", "activations on the wire: f32, bf16, fp8 (e4m3, a scale per 128 values) or int8 (a scale per token)")
+	act := fs.String("act", "f32", "activations: f32 or bf16")
+	back := fs.String("combine-dtype", "", "partial sums on the way back: f32 or bf16 (default: f32 with an f32 wire, else bf16)")
+	mode := fs.String("mode", "normal", "normal (counts all-gather, then an exact-size AlltoAllv) or low-latency (buffers sized for --tokens, counts travel with the rows)")
 	fs.StringVar(&o.Placement, "placement", "contiguous", "expert placement: contiguous or roundrobin")
 	return func() error {
 		if _, err := models.Get(o.Model); err != nil {
@@ -76,11 +96,42 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 			o.Wire = dtype.F32
 		case "bf16":
 			o.Wire = dtype.BF16
+		case "fp8", "fp8e4m3", "e4m3":
+			o.Wire = dtype.FP8E4M3
+		case "int8", "i8":
+			o.Wire = dtype.I8
 		default:
-			return &usageError{fmt.Sprintf("--wire-dtype %q: want f32 or bf16", *wire)}
+			return &usageError{fmt.Sprintf("--wire-dtype %q: want f32, bf16, fp8 or int8", *wire)}
 		}
-		if o.Tokens < 0 {
-			return &usageError{"--tokens must not be negative"}
+		switch *act {
+		case "f32":
+			o.Act = dtype.F32
+		case "bf16":
+			o.Act = dtype.BF16
+		default:
+			return &usageError{fmt.Sprintf("--act %q: want f32 or bf16", *act)}
+		}
+		switch *back {
+		case "":
+		case "f32":
+			o.Combine = dtype.F32
+		case "bf16":
+			o.Combine = dtype.BF16
+		default:
+			return &usageError{fmt.Sprintf("--combine-dtype %q: want f32 or bf16", *back)}
+		}
+		m, err := dispatch.ParseMode(*mode)
+		if err != nil {
+			return &usageError{fmt.Sprintf("--mode %q: want normal or low-latency", *mode)}
+		}
+		o.Mode = m
+		switch o.Placement {
+		case "contiguous", "roundrobin", "round-robin":
+		default:
+			return &usageError{fmt.Sprintf("--placement %q: want contiguous or roundrobin", o.Placement)}
+		}
+		if o.Tokens < 0 || o.Tokens > dispatch.MaxLowLatencyTokens {
+			return &usageError{fmt.Sprintf("--tokens %d: want 0 to %d", o.Tokens, dispatch.MaxLowLatencyTokens)}
 		}
 		return nil
 	}

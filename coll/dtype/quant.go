@@ -61,8 +61,8 @@ func Convert[D, S Activation](dst []D, src []S) {
 
 // amax returns the largest finite magnitude of src, and whether src holds a NaN.
 func amax(src []float32) (m float32, nan bool) {
-	var fin, all uint32
-	for _, v := range src {
+	k, fin, all := amaxFast(src)
+	for _, v := range src[k:] {
 		a := math.Float32bits(v) & 0x7fffffff
 		all = max(all, a)
 		if a < 0x7f800000 {
@@ -144,9 +144,12 @@ func QuantizeFP8[T Activation](dst []byte, scales []float32, src []T, pow2 bool)
 	}
 }
 
-// toE4M3 writes x[i]*inv as E4M3 into dst: e4m3 unrolled into the loop.
+// toE4M3 writes x[i]*inv as E4M3 into dst: e4m3 unrolled into the loop (AVX2 where
+// available).
 func toE4M3(dst []byte, x []float32, inv float32) {
 	dst = dst[:len(x)]
+	k := toE4M3Fast(dst, x, inv)
+	dst, x = dst[k:], x[k:]
 	for i, v := range x {
 		b := math.Float32bits(v * inv)
 		sign := uint8(b>>24) & 0x80
@@ -180,8 +183,9 @@ func DequantizeFP8[T Activation](dst []T, src []byte, scales []float32) {
 		if isF32[T]() {
 			out = asF32(dst[lo:hi])
 		}
-		for i, q := range in {
-			out[i] = t[q] * s
+		k := fromE4M3Fast(out, in, s)
+		for i, q := range in[k:] {
+			out[k+i] = t[q] * s
 		}
 		if !isF32[T]() {
 			F32ToBF16(asBF16(dst[lo:hi]), out)
@@ -211,9 +215,11 @@ func QuantizeI8[T Activation](dst []byte, src []T) float32 {
 	for lo := 0; lo < len(src); lo += FP8Block {
 		hi := min(lo+FP8Block, len(src))
 		out := dst[lo:hi]
-		for i, v := range f32s(src[lo:hi], &buf) {
+		x := f32s(src[lo:hi], &buf)
+		k := toI8Fast(out, x, inv)
+		for i, v := range x[k:] {
 			f := min(max(v*inv, -I8Max), I8Max) // infinities saturate
-			out[i] = byte(math.Float32bits(f+12582912) - 0x4b400000)
+			out[k+i] = byte(math.Float32bits(f+12582912) - 0x4b400000)
 		}
 	}
 	return s
@@ -230,8 +236,9 @@ func DequantizeI8[T Activation](dst []T, src []byte, scale float32) {
 		if isF32[T]() {
 			out = asF32(dst[lo:hi])
 		}
-		for i, q := range in {
-			out[i] = float32(int8(q)) * scale
+		k := fromI8Fast(out, in, scale)
+		for i, q := range in[k:] {
+			out[k+i] = float32(int8(q)) * scale
 		}
 		if !isF32[T]() {
 			F32ToBF16(asBF16(dst[lo:hi]), out)

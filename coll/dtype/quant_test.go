@@ -238,3 +238,142 @@ func BenchmarkQuantize(b *testing.B) {
 		}
 	})
 }
+
+// The AVX2 kernels agree with the scalar definitions, at every length around their
+// widths (so that the scalar tails run too), on values across the whole range: random
+// magnitudes, subnormal ones, saturating ones, infinities and NaNs.
+func TestKernelsMatchScalar(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	special := []float32{0, float32(math.Copysign(0, -1)), 448, -448, 460, 1e30, float32(math.Inf(1)), float32(math.Inf(-1)),
+		float32(math.NaN()), 0x1p-6, 0x1p-7, 0x1p-10, 7.5 * 0x1p-9, 0x1.fffffep-7}
+	for n := 0; n <= 67; n++ {
+		x := make([]float32, n)
+		for i := range x {
+			if r.IntN(6) == 0 {
+				x[i] = special[r.IntN(len(special))]
+			} else {
+				x[i] = float32(math.Ldexp(r.NormFloat64(), r.IntN(24)-16))
+			}
+		}
+		inv := float32(1 + r.Float64()*3)
+		// E4M3.
+		q := make([]byte, n)
+		toE4M3(q, x, inv)
+		for i, v := range x {
+			require.Equal(t, e4m3(v*inv), q[i], "n=%d element %d: %v", n, i, v)
+		}
+		y := make([]float32, n)
+		scales := []float32{0.25}
+		if n > 0 {
+			DequantizeFP8(y, q, append(scales, make([]float32, FP8Scales(n))...)[:FP8Scales(n)])
+		}
+		for i := range q {
+			want := FP8E4M3Val(q[i]).Float32() * 0.25
+			if i >= FP8Block {
+				want = FP8E4M3Val(q[i]).Float32() * 0
+			}
+			require.True(t, want == y[i] || math.IsNaN(float64(want)) && math.IsNaN(float64(y[i])), "n=%d dequantised %d: %v want %v", n, i, y[i], want)
+		}
+		// amax.
+		m, nan := amax(x)
+		var wm float32
+		var wnan bool
+		for _, v := range x {
+			switch {
+			case math.IsNaN(float64(v)):
+				wnan = true
+			case !math.IsInf(float64(v), 0):
+				wm = max(wm, float32(math.Abs(float64(v))))
+			}
+		}
+		require.Equal(t, wm, m, "n=%d amax", n)
+		require.Equal(t, wnan, nan, "n=%d NaN", n)
+		// int8 (finite values only: a NaN makes the whole row NaN before the kernel).
+		fin := make([]float32, n)
+		for i, v := range x {
+			if !math.IsNaN(float64(v)) {
+				fin[i] = v
+			}
+		}
+		q8 := make([]byte, n)
+		s := QuantizeI8(q8, fin)
+		if s > 0 {
+			for i, v := range fin {
+				f := min(max(v*(1/s), -I8Max), I8Max)
+				require.Equal(t, int8(math.RoundToEven(float64(f))), int8(q8[i]), "n=%d int8 %d: %v", n, i, v)
+			}
+			y8 := make([]float32, n)
+			DequantizeI8(y8, q8, s)
+			for i := range q8 {
+				require.Equal(t, float32(int8(q8[i]))*s, y8[i])
+			}
+		}
+		// axpy, f32 and bf16: one FMA rounding against a multiply and an add.
+		acc := make([]float32, n)
+		want := make([]float32, n)
+		xb := make([]BFloat16, n)
+		for i := range acc {
+			acc[i] = float32(r.NormFloat64())
+			want[i] = acc[i]
+			xb[i] = ToBF16(fin[i])
+		}
+		Axpy(acc, 0.375, fin)
+		for i := range acc {
+			w := float32(float64(want[i]) + 0.375*float64(fin[i]))
+			require.InDelta(t, w, acc[i], math.Abs(float64(w))*1e-6+1e-30, "n=%d axpy %d", n, i)
+		}
+		sc := make([]float32, n)
+		Scale(sc, 0.375, fin)
+		scb := make([]float32, n)
+		ScaleBF16(scb, -1.5, xb)
+		for i := range sc {
+			require.Equal(t, 0.375*fin[i], sc[i], "n=%d scale %d", n, i)
+			require.Equal(t, -1.5*xb[i].Float32(), scb[i], "n=%d scale bf16 %d", n, i)
+		}
+		acc2 := append([]float32(nil), want...)
+		AxpyBF16(acc2, -1.5, xb)
+		for i := range acc2 {
+			w := float32(float64(want[i]) - 1.5*float64(xb[i].Float32()))
+			require.InDelta(t, w, acc2[i], math.Abs(float64(w))*1e-6+1e-30, "n=%d axpy bf16 %d", n, i)
+		}
+	}
+}
+
+// Without AVX2 and FMA the portable loops give the same results.
+func TestKernelsPortable(t *testing.T) {
+	if !haveFMA {
+		t.Skip("this CPU has no AVX2 and FMA: the portable loops are the only ones, and the other tests ran them")
+	}
+	defer func() { haveFMA = true }()
+	r := rand.New(rand.NewPCG(9, 10))
+	x := randRow(r, 1000, 2)
+	fast := make([]byte, 1000)
+	fs := make([]float32, FP8Scales(1000))
+	QuantizeFP8(fast, fs, x, false)
+	haveFMA = false
+	slow := make([]byte, 1000)
+	ss := make([]float32, FP8Scales(1000))
+	QuantizeFP8(slow, ss, x, false)
+	require.Equal(t, slow, fast)
+	require.Equal(t, ss, fs)
+}
+
+func BenchmarkAxpy(b *testing.B) {
+	const n = 7168
+	x := randRow(rand.New(rand.NewPCG(1, 1)), n, 1)
+	xb := make([]BFloat16, n)
+	F32ToBF16(xb, x)
+	acc := make([]float32, n)
+	b.Run("f32", func(b *testing.B) {
+		b.SetBytes(4 * n)
+		for b.Loop() {
+			Axpy(acc, 0.5, x)
+		}
+	})
+	b.Run("bf16", func(b *testing.B) {
+		b.SetBytes(2 * n)
+		for b.Loop() {
+			AxpyBF16(acc, 0.5, xb)
+		}
+	})
+}

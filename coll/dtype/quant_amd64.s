@@ -1,0 +1,328 @@
+#include "textflag.h"
+
+// Kernels of quant.go and axpy.go with AVX2 and FMA. Every n is a positive multiple of
+// the stated width; the callers do the rest.
+
+// Pack the low byte of each dword of a 128-bit lane into its first 4 bytes.
+DATA lowbytes<>+0(SB)/8, $0x808080800c080400
+DATA lowbytes<>+8(SB)/8, $0x8080808080808080
+DATA lowbytes<>+16(SB)/8, $0x808080800c080400
+DATA lowbytes<>+24(SB)/8, $0x8080808080808080
+GLOBL lowbytes<>(SB), RODATA|NOPTR, $32
+
+// Dword indices that bring dword 4 (the second lane's packed bytes) next to dword 0.
+DATA lanes<>+0(SB)/8, $0x0000000400000000
+DATA lanes<>+8(SB)/8, $0x0000000000000000
+DATA lanes<>+16(SB)/8, $0x0000000000000000
+DATA lanes<>+24(SB)/8, $0x0000000000000000
+GLOBL lanes<>(SB), RODATA|NOPTR, $32
+
+// func axpyF32AVX2(dst *float32, a float32, x *float32, n int)
+// dst[i] += a*x[i]; n a multiple of 16.
+TEXT ·axpyF32AVX2(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	VBROADCASTSS a+8(FP), Y15
+	MOVQ         x+16(FP), SI
+	MOVQ         n+24(FP), CX
+
+axf:
+	VMOVUPS     (SI), Y0
+	VMOVUPS     32(SI), Y1
+	VFMADD213PS (DI), Y15, Y0  // Y0 = Y15*Y0 + dst
+	VFMADD213PS 32(DI), Y15, Y1
+	VMOVUPS     Y0, (DI)
+	VMOVUPS     Y1, 32(DI)
+	ADDQ        $64, SI
+	ADDQ        $64, DI
+	SUBQ        $16, CX
+	JNZ         axf
+	VZEROUPPER
+	RET
+
+// func axpyBF16AVX2(dst *float32, a float32, x *uint16, n int)
+// dst[i] += a*float32(x[i]); n a multiple of 16.
+TEXT ·axpyBF16AVX2(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	VBROADCASTSS a+8(FP), Y15
+	MOVQ         x+16(FP), SI
+	MOVQ         n+24(FP), CX
+
+axb:
+	VPMOVZXWD   (SI), Y0
+	VPMOVZXWD   16(SI), Y1
+	VPSLLD      $16, Y0, Y0
+	VPSLLD      $16, Y1, Y1
+	VFMADD213PS (DI), Y15, Y0
+	VFMADD213PS 32(DI), Y15, Y1
+	VMOVUPS     Y0, (DI)
+	VMOVUPS     Y1, 32(DI)
+	ADDQ        $32, SI
+	ADDQ        $64, DI
+	SUBQ        $16, CX
+	JNZ         axb
+	VZEROUPPER
+	RET
+
+// func amaxAVX2(src *float32, n int) (fin, all uint32)
+// The largest magnitude bits of the finite values, and of all values; n a multiple of 8.
+TEXT ·amaxAVX2(SB), NOSPLIT, $0-24
+	MOVQ      src+0(FP), SI
+	MOVQ      n+8(FP), CX
+	VPCMPEQD  Y15, Y15, Y15
+	VPSRLD    $1, Y15, Y14  // 0x7fffffff
+	VPSLLD    $24, Y15, Y13
+	VPSRLD    $1, Y13, Y13  // 0x7f800000
+	VPXOR     Y0, Y0, Y0    // finite max
+	VPXOR     Y1, Y1, Y1    // max
+
+am:
+	VPAND     (SI), Y14, Y2
+	VPMAXUD   Y2, Y1, Y1
+	VPCMPGTD  Y2, Y13, Y3   // 0x7f800000 > a: finite
+	VPAND     Y3, Y2, Y2
+	VPMAXUD   Y2, Y0, Y0
+	ADDQ      $32, SI
+	SUBQ      $8, CX
+	JNZ       am
+	VEXTRACTI128 $1, Y0, X2
+	VPMAXUD   X2, X0, X0
+	VPSHUFD   $0x4e, X0, X2
+	VPMAXUD   X2, X0, X0
+	VPSHUFD   $0xb1, X0, X2
+	VPMAXUD   X2, X0, X0
+	VEXTRACTI128 $1, Y1, X2
+	VPMAXUD   X2, X1, X1
+	VPSHUFD   $0x4e, X1, X2
+	VPMAXUD   X2, X1, X1
+	VPSHUFD   $0xb1, X1, X2
+	VPMAXUD   X2, X1, X1
+	VMOVD     X0, AX
+	MOVL      AX, fin+16(FP)
+	VMOVD     X1, AX
+	MOVL      AX, all+20(FP)
+	VZEROUPPER
+	RET
+
+// func toE4M3AVX2(dst *byte, src *float32, n int, inv float32)
+// dst[i] = E4M3 of src[i]*inv, saturating (as toE4M3); n a multiple of 8.
+TEXT ·toE4M3AVX2(SB), NOSPLIT, $0-28
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS inv+24(FP), Y15
+	VPCMPEQD     Y14, Y14, Y14
+	VPSRLD       $1, Y14, Y13        // 0x7fffffff
+	VPSRLD       $31, Y14, Y12       // 1
+	MOVL         $0x7ffff, AX
+	VMOVD        AX, X11
+	VPBROADCASTD X11, Y11
+	MOVL         $960, AX            // 120<<3
+	VMOVD        AX, X10
+	VPBROADCASTD X10, Y10
+	MOVL         $0x3c800000, AX     // 2^-6
+	VMOVD        AX, X9
+	VPBROADCASTD X9, Y9
+	MOVL         $0x43dfffff, AX     // below 448
+	VMOVD        AX, X8
+	VPBROADCASTD X8, Y8
+	MOVL         $0x7f800000, AX
+	VMOVD        AX, X7
+	VPBROADCASTD X7, Y7
+	MOVL         $0x44000000, AX     // 512.0
+	VMOVD        AX, X6
+	VPBROADCASTD X6, Y6
+	MOVL         $0x4b000000, AX     // 2^23
+	VMOVD        AX, X5
+	VPBROADCASTD X5, Y5
+	MOVL         $0x7e, AX
+	VMOVD        AX, X4
+	VPBROADCASTD X4, Y4
+	VMOVDQU      lowbytes<>(SB), Y3
+	VMOVDQU      lanes<>(SB), Y2
+
+e4:
+	VMULPS      (SI), Y15, Y0        // v
+	VPSRLD      $24, Y0, Y1
+	VPSLLD      $7, Y12, Y14         // 0x80
+	VPAND       Y14, Y1, Y1          // sign byte
+	VPAND       Y13, Y0, Y0          // a = |v| bits
+	// Normal: (a + 0x7ffff + ((a>>20)&1)) >> 20, minus 120<<3.
+	VPSRLD      $20, Y0, Y14
+	VPAND       Y12, Y14, Y14
+	VPADDD      Y11, Y0, Y13
+	VPADDD      Y14, Y13, Y13
+	VPSRLD      $20, Y13, Y13
+	VPSUBD      Y10, Y13, Y13        // qn
+	// Subnormal: bits(a*512 + 2^23) - 0x4b000000.
+	VMULPS      Y6, Y0, Y14
+	VADDPS      Y5, Y14, Y14
+	VPSUBD      Y5, Y14, Y14         // qs
+	VPCMPGTD    Y0, Y9, Y0           // a < 2^-6 ... (uses Y0 as mask; a is kept below)
+	VBLENDVPS   Y0, Y14, Y13, Y13    // q = mask ? qs : qn
+	// Reload a for the saturation checks.
+	VMULPS      (SI), Y15, Y0
+	VPCMPEQD    Y14, Y14, Y14
+	VPSRLD      $1, Y14, Y14
+	VPAND       Y14, Y0, Y0
+	VPCMPGTD    Y8, Y0, Y14          // a >= 448
+	VBLENDVPS   Y14, Y4, Y13, Y13    // saturate to 0x7e
+	VPCMPGTD    Y7, Y0, Y14          // NaN
+	VPSRLD      $31, Y14, Y0         // 1 where NaN
+	VPOR        Y0, Y13, Y13         // 0x7e | 1 = 0x7f
+	VPOR        Y1, Y13, Y13         // sign
+	VPSHUFB     Y3, Y13, Y13
+	VPERMD      Y13, Y2, Y13
+	VMOVQ       X13, (DI)
+	VPCMPEQD    Y14, Y14, Y14
+	VPSRLD      $1, Y14, Y13         // restore 0x7fffffff
+	ADDQ        $32, SI
+	ADDQ        $8, DI
+	SUBQ        $8, CX
+	JNZ         e4
+	VZEROUPPER
+	RET
+
+// func fromE4M3AVX2(dst *float32, src *byte, n int, scale float32)
+// dst[i] = float32(E4M3 src[i]) * scale; n a multiple of 8.
+TEXT ·fromE4M3AVX2(SB), NOSPLIT, $0-28
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Y15
+	MOVL         $0x7f, AX
+	VMOVD        AX, X14
+	VPBROADCASTD X14, Y14            // 0x7f
+	MOVL         $0x80, AX
+	VMOVD        AX, X13
+	VPBROADCASTD X13, Y13            // 0x80
+	MOVL         $0x3c000000, AX     // 120<<23
+	VMOVD        AX, X12
+	VPBROADCASTD X12, Y12
+	MOVL         $8, AX
+	VMOVD        AX, X11
+	VPBROADCASTD X11, Y11
+	MOVL         $0x3b000000, AX     // 2^-9
+	VMOVD        AX, X10
+	VPBROADCASTD X10, Y10
+	MOVL         $0x7fc00000, AX
+	VMOVD        AX, X9
+	VPBROADCASTD X9, Y9
+
+f4:
+	VPMOVZXBD   (SI), Y0
+	VPAND       Y14, Y0, Y1          // x & 0x7f
+	VPAND       Y13, Y0, Y0
+	VPSLLD      $24, Y0, Y0          // sign
+	VPSLLD      $20, Y1, Y2
+	VPADDD      Y12, Y2, Y2          // normal bits
+	VCVTDQ2PS   Y1, Y3
+	VMULPS      Y10, Y3, Y3          // subnormal value
+	VPCMPGTD    Y1, Y11, Y4          // x < 8
+	VBLENDVPS   Y4, Y3, Y2, Y2
+	VPCMPEQD    Y14, Y1, Y4          // x == 0x7f: NaN
+	VBLENDVPS   Y4, Y9, Y2, Y2
+	VPOR        Y0, Y2, Y2
+	VMULPS      Y15, Y2, Y2
+	VMOVUPS     Y2, (DI)
+	ADDQ        $8, SI
+	ADDQ        $32, DI
+	SUBQ        $8, CX
+	JNZ         f4
+	VZEROUPPER
+	RET
+
+// func toI8AVX2(dst *byte, src *float32, n int, inv float32)
+// dst[i] = int8 of src[i]*inv, clamped to ±127, rounded to nearest even; n a multiple
+// of 8. The values are finite (the caller checked for NaN).
+TEXT ·toI8AVX2(SB), NOSPLIT, $0-28
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS inv+24(FP), Y15
+	MOVL         $0x42fe0000, AX     // 127.0
+	VMOVD        AX, X14
+	VPBROADCASTD X14, Y14
+	MOVL         $0xc2fe0000, AX     // -127.0
+	VMOVD        AX, X13
+	VPBROADCASTD X13, Y13
+	VMOVDQU      lowbytes<>(SB), Y3
+	VMOVDQU      lanes<>(SB), Y2
+
+i8:
+	VMULPS      (SI), Y15, Y0
+	VMINPS      Y14, Y0, Y0
+	VMAXPS      Y13, Y0, Y0
+	VCVTPS2DQ   Y0, Y0
+	VPSHUFB     Y3, Y0, Y0
+	VPERMD      Y0, Y2, Y0
+	VMOVQ       X0, (DI)
+	ADDQ        $32, SI
+	ADDQ        $8, DI
+	SUBQ        $8, CX
+	JNZ         i8
+	VZEROUPPER
+	RET
+
+// func fromI8AVX2(dst *float32, src *byte, n int, scale float32)
+// dst[i] = float32(int8(src[i])) * scale; n a multiple of 8.
+TEXT ·fromI8AVX2(SB), NOSPLIT, $0-28
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Y15
+
+fi8:
+	VPMOVSXBD   (SI), Y0
+	VCVTDQ2PS   Y0, Y0
+	VMULPS      Y15, Y0, Y0
+	VMOVUPS     Y0, (DI)
+	ADDQ        $8, SI
+	ADDQ        $32, DI
+	SUBQ        $8, CX
+	JNZ         fi8
+	VZEROUPPER
+	RET
+
+// func scaleF32AVX2(dst *float32, a float32, x *float32, n int)
+// dst[i] = a*x[i]; n a multiple of 16.
+TEXT ·scaleF32AVX2(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	VBROADCASTSS a+8(FP), Y15
+	MOVQ         x+16(FP), SI
+	MOVQ         n+24(FP), CX
+
+scf:
+	VMULPS  (SI), Y15, Y0
+	VMULPS  32(SI), Y15, Y1
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	ADDQ    $64, SI
+	ADDQ    $64, DI
+	SUBQ    $16, CX
+	JNZ     scf
+	VZEROUPPER
+	RET
+
+// func scaleBF16AVX2(dst *float32, a float32, x *uint16, n int)
+// dst[i] = a*float32(x[i]); n a multiple of 16.
+TEXT ·scaleBF16AVX2(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	VBROADCASTSS a+8(FP), Y15
+	MOVQ         x+16(FP), SI
+	MOVQ         n+24(FP), CX
+
+scb:
+	VPMOVZXWD (SI), Y0
+	VPMOVZXWD 16(SI), Y1
+	VPSLLD    $16, Y0, Y0
+	VPSLLD    $16, Y1, Y1
+	VMULPS    Y15, Y0, Y0
+	VMULPS    Y15, Y1, Y1
+	VMOVUPS   Y0, (DI)
+	VMOVUPS   Y1, 32(DI)
+	ADDQ      $32, SI
+	ADDQ      $64, DI
+	SUBQ      $16, CX
+	JNZ       scb
+	VZEROUPPER
+	RET

@@ -1,0 +1,13 @@
+//go:build !amd64
+
+package dtype
+
+func axpyF32Fast(dst []float32, a float32, x []float32) int     { return 0 }
+func axpyBF16Fast(dst []float32, a float32, x []BFloat16) int   { return 0 }
+func scaleF32Fast(dst []float32, a float32, x []float32) int    { return 0 }
+func scaleBF16Fast(dst []float32, a float32, x []BFloat16) int  { return 0 }
+func amaxFast(src []float32) (n int, fin, all uint32)           { return 0, 0, 0 }
+func toE4M3Fast(dst []byte, x []float32, inv float32) int       { return 0 }
+func fromE4M3Fast(dst []float32, src []byte, scale float32) int { return 0 }
+func toI8Fast(dst []byte, x []float32, inv float32) int         { return 0 }
+func fromI8Fast(dst []float32, src []byte, scale float32) int   { return 0 }
