@@ -334,45 +334,45 @@ func planReduceLinear(sh shape) *plan {
 // planAllGatherShared: every rank publishes its block (in place in recv) in its shared
 // area, or for the others to read across, and takes everyone else's (shm.Direct).
 func planAllGatherShared(sh shape) *plan {
-	p, b := sh.p, sh.count*sh.es
+	p := sh.p
 	v := &shm.VLayout{RecvOff: make([]int, p), RecvLen: make([]int, p), SrcOff: make([]int, p), SrcLen: make([]int, p)}
 	for q := 0; q < p; q++ {
-		v.RecvOff[q], v.RecvLen[q], v.SrcLen[q] = q*b, b, b
+		r := sh.blk(bRecv, q)
+		v.RecvOff[q], v.RecvLen[q], v.SrcLen[q] = r.off, r.n, r.n
 	}
 	return &plan{op: OpAllGather, algo: Shared, shared: v}
 }
 
 func planAllGatherRing(sh shape) *plan {
 	p, r := sh.p, sh.rank
-	b := sh.count * sh.es
-	blk := func(i int) region { return region{bRecv, i * b, b} }
 	pl := &plan{op: OpAllGather, algo: Ring}
 	next, prev := mod(r+1, p), mod(r-1, p)
 	for k := 0; k < p-1; k++ {
 		pl.add(step{
-			sends: []xfer{{next, uint32(k), blk(mod(r-k, p))}},
-			recvs: []xfer{{prev, uint32(k), blk(mod(r-k-1, p))}},
+			sends: []xfer{{next, uint32(k), sh.blk(bRecv, mod(r-k, p))}},
+			recvs: []xfer{{prev, uint32(k), sh.blk(bRecv, mod(r-k-1, p))}},
 		})
 	}
 	return pl
 }
 
+// planAllGatherRecDbl exchanges ranges of blocks that double each step; with a
+// non-power-of-two of ranks, or blocks not packed in rank order, it runs Bruck's.
 func planAllGatherRecDbl(sh shape) *plan {
 	p, r := sh.p, sh.rank
-	if !isPow2(p) {
+	if !isPow2(p) || !sh.packed() {
 		pl := planAllGatherBruck(sh)
 		pl.algo = RecDoubling
 		return pl
 	}
-	b := sh.count * sh.es
 	pl := &plan{op: OpAllGather, algo: RecDoubling}
 	tag := uint32(0)
 	for mask := 1; mask < p; mask <<= 1 {
 		peer := r ^ mask
 		mine, theirs := r&^(mask-1), peer&^(mask-1)
 		pl.add(step{
-			sends: []xfer{{peer, tag, region{bRecv, mine * b, mask * b}}},
-			recvs: []xfer{{peer, tag, region{bRecv, theirs * b, mask * b}}},
+			sends: []xfer{{peer, tag, sh.span(bRecv, mine, mine+mask)}},
+			recvs: []xfer{{peer, tag, sh.span(bRecv, theirs, theirs+mask)}},
 		})
 		tag++
 	}
@@ -380,14 +380,17 @@ func planAllGatherRecDbl(sh shape) *plan {
 }
 
 // planAllGatherBruck works for any size in ceil(log2 p) steps: blocks accumulate in a
-// rotated scratch layout (block i holds rank r+i's data), rotated back at the end.
+// rotated scratch layout (position i holds rank r+i's block), rotated back at the end.
 func planAllGatherBruck(sh shape) *plan {
 	p, r := sh.p, sh.rank
-	b := sh.count * sh.es
-	pl := &plan{op: OpAllGather, algo: Bruck, tmp: p * b}
-	t := func(i, k int) region { return region{bTmp, i * b, k * b} }
-	first := step{pre: []local{{kind: lCopy, dst: t(0, 1), src: region{bRecv, r * b, b}}}}
-	pl.add(first)
+	// at[i] is where position i starts in the scratch; at[p] its size.
+	at := make([]int, p+1)
+	for i := 0; i < p; i++ {
+		at[i+1] = at[i] + sh.blk(bRecv, mod(r+i, p)).n
+	}
+	pl := &plan{op: OpAllGather, algo: Bruck, tmp: at[p]}
+	t := func(i, k int) region { return region{bTmp, at[i], at[i+k] - at[i]} }
+	pl.add(step{pre: []local{{kind: lCopy, dst: t(0, 1), src: sh.blk(bRecv, r)}}})
 	tag := uint32(0)
 	for have := 1; have < p; have *= 2 {
 		k := min(have, p-have)
@@ -399,31 +402,31 @@ func planAllGatherBruck(sh shape) *plan {
 	}
 	var last step
 	for i := 0; i < p; i++ {
-		last.post = append(last.post, local{kind: lCopy, dst: region{bRecv, mod(r+i, p) * b, b}, src: t(i, 1)})
+		last.post = append(last.post, local{kind: lCopy, dst: sh.blk(bRecv, mod(r+i, p)), src: t(i, 1)})
 	}
 	pl.add(last)
 	return pl
 }
 
-// ---- ReduceScatter (count = elements per rank; input p*count in send) ----
+// ---- ReduceScatter (count = elements per rank; input: every rank's block in send) ----
 
 func planReduceScatterRing(sh shape) *plan {
 	p, r := sh.p, sh.rank
-	b := sh.count * sh.es
-	work := func(i int) region { return region{bTmp, i * b, b} }
-	in := region{bTmp, p * b, b}
-	pl := &plan{op: OpReduceScatter, algo: Ring, tmp: (p + 1) * b}
-	pl.add(step{pre: []local{{kind: lCopy, dst: region{bTmp, 0, p * b}, src: region{bSend, 0, p * b}}}})
+	total := sh.total()
+	work := func(i int) region { return sh.blk(bTmp, i) }
+	pl := &plan{op: OpReduceScatter, algo: Ring, tmp: total + sh.biggest()}
+	pl.add(step{pre: []local{{kind: lCopy, dst: region{bTmp, 0, total}, src: region{bSend, 0, total}}}})
 	next, prev := mod(r+1, p), mod(r-1, p)
 	for k := 0; k < p-1; k++ {
 		si, ri := mod(r-k-1, p), mod(r-k-2, p)
+		in := region{bTmp, total, work(ri).n}
 		pl.add(step{
 			sends: []xfer{{next, uint32(k), work(si)}},
 			recvs: []xfer{{prev, uint32(k), in}},
 			post:  []local{{kind: lReduce, dst: work(ri), src: in}},
 		})
 	}
-	out := region{bRecv, 0, b}
+	out := region{bRecv, 0, work(r).n}
 	pl.add(step{post: []local{{kind: lCopy, dst: out, src: work(r)}, {kind: lFinish, dst: out}}})
 	return pl
 }
@@ -435,10 +438,10 @@ func planReduceScatterRecHalving(sh shape) *plan {
 		pl.algo = RecHalving
 		return pl
 	}
-	b := sh.count * sh.es
-	pl := &plan{op: OpReduceScatter, algo: RecHalving, tmp: p*b + p/2*b}
-	work := func(lo, hi int) region { return region{bTmp, lo * b, (hi - lo) * b} }
-	pl.add(step{pre: []local{{kind: lCopy, dst: work(0, p), src: region{bSend, 0, p * b}}}})
+	total := sh.total()
+	pl := &plan{op: OpReduceScatter, algo: RecHalving, tmp: 2 * total}
+	work := func(lo, hi int) region { return sh.span(bTmp, lo, hi) }
+	pl.add(step{pre: []local{{kind: lCopy, dst: work(0, p), src: region{bSend, 0, total}}}})
 	lo, hi := 0, p
 	tag := uint32(0)
 	for mask := p / 2; mask >= 1; mask >>= 1 {
@@ -448,7 +451,7 @@ func planReduceScatterRecHalving(sh shape) *plan {
 		if r&mask != 0 {
 			klo, khi, glo, ghi = mid, hi, lo, mid
 		}
-		in := region{bTmp, p * b, (khi - klo) * b}
+		in := region{bTmp, total, work(klo, khi).n}
 		pl.add(step{
 			sends: []xfer{{peer, tag, work(glo, ghi)}},
 			recvs: []xfer{{peer, tag, in}},
@@ -457,7 +460,7 @@ func planReduceScatterRecHalving(sh shape) *plan {
 		tag++
 		lo, hi = klo, khi
 	}
-	out := region{bRecv, 0, b}
+	out := region{bRecv, 0, work(r, r+1).n}
 	pl.add(step{post: []local{{kind: lCopy, dst: out, src: work(r, r+1)}, {kind: lFinish, dst: out}}})
 	return pl
 }
@@ -581,36 +584,36 @@ func planAlltoAllBruck(pl *plan, p, r int, l vlayout, c [][]int) {
 // ---- Scatter, Gather (count = elements per rank), Barrier ----
 
 func planScatterLinear(sh shape) *plan {
-	b := sh.count * sh.es
 	pl := &plan{op: OpScatter, algo: Linear}
 	var s step
 	if sh.rank == sh.root {
-		s.pre = []local{{kind: lCopy, dst: region{bRecv, 0, b}, src: region{bSend, sh.root * b, b}}}
+		mine := sh.blk(bSend, sh.root)
+		s.pre = []local{{kind: lCopy, dst: region{bRecv, 0, mine.n}, src: mine}}
 		for q := 0; q < sh.p; q++ {
 			if q != sh.root {
-				s.sends = append(s.sends, xfer{q, 0, region{bSend, q * b, b}})
+				s.sends = append(s.sends, xfer{q, 0, sh.blk(bSend, q)})
 			}
 		}
 	} else {
-		s.recvs = []xfer{{sh.root, 0, region{bRecv, 0, b}}}
+		s.recvs = []xfer{{sh.root, 0, region{bRecv, 0, sh.blk(bRecv, sh.rank).n}}}
 	}
 	pl.add(s)
 	return pl
 }
 
 func planGatherLinear(sh shape) *plan {
-	b := sh.count * sh.es
 	pl := &plan{op: OpGather, algo: Linear}
 	var s step
 	if sh.rank == sh.root {
-		s.pre = []local{{kind: lCopy, dst: region{bRecv, sh.root * b, b}, src: region{bSend, 0, b}}}
+		mine := sh.blk(bRecv, sh.root)
+		s.pre = []local{{kind: lCopy, dst: mine, src: region{bSend, 0, mine.n}}}
 		for q := 0; q < sh.p; q++ {
 			if q != sh.root {
-				s.recvs = append(s.recvs, xfer{q, 0, region{bRecv, q * b, b}})
+				s.recvs = append(s.recvs, xfer{q, 0, sh.blk(bRecv, q)})
 			}
 		}
 	} else {
-		s.sends = []xfer{{sh.root, 0, region{bSend, 0, b}}}
+		s.sends = []xfer{{sh.root, 0, region{bSend, 0, sh.blk(bSend, sh.rank).n}}}
 	}
 	pl.add(s)
 	return pl
@@ -671,8 +674,7 @@ func planAllGatherHier(sh shape, t topology) *plan {
 	if pl := flatUnlessUniform(t, sh, planAllGatherRing); pl != nil {
 		return pl
 	}
-	b := sh.count * sh.es
-	blk := func(q int) region { return region{bRecv, q * b, b} }
+	blk := func(q int) region { return sh.blk(bRecv, q) }
 	pl := &plan{op: OpAllGather, algo: Hier}
 	v := newHierView(t, sh.rank)
 	host, li, groups, across, home, h, m := v.host, v.li, v.groups, v.across, v.home, v.h, v.m
@@ -708,13 +710,13 @@ func planReduceScatterHier(sh shape, t topology) *plan {
 	if pl := flatUnlessUniform(t, sh, planReduceScatterRing); pl != nil {
 		return pl
 	}
-	p, b := sh.p, sh.count*sh.es
+	total, big := sh.total(), sh.biggest()
 	v := newHierView(t, sh.rank)
 	host, li, groups, across, home, h, m := v.host, v.li, v.groups, v.across, v.home, v.h, v.m
-	work := func(q int) region { return region{bTmp, q * b, b} }
-	in := func(i int) region { return region{bTmp, (p + i) * b, b} }
-	pl := &plan{op: OpReduceScatter, algo: Hier, tmp: (p + h) * b}
-	pl.add(step{pre: []local{{kind: lCopy, dst: region{bTmp, 0, p * b}, src: region{bSend, 0, p * b}}}})
+	work := func(q int) region { return sh.blk(bTmp, q) }
+	in := func(i, q int) region { return region{bTmp, total + i*big, work(q).n} } // slot i, for rank q's block
+	pl := &plan{op: OpReduceScatter, algo: Hier, tmp: total + h*big}
+	pl.add(step{pre: []local{{kind: lCopy, dst: region{bTmp, 0, total}, src: region{bSend, 0, total}}}})
 	tag := uint32(0)
 	next, prev := home[mod(li+1, m)], home[mod(li-1, m)]
 	for k := 0; k < m-1; k++ {
@@ -722,8 +724,8 @@ func planReduceScatterHier(sh shape, t topology) *plan {
 		sg, rg := groups[mod(li-k-1, m)], groups[mod(li-k-2, m)]
 		for i := 0; i < h; i++ {
 			s.sends = append(s.sends, xfer{next, tag, work(sg[i])})
-			s.recvs = append(s.recvs, xfer{prev, tag, in(i)})
-			s.post = append(s.post, local{kind: lReduce, dst: work(rg[i]), src: in(i)})
+			s.recvs = append(s.recvs, xfer{prev, tag, in(i, rg[i])})
+			s.post = append(s.post, local{kind: lReduce, dst: work(rg[i]), src: in(i, rg[i])})
 			tag++
 		}
 		pl.add(s)
@@ -733,12 +735,12 @@ func planReduceScatterHier(sh shape, t topology) *plan {
 		si, ri := mod(host-k-1, h), mod(host-k-2, h)
 		pl.add(step{
 			sends: []xfer{{next, tag, work(across[si])}},
-			recvs: []xfer{{prev, tag, in(0)}},
-			post:  []local{{kind: lReduce, dst: work(across[ri]), src: in(0)}},
+			recvs: []xfer{{prev, tag, in(0, across[ri])}},
+			post:  []local{{kind: lReduce, dst: work(across[ri]), src: in(0, across[ri])}},
 		})
 		tag++
 	}
-	out := region{bRecv, 0, b}
+	out := region{bRecv, 0, work(sh.rank).n}
 	pl.add(step{post: []local{{kind: lCopy, dst: out, src: work(sh.rank)}, {kind: lFinish, dst: out}}})
 	return pl
 }

@@ -117,8 +117,11 @@ type Comm struct {
 	splits  uint32
 	closed  atomic.Bool
 
-	planMu sync.Mutex
-	plans  map[planKey]*plan
+	planMu   sync.Mutex
+	plans    map[planKey]*plan
+	vplans   map[vkey]*vcached // variable-size plans for the counts seen last
+	vmu      sync.Mutex        // held while a variable-size op is planned
+	vscratch blocks            // its blocks
 
 	actx      context.Context // cancelled on abort or close; every wait uses it
 	acancel   context.CancelCauseFunc
@@ -305,7 +308,7 @@ func (cfg *Config) fill() error {
 func newComm(tr transport.Transport, id uint32, ranks, hosts []int, rank int, cfg Config, link LinkCost) *Comm {
 	c := &Comm{
 		tr: tr, ranks: ranks, rank: rank, size: len(ranks), id: id, hosts: hosts, cfg: cfg,
-		link: link, log: cfg.Logger, pool: cfg.Pool, plans: map[planKey]*plan{},
+		link: link, log: cfg.Logger, pool: cfg.Pool, plans: map[planKey]*plan{}, vplans: map[vkey]*vcached{},
 	}
 	c.async.init()
 	if cfg.Link != nil {

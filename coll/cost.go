@@ -22,11 +22,33 @@ const (
 	OpGather
 	// OpExchange: an AlltoAllv whose block sizes travel with the data (Exchange).
 	OpExchange
+	// The variable-size forms.
+	OpAllGatherv
+	OpReduceScatterv
+	OpGatherv
+	OpScatterv
 	opKindEnd
 )
 
 var opKindNames = [...]string{"", "barrier", "broadcast", "reduce", "allreduce", "reducescatter",
-	"allgather", "alltoall", "alltoallv", "scatter", "gather", "exchange"}
+	"allgather", "alltoall", "alltoallv", "scatter", "gather", "exchange",
+	"allgatherv", "reducescatterv", "gatherv", "scatterv"}
+
+// fixedOf is the fixed-size form of a variable-size op (whose algorithms and cost model
+// it shares), or op itself.
+func fixedOf(op OpKind) OpKind {
+	switch op {
+	case OpAllGatherv:
+		return OpAllGather
+	case OpReduceScatterv:
+		return OpReduceScatter
+	case OpGatherv:
+		return OpGather
+	case OpScatterv:
+		return OpScatter
+	}
+	return op
+}
 
 func (o OpKind) String() string {
 	if o > 0 && o < opKindEnd {
@@ -103,6 +125,12 @@ var Algorithms = map[OpKind][]Algo{
 	OpAlltoAllv:     {Linear, Pairwise, Bruck, Shared},
 	OpScatter:       {Linear},
 	OpGather:        {Linear},
+	// The variable-size forms run the algorithms of their fixed-size forms (no shared
+	// area for ReduceScatterv, whose blocks differ in size).
+	OpAllGatherv:     {Ring, RecDoubling, Bruck, Hier, Shared},
+	OpReduceScatterv: {Ring, RecHalving, Hier},
+	OpGatherv:        {Linear},
+	OpScatterv:       {Linear},
 }
 
 // LinkCost is the alpha-beta(-gamma) model of one class of link.
@@ -265,7 +293,7 @@ func (c *Comm) sharedFits(op OpKind, n int) bool {
 		return false
 	case op == OpAlltoAll:
 		return c.direct.Fits(n * c.size)
-	case op == OpAllGather:
+	case op == OpAllGather, op == OpAllGatherv:
 		return c.direct.Fits(n)
 	case op == OpAllReduce: // the buffer through the area, never read across
 		return n <= c.direct.Cap()
@@ -287,6 +315,7 @@ func (c *Comm) Algorithm(op OpKind, bytes int) Algo { return c.choose(op, bytes)
 // (AllReduce, AllGather, ReduceScatter) pay the host-local cost within hosts and the
 // network only between them.
 func (c *Comm) estimate(op OpKind, algo Algo, n int) time.Duration {
+	op = fixedOf(op) // n is then a block of average size
 	t := c.topo
 	if algo == Hier && t.uniform {
 		m, h := len(t.members[0]), len(t.members)

@@ -207,9 +207,9 @@ func (c *Comm) execShared(pl *plan, cl *call) error {
 		if err = c.direct.ReduceScatter(c.actx, cl.turn, cl.send, cl.recv, pl.reduce, uint64(pl.sig)); err == nil {
 			dtype.Finish(cl.dt, cl.redop, cl.recv, c.size)
 		}
-	case pl.op == OpAllGather: // this rank's block is in place in recv
-		b := pl.shared.SrcLen[c.rank]
-		err = c.direct.AllToAllv(c.actx, cl.turn, cl.recv[c.rank*b:(c.rank+1)*b], cl.recv, pl.shared, uint64(pl.sig))
+	case pl.op == OpAllGather || pl.op == OpAllGatherv: // this rank's block is in place in recv
+		off, b := pl.shared.RecvOff[c.rank], pl.shared.SrcLen[c.rank]
+		err = c.direct.AllToAllv(c.actx, cl.turn, cl.recv[off:off+b], cl.recv, pl.shared, uint64(pl.sig))
 	case pl.shared != nil:
 		err = c.direct.AllToAllv(c.actx, cl.turn, cl.send, cl.recv, pl.shared, uint64(pl.sig))
 	default:

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -334,6 +335,51 @@ func helperShared(ctx context.Context, c *Comm) error {
 				for k := 0; k < blk; k++ {
 					if got := all[q*blk+k]; got != val(500+op, q, 0, k) {
 						return fmt.Errorf("allgather op %d, %d per block, %v: element %d from rank %d is %d", op, blk, algo, k, q, got)
+					}
+				}
+			}
+		}
+	}
+	// AllGatherv: uneven blocks (one empty), packed and scattered, through the area and
+	// read across, chosen by the model and forced, against ring.
+	for op, base := range []int{1, 300, area, 1 << 16} {
+		for _, scattered := range []bool{false, true} {
+			counts := make([]int, p)
+			for q := range counts {
+				counts[q] = ((q*7 + 3) % 5) * base
+			}
+			counts[p-1] = 0
+			var displs []int
+			size := sum(counts)
+			if scattered {
+				displs = make([]int, p)
+				o := 1
+				for q := p - 1; q >= 0; q-- {
+					displs[q] = o
+					o += counts[q] + 3
+				}
+				size = o
+			}
+			if a := c.chooseFit(OpAllGatherv, size*4/p, c.direct.Fits(4*slices.Max(counts))); a != Shared {
+				return fmt.Errorf("allgatherv of %d-element blocks: the model chose %v, want shared", base, a)
+			}
+			for _, algo := range []Algo{AlgoAuto, Ring} {
+				c.cfg.Algo = map[OpKind]Algo{OpAllGatherv: algo}
+				mine, all := make([]int32, counts[r]), make([]int32, size)
+				for k := range mine {
+					mine[k] = val(700+op, r, 0, k)
+				}
+				err := AllGatherv(ctx, c, mine, all, counts, displs)
+				c.cfg.Algo = map[OpKind]Algo{}
+				if err != nil {
+					return fmt.Errorf("allgatherv %d per block, scattered %v, %v: %w", base, scattered, algo, err)
+				}
+				for q := 0; q < p; q++ {
+					d := displOf(counts, displs, q)
+					for k := 0; k < counts[q]; k++ {
+						if got := all[d+k]; got != val(700+op, q, 0, k) {
+							return fmt.Errorf("allgatherv %d per block, scattered %v, %v: element %d from rank %d is %d", base, scattered, algo, k, q, got)
+						}
 					}
 				}
 			}

@@ -125,6 +125,64 @@ type shape struct {
 	root    int
 	es      int // element size
 	count   int // elements (meaning per op: see each planner)
+	// v is the block layout of the variable-size forms (AllGatherv, ReduceScatterv,
+	// Gatherv, Scatterv); nil: count elements per rank, blocks packed in rank order.
+	v *blocks
+}
+
+// blocks is where each rank's block is, in bytes: in recv for AllGatherv and Gatherv, in
+// send for Scatterv and ReduceScatterv (where they are always packed).
+type blocks struct {
+	off, n []int
+	packed bool // the blocks follow one another in rank order from offset 0
+}
+
+// blk is rank q's block in buffer b.
+func (sh shape) blk(b bufID, q int) region {
+	if sh.v == nil {
+		n := sh.count * sh.es
+		return region{b, q * n, n}
+	}
+	return region{b, sh.v.off[q], sh.v.n[q]}
+}
+
+// span is blocks [lo, hi) of buffer b, which must be packed.
+func (sh shape) span(b bufID, lo, hi int) region {
+	if sh.v == nil {
+		n := sh.count * sh.es
+		return region{b, lo * n, (hi - lo) * n}
+	}
+	if lo == hi {
+		return region{b, 0, 0}
+	}
+	end := sh.v.off[hi-1] + sh.v.n[hi-1]
+	return region{b, sh.v.off[lo], end - sh.v.off[lo]}
+}
+
+// packed reports whether ranges of blocks are contiguous.
+func (sh shape) packed() bool { return sh.v == nil || sh.v.packed }
+
+// total is the bytes of every block; biggest the largest block.
+func (sh shape) total() int {
+	if sh.v == nil {
+		return sh.p * sh.count * sh.es
+	}
+	t := 0
+	for _, n := range sh.v.n {
+		t += n
+	}
+	return t
+}
+
+func (sh shape) biggest() int {
+	if sh.v == nil {
+		return sh.count * sh.es
+	}
+	m := 0
+	for _, n := range sh.v.n {
+		m = max(m, n)
+	}
+	return m
 }
 
 // split divides n elements into parts as even as possible: part i has n/parts elements,
