@@ -305,9 +305,13 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		Act: o.Act.String(), Hidden: cfg.Hidden, TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(),
 		CombineWire: ep.D.Config().CombineDType.String(), Compute: o.Compute, Iters: iters,
 	}
-	res.Path = st.Algo.String()
-	if o.Mode == dispatch.LowLatency {
+	switch o.Mode {
+	case dispatch.LowLatency:
 		res.Path = fmt.Sprintf("exchange, written into %d of %d peers' memory", st.Pushed, p-1)
+	case dispatch.Gathered:
+		res.Path = fmt.Sprintf("allgatherv %v, reducescatterv %v", c.Algorithm(coll.OpAllGatherv, st.BytesSent/max(p-1, 1)), c.Algorithm(coll.OpReduceScatterv, st.BytesSent/max(p-1, 1)))
+	default:
+		res.Path = st.Algo.String()
 	}
 	res.Dispatch = stageOf(times, 0, iters)
 	res.Combine = stageOf(times, 2, iters)
@@ -425,9 +429,18 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 }
 
 // combineSent is the bytes this rank's combine put on the wire: a header to every other
-// rank (low-latency mode and the normal one alike) and a partial sum per row received.
+// rank (low-latency mode and the normal one alike) and a partial sum per row received;
+// in the gathered mode a partial sum of every other rank's every token.
 func combineSent(h dispatch.Handle, rowBytes, p, me int, mode dispatch.Mode) int {
 	n := 0
+	if mode == dispatch.Gathered {
+		for q := 0; q < p; q++ {
+			if a, b := h.Incoming(q); q != me {
+				n += (b - a) * rowBytes
+			}
+		}
+		return n
+	}
 	for q := 0; q < p; q++ {
 		if q == me {
 			continue

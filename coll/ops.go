@@ -269,13 +269,31 @@ func IAllGather[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T) (*Ha
 	return allGather(ctx, c, send, recv, true)
 }
 
+// IAllGatherWith is IAllGather completing h, a Handle whose operation has completed (or a
+// zero Handle), instead of a new one: nothing is allocated.
+func IAllGatherWith[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, h *Handle) error {
+	cl, k, err := allGatherCall(c, send, recv)
+	if err != nil {
+		return err
+	}
+	return c.submitInto(ctx, cl, c.getPlan(k), h, nil)
+}
+
 func allGather[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, async bool) (*Handle, error) {
+	cl, k, err := allGatherCall(c, send, recv)
+	if err != nil {
+		return nil, err
+	}
+	return c.submit(ctx, cl, k, async, nil)
+}
+
+func allGatherCall[T dtype.Elem](c *Comm, send, recv []T) (call, planKey, error) {
 	blk := len(recv) / c.size
 	if len(recv)%c.size != 0 {
-		return nil, c.invalid("recv", "%d elements is not a multiple of %d ranks", len(recv), c.size)
+		return call{}, planKey{}, c.invalid("recv", "%d elements is not a multiple of %d ranks", len(recv), c.size)
 	}
 	if send != nil && len(send) != blk {
-		return nil, c.invalid("recv", "%d elements for %d ranks of %d", len(recv), c.size, len(send))
+		return call{}, planKey{}, c.invalid("recv", "%d elements for %d ranks of %d", len(recv), c.size, len(send))
 	}
 	dt := dtype.Of[T]()
 	rb := dtype.Bytes(recv)
@@ -286,7 +304,7 @@ func allGather[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, async
 		}
 	}
 	cl := call{op: OpAllGather, dt: dt, count: blk, recv: rb}
-	return c.submit(ctx, cl, key(c, &cl, blk*dt.Size()), async, nil)
+	return cl, key(c, &cl, blk*dt.Size()), nil
 }
 
 // ---- ReduceScatter ----

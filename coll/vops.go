@@ -33,7 +33,22 @@ func IAllGatherv[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, cou
 	return allGatherv(ctx, c, send, recv, counts, displs, true)
 }
 
+// IAllGathervWith is IAllGatherv completing h, a Handle whose operation has completed
+// (or a zero Handle), instead of a new one: nothing is allocated.
+func IAllGathervWith[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, counts, displs []int, h *Handle) error {
+	_, err := allGathervInto(ctx, c, send, recv, counts, displs, h)
+	return err
+}
+
 func allGatherv[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, counts, displs []int, async bool) (*Handle, error) {
+	var h *Handle
+	if async {
+		h = newHandle()
+	}
+	return allGathervInto(ctx, c, send, recv, counts, displs, h)
+}
+
+func allGathervInto[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, counts, displs []int, h *Handle) (*Handle, error) {
 	dt := dtype.Of[T]()
 	pl, bl, err := c.vplan(OpAllGatherv, dt, 0, 0, "recv", counts, displs, len(recv))
 	if err != nil {
@@ -49,7 +64,7 @@ func allGatherv[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, coun
 			copy(mine, sb)
 		}
 	}
-	return c.submitPlan(ctx, call{op: OpAllGatherv, dt: dt, recv: rb}, pl, async, nil)
+	return h, c.submitInto(ctx, call{op: OpAllGatherv, dt: dt, recv: rb}, pl, h, nil)
 }
 
 // ReduceScatterv combines every rank's send (its blocks packed in rank order: block q has
@@ -65,7 +80,22 @@ func IReduceScatterv[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T,
 	return reduceScatterv(ctx, c, send, recv, counts, op, true)
 }
 
+// IReduceScattervWith is IReduceScatterv completing h, a Handle whose operation has
+// completed (or a zero Handle), instead of a new one: nothing is allocated.
+func IReduceScattervWith[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, counts []int, op dtype.Op, h *Handle) error {
+	_, err := reduceScattervInto(ctx, c, send, recv, counts, op, h)
+	return err
+}
+
 func reduceScatterv[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, counts []int, op dtype.Op, async bool) (*Handle, error) {
+	var h *Handle
+	if async {
+		h = newHandle()
+	}
+	return reduceScattervInto(ctx, c, send, recv, counts, op, h)
+}
+
+func reduceScattervInto[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, counts []int, op dtype.Op, h *Handle) (*Handle, error) {
 	if err := c.checkOp(op); err != nil {
 		return nil, err
 	}
@@ -81,7 +111,7 @@ func reduceScatterv[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, 
 		return nil, c.invalid("recv", "%d elements, counts[%d] is %d", len(recv), c.rank, counts[c.rank])
 	}
 	cl := call{op: OpReduceScatterv, dt: dt, redop: op, send: dtype.Bytes(send), recv: dtype.Bytes(recv)}
-	return c.submitPlan(ctx, cl, pl, async, nil)
+	return h, c.submitInto(ctx, cl, pl, h, nil)
 }
 
 // Gatherv collects every rank's send (counts[q] elements from rank q) into root's recv,

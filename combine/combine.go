@@ -91,6 +91,12 @@ type slot[T Act] struct {
 	// Where each rank's partial sums arrived (reduce), and a count per rank.
 	parts [][]byte
 	cnt   []int
+	// Gathered mode: elements per rank, the bf16 sum, every rank's status.
+	gcounts []int
+	accB    []dtype.BFloat16
+	st      [3]int64
+	stAll   []int64
+	sh      coll.Handle
 }
 
 // New returns a combiner for the dispatches of d. In the low-latency mode it is
@@ -189,12 +195,17 @@ func (cb *Combiner[T]) Start(ctx context.Context, h dispatch.Handle, y, out []T)
 	if s.code == dispatch.CodeOK {
 		h.Pin()
 		s.pinned = true
-		s.ownTerms(y)
+		if cb.cfg.Mode != dispatch.Gathered {
+			s.ownTerms(y)
+		}
 	}
 	var err error
-	if cb.cfg.Mode == dispatch.LowLatency {
+	switch cb.cfg.Mode {
+	case dispatch.LowLatency:
 		err = s.startLL(ctx, y)
-	} else {
+	case dispatch.Gathered:
+		err = s.startGathered(ctx, y)
+	default:
 		err = s.startNormal(ctx, y)
 	}
 	if err != nil {
@@ -223,9 +234,12 @@ func (p *Pending[T]) Wait(ctx context.Context) error {
 	s.started = false
 	defer s.unpin()
 	var err error
-	if s.cb.cfg.Mode == dispatch.LowLatency {
+	switch s.cb.cfg.Mode {
+	case dispatch.LowLatency:
 		err = s.waitLL(ctx)
-	} else {
+	case dispatch.Gathered:
+		return s.waitGathered(ctx)
+	default:
 		err = s.waitNormal(ctx)
 	}
 	if err != nil {

@@ -20,7 +20,7 @@ import (
 	"github.com/moex-ai/moex/router"
 )
 
-var modes = []dispatch.Mode{dispatch.Normal, dispatch.LowLatency}
+var modes = []dispatch.Mode{dispatch.Normal, dispatch.LowLatency, dispatch.Gathered}
 
 // Failures must never wait for the timeout: tests run with a short one, so that a hang
 // shows as ErrTimeout, not as a stalled test.

@@ -66,6 +66,11 @@ const (
 	// LowLatency: one exchange into buffers sized for MaxTokens tokens per rank, counts
 	// travelling with the rows (decode).
 	LowLatency
+	// Gathered: every rank's tokens all-gathered (AllGatherv), each rank's experts take
+	// the ones that chose them, and package combine reduce-scatters the sums back
+	// (ReduceScatterv): for data-parallel attention with expert parallelism (vLLM's
+	// AgRs). Every token crosses to every rank.
+	Gathered
 )
 
 func (m Mode) String() string {
@@ -74,19 +79,23 @@ func (m Mode) String() string {
 		return "normal"
 	case LowLatency:
 		return "low-latency"
+	case Gathered:
+		return "gathered"
 	}
 	return fmt.Sprintf("mode(%d)", int(m))
 }
 
-// ParseMode accepts "normal" and "low-latency" (or "ll").
+// ParseMode accepts "normal", "low-latency" (or "ll") and "gathered".
 func ParseMode(s string) (Mode, error) {
 	switch s {
 	case "normal":
 		return Normal, nil
 	case "low-latency", "lowlatency", "ll":
 		return LowLatency, nil
+	case "gathered", "agrs":
+		return Gathered, nil
 	}
-	return 0, fmt.Errorf("%w: mode %q (want normal or low-latency)", ErrConfig, s)
+	return 0, fmt.Errorf("%w: mode %q (want normal, low-latency or gathered)", ErrConfig, s)
 }
 
 // MaxLowLatencyTokens bounds Config.MaxTokens.
@@ -334,7 +343,7 @@ func (cfg *Config) fill() error {
 		return fmt.Errorf("%w: no placement", ErrConfig)
 	case cfg.TopK > cfg.Placement.Experts:
 		return fmt.Errorf("%w: top-k %d with %d experts", ErrConfig, cfg.TopK, cfg.Placement.Experts)
-	case cfg.Mode != Normal && cfg.Mode != LowLatency:
+	case cfg.Mode != Normal && cfg.Mode != LowLatency && cfg.Mode != Gathered:
 		return fmt.Errorf("%w: mode %v", ErrConfig, cfg.Mode)
 	case cfg.Mode == LowLatency && (cfg.MaxTokens < 1 || cfg.MaxTokens > MaxLowLatencyTokens):
 		return fmt.Errorf("%w: the low-latency mode needs MaxTokens in 1..%d, not %d", ErrConfig, MaxLowLatencyTokens, cfg.MaxTokens)
@@ -437,9 +446,12 @@ func (d *Dispatcher[T]) take() (*slot[T], error) {
 
 func (d *Dispatcher[T]) startSlot(ctx context.Context, s *slot[T], x []T, r *router.Routing, code int, inErr error, reuse bool) (*Pending[T], error) {
 	var err error
-	if d.cfg.Mode == LowLatency {
+	switch d.cfg.Mode {
+	case LowLatency:
 		err = s.startLL(ctx, x, r, code, inErr, reuse)
-	} else {
+	case Gathered:
+		err = s.startGathered(ctx, x, r, code, inErr, reuse)
+	default:
 		err = s.startNormal(ctx, x, r, code, inErr, reuse)
 	}
 	if err != nil {
@@ -458,9 +470,12 @@ func (p *Pending[T]) Wait(ctx context.Context) (*Output[T], Handle, error) {
 		return nil, Handle{}, fmt.Errorf("%w: Wait called twice, or after the dispatcher moved on", ErrStale)
 	}
 	var err error
-	if s.d.cfg.Mode == LowLatency {
+	switch s.d.cfg.Mode {
+	case LowLatency:
 		err = s.waitLL(ctx)
-	} else {
+	case Gathered:
+		err = s.waitGathered(ctx)
+	default:
 		err = s.waitNormal(ctx)
 	}
 	s.sc.state = slotIdle

@@ -38,6 +38,10 @@ type slot[T Act] struct {
 	pend             coll.Handle
 	// Low-latency mode.
 	op *coll.XOp
+	// Gathered mode: every rank's routing, rows and scales, their counts, the gathers.
+	gMeta, gPay, gSca []byte
+	gcounts           []int
+	gh                [3]coll.Handle
 	// Both.
 	out     Output[T]
 	stats   Stats

@@ -85,7 +85,7 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 	wire := fs.String("wire-dtype", "f32", "activations on the wire: f32, bf16, fp8 (e4m3, a scale per 128 values) or int8 (a scale per token)")
 	act := fs.String("act", "f32", "activations: f32 or bf16")
 	back := fs.String("combine-dtype", "", "partial sums on the way back: f32 or bf16 (default: f32 with an f32 wire, else bf16)")
-	mode := fs.String("mode", "normal", "normal (counts all-gather, then an exact-size AlltoAllv) or low-latency (buffers sized for --tokens, counts travel with the rows)")
+	mode := fs.String("mode", "normal", "normal (counts all-gather, then an exact-size AlltoAllv), low-latency (buffers sized for --tokens, counts travel with the rows) or gathered (every token all-gathered, the sums reduce-scattered back)")
 	fs.StringVar(&o.Placement, "placement", "contiguous", "expert placement: contiguous or roundrobin")
 	return func() error {
 		if _, err := models.Get(o.Model); err != nil {
@@ -122,7 +122,7 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 		}
 		m, err := dispatch.ParseMode(*mode)
 		if err != nil {
-			return &usageError{fmt.Sprintf("--mode %q: want normal or low-latency", *mode)}
+			return &usageError{fmt.Sprintf("--mode %q: want normal, low-latency or gathered", *mode)}
 		}
 		o.Mode = m
 		switch o.Placement {
