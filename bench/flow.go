@@ -1,60 +1,59 @@
 package bench
 
 import (
-	"context"
 	"fmt"
 
-	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/dispatch"
+	"github.com/moex-ai/moex/models"
+	"github.com/moex-ai/moex/router"
 )
 
-// FlowRank is what one rank does in one MoE step: what `moex flow` draws.
-type FlowRank struct {
-	Rank, Host     int
-	Tokens         int
-	LocalExperts   []int // experts this rank holds
-	RowsPerExpert  []int // rows each of them receives
-	RowsTo         []int // rows this rank's dispatch sends to each rank (its own stay local)
-	RowBytes       int   // a dispatch row on the wire: activations + expert ids + weights
-	CombineBytes   int   // a partial sum on the wire
-	CountsInts     int   // int64s per rank in the counts all-gather
-	CountsAlgo     coll.Algo
-	DispatchAlgo   coll.Algo
-	CombineAlgo    coll.Algo
-	DispatchPlan   string // the dispatch AlltoAllv's schedule on this rank
-	CombinePlan    string
-	Gating         string
-	ExpertsOfRanks [][]int // which experts every rank holds
-}
-
-// Flow runs one MoE step (identity experts) on every rank of c and returns what this
-// rank did.
-func Flow(ctx context.Context, c *coll.Comm, o MoEOpts) (*FlowRank, error) {
-	o.Compute = "none"
-	su, err := setup[float32](ctx, c, &o)
+// PlanMoE plans one MoE step of o's model on p ranks without running them: every rank's
+// tokens routed by the model's router (as `moex bench moe` routes them), the placement,
+// and the dispatch and combine that follow (dispatch.NewPlan). Nothing touches a
+// transport.
+func PlanMoE(o MoEOpts, p int) (*dispatch.Plan, models.Config, error) {
+	cfg, err := models.Get(o.Model)
 	if err != nil {
-		return nil, err
+		return nil, cfg, err
 	}
-	defer su.ep.Close()
-	cfg, pl, ep, x, r := su.cfg, su.pl, su.ep, su.x, su.r
-	out, h, err := ep.D.Dispatch(ctx, x, r)
+	if o.Wire == 0 {
+		o.Wire = dtype32
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	if o.Act == 0 {
+		o.Act = dtype32
+	}
+	if o.Combine == 0 {
+		o.Combine = defaultCombine(o.Wire)
+	}
+	kind := router.Contiguous
+	switch o.Placement {
+	case "", "contiguous":
+	case "roundrobin", "round-robin":
+		kind = router.RoundRobin
+	default:
+		return nil, cfg, fmt.Errorf("bench: placement %q (want contiguous or roundrobin)", o.Placement)
+	}
+	pl, err := router.NewPlacement(kind, cfg.Experts, p)
 	if err != nil {
-		return nil, err
+		return nil, cfg, err
 	}
-	counts := append([]int(nil), out.Counts...)
-	ep.Identity(out)
-	res := make([]float32, len(x))
-	if err := ep.C.Combine(ctx, h, ep.Output(), res); err != nil {
-		return nil, err
+	layer, err := models.NewLayer(cfg, o.Seed, []int{}, 0) // the router only
+	if err != nil {
+		return nil, cfg, err
 	}
-	st := ep.D.Stats()
-	fr := &FlowRank{
-		Rank: c.Rank(), Host: c.Host(c.Rank()), Tokens: o.Tokens,
-		LocalExperts: append([]int(nil), pl.Local[c.Rank()]...), RowsPerExpert: counts,
-		RowsTo: append([]int(nil), st.RowsPerRank...), RowBytes: ep.D.RowBytes(), CombineBytes: ep.C.RowBytes(),
-		CountsInts: ep.D.CountsExchange(), DispatchAlgo: ep.D.Plan().Algo, CombineAlgo: ep.C.Plan().Algo,
-		DispatchPlan: ep.D.Plan().Describe(c), CombinePlan: ep.C.Plan().Describe(c),
-		Gating: fmt.Sprint(cfg.Gating), ExpertsOfRanks: pl.Local,
+	routings := make([]*router.Routing, p)
+	for r := range routings {
+		x := models.Floats(cfg.Tokens(o.Seed, r, o.Tokens))
+		if routings[r], err = layer.Route(x, o.Tokens); err != nil {
+			return nil, cfg, err
+		}
 	}
-	fr.CountsAlgo = c.Algorithm(coll.OpAllGather, fr.CountsInts*8)
-	return fr, nil
+	dcfg := dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, CombineDType: o.Combine, Placement: pl,
+		Mode: o.Mode, MaxTokens: max(o.Tokens, 1)}
+	plan, err := dispatch.NewPlan(dcfg, routings)
+	return plan, cfg, err
 }

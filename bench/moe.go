@@ -108,6 +108,17 @@ type MoEResult struct {
 	LastRank *int    `json:"last_rank,omitempty"`
 }
 
+const dtype32 = dtype.F32
+
+// defaultCombine is the bench's combine type for a wire type: f32 after an f32 wire,
+// else bf16 (DeepEP's fp8 dispatch, bf16 combine).
+func defaultCombine(wire dtype.Type) dtype.Type {
+	if wire == dtype.F32 {
+		return dtype.F32
+	}
+	return dtype.BF16
+}
+
 func memTotal() int64 {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
@@ -148,10 +159,7 @@ func setup[T combine.Act](ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSe
 	}
 	o.Act = dtype.Of[T]()
 	if o.Combine == 0 {
-		o.Combine = dtype.BF16
-		if o.Wire == dtype.F32 {
-			o.Combine = dtype.F32
-		}
+		o.Combine = defaultCombine(o.Wire)
 	}
 	if o.Warmup == 0 {
 		o.Warmup = 2

@@ -940,3 +940,77 @@ func (c *Comm) SplitHosts(ctx context.Context) (intra, inter *Comm, err error) {
 
 var _ = slices.Index[[]int]
 var _ = dtype.F32
+
+// Model is the cost model and the planners of a communicator of p ranks on the given
+// hosts, without a transport: the algorithm an operation would run with and the schedule
+// every rank would follow (moex flow, capacity planning). Its links are those a job on
+// that placement sees (cfg.Link and cfg.HostLink, or shared memory within hosts and the
+// network between them). It does not model the shared-memory areas, which need the
+// ranks' segments: a job over shm may choose them where the model does not.
+type Model struct {
+	cs []*Comm
+}
+
+// MaxModelRanks bounds a Model.
+const MaxModelRanks = 1 << 14
+
+// NewModel returns the model of p ranks on hosts (nil: one host).
+func NewModel(p int, hosts []int, cfg Config) (*Model, error) {
+	if p < 1 || p > MaxModelRanks {
+		return nil, &ArgError{Arg: "p", Reason: fmt.Sprintf("%d ranks (want 1..%d)", p, MaxModelRanks)}
+	}
+	if hosts != nil && len(hosts) != p {
+		return nil, &ArgError{Arg: "hosts", Reason: fmt.Sprintf("%d entries for %d ranks", len(hosts), p)}
+	}
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	if hosts == nil {
+		hosts = make([]int, p)
+	}
+	hosts = hostsDense(hosts)
+	link := CostShm
+	if slices.Max(hosts) > 0 {
+		link = CostNet
+		if cfg.HostLink == nil {
+			cfg.HostLink = &CostShm
+		}
+	}
+	ranks := make([]int, p)
+	for i := range ranks {
+		ranks[i] = i
+	}
+	m := &Model{cs: make([]*Comm, p)}
+	for r := range m.cs {
+		m.cs[r] = newComm(nil, 0, ranks, hosts, r, cfg, link)
+	}
+	return m, nil
+}
+
+// Algorithm is the algorithm op runs with for bytes (see Comm.Algorithm).
+func (m *Model) Algorithm(op OpKind, bytes int) Algo { return m.cs[0].Algorithm(op, bytes) }
+
+// Hosts is the number of hosts.
+func (m *Model) Hosts() int { return m.cs[0].Hosts() }
+
+// Host is rank r's host index.
+func (m *Model) Host(r int) int { return m.cs[0].Host(r) }
+
+// AlltoAllv plans an AlltoAllv of counts[i][j] units of unit bytes from rank i to rank j
+// (as Comm.PlanAlltoAllv) and returns its algorithm and rank's schedule.
+func (m *Model) AlltoAllv(rank int, counts [][]int, unit int) (Algo, string, error) {
+	if rank < 0 || rank >= len(m.cs) {
+		return 0, "", &ArgError{Arg: "rank", Reason: fmt.Sprintf("%d of %d", rank, len(m.cs))}
+	}
+	c := m.cs[rank]
+	var vp VPlan
+	if err := c.ReplanAlltoAllv(&vp, counts, unit); err != nil {
+		return 0, "", err
+	}
+	return vp.Algo, vp.Describe(c), nil
+}
+
+// Describe writes rank's schedule of op on count elements of dt (see Comm.Describe).
+func (m *Model) Describe(rank int, op OpKind, dt dtype.Type, count, root int) string {
+	return m.cs[rank].Describe(op, dt, count, root)
+}

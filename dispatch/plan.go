@@ -95,8 +95,15 @@ type Plan struct {
 }
 
 // NewPlan plans a dispatch of the given routing of every rank (routings[r] is rank r's)
-// under cfg, without running anything.
+// under cfg, without running anything. The wire and combine types default to f32, as a
+// Dispatcher[float32]'s.
 func NewPlan(cfg Config, routings []*router.Routing) (*Plan, error) {
+	if cfg.WireDType == 0 {
+		cfg.WireDType = dtype.F32
+	}
+	if cfg.CombineDType == 0 {
+		cfg.CombineDType = dtype.F32
+	}
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
@@ -146,7 +153,7 @@ func (pl *Plan) DispatchBytes() [][]int {
 		if pl.Cfg.Mode == LowLatency {
 			return BlockHeader + rows*(f.Meta+f.Payload+f.ScaleBytes())
 		}
-		return rows * f.Row
+		return blockHeader + rows*f.Row
 	})
 }
 

@@ -211,6 +211,9 @@ func BuildLayoutInto(l *Layout, r *Routing, pl *Placement, o int) error {
 	return nil
 }
 
+// Tokens is the number of tokens laid out.
+func (l *Layout) Tokens() int { return len(l.Dest) }
+
 // RowCounts returns the number of rows sent to each rank.
 func (l *Layout) RowCounts(dst []int) []int {
 	dst = grow(dst, l.Ranks)

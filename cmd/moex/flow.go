@@ -12,30 +12,31 @@ import (
 
 	"github.com/moex-ai/moex/bench"
 	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/models"
 )
 
 // cmdFlow draws the data flow of one MoE step: which primitive, which link, how many
-// bytes, in what order. It runs the step once with ranks as goroutines (identity
-// experts) on the placement of ranks on hosts given by --hosts, and prints what every
-// rank sent where.
+// bytes, in what order. It plans the step (dispatch.NewPlan, coll.Model) for every rank
+// without running any: every rank's tokens routed as moex bench moe routes them, on the
+// placement of ranks on hosts given by --hosts.
 func cmdFlow(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("moex flow", flag.ContinueOnError)
 	var o bench.MoEOpts
 	ranks := fs.Int("ranks", 4, "number of ranks")
 	check := moeFlags(fs, &o)
 	hostsFlag := fs.String("hosts", "", "host of each rank, comma separated (for example 0,0,1,1; default: one host)")
-	plans := fs.Bool("plans", false, "also print each rank's AlltoAllv schedules")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err.Error()}
+	plans := fs.Bool("plans", false, "also print each rank's AlltoAllv schedules (normal mode)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
-	if *ranks < 1 {
-		return &usageError{fmt.Sprintf("--ranks %d", *ranks)}
+	if *ranks < 1 || *ranks > MaxRanks {
+		return &usageError{fmt.Sprintf("--ranks %d: want 1 to %d", *ranks, MaxRanks)}
 	}
 	if err := check(); err != nil {
 		return err
 	}
-	cfg := coll.Config{}
+	var hosts []int
 	if *hostsFlag != "" {
 		parts := strings.Split(*hostsFlag, ",")
 		if len(parts) != *ranks {
@@ -43,75 +44,130 @@ func cmdFlow(ctx context.Context, args []string) error {
 		}
 		for _, s := range parts {
 			h, err := strconv.Atoi(strings.TrimSpace(s))
-			if err != nil || h < 0 {
-				return &usageError{fmt.Sprintf("--hosts: %q is not a host number", s)}
+			if err != nil || h < 0 || h >= *ranks {
+				return &usageError{fmt.Sprintf("--hosts: %q is not a host number (0 to %d)", s, *ranks-1)}
 			}
-			cfg.Hosts = append(cfg.Hosts, h)
+			hosts = append(hosts, h)
 		}
-		// Between hosts the network's costs, within them shared memory's: what a real job
-		// on this placement would see.
-		cfg.Link, cfg.HostLink = &coll.CostNet, &coll.CostShm
 	}
-	cs, err := coll.Local(*ranks, cfg)
+	m, err := coll.NewModel(*ranks, hosts, coll.Config{})
 	if err != nil {
 		return err
 	}
-	defer closeAll(cs)
-	frs, err := onEvery(cs, func(c *coll.Comm) (*bench.FlowRank, error) { return bench.Flow(ctx, c, o) })
+	plan, mc, err := bench.PlanMoE(o, *ranks)
 	if err != nil {
 		return err
 	}
-	printFlow(os.Stdout, o, cs[0], frs, *plans)
-	return nil
+	return printFlow(os.Stdout, o, mc, plan, m, *plans)
 }
 
-func printFlow(w io.Writer, o bench.MoEOpts, c *coll.Comm, frs []*bench.FlowRank, plans bool) {
-	mc, _ := models.Get(o.Model)
-	p := len(frs)
-	fmt.Fprintf(w, "# moex flow: one MoE step of %s (hidden %d, %d experts, top-%d, %s), %d ranks on %d host(s), %d tokens per rank, %s on the wire\n\n",
-		o.Model, mc.Hidden, mc.Experts, mc.TopK, frs[0].Gating, p, c.Hosts(), o.Tokens, o.Wire)
+func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan, m *coll.Model, plans bool) error {
+	p := len(pl.Rows)
+	cfg, f := pl.Cfg, pl.Format
+	fmt.Fprintf(w, "# moex flow: one MoE step of %s (hidden %d, %d experts, top-%d, %s), %d ranks on %d host(s), %d tokens per rank, %s mode, %s on the wire, %s back\n\n",
+		mc.Name, mc.Hidden, mc.Experts, mc.TopK, mc.Gating, p, m.Hosts(), o.Tokens, cfg.Mode, cfg.WireDType, cfg.CombineDType)
 	fmt.Fprintln(w, "1. route (every rank, local): gate, top-k, weights; experts by rank:")
-	for _, fr := range frs {
-		fmt.Fprintf(w, "     rank %d (host %d): experts %s\n", fr.Rank, fr.Host, spans(fr.LocalExperts))
+	for r := 0; r < p; r++ {
+		fmt.Fprintf(w, "     rank %d (host %d): experts %s\n", r, m.Host(r), spans(cfg.Placement.Local[r]))
 	}
-	f := frs[0]
-	fmt.Fprintf(w, "\n2. counts (AllGather, %v): %d int64 per rank (a header, then rows per destination), %d B in all; skipped when the routing repeats (Redispatch)\n",
-		f.CountsAlgo, f.CountsInts, f.CountsInts*8*p)
-	fmt.Fprintf(w, "\n3. dispatch (AlltoAllv, %v): one message per destination rank; a row is %d B (activations, expert ids, weights), once per rank however many of its experts the token chose\n",
-		f.DispatchAlgo, f.RowBytes)
-	matrix(w, c, frs, func(fr *bench.FlowRank, q int) int { return fr.RowsTo[q] * fr.RowBytes })
-	fmt.Fprintln(w, "\n4. experts (every rank, local): rows per local expert (expert-major blocks)")
-	for _, fr := range frs {
-		if len(fr.LocalExperts) > 16 {
-			lo, hi, sum := fr.RowsPerExpert[0], fr.RowsPerExpert[0], 0
-			for _, n := range fr.RowsPerExpert {
+	dispatchB, combineB := pl.DispatchBytes(), pl.CombineBytes()
+	step := 2
+	switch cfg.Mode {
+	case dispatch.Normal:
+		ints := 2 + p
+		fmt.Fprintf(w, "\n%d. counts (AllGather, %v): %d int64 per rank (a status, a fingerprint of the configuration and placement, rows per destination), %d B in all; skipped by Redispatch\n",
+			step, m.Algorithm(coll.OpAllGather, ints*8), ints, ints*8*p)
+		step++
+		algo, _, err := m.AlltoAllv(0, dispatchB, 1)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "\n%d. dispatch (AlltoAllv, %v): one message per destination rank, a 16 B status header and rows of %d B (activations %d B, scales %d B, source index and the (local expert, weight) of each choice %d B), each token once per rank however many of its experts it chose there\n",
+			step, algo, f.Row, f.Payload, f.ScaleBytes(), f.Meta)
+	case dispatch.LowLatency:
+		fmt.Fprintf(w, "\n%d. dispatch (Exchange, no counts round trip): one block per destination rank, a %d B header (status, rows, fingerprint), then per row %d B of activations, %d B of scales and %d B of metadata, into buffers sized for %d tokens per rank; written straight into the memory of ranks on the same host (windows), sent as messages to the others\n",
+			step, dispatch.BlockHeader, f.Payload, f.ScaleBytes(), f.Meta, cfg.MaxTokens)
+	case dispatch.Gathered:
+		fmt.Fprintf(w, "\n%d. counts (AllGather, %v): every rank's status, fingerprint and tokens\n", step, m.Algorithm(coll.OpAllGather, (2+p)*8))
+		step++
+		fmt.Fprintf(w, "\n%d. dispatch (AllGatherv x3, %v): every token to every rank: its routing (%d B), row (%d B) and scales (%d B)\n",
+			step, m.Algorithm(coll.OpAllGatherv, o.Tokens*(f.GatheredMeta()+f.Payload)), f.GatheredMeta(), f.Payload, f.ScaleBytes())
+		dispatchB = gatheredBytes(pl, f.GatheredMeta()+f.Payload+f.ScaleBytes())
+	}
+	matrix(w, m, dispatchB)
+	step++
+	fmt.Fprintf(w, "\n%d. experts (every rank, local): rows per local expert (an expert-major view)\n", step)
+	for r := 0; r < p; r++ {
+		local := cfg.Placement.Local[r]
+		if len(local) > 16 {
+			lo, hi, sum := pl.ExpertRows[r][0], pl.ExpertRows[r][0], 0
+			for _, n := range pl.ExpertRows[r] {
 				lo, hi, sum = min(lo, n), max(hi, n), sum+n
 			}
-			fmt.Fprintf(w, "     rank %d: %d experts, %d rows, %d to %d per expert\n", fr.Rank, len(fr.LocalExperts), sum, lo, hi)
+			fmt.Fprintf(w, "     rank %d: %d experts, %d rows, %d to %d per expert\n", r, len(local), sum, lo, hi)
 			continue
 		}
 		var parts []string
-		for i, e := range fr.LocalExperts {
-			parts = append(parts, fmt.Sprintf("e%d:%d", e, fr.RowsPerExpert[i]))
+		for i, e := range local {
+			parts = append(parts, fmt.Sprintf("e%d:%d", e, pl.ExpertRows[r][i]))
 		}
-		fmt.Fprintf(w, "     rank %d: %s\n", fr.Rank, strings.Join(parts, " "))
+		fmt.Fprintf(w, "     rank %d: %s\n", r, strings.Join(parts, " "))
 	}
-	fmt.Fprintf(w, "\n5. combine (AlltoAllv, %v): each rank sums its experts' outputs per token, weighted, and sends one partial sum of %d B back per (token, rank): the dispatch matrix transposed\n",
-		f.CombineAlgo, f.CombineBytes)
-	matrix(w, c, frs, func(fr *bench.FlowRank, q int) int { return frs[q].RowsTo[fr.Rank] * fr.CombineBytes })
-	fmt.Fprintln(w, "\n6. sum (every rank, local): its own experts' terms first, then the other ranks' partial sums in rank order (bitwise reproducible)")
-	if plans {
-		for _, fr := range frs {
-			fmt.Fprintf(w, "\ndispatch schedule, %s", fr.DispatchPlan)
-			fmt.Fprintf(w, "combine schedule, %s", fr.CombinePlan)
+	step++
+	switch cfg.Mode {
+	case dispatch.Normal:
+		algo, _, err := m.AlltoAllv(0, combineB, 1)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "\n%d. combine (AlltoAllv, %v): each rank sums its experts' outputs per token, weighted, and sends one partial sum of %d B back per (token, rank), after a %d B status header: the dispatch matrix transposed\n",
+			step, algo, f.Combined, dispatch.BlockHeader)
+	case dispatch.LowLatency:
+		fmt.Fprintf(w, "\n%d. combine (Exchange): each rank sums its experts' outputs per token, weighted, and writes one partial sum of %d B per (token, rank) into its origin's buffer, after a %d B status header\n",
+			step, f.Combined, dispatch.BlockHeader)
+	case dispatch.Gathered:
+		fmt.Fprintf(w, "\n%d. combine (ReduceScatterv, %v): each rank sums its experts' outputs for every token (zeros for the ones none of them took), %d B per token, and the reduce-scatter sums them into each token's rank\n",
+			step, m.Algorithm(coll.OpReduceScatterv, o.Tokens*f.Combined), f.Combined)
+		combineB = gatheredBytes(pl, f.Combined)
+	}
+	matrix(w, m, combineB)
+	step++
+	if cfg.Mode == dispatch.Gathered {
+		fmt.Fprintf(w, "\n%d. sum: the reduce-scatter's, in its order\n", step)
+	} else {
+		fmt.Fprintf(w, "\n%d. sum (every rank, local): its own experts' terms first, then the other ranks' partial sums in rank order (bitwise reproducible)\n", step)
+	}
+	if plans && cfg.Mode == dispatch.Normal {
+		for r := 0; r < p; r++ {
+			_, d, _ := m.AlltoAllv(r, dispatchB, 1)
+			_, cb, _ := m.AlltoAllv(r, combineB, 1)
+			fmt.Fprintf(w, "\ndispatch schedule, %s", d)
+			fmt.Fprintf(w, "combine schedule, %s", cb)
 		}
 	}
+	return nil
+}
+
+// gatheredBytes is what every rank sends every other in the gathered mode (its tokens,
+// per bytes each): the volume of an all-gather, whatever its algorithm.
+func gatheredBytes(pl *dispatch.Plan, per int) [][]int {
+	p := len(pl.Rows)
+	m := make([][]int, p)
+	for i := range m {
+		m[i] = make([]int, p)
+		for j := range m[i] {
+			if i != j {
+				m[i][j] = pl.Layouts[i].Tokens() * per
+			}
+		}
+	}
+	return m
 }
 
 // matrix prints bytes from each rank (rows) to each rank (columns), and the totals
 // within hosts and across them.
-func matrix(w io.Writer, c *coll.Comm, frs []*bench.FlowRank, bytes func(fr *bench.FlowRank, to int) int) {
-	p := len(frs)
+func matrix(w io.Writer, m *coll.Model, bytes [][]int) {
+	p := len(bytes)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "     from \\ to\t"
 	for q := 0; q < p; q++ {
@@ -119,15 +175,15 @@ func matrix(w io.Writer, c *coll.Comm, frs []*bench.FlowRank, bytes func(fr *ben
 	}
 	fmt.Fprintln(tw, head)
 	within, across := 0, 0
-	for _, fr := range frs {
-		line := fmt.Sprintf("     %d\t", fr.Rank)
+	for r := 0; r < p; r++ {
+		line := fmt.Sprintf("     %d\t", r)
 		for q := 0; q < p; q++ {
-			n := bytes(fr, q)
+			n := bytes[r][q]
 			switch {
-			case q == fr.Rank:
+			case q == r:
 				line += "(local)\t"
 				continue
-			case c.Host(q) == c.Host(fr.Rank):
+			case m.Host(q) == m.Host(r):
 				within += n
 			default:
 				across += n
@@ -138,7 +194,7 @@ func matrix(w io.Writer, c *coll.Comm, frs []*bench.FlowRank, bytes func(fr *ben
 		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
-	if c.Hosts() > 1 {
+	if m.Hosts() > 1 {
 		fmt.Fprintf(w, "     within hosts %s, across hosts %s (* crosses hosts)\n", sizeOf(within), sizeOf(across))
 	} else {
 		fmt.Fprintf(w, "     on the wire %s\n", sizeOf(within))

@@ -2,46 +2,58 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/moex-ai/moex/bench"
 	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/dispatch"
 )
 
-// moex flow runs one step and draws it: every section, the links that cross hosts, and
-// rows conserved (what ranks send to q is what q's experts receive, a token counted once
-// per rank however many of its experts it chose there).
+// moex flow plans one step without running ranks and draws it: every section, the links
+// that cross hosts, and rows conserved (what ranks send to q is what q's experts receive,
+// a token counted once per rank however many of its experts it chose there).
 func TestFlow(t *testing.T) {
-	cs, err := coll.Local(4, coll.Config{Hosts: []int{0, 0, 1, 1}, Link: &coll.CostNet, HostLink: &coll.CostShm})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeAll(cs)
-	o := bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40}
-	frs, err := onEvery(cs, func(c *coll.Comm) (*bench.FlowRank, error) { return bench.Flow(context.Background(), c, o) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	for q := range frs {
-		in, rows := 0, 0
-		for _, fr := range frs {
-			in += fr.RowsTo[q]
+	hosts := []int{0, 0, 1, 1}
+	m, err := coll.NewModel(4, hosts, coll.Config{})
+	require.NoError(t, err)
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency, dispatch.Gathered} {
+		o := bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40, Mode: mode}
+		pl, mc, err := bench.PlanMoE(o, 4)
+		require.NoError(t, err)
+		for q := range pl.Rows {
+			in, rows := 0, 0
+			for r := range pl.Rows {
+				in += pl.Rows[r][q]
+			}
+			for _, n := range pl.ExpertRows[q] {
+				rows += n
+			}
+			require.True(t, in > 0 && in <= rows && rows <= 2*in, "rank %d: %d rows sent to it, %d rows for its experts (top-2)", q, in, rows)
 		}
-		for _, n := range frs[q].RowsPerExpert {
-			rows += n
+		var out bytes.Buffer
+		require.NoError(t, printFlow(&out, o, mc, pl, m, true))
+		want := map[dispatch.Mode][]string{
+			dispatch.Normal: {"2. counts (AllGather", "3. dispatch (AlltoAllv, linear)", "4. experts", "5. combine (AlltoAllv",
+				"6. sum", "dispatch schedule, rank 0"},
+			dispatch.LowLatency: {"2. dispatch (Exchange", "3. experts", "4. combine (Exchange", "5. sum"},
+			dispatch.Gathered:   {"2. counts (AllGather", "3. dispatch (AllGatherv", "5. combine (ReduceScatterv", "6. sum"},
+		}[mode]
+		for _, s := range append(want, "1. route", "(* crosses hosts)", "rank 2 (host 1): experts 4-5") {
+			assert.Contains(t, out.String(), s, "%v", mode)
 		}
-		if in == 0 || in > rows || rows > 2*in {
-			t.Fatalf("rank %d: %d rows sent to it, %d rows for its experts (top-2)", q, in, rows)
+		if mode != dispatch.Normal {
+			assert.NotContains(t, out.String(), "schedule, rank", "%v: no AlltoAllv schedules", mode)
 		}
 	}
-	var out bytes.Buffer
-	printFlow(&out, o, cs[0], frs, true)
-	for _, want := range []string{"1. route", "2. counts (AllGather", "3. dispatch (AlltoAllv, linear)", "4. experts",
-		"5. combine (AlltoAllv", "6. sum", "(* crosses hosts)", "rank 2 (host 1): experts 4-5", "dispatch schedule, rank 0"} {
-		if !strings.Contains(out.String(), want) {
-			t.Fatalf("flow lacks %q:\n%s", want, out.String())
-		}
-	}
+	// Planned bytes agree with the format: the dispatch matrix is blocks of rows.
+	pl, _, err := bench.PlanMoE(bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40}, 4)
+	require.NoError(t, err)
+	b := pl.DispatchBytes()
+	assert.Equal(t, 16+pl.Rows[0][1]*pl.Format.Row, b[0][1])
+	assert.Zero(t, b[2][2])
+	assert.True(t, strings.Contains(pl.Cfg.Mode.String(), "normal"))
 }

@@ -1,0 +1,176 @@
+package dispatch_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/dispatch"
+	"github.com/moex-ai/moex/router"
+)
+
+func routings(p, experts, k int, tokens []int, seed uint64) []*router.Routing {
+	rs := make([]*router.Routing, p)
+	for o := range rs {
+		rng := rand.New(rand.NewPCG(seed, uint64(o)))
+		t := tokens[o]
+		r := &router.Routing{T: t, K: k, E: experts, Experts: make([]int32, t*k), Weights: make([]float32, t*k)}
+		for i := 0; i < t; i++ {
+			for j, e := range rng.Perm(experts)[:k] {
+				r.Experts[i*k+j], r.Weights[i*k+j] = int32(e), 0.5
+				if rng.IntN(9) == 0 {
+					r.Experts[i*k+j] = -1
+				}
+			}
+		}
+		rs[o] = r
+	}
+	return rs
+}
+
+// The planner alone: rows are conserved (every non-dropped choice lands at one expert of
+// the rank its placement names, a token goes once to each such rank), and the byte
+// matrices follow the format.
+func TestPlan(t *testing.T) {
+	const p, experts, k, hid = 5, 12, 3, 256
+	pl, err := router.NewPlacement(router.Contiguous, experts, p)
+	require.NoError(t, err)
+	require.NoError(t, pl.Replicate([]int{0, 7}, 3))
+	tokens := []int{17, 0, 9, 30, 4}
+	rs := routings(p, experts, k, tokens, 3)
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency, dispatch.Gathered} {
+		for _, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3, dtype.I8} {
+			cfg := dispatch.Config{Hidden: hid, TopK: k, WireDType: wire, CombineDType: dtype.BF16, Placement: pl, Mode: mode, MaxTokens: 30}
+			plan, err := dispatch.NewPlan(cfg, rs)
+			require.NoError(t, err)
+			choices, rows := 0, 0
+			for o, r := range rs {
+				for i, e := range r.Experts {
+					if e >= 0 {
+						choices++
+						q := pl.RankOf(int(e), o, i/k)
+						assert.Contains(t, plan.Layouts[o].Rows[q], int32(i/k))
+					}
+				}
+				for q := 0; q < p; q++ {
+					rows += plan.Rows[o][q]
+				}
+			}
+			got := 0
+			for _, er := range plan.ExpertRows {
+				for _, n := range er {
+					got += n
+				}
+			}
+			assert.Equal(t, choices, got, "every choice at one expert")
+			assert.LessOrEqual(t, rows, choices, "a token once per rank")
+			f := plan.Format
+			switch wire {
+			case dtype.FP8E4M3:
+				assert.Equal(t, hid, f.Payload)
+				assert.Equal(t, 2, f.Scales)
+				assert.Equal(t, hid+8+16, f.WireBytesPerChoice())
+			case dtype.I8:
+				assert.Equal(t, 1, f.Scales)
+			case dtype.BF16:
+				assert.Equal(t, 2*hid, f.Payload)
+				assert.Zero(t, f.Scales)
+			}
+			assert.Equal(t, 2*hid, f.Combined)
+			db, cb := plan.DispatchBytes(), plan.CombineBytes()
+			for i := 0; i < p; i++ {
+				assert.Zero(t, db[i][i])
+				for j := 0; j < p; j++ {
+					if i == j {
+						continue
+					}
+					if mode == dispatch.LowLatency {
+						assert.Equal(t, dispatch.BlockHeader+plan.Rows[i][j]*(f.Meta+f.Payload+f.ScaleBytes()), db[i][j])
+					}
+					assert.Equal(t, dispatch.BlockHeader+plan.Rows[j][i]*f.Combined, cb[i][j], "combine %d->%d: the rows %d sent %d", i, j, j, i)
+				}
+			}
+		}
+	}
+	// Bad routing, and too many tokens for the low-latency mode, are ErrInput.
+	bad := routings(p, experts, k, tokens, 3)
+	bad[3].Experts[0] = experts
+	_, err = dispatch.NewPlan(dispatch.Config{Hidden: hid, TopK: k, Placement: pl}, bad)
+	assert.ErrorIs(t, err, dispatch.ErrInput)
+	_, err = dispatch.NewPlan(dispatch.Config{Hidden: hid, TopK: k, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: 10}, rs)
+	assert.ErrorIs(t, err, dispatch.ErrInput)
+	_, err = dispatch.NewPlan(dispatch.Config{Hidden: hid, TopK: k, Placement: pl}, rs[:2])
+	assert.ErrorIs(t, err, dispatch.ErrConfig)
+}
+
+// What the executors move is what the planner plans: rows per destination and bytes on
+// the wire of every rank, in both point-to-point modes.
+func TestExecutorFollowsPlan(t *testing.T) {
+	const p, experts, k, hid = 4, 8, 2, 64
+	pl, err := router.NewPlacement(router.RoundRobin, experts, p)
+	require.NoError(t, err)
+	tokens := []int{11, 20, 0, 7}
+	rs := routings(p, experts, k, tokens, 8)
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		cfg := dispatch.Config{Hidden: hid, TopK: k, WireDType: dtype.FP8E4M3, Placement: pl, Mode: mode, MaxTokens: 20}
+		plan, err := dispatch.NewPlan(cfg, rs)
+		require.NoError(t, err)
+		cs, err := coll.Local(p, coll.Config{})
+		require.NoError(t, err)
+		stats := make([]dispatch.Stats, p)
+		var wg sync.WaitGroup
+		errs := make([]error, p)
+		for _, c := range cs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				d, err := dispatch.New[float32](context.Background(), c, cfg)
+				if err != nil {
+					errs[c.Rank()] = err
+					return
+				}
+				defer d.Close()
+				_, _, errs[c.Rank()] = d.Dispatch(context.Background(), make([]float32, tokens[c.Rank()]*hid), rs[c.Rank()])
+				stats[c.Rank()] = d.Stats()
+			}()
+		}
+		wg.Wait()
+		for _, c := range cs {
+			c.Close()
+		}
+		db := plan.DispatchBytes()
+		for r := 0; r < p; r++ {
+			require.NoError(t, errs[r])
+			assert.Equal(t, plan.Rows[r], stats[r].RowsPerRank, "%v rank %d rows per destination", mode, r)
+			want := 0
+			for q := 0; q < p; q++ {
+				want += db[r][q]
+			}
+			assert.Equal(t, want, stats[r].BytesSent, "%v rank %d bytes on the wire", mode, r)
+		}
+	}
+}
+
+// The fingerprint tells configurations and placements apart.
+func TestFingerprint(t *testing.T) {
+	a, _ := router.NewPlacement(router.Contiguous, 8, 4)
+	b, _ := router.NewPlacement(router.Contiguous, 8, 4)
+	cfg := dispatch.Config{Hidden: 8, TopK: 2, Placement: a, WireDType: dtype.BF16, CombineDType: dtype.BF16, InFlight: 2}
+	same := cfg
+	same.Placement = b
+	assert.Equal(t, dispatch.Fingerprint(cfg), dispatch.Fingerprint(same))
+	require.NoError(t, b.Replicate([]int{3}, 2))
+	assert.NotEqual(t, dispatch.Fingerprint(cfg), dispatch.Fingerprint(same), "another replica")
+	other := cfg
+	other.Hidden = 16
+	assert.NotEqual(t, dispatch.Fingerprint(cfg), dispatch.Fingerprint(other))
+	other = cfg
+	other.Mode = dispatch.LowLatency
+	assert.NotEqual(t, dispatch.Fingerprint(cfg), dispatch.Fingerprint(other))
+}
