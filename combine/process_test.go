@@ -64,7 +64,7 @@ func TestHelperMoERank(t *testing.T) {
 		require.NotZero(t, st.Stats().SharedBytes, "rank %d: no bytes read in place from the dispatchers' shared buffers", c.Rank())
 	}
 	// The low-latency mode writes into every peer's memory over shm, and sends messages
-	// over tcp.
+	// over tcp and ucx.
 	pl, err := router.NewPlacement(router.Contiguous, 2*p, p)
 	require.NoError(t, err)
 	d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: 16, TopK: 2, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: 4})
