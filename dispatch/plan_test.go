@@ -174,3 +174,28 @@ func TestFingerprint(t *testing.T) {
 	other.Mode = dispatch.LowLatency
 	assert.NotEqual(t, dispatch.Fingerprint(cfg), dispatch.Fingerprint(other))
 }
+
+// At DeepSeek-V3's sizes (hidden 7168, top-8, 256 experts, 8 ranks), fp8 puts at most
+// 0.52x bf16's bytes on the wire, in every mode: its rows carry 7168 B of payload and 224 B
+// of scales where bf16's carry 14336 B, the same metadata and headers beside them.
+func TestFP8WireBytes(t *testing.T) {
+	pl, err := router.NewPlacement(router.Contiguous, 256, 8)
+	require.NoError(t, err)
+	tokens := []int{16, 16, 16, 16, 16, 16, 16, 16}
+	rs := routings(8, 256, 8, tokens, 5)
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		total := map[dtype.Type]int{}
+		for _, wire := range []dtype.Type{dtype.BF16, dtype.FP8E4M3} {
+			plan, err := dispatch.NewPlan(dispatch.Config{Hidden: 7168, TopK: 8, WireDType: wire, Placement: pl, Mode: mode, MaxTokens: 16}, rs)
+			require.NoError(t, err)
+			for _, row := range plan.DispatchBytes() {
+				for _, n := range row {
+					total[wire] += n
+				}
+			}
+		}
+		ratio := float64(total[dtype.FP8E4M3]) / float64(total[dtype.BF16])
+		t.Logf("%v: fp8 %d B, bf16 %d B on the wire: %.4f", mode, total[dtype.FP8E4M3], total[dtype.BF16], ratio)
+		assert.LessOrEqual(t, ratio, 0.52, "%v", mode)
+	}
+}
