@@ -32,6 +32,7 @@ type MoEOpts struct {
 	Wire      dtype.Type    // F32, BF16, FP8E4M3 or I8
 	Combine   dtype.Type    // the partial sums on the way back: F32 or BF16 (default: F32 for an f32 wire, else BF16)
 	Mode      dispatch.Mode // normal or low-latency (buffers for Tokens per rank)
+	Quantized bool          // the experts take the fp8 or int8 rows and their scales (dispatch.Config.Quantized)
 	Compute   string        // "none" (identity experts) or "ffn" (the reference SwiGLU)
 	Placement string        // "contiguous" (default), "roundrobin"
 	Iters     int           // 0: about a second's worth, 3..200
@@ -58,7 +59,11 @@ type Stage struct {
 	MeanUS  float64 `json:"mean_us"`
 	P50US   float64 `json:"p50_us"`
 	P99US   float64 `json:"p99_us"`
-	Bytes   int64   `json:"wire_bytes"`     // every rank's bytes on the wire in one stage
+	Bytes   int64   `json:"wire_bytes"` // every rank's bytes on the wire in one stage
+	// Moved is what the stage must move at least once: its bytes on the wire, and for the
+	// combine the expert outputs it reads (one row per (token, expert) choice, as DeepEP
+	// counts a combine's bytes), when they are more.
+	Moved   int64   `json:"moved_bytes"`
 	FloorUS float64 `json:"copy_floor_us"`  // those bytes, each copied once, with every CPU
 	OverP50 float64 `json:"p50_over_floor"` // P50US / FloorUS
 }
@@ -76,6 +81,7 @@ type MoEResult struct {
 	TopK          int     `json:"top_k"`
 	Experts       int     `json:"experts"`
 	Wire          string  `json:"wire_dtype"`
+	Quantized     bool    `json:"quantized,omitempty"` // the experts took the quantised rows
 	CombineWire   string  `json:"combine_dtype"`
 	Compute       string  `json:"compute"`
 	Dispatch      Stage   `json:"dispatch"`
@@ -199,7 +205,7 @@ func setup[T combine.Act](ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSe
 	if err != nil {
 		return nil, fmt.Errorf("%w (use --compute none, a smaller model or fewer ranks per process)", err)
 	}
-	dcfg := dispatch.Config{WireDType: o.Wire, CombineDType: o.Combine, Placement: pl, Mode: o.Mode, MaxTokens: max(o.Tokens, 1)}
+	dcfg := dispatch.Config{WireDType: o.Wire, CombineDType: o.Combine, Placement: pl, Mode: o.Mode, MaxTokens: max(o.Tokens, 1), Quantized: o.Quantized}
 	ep, err := models.NewEP[T](ctx, c, layer, dcfg)
 	if err != nil {
 		return nil, err
@@ -310,7 +316,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	st := ep.D.Stats()
 	res := &MoEResult{
 		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), TokensPerRank: o.Tokens,
-		Act: o.Act.String(), Hidden: cfg.Hidden, TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(),
+		Act: o.Act.String(), Hidden: cfg.Hidden, TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(), Quantized: o.Quantized,
 		CombineWire: ep.D.Config().CombineDType.String(), Compute: o.Compute, Iters: iters,
 	}
 	switch o.Mode {
@@ -366,7 +372,8 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	res.AuxLoss = stats.AuxLoss
 
 	// Copy floors: every rank's stage bytes copied once, every rank at once.
-	sent := []int64{int64(st.BytesSent), int64(combineBytes)}
+	outputs := int64(st.Assignments) * int64(cfg.Hidden) * int64(sizeOfAct(o.Act)) // the expert outputs of this rank's tokens
+	sent := []int64{int64(st.BytesSent), max(int64(combineBytes), outputs)}
 	allSent := make([]int64, 2*p)
 	if err := coll.AllGather(ctx, c, sent, allSent); err != nil {
 		return nil, err
@@ -376,6 +383,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 			per := make([]int, p)
 			for q := range per {
 				per[q] = int(allSent[2*q+k])
+				s.Moved += allSent[2*q+k]
 			}
 			s.FloorUS = StageFloor(per).Seconds() * 1e6
 			if s.FloorUS > 0 {
@@ -434,6 +442,13 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		return nil, nil
 	}
 	return res, nil
+}
+
+func sizeOfAct(t dtype.Type) int {
+	if t == dtype.BF16 {
+		return 2
+	}
+	return 4
 }
 
 // combineSent is the bytes this rank's combine put on the wire: a header to every other
@@ -617,8 +632,8 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	stage := func(name string, s Stage) {
-		row(name, fmt.Sprintf("p50 %.1f us, p99 %.1f us, mean %.1f us; %s on the wire, copy floor %.1f us (p50 %.2fx the floor)",
-			s.P50US, s.P99US, s.MeanUS, sizeOf(s.Bytes), s.FloorUS, s.OverP50))
+		row(name, fmt.Sprintf("p50 %.1f us, p99 %.1f us, mean %.1f us; %s on the wire, copy floor %.1f us for %s (p50 %.2fx the floor)",
+			s.P50US, s.P99US, s.MeanUS, sizeOf(s.Bytes), s.FloorUS, sizeOf(s.Moved), s.OverP50))
 	}
 	row("path", r.Path)
 	stage("dispatch", r.Dispatch)

@@ -149,7 +149,7 @@ func (s *slot[T]) viewGathered() error {
 	nLocal := len(pl.Local[me])
 	total := len(s.gMeta) / gm
 	o := &s.out
-	o.hidden, o.ExpertMajor = hid, false
+	o.hidden, o.ExpertMajor, o.format = hid, false, f
 	o.Counts = growInts(o.Counts, nLocal)
 	clear(o.Counts)
 	o.Offsets = growInts(o.Offsets, nLocal+1)

@@ -184,7 +184,7 @@ func (s *slot[T]) viewLL(op interface {
 	nLocal := len(pl.Local[me])
 	mt := d.cfg.MaxTokens
 	o := &s.out
-	o.hidden, o.ExpertMajor = hid, false
+	o.hidden, o.ExpertMajor, o.format = hid, false, f
 	if cap(d.cs) < k {
 		d.cs = make([]contrib, 0, k)
 	}

@@ -296,7 +296,7 @@ func (s *slot[T]) unpackNormal() error {
 	f := &d.f
 	nLocal := len(pl.Local[me])
 	o := &s.out
-	o.hidden, o.ExpertMajor = hid, true
+	o.hidden, o.ExpertMajor, o.format = hid, true, f
 	if cap(d.cs) < d.cfg.TopK {
 		d.cs = make([]contrib, 0, d.cfg.TopK)
 	}

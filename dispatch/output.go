@@ -1,6 +1,7 @@
 package dispatch
 
 import (
+	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/router"
 )
 
@@ -33,6 +34,7 @@ type Output[T Act] struct {
 	// the normal mode), so that local expert i's rows are one block of X.
 	ExpertMajor bool
 	hidden      int
+	format      *Format
 }
 
 // Rows returns the number of entries (expert-major rows, padding included): the expert
@@ -46,6 +48,18 @@ func (o *Output[T]) Entry(j int) []T {
 		return nil
 	}
 	return o.X[r*o.hidden : (r+1)*o.hidden]
+}
+
+// Dequantize writes the values of entry j's quantised row (Config.Quantized) into dst,
+// Hidden values.
+func (o *Output[T]) Dequantize(j int, dst []T) {
+	r := int(o.Row[j])
+	if r < 0 {
+		clear(dst)
+		return
+	}
+	f := o.format
+	decode(f, dtype.Bytes(dst), actType[T](), o.Q[r*f.Payload:(r+1)*f.Payload], o.Scales[r*f.Scales:(r+1)*f.Scales])
 }
 
 // Gather copies local expert i's rows (Counts[i] of them) contiguously into dst, which

@@ -102,9 +102,16 @@ func (ep *EP[T]) Experts(o *dispatch.Output[T]) error {
 			ep.sc = make([]float32, need)
 		}
 		var x []T
-		if o.ExpertMajor {
+		switch {
+		case o.X == nil: // quantised rows (Config.Quantized): dequantised here
+			ep.xs = grow(ep.xs, n*hid)
+			x = ep.xs
+			for k := 0; k < n; k++ {
+				o.Dequantize(a+k, x[k*hid:(k+1)*hid])
+			}
+		case o.ExpertMajor:
 			x = o.X[a*hid : (a+n)*hid]
-		} else {
+		default:
 			ep.xs = grow(ep.xs, n*hid)
 			x = o.Gather(li, ep.xs)
 		}

@@ -335,3 +335,55 @@ func TestQuantizedWireError(t *testing.T) {
 		}
 	}
 }
+
+// Experts that take the quantised rows (dispatch.Config.Quantized) and dequantise them
+// themselves compute what they compute from the rows the dispatcher dequantises: the same
+// bits.
+func TestEPQuantizedRows(t *testing.T) {
+	cfg, _ := Get("tiny-deepseek")
+	const seed, tokens, p = 5, 11, 3
+	pl, err := router.NewPlacement(router.Contiguous, cfg.Experts, p)
+	require.NoError(t, err)
+	for _, wire := range []dtype.Type{dtype.FP8E4M3, dtype.I8} {
+		for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency, dispatch.Gathered} {
+			outs := map[bool][][]float32{}
+			for _, q := range []bool{false, true} {
+				res := make([][]float32, p)
+				cs, err := coll.Local(p, coll.Config{})
+				require.NoError(t, err)
+				var wg sync.WaitGroup
+				errs := make([]error, p)
+				for _, c := range cs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						r := c.Rank()
+						errs[r] = func() error {
+							l, err := NewLayer(cfg, seed, pl.Local[r], 0)
+							if err != nil {
+								return err
+							}
+							ep, err := NewEP[dtype.BFloat16](context.Background(), c, l, dispatch.Config{WireDType: wire, Quantized: q, Placement: pl, Mode: mode, MaxTokens: tokens})
+							if err != nil {
+								return err
+							}
+							defer ep.Close()
+							got, err := ep.Forward(context.Background(), cfg.Tokens(seed, r, tokens))
+							res[r] = Floats(got)
+							return err
+						}()
+					}()
+				}
+				wg.Wait()
+				for _, c := range cs {
+					c.Close()
+				}
+				for r, err := range errs {
+					require.NoError(t, err, "%v %v quantized=%v rank %d", wire, mode, q, r)
+				}
+				outs[q] = res
+			}
+			assert.Equal(t, outs[false], outs[true], "%v %v", wire, mode)
+		}
+	}
+}

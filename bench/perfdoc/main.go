@@ -1,0 +1,260 @@
+// Command perfdoc reruns the figures of docs/PERFORMANCE.md on the current build and
+// writes the file: it builds moex, runs every `moex bench` behind a figure (each with
+// --json), and prints tables with the command of each. Everything in the file comes from
+// one run of it on one machine, whose facts it records.
+//
+//	go run ./bench/perfdoc [-out docs/PERFORMANCE.md] [-quick]
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/moex-ai/moex/bench"
+)
+
+func main() {
+	out := flag.String("out", "docs/PERFORMANCE.md", "file to write")
+	quick := flag.Bool("quick", false, "few iterations (to check the script, not for figures)")
+	flag.Parse()
+	if flag.NArg() > 0 {
+		fmt.Fprintf(os.Stderr, "perfdoc: unexpected argument %q\n", flag.Arg(0))
+		os.Exit(2)
+	}
+	if err := run(*out, *quick); err != nil {
+		fmt.Fprintln(os.Stderr, "perfdoc:", err)
+		os.Exit(1)
+	}
+}
+
+type runner struct {
+	moex  string
+	quick bool
+	log   io.Writer
+}
+
+func run(out string, quick bool) error {
+	start := time.Now()
+	dir, err := os.MkdirTemp("", "perfdoc")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	r := &runner{moex: filepath.Join(dir, "moex"), quick: quick, log: os.Stderr}
+	if b, err := exec.Command("go", "build", "-o", r.moex, "./cmd/moex").CombinedOutput(); err != nil {
+		return fmt.Errorf("building moex: %v\n%s", err, b)
+	}
+	var doc bytes.Buffer
+	fmt.Fprintf(&doc, "# moex performance\n\n")
+	fmt.Fprintf(&doc, "Every figure below was measured by `go run ./bench/perfdoc` (docs/perf.sh) in one run on the\n")
+	fmt.Fprintf(&doc, "machine described here, on the build named; the command behind each table is given with\n")
+	fmt.Fprintf(&doc, "it. Times of a stage are, per iteration, its slowest rank's, every rank starting the stage\n")
+	fmt.Fprintf(&doc, "together; p50 and p99 are over the iterations. This machine is shared and noisy: compare\n")
+	fmt.Fprintf(&doc, "figures within one run, not across runs.\n\n")
+	machine(&doc)
+	if err := r.moe(&doc); err != nil {
+		return err
+	}
+	if err := r.overlap(&doc); err != nil {
+		return err
+	}
+	fmt.Fprintf(&doc, "\nThe run took %s.\n", time.Since(start).Round(time.Second))
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(out, doc.Bytes(), 0o644)
+}
+
+func machine(w io.Writer) {
+	cpu := "unknown"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "model name") {
+				cpu = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
+				break
+			}
+		}
+	}
+	mem := ""
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		mem = strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1] + " kB"
+	}
+	commit := "unknown"
+	if b, err := exec.Command("git", "rev-parse", "--short", "HEAD").Output(); err == nil {
+		commit = strings.TrimSpace(string(b))
+		if b, _ := exec.Command("git", "status", "--porcelain").Output(); len(b) > 0 {
+			commit += " (with uncommitted changes)"
+		}
+	}
+	fmt.Fprintf(w, "| | |\n| --- | --- |\n")
+	fmt.Fprintf(w, "| date | %s |\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(w, "| build | %s, %s |\n", commit, runtime.Version())
+	fmt.Fprintf(w, "| CPU | %s, %d CPUs |\n", cpu, runtime.NumCPU())
+	fmt.Fprintf(w, "| memory | %s |\n\n", mem)
+}
+
+// bench runs `moex bench moe` with args and --json and returns its result.
+func (r *runner) bench(args ...string) (*bench.MoEResult, string, error) {
+	args = append([]string{"bench", "moe", "--json"}, args...)
+	cmdline := "moex " + strings.Join(args[:len(args)], " ")
+	fmt.Fprintln(r.log, "#", cmdline)
+	b, err := exec.Command(r.moex, args...).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		return nil, cmdline, fmt.Errorf("%s: %v\n%s", cmdline, err, stderr)
+	}
+	var res bench.MoEResult
+	if err := json.Unmarshal(bytes.TrimSpace(b), &res); err != nil {
+		return nil, cmdline, fmt.Errorf("%s: %v in %q", cmdline, err, b)
+	}
+	return &res, cmdline, nil
+}
+
+func (r *runner) iters(tokens int) int {
+	switch {
+	case r.quick:
+		return 3
+	case tokens <= 1:
+		return 200
+	case tokens <= 16:
+		return 100
+	}
+	return 30
+}
+
+type wire struct{ wire, act string }
+
+// The wire types, from the activations an engine would hold; fp8 rows go to the experts
+// as they are (--quantized), as DeepEP's fp8 dispatch hands fp8 rows and scales on.
+var wires = []wire{{"f32", "f32"}, {"bf16", "bf16"}, {"fp8", "bf16"}}
+
+func (r *runner) moe(w io.Writer) error {
+	fmt.Fprintf(w, "## MoE serving: the normal and low-latency modes, wire types, decode to prefill\n\n")
+	fmt.Fprintf(w, "`moex bench moe --model M --ranks P --transport T --tokens N --mode MODE --wire-dtype W --act A\n")
+	fmt.Fprintf(w, "--iters I --pairs I [--quantized] --json`, experts as identity (the stages alone). f32 rows travel\n")
+	fmt.Fprintf(w, "from f32 activations and come back in f32; bf16 and fp8 rows from bf16 activations, back in bf16\n")
+	fmt.Fprintf(w, "(DeepEP's fp8 dispatch, bf16 combine), the fp8 rows handed to the experts with their scales\n")
+	fmt.Fprintf(w, "(--quantized). Columns: each stage's p50 and p99 (us); the pair: one\n")
+	fmt.Fprintf(w, "dispatch then one combine, back to back, without a barrier (us); the dispatch's bytes on\n")
+	fmt.Fprintf(w, "the wire (every rank); each stage's p50 over its copy floor, the time of copying once, with\n")
+	fmt.Fprintf(w, "every CPU, what the stage must move (the dispatch: its bytes on the wire; the combine: the\n")
+	fmt.Fprintf(w, "expert outputs it reads, one row per (token, expert) choice, as DeepEP counts it).\n\n")
+	type key struct {
+		model, transport string
+		tokens           int
+		wire             string
+	}
+	pairs := map[key]map[string]float64{}
+	bytesOf := map[key]int64{}
+	var order []key
+	for _, model := range []string{"deepseek-v3", "qwen3-30b-a3b"} {
+		for _, tp := range []struct {
+			tr    string
+			ranks int
+		}{{"shm", 8}, {"tcp", 4}} {
+			fmt.Fprintf(w, "### %s, %d ranks over %s\n\n", model, tp.ranks, tp.tr)
+			fmt.Fprintf(w, "| tokens | mode | wire | dispatch p50 | p99 | combine p50 | p99 | pair | dispatch bytes | dispatch / floor | combine / floor |\n")
+			fmt.Fprintf(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+			for _, tokens := range []int{1, 16, 128} {
+				for _, wi := range wires {
+					for _, mode := range []string{"normal", "low-latency"} {
+						it := fmt.Sprint(r.iters(tokens))
+						args := []string{"--model", model, "--ranks", fmt.Sprint(tp.ranks), "--transport", tp.tr, "--tokens", fmt.Sprint(tokens),
+							"--mode", mode, "--wire-dtype", wi.wire, "--act", wi.act, "--iters", it, "--pairs", it}
+						if wi.wire == "fp8" {
+							args = append(args, "--quantized")
+						}
+						res, _, err := r.bench(args...)
+						if err != nil {
+							return err
+						}
+						fmt.Fprintf(w, "| %d | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %.2fx | %.2fx |\n", tokens, mode, wi.wire,
+							res.Dispatch.P50US, res.Dispatch.P99US, res.Combine.P50US, res.Combine.P99US, res.PairUS,
+							size(res.Dispatch.Bytes), res.Dispatch.OverP50, res.Combine.OverP50)
+						k := key{model, tp.tr, tokens, wi.wire}
+						if pairs[k] == nil {
+							pairs[k] = map[string]float64{}
+							order = append(order, k)
+						}
+						pairs[k][mode] = res.PairUS
+						pairs[k][mode+"/sum"] = res.Dispatch.P50US + res.Combine.P50US
+						if mode == "low-latency" {
+							bytesOf[k] = res.Dispatch.Bytes
+						}
+					}
+				}
+			}
+			fmt.Fprintln(w)
+		}
+	}
+	fmt.Fprintf(w, "### Low-latency against normal, fp8 against bf16\n\n")
+	fmt.Fprintf(w, "From the tables above: the normal mode's time over the low-latency mode's, for the pair and for\n")
+	fmt.Fprintf(w, "the stages' p50s added; the low-latency dispatch's bytes on the wire with fp8 over bf16.\n\n")
+	fmt.Fprintf(w, "| model | transport | tokens | wire | pair normal / low-latency | stages normal / low-latency | fp8 bytes / bf16 |\n")
+	fmt.Fprintf(w, "| --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, k := range order {
+		pr := pairs[k]
+		ratio := ""
+		if k.wire == "fp8" {
+			if b := bytesOf[key{k.model, k.transport, k.tokens, "bf16"}]; b > 0 {
+				ratio = fmt.Sprintf("%.3f", float64(bytesOf[k])/float64(b))
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %s | %.2fx | %.2fx | %s |\n", k.model, k.transport, k.tokens, k.wire,
+			pr["normal"]/pr["low-latency"], pr["normal/sum"]/pr["low-latency/sum"], ratio)
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+func (r *runner) overlap(w io.Writer) error {
+	fmt.Fprintf(w, "## Overlap: two micro-batches, one's rows moving while the other's experts compute\n\n")
+	fmt.Fprintf(w, "`moex bench moe --model qwen3-30b-a3b --compute ffn --overlap --chunks 2 --tokens 128 --act bf16\n")
+	fmt.Fprintf(w, "--wire-dtype bf16 --mode MODE --ranks P --transport T --iters I`: the reference SwiGLU experts at\n")
+	fmt.Fprintf(w, "the model's sizes; the step as two micro-batches one after the other against the two in\n")
+	fmt.Fprintf(w, "combine.Pipeline (us, the slowest rank, mean). (DeepSeek-V3's experts, 45 GiB of float32\n")
+	fmt.Fprintf(w, "weights, do not fit this machine.)\n\n")
+	fmt.Fprintf(w, "| ranks | transport | mode | one after the other | pipelined | speed-up |\n| --- | --- | --- | --- | --- | --- |\n")
+	iters := "10"
+	if r.quick {
+		iters = "2"
+	}
+	for _, tp := range []struct {
+		tr    string
+		ranks int
+	}{{"shm", 8}, {"tcp", 4}} {
+		for _, mode := range []string{"normal", "low-latency"} {
+			res, _, err := r.bench("--model", "qwen3-30b-a3b", "--compute", "ffn", "--overlap", "--chunks", "2", "--tokens", "128",
+				"--act", "bf16", "--wire-dtype", "bf16", "--mode", mode, "--ranks", fmt.Sprint(tp.ranks), "--transport", tp.tr,
+				"--iters", iters, "--pairs", iters)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "| %d | %s | %s | %.0f | %.0f | %.2fx |\n", tp.ranks, tp.tr, mode, res.SerialUS, res.OverlapUS, res.OverlapSpeedup)
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+func size(n int64) string {
+	switch {
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
+}
