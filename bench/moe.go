@@ -56,10 +56,10 @@ type MoEOpts struct {
 
 // Stage is one stage's figures over the timed iterations, each the slowest rank's time.
 type Stage struct {
-	MeanUS  float64 `json:"mean_us"`
-	P50US   float64 `json:"p50_us"`
-	P99US   float64 `json:"p99_us"`
-	Bytes   int64   `json:"wire_bytes"` // every rank's bytes on the wire in one stage
+	MeanUS float64 `json:"mean_us"`
+	P50US  float64 `json:"p50_us"`
+	P99US  float64 `json:"p99_us"`
+	Bytes  int64   `json:"wire_bytes"` // every rank's bytes on the wire in one stage
 	// Moved is what the stage must move at least once: its bytes on the wire, and for the
 	// combine the expert outputs it reads (one row per (token, expert) choice, as DeepEP
 	// counts a combine's bytes), when they are more.
