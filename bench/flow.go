@@ -1,8 +1,6 @@
 package bench
 
 import (
-	"fmt"
-
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/models"
 	"github.com/moex-ai/moex/router"
@@ -29,15 +27,7 @@ func PlanMoE(o MoEOpts, p int) (*dispatch.Plan, models.Config, error) {
 	if o.Combine == 0 {
 		o.Combine = defaultCombine(o.Wire)
 	}
-	kind := router.Contiguous
-	switch o.Placement {
-	case "", "contiguous":
-	case "roundrobin", "round-robin":
-		kind = router.RoundRobin
-	default:
-		return nil, cfg, fmt.Errorf("bench: placement %q (want contiguous or roundrobin)", o.Placement)
-	}
-	pl, err := router.NewPlacement(kind, cfg.Experts, p)
+	pl, err := placementOf(o.Placement, cfg.Experts, p)
 	if err != nil {
 		return nil, cfg, err
 	}

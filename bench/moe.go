@@ -10,7 +10,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -18,7 +17,6 @@ import (
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
-	"github.com/moex-ai/moex/internal/memx"
 	"github.com/moex-ai/moex/models"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
@@ -179,15 +177,7 @@ func setup[T combine.Act](ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSe
 	if o.Pairs == 0 {
 		o.Pairs = 32
 	}
-	kind := router.Contiguous
-	switch o.Placement {
-	case "", "contiguous":
-	case "roundrobin", "round-robin":
-		kind = router.RoundRobin
-	default:
-		return nil, fmt.Errorf("bench: placement %q (want contiguous or roundrobin)", o.Placement)
-	}
-	pl, err := router.NewPlacement(kind, cfg.Experts, c.Size())
+	pl, err := placementOf(o.Placement, cfg.Experts, c.Size())
 	if err != nil {
 		return nil, err
 	}
@@ -219,6 +209,19 @@ func setup[T combine.Act](ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSe
 	x := make([]T, len(x32))
 	dtype.Convert(x, x32)
 	return &moeSetup[T]{cfg: cfg, pl: pl, ep: ep, x32: x32, x: x, r: r}, nil
+}
+
+// placementOf places experts on p ranks as the --placement flag names it.
+func placementOf(name string, experts, p int) (*router.Placement, error) {
+	kind := router.Contiguous
+	switch name {
+	case "", "contiguous":
+	case "roundrobin", "round-robin":
+		kind = router.RoundRobin
+	default:
+		return nil, fmt.Errorf("bench: placement %q (want contiguous or roundrobin)", name)
+	}
+	return router.NewPlacement(kind, experts, p)
 }
 
 // MoE runs the measurement on every rank of c (collectively); the result on rank 0.
@@ -372,7 +375,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	res.AuxLoss = stats.AuxLoss
 
 	// Copy floors: every rank's stage bytes copied once, every rank at once.
-	outputs := int64(st.Assignments) * int64(cfg.Hidden) * int64(sizeOfAct(o.Act)) // the expert outputs of this rank's tokens
+	outputs := int64(st.Assignments) * int64(cfg.Hidden) * int64(o.Act.Size()) // the expert outputs of this rank's tokens
 	sent := []int64{int64(st.BytesSent), max(int64(combineBytes), outputs)}
 	allSent := make([]int64, 2*p)
 	if err := coll.AllGather(ctx, c, sent, allSent); err != nil {
@@ -442,13 +445,6 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		return nil, nil
 	}
 	return res, nil
-}
-
-func sizeOfAct(t dtype.Type) int {
-	if t == dtype.BF16 {
-		return 2
-	}
-	return 4
 }
 
 // combineSent is the bytes this rank's combine put on the wire: a header to every other
@@ -599,30 +595,11 @@ func StageFloor(bytes []int) time.Duration {
 		clear(src[q].Bytes()) // fault the pages in
 		clear(dst[q].Bytes())
 	}
-	threads := min(p, runtime.NumCPU())
-	copies := []func(dst, src []byte){
-		func(dst, src []byte) { copy(dst, src) },
-		func(dst, src []byte) { memx.Copy(dst, src) },
-		func(dst, src []byte) { memx.Stream(dst, src) },
-	}
-	best := time.Duration(1 << 62)
-	for try := 0; try < len(copies)*max(5, min(100, (256<<20)/total)); try++ {
-		cp := copies[try%len(copies)]
-		start := time.Now()
-		var wg sync.WaitGroup
-		for w := 0; w < threads; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for q := w; q < p; q += threads {
-					cp(dst[q].Bytes()[:bytes[q]], src[q].Bytes()[:bytes[q]])
-				}
-			}()
+	return fastestCopy(min(p, runtime.NumCPU()), max(5, min(100, (256<<20)/total)), func(cp func(dst, src []byte), w, threads int) {
+		for q := w; q < p; q += threads {
+			cp(dst[q].Bytes()[:bytes[q]], src[q].Bytes()[:bytes[q]])
 		}
-		wg.Wait()
-		best = min(best, time.Since(start))
-	}
-	return best
+	})
 }
 
 // PrintMoE writes the result as a table.
@@ -633,7 +610,7 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	stage := func(name string, s Stage) {
 		row(name, fmt.Sprintf("p50 %.1f us, p99 %.1f us, mean %.1f us; %s on the wire, copy floor %.1f us for %s (p50 %.2fx the floor)",
-			s.P50US, s.P99US, s.MeanUS, sizeOf(s.Bytes), s.FloorUS, sizeOf(s.Moved), s.OverP50))
+			s.P50US, s.P99US, s.MeanUS, SizeOf(s.Bytes), s.FloorUS, SizeOf(s.Moved), s.OverP50))
 	}
 	row("path", r.Path)
 	stage("dispatch", r.Dispatch)
@@ -642,7 +619,7 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 	row("step", fmt.Sprintf("%.1f us (slowest rank per stage, mean of %d)", r.StepUS, r.Iters))
 	row("tokens/s", fmt.Sprintf("%.0f", r.TokensPerS))
 	row("dispatch+combine pair", fmt.Sprintf("%.1f us back to back", r.PairUS))
-	row("bytes per choice", fmt.Sprintf("%d (DeepEP's count; %d choices, %s)", r.BytesPerChoice, r.Choices, sizeOf(int64(r.BytesPerChoice)*r.Choices)))
+	row("bytes per choice", fmt.Sprintf("%d (DeepEP's count; %d choices, %s)", r.BytesPerChoice, r.Choices, SizeOf(int64(r.BytesPerChoice)*r.Choices)))
 	row("load imbalance", fmt.Sprintf("experts %.2f, ranks %.2f (max/mean); aux loss %.3f", r.ExpertImbal, r.RankImbal, r.AuxLoss))
 	if r.Chunks > 0 {
 		row("overlap", fmt.Sprintf("%d micro-batches: %.1f us one after the other, %.1f us pipelined (%.2fx)", r.Chunks, r.SerialUS, r.OverlapUS, r.OverlapSpeedup))
@@ -656,8 +633,8 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 	tw.Flush()
 }
 
-// sizeOf writes n bytes with one decimal in the largest unit that fits.
-func sizeOf(n int64) string {
+// SizeOf writes n bytes with one decimal in the largest unit that fits (KiB, MiB).
+func SizeOf(n int64) string {
 	switch {
 	case n >= 1<<20:
 		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))

@@ -59,6 +59,15 @@ func TestMoEBenchRuns(t *testing.T) {
 				continue // the wire types are the stages' business (combine's tests); one each
 			}
 			r := runMoE(t, 3, MoEOpts{Model: "tiny-deepseek", Tokens: 64, Wire: wire, Mode: mode, Compute: "ffn", Iters: 3, Naive: true, Overlap: true, Pairs: 4, LocalRanks: 3})
+			if wire == dtype.FP8E4M3 || wire == dtype.I8 {
+				// The experts take the quantised rows, as compute or as identity.
+				for _, compute := range []string{"ffn", "none"} {
+					q := runMoE(t, 3, MoEOpts{Model: "tiny-deepseek", Tokens: 64, Wire: wire, Mode: mode, Compute: compute, Quantized: true, Iters: 2, Pairs: 2, LocalRanks: 3})
+					require.NotNil(t, q)
+					assert.True(t, q.Quantized)
+					assert.Positive(t, q.Dispatch.P50US)
+				}
+			}
 			require.NotNil(t, r)
 			assert.Equal(t, mode.String(), r.Mode)
 			for _, s := range []Stage{r.Dispatch, r.Combine} {

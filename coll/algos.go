@@ -331,6 +331,33 @@ func planReduceLinear(sh shape) *plan {
 
 // ---- AllGather (count = elements per rank) ----
 
+// planAllGather is the AllGather (and AllGatherv) planner of algo.
+func planAllGather(algo Algo, sh shape, t topology) *plan {
+	switch algo {
+	case Ring:
+		return planAllGatherRing(sh)
+	case Hier:
+		return planAllGatherHier(sh, t)
+	case Bruck:
+		return planAllGatherBruck(sh)
+	case Shared:
+		return planAllGatherShared(sh)
+	}
+	return planAllGatherRecDbl(sh)
+}
+
+// planReduceScatter is the ReduceScatter (and ReduceScatterv) planner of algo, but for
+// the shared areas' (planReduceShared).
+func planReduceScatter(algo Algo, sh shape, t topology) *plan {
+	switch algo {
+	case RecHalving:
+		return planReduceScatterRecHalving(sh)
+	case Hier:
+		return planReduceScatterHier(sh, t)
+	}
+	return planReduceScatterRing(sh)
+}
+
 // planAllGatherShared: every rank publishes its block (in place in recv) in its shared
 // area, or for the others to read across, and takes everyone else's (shm.Direct).
 func planAllGatherShared(sh shape) *plan {

@@ -81,28 +81,12 @@ func (c *Comm) getPlan(k planKey) *plan {
 			pl = planReduceBinomial(sh)
 		}
 	case OpAllGather:
-		switch k.algo {
-		case Ring:
-			pl = planAllGatherRing(sh)
-		case Hier:
-			pl = planAllGatherHier(sh, c.topo)
-		case Bruck:
-			pl = planAllGatherBruck(sh)
-		case Shared:
-			pl = planAllGatherShared(sh)
-		default:
-			pl = planAllGatherRecDbl(sh)
-		}
+		pl = planAllGather(k.algo, sh, c.topo)
 	case OpReduceScatter:
-		switch k.algo {
-		case RecHalving:
-			pl = planReduceScatterRecHalving(sh)
-		case Hier:
-			pl = planReduceScatterHier(sh, c.topo)
-		case Shared:
+		if k.algo == Shared {
 			pl = planReduceShared(OpReduceScatter, k)
-		default:
-			pl = planReduceScatterRing(sh)
+		} else {
+			pl = planReduceScatter(k.algo, sh, c.topo)
 		}
 	case OpAlltoAll:
 		pl = &plan{op: OpAlltoAll, algo: k.algo}

@@ -278,27 +278,9 @@ func (c *Comm) planV(k planKey, bl *blocks, h uint64) *plan {
 	var pl *plan
 	switch k.op {
 	case OpAllGatherv:
-		switch k.algo {
-		case Ring:
-			pl = planAllGatherRing(sh)
-		case Hier:
-			pl = planAllGatherHier(sh, c.topo)
-		case Bruck:
-			pl = planAllGatherBruck(sh)
-		case Shared:
-			pl = planAllGatherShared(sh)
-		default:
-			pl = planAllGatherRecDbl(sh)
-		}
+		pl = planAllGather(k.algo, sh, c.topo)
 	case OpReduceScatterv:
-		switch k.algo {
-		case RecHalving:
-			pl = planReduceScatterRecHalving(sh)
-		case Hier:
-			pl = planReduceScatterHier(sh, c.topo)
-		default:
-			pl = planReduceScatterRing(sh)
-		}
+		pl = planReduceScatter(k.algo, sh, c.topo)
 	case OpGatherv:
 		pl = planGatherLinear(sh)
 	case OpScatterv:

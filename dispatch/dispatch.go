@@ -4,7 +4,7 @@
 //
 // A token bound for several experts on one rank crosses the wire once: its row is
 // followed, in the same message, by the list of that rank's experts it goes to and the
-// router's weights. Two modes share one API (Config.Mode):
+// router's weights. Three modes share one API (Config.Mode):
 //
 //   - Normal (prefill): one small all-gather exchanges every rank's per-destination row
 //     counts (with a status and a fingerprint of the configuration and placement, so
@@ -18,6 +18,9 @@
 //     local experts), and where ranks share memory each sender writes its rows straight
 //     into the receiver's buffer. The experts see the rows through an expert-major view
 //     (Output.Row) with a count per expert; nothing is allocated from call to call.
+//   - Gathered (data-parallel attention with expert parallelism): every rank's tokens
+//     all-gathered (coll.AllGatherv), each rank's experts take the ones that chose them,
+//     and package combine reduce-scatters the sums back (coll.ReduceScatterv).
 //
 // Activations are float32 or bfloat16, or opaque rows of bytes (Dispatcher[byte]) for
 // engines with element types of their own. The wire is f32, bf16, fp8 E4M3 (a float32

@@ -24,35 +24,21 @@ func (s *slot[T]) startGathered(ctx context.Context, x []T, r *router.Routing, c
 	d := s.d
 	sc := s.sc
 	c := d.c
-	p, me := c.Size(), c.Rank()
+	p := c.Size()
 	f := &d.f
 	if !reuse && code == CodeOK {
 		sc.tokens, sc.r = r.T, r
 	}
-	s.hdr[0], s.hdr[1] = int64(code), int64(d.fp)
 	for q := 0; q < p; q++ {
 		s.hdr[hdrLen+q] = 0
 	}
 	if code == CodeOK {
 		s.hdr[hdrLen] = int64(sc.tokens)
 	}
-	if err := coll.AllGather(ctx, c, s.hdr, s.all); err != nil {
+	if err := s.agree(ctx, code, inErr); err != nil {
 		return err
 	}
 	w := hdrLen + p
-	for q := 0; q < p; q++ {
-		if uint64(s.all[q*w+1]) != d.fp {
-			return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, uint64(s.all[q*w+1]), d.fp)
-		}
-	}
-	if inErr != nil {
-		return inErr
-	}
-	for q := 0; q < p; q++ {
-		if cd := s.all[q*w]; cd != CodeOK {
-			return &PeerInputError{Rank: q, Code: int(cd)}
-		}
-	}
 	sc.from = growInts(sc.from, p)
 	total := 0
 	for q := 0; q < p; q++ {
@@ -115,7 +101,6 @@ func (s *slot[T]) startGathered(ctx context.Context, x []T, r *router.Routing, c
 	for q := range st.RowsPerRank {
 		st.RowsPerRank[q] = t
 	}
-	_ = me
 	return nil
 }
 

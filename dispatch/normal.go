@@ -94,30 +94,16 @@ func (s *slot[T]) startNormal(ctx context.Context, x []T, r *router.Routing, cod
 				code, inErr = CodeRouting, fmt.Errorf("%w: %v", ErrInput, err)
 			}
 		}
-		s.hdr[0], s.hdr[1] = int64(code), int64(d.fp)
 		for q := 0; q < p; q++ {
 			s.hdr[hdrLen+q] = 0
 			if code == CodeOK {
 				s.hdr[hdrLen+q] = int64(len(sc.layout.Rows[q]))
 			}
 		}
-		if err := coll.AllGather(ctx, c, s.hdr, s.all); err != nil {
+		if err := s.agree(ctx, code, inErr); err != nil {
 			return err
 		}
 		w := hdrLen + p
-		for q := 0; q < p; q++ {
-			if uint64(s.all[q*w+1]) != d.fp {
-				return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, uint64(s.all[q*w+1]), d.fp)
-			}
-		}
-		if inErr != nil {
-			return inErr
-		}
-		for q := 0; q < p; q++ {
-			if cd := s.all[q*w]; cd != CodeOK {
-				return &PeerInputError{Rank: q, Code: int(cd)}
-			}
-		}
 		if s.bytes == nil {
 			s.bytes = make([][]int, p)
 			for i := range s.bytes {
@@ -173,6 +159,33 @@ func (s *slot[T]) startNormal(ctx context.Context, x []T, r *router.Routing, cod
 		st.RowsSent += len(rows)
 	}
 	return c.IRunAlltoAllvWith(ctx, &s.fwd, s.send, s.recv, &s.pend)
+}
+
+// agree all-gathers every rank's header (status, fingerprint, then the words the caller
+// put in s.hdr[hdrLen:]) into s.all and fails, the same way on every rank, when a rank's
+// configuration or placement differs or a rank's input is bad (this rank's: inErr).
+func (s *slot[T]) agree(ctx context.Context, code int, inErr error) error {
+	d := s.d
+	p := d.c.Size()
+	s.hdr[0], s.hdr[1] = int64(code), int64(d.fp)
+	if err := coll.AllGather(ctx, d.c, s.hdr, s.all); err != nil {
+		return err
+	}
+	w := hdrLen + p
+	for q := 0; q < p; q++ {
+		if uint64(s.all[q*w+1]) != d.fp {
+			return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, uint64(s.all[q*w+1]), d.fp)
+		}
+	}
+	if inErr != nil {
+		return inErr
+	}
+	for q := 0; q < p; q++ {
+		if cd := s.all[q*w]; cd != CodeOK {
+			return &PeerInputError{Rank: q, Code: int(cd)}
+		}
+	}
+	return nil
 }
 
 func (s *slot[T]) waitNormal(ctx context.Context) error {

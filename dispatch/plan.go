@@ -146,41 +146,40 @@ func NewPlan(cfg Config, routings []*router.Routing) (*Plan, error) {
 }
 
 // DispatchBytes[i][j] is what rank i puts on the wire for rank j in the dispatch (zero
-// on the diagonal: a rank's own rows never travel), headers included.
+// on the diagonal: a rank's own rows never travel), headers included. In the gathered
+// mode, every token of i goes to every j: the volume of the all-gather, whatever its
+// algorithm.
 func (pl *Plan) DispatchBytes() [][]int {
 	f := pl.Format
-	return pl.bytes(func(rows int) int {
-		if pl.Cfg.Mode == LowLatency {
-			return BlockHeader + rows*(f.Meta+f.Payload+f.ScaleBytes())
-		}
-		return blockHeader + rows*f.Row
-	})
+	switch pl.Cfg.Mode {
+	case LowLatency:
+		return pl.bytes(func(i, j int) int { return BlockHeader + pl.Rows[i][j]*(f.Meta+f.Payload+f.ScaleBytes()) })
+	case Gathered:
+		return pl.bytes(func(i, j int) int { return pl.Layouts[i].Tokens() * (f.GatheredMeta() + f.Payload + f.ScaleBytes()) })
+	}
+	return pl.bytes(func(i, j int) int { return blockHeader + pl.Rows[i][j]*f.Row })
 }
 
 // CombineBytes[i][j] is what rank i puts on the wire for rank j in the combine: the
-// partial sums of the rows j sent i.
+// partial sums of the rows j sent i; in the gathered mode, of every token of j (the
+// volume of the reduce-scatter).
 func (pl *Plan) CombineBytes() [][]int {
 	f := pl.Format
-	t := pl.bytes(func(rows int) int { return BlockHeader + rows*f.Combined })
-	p := len(t)
-	out := make([][]int, p)
-	for i := range out {
-		out[i] = make([]int, p)
-		for j := range out[i] {
-			out[i][j] = t[j][i]
-		}
+	if pl.Cfg.Mode == Gathered {
+		return pl.bytes(func(i, j int) int { return pl.Layouts[j].Tokens() * f.Combined })
 	}
-	return out
+	return pl.bytes(func(i, j int) int { return BlockHeader + pl.Rows[j][i]*f.Combined })
 }
 
-func (pl *Plan) bytes(per func(rows int) int) [][]int {
+// bytes is the matrix of per(i, j) off the diagonal.
+func (pl *Plan) bytes(per func(i, j int) int) [][]int {
 	p := len(pl.Rows)
 	m := make([][]int, p)
 	for i := range m {
 		m[i] = make([]int, p)
 		for j := range m[i] {
 			if i != j {
-				m[i][j] = per(pl.Rows[i][j])
+				m[i][j] = per(i, j)
 			}
 		}
 	}

@@ -90,8 +90,13 @@ func TestPlan(t *testing.T) {
 					if i == j {
 						continue
 					}
-					if mode == dispatch.LowLatency {
+					switch mode {
+					case dispatch.LowLatency:
 						assert.Equal(t, dispatch.BlockHeader+plan.Rows[i][j]*(f.Meta+f.Payload+f.ScaleBytes()), db[i][j])
+					case dispatch.Gathered: // every token to every rank, every token's sum back
+						assert.Equal(t, tokens[i]*(f.GatheredMeta()+f.Payload+f.ScaleBytes()), db[i][j])
+						assert.Equal(t, tokens[j]*f.Combined, cb[i][j])
+						continue
 					}
 					assert.Equal(t, dispatch.BlockHeader+plan.Rows[j][i]*f.Combined, cb[i][j], "combine %d->%d: the rows %d sent %d", i, j, j, i)
 				}

@@ -148,15 +148,20 @@ func (ep *EP[T]) Output() []T { return ep.y }
 func (ep *EP[T]) Identity(o *dispatch.Output[T]) {
 	hid := ep.L.Cfg.Hidden
 	ep.y = grow(ep.y, o.Rows()*hid)
-	if o.ExpertMajor {
+	switch {
+	case o.X == nil: // quantised rows: their values
+		for j := 0; j < o.Rows(); j++ {
+			o.Dequantize(j, ep.y[j*hid:(j+1)*hid])
+		}
+	case o.ExpertMajor:
 		copy(ep.y, o.X[:o.Rows()*hid])
-		return
-	}
-	for j := 0; j < o.Rows(); j++ {
-		if r := o.Entry(j); r != nil {
-			copy(ep.y[j*hid:(j+1)*hid], r)
-		} else {
-			clear(ep.y[j*hid : (j+1)*hid])
+	default:
+		for j := 0; j < o.Rows(); j++ {
+			if r := o.Entry(j); r != nil {
+				copy(ep.y[j*hid:(j+1)*hid], r)
+			} else {
+				clear(ep.y[j*hid : (j+1)*hid])
+			}
 		}
 	}
 }

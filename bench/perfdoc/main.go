@@ -182,7 +182,7 @@ func (r *runner) moe(w io.Writer) error {
 						}
 						fmt.Fprintf(w, "| %d | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %.2fx | %.2fx |\n", tokens, mode, wi.wire,
 							res.Dispatch.P50US, res.Dispatch.P99US, res.Combine.P50US, res.Combine.P99US, res.PairUS,
-							size(res.Dispatch.Bytes), res.Dispatch.OverP50, res.Combine.OverP50)
+							bench.SizeOf(res.Dispatch.Bytes), res.Dispatch.OverP50, res.Combine.OverP50)
 						k := key{model, tp.tr, tokens, wi.wire}
 						if pairs[k] == nil {
 							pairs[k] = map[string]float64{}
@@ -247,14 +247,4 @@ func (r *runner) overlap(w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	return nil
-}
-
-func size(n int64) string {
-	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }

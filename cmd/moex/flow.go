@@ -92,7 +92,6 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 		step++
 		fmt.Fprintf(w, "\n%d. dispatch (AllGatherv x3, %v): every token to every rank: its routing (%d B), row (%d B) and scales (%d B)\n",
 			step, m.Algorithm(coll.OpAllGatherv, o.Tokens*(f.GatheredMeta()+f.Payload)), f.GatheredMeta(), f.Payload, f.ScaleBytes())
-		dispatchB = gatheredBytes(pl, f.GatheredMeta()+f.Payload+f.ScaleBytes())
 	}
 	matrix(w, m, dispatchB)
 	step++
@@ -128,7 +127,6 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 	case dispatch.Gathered:
 		fmt.Fprintf(w, "\n%d. combine (ReduceScatterv, %v): each rank sums its experts' outputs for every token (zeros for the ones none of them took), %d B per token, and the reduce-scatter sums them into each token's rank\n",
 			step, m.Algorithm(coll.OpReduceScatterv, o.Tokens*f.Combined), f.Combined)
-		combineB = gatheredBytes(pl, f.Combined)
 	}
 	matrix(w, m, combineB)
 	step++
@@ -146,22 +144,6 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 		}
 	}
 	return nil
-}
-
-// gatheredBytes is what every rank sends every other in the gathered mode (its tokens,
-// per bytes each): the volume of an all-gather, whatever its algorithm.
-func gatheredBytes(pl *dispatch.Plan, per int) [][]int {
-	p := len(pl.Rows)
-	m := make([][]int, p)
-	for i := range m {
-		m[i] = make([]int, p)
-		for j := range m[i] {
-			if i != j {
-				m[i][j] = pl.Layouts[i].Tokens() * per
-			}
-		}
-	}
-	return m
 }
 
 // matrix prints bytes from each rank (rows) to each rank (columns), and the totals
@@ -189,27 +171,16 @@ func matrix(w io.Writer, m *coll.Model, bytes [][]int) {
 				across += n
 				line += "*"
 			}
-			line += sizeOf(n) + "\t"
+			line += bench.SizeOf(int64(n)) + "\t"
 		}
 		fmt.Fprintln(tw, line)
 	}
 	tw.Flush()
 	if m.Hosts() > 1 {
-		fmt.Fprintf(w, "     within hosts %s, across hosts %s (* crosses hosts)\n", sizeOf(within), sizeOf(across))
+		fmt.Fprintf(w, "     within hosts %s, across hosts %s (* crosses hosts)\n", bench.SizeOf(int64(within)), bench.SizeOf(int64(across)))
 	} else {
-		fmt.Fprintf(w, "     on the wire %s\n", sizeOf(within))
+		fmt.Fprintf(w, "     on the wire %s\n", bench.SizeOf(int64(within)))
 	}
-}
-
-// sizeOf writes n bytes with one decimal in the largest unit that fits.
-func sizeOf(n int) string {
-	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", n)
 }
 
 // spans writes 0,1,2,3,7 as 0-3,7.
