@@ -382,8 +382,10 @@ func (o *XOp) Ready(q int) bool {
 
 // Dest returns the memory of this rank's block for rank q, one slice per field, each of
 // the field's capacity: q's own buffers when this rank writes into q's memory (it may
-// have to wait until q has begun the exchange), otherwise a send buffer. The slices are
-// valid until the next Dest call and must be filled before Send(q, ...).
+// have to wait until q has begun the exchange), otherwise a send buffer. They must be
+// filled before Send(q, ...). The slice of fields is reused by the next Dest call; the
+// memory each field names stays this exchange's block for q until Wait returns, and
+// this rank may read back what it wrote there (to copy it into another rank's block).
 func (o *XOp) Dest(ctx context.Context, q int) ([][]byte, error) {
 	x := o.x
 	c := x.c

@@ -252,9 +252,11 @@ type Dispatcher[T Act] struct {
 	act   dtype.Type
 	slots []*slot[T]
 	stage obuf.Scratch // this rank's tokens in the wire format (when it is not T's)
-	// The tokens being packed (stageTokens): x, or their encoding in st, stRow bytes per
-	// token with the scales at stPer.
+	// The tokens being packed (beginPack, put) or staged (stageRows): x, where each
+	// token's encoding went first, and the staged encodings, stRow bytes per token with
+	// the scales at stPer.
 	stX          []T
+	loc          []tokLoc
 	st           []byte
 	stPer, stRow int
 	cs           []contrib

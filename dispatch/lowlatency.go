@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/internal/memx"
 	"github.com/moex-ai/moex/router"
 )
 
@@ -49,7 +48,7 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 	}
 	s.x, s.code, s.inErr = x, code, inErr
 	if code == CodeOK {
-		d.stageTokens(x, sc.tokens)
+		d.beginPack(x, sc.tokens)
 	}
 	op, err := d.x.Begin(ctx)
 	if err != nil {
@@ -93,13 +92,7 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 		meta := dst[0][BlockHeader:]
 		for i, t := range rows {
 			d.putMeta(meta[i*f.Meta:(i+1)*f.Meta], sc.r, int(t), q)
-			pay, sca := d.token(int(t))
-			if stream && q != me && d.x.Pushes(q) {
-				memx.Stream(dst[1][i*f.Payload:(i+1)*f.Payload], pay)
-			} else {
-				copy(dst[1][i*f.Payload:(i+1)*f.Payload], pay)
-			}
-			copy(dtype.FromBytes[float32](dst[2][i*sb:(i+1)*sb]), sca)
+			d.put(int(t), dst[1][i*f.Payload:(i+1)*f.Payload], dtype.FromBytes[float32](dst[2][i*sb:(i+1)*sb]), stream && q != me && d.x.Pushes(q))
 		}
 		if err := op.Send(q, BlockHeader+n*f.Meta, n*f.Payload, n*sb); err != nil {
 			return err

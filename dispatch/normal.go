@@ -7,6 +7,7 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/internal/memx"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
 )
@@ -55,9 +56,60 @@ func (s *slot[T]) release() {
 	s.xS.Release()
 }
 
-// stageTokens encodes this rank's t tokens in the wire format once, when it is not the
-// activation type; token then gives each token's payload and scales.
-func (d *Dispatcher[T]) stageTokens(x []T, t int) {
+// Packing encodes each token in the wire format straight into the first row it is
+// written to and copies that encoding into the token's other rows: no separate
+// quantisation pass, and each token is encoded once however many ranks it goes to.
+// beginPack starts a pass over t tokens of x; put writes one row.
+
+// tokLoc is where a pass put a token's encoding first.
+type tokLoc struct {
+	pay []byte
+	sca []float32
+}
+
+func (d *Dispatcher[T]) beginPack(x []T, t int) {
+	d.stX = x
+	if d.f.Wire == d.act {
+		return
+	}
+	if cap(d.loc) < t {
+		d.loc = make([]tokLoc, t)
+	}
+	d.loc = d.loc[:t]
+	clear(d.loc)
+}
+
+// put writes token t's payload into pay and its scales into sca; stream sends the
+// payload past the caches (it is only copied, never encoded, that way).
+func (d *Dispatcher[T]) put(t int, pay []byte, sca []float32, stream bool) {
+	f := &d.f
+	if f.Wire == d.act {
+		hid := d.cfg.Hidden
+		copyRow(pay, dtype.Bytes(d.stX[t*hid:(t+1)*hid]), stream)
+		return
+	}
+	if l := &d.loc[t]; l.pay != nil {
+		copyRow(pay, l.pay, stream)
+		copy(sca, l.sca)
+		return
+	}
+	hid := d.cfg.Hidden
+	encode(f, pay, sca, dtype.Bytes(d.stX[t*hid:(t+1)*hid]), d.act, d.cfg.PowerOfTwoScales)
+	d.loc[t] = tokLoc{pay, sca}
+}
+
+func copyRow(dst, src []byte, stream bool) {
+	if stream {
+		memx.Stream(dst, src)
+	} else {
+		copy(dst, src)
+	}
+}
+
+// stageRows encodes the listed tokens of x (the rows that stay on this rank) into the
+// stage, at their token positions, when the wire type is not the activation type;
+// token then gives a staged token's payload and scales.
+func (d *Dispatcher[T]) stageRows(x []T, t int, rows []int32) {
 	f := &d.f
 	hid := d.cfg.Hidden
 	d.stX = x
@@ -67,13 +119,13 @@ func (d *Dispatcher[T]) stageTokens(x []T, t int) {
 	d.stPer = (f.Payload + 3) &^ 3
 	d.stRow = d.stPer + f.ScaleBytes()
 	d.st = d.stage.Bytes(t * d.stRow)
-	for i := 0; i < t; i++ {
-		row := d.st[i*d.stRow : (i+1)*d.stRow]
-		encode(f, row[:f.Payload], dtype.FromBytes[float32](row[d.stPer:]), dtype.Bytes(x[i*hid:(i+1)*hid]), d.act, d.cfg.PowerOfTwoScales)
+	for _, i := range rows {
+		row := d.st[int(i)*d.stRow : (int(i)+1)*d.stRow]
+		encode(f, row[:f.Payload], dtype.FromBytes[float32](row[d.stPer:]), dtype.Bytes(x[int(i)*hid:(int(i)+1)*hid]), d.act, d.cfg.PowerOfTwoScales)
 	}
 }
 
-// token returns token t's payload and scales as stageTokens left them.
+// token returns staged token t's payload and scales.
 func (d *Dispatcher[T]) token(t int) ([]byte, []float32) {
 	if d.f.Wire == d.act {
 		hid := d.cfg.Hidden
@@ -128,7 +180,7 @@ func (s *slot[T]) startNormal(ctx context.Context, x []T, r *router.Routing, cod
 	s.send = s.sendS.Bytes(s.fwd.SendBytes())
 	s.recv = s.recvS.Bytes(s.fwd.RecvBytes())
 	if code == CodeOK {
-		d.stageTokens(x, sc.tokens)
+		d.beginPack(x, sc.tokens)
 	}
 	f := &d.f
 	off := 0
@@ -148,9 +200,7 @@ func (s *slot[T]) startNormal(ctx context.Context, x []T, r *router.Routing, cod
 			for _, t := range rows {
 				row := s.send[off : off+f.Row]
 				d.putMeta(row, sc.r, int(t), q)
-				pay, sca := d.token(int(t))
-				copy(row[f.Meta:f.Meta+f.Payload], pay)
-				copy(dtype.FromBytes[float32](row[f.ScaleOff:f.ScaleOff+4*f.Scales]), sca)
+				d.put(int(t), row[f.Meta:f.Meta+f.Payload], dtype.FromBytes[float32](row[f.ScaleOff:f.ScaleOff+4*f.Scales]), false)
 				off += f.Row
 			}
 		} else {
@@ -314,7 +364,7 @@ func (s *slot[T]) unpackNormal() error {
 		d.cs = make([]contrib, 0, d.cfg.TopK)
 	}
 	if len(sc.layout.Rows[me]) > 0 {
-		d.stageTokens(s.x, sc.tokens) // the own rows are read from it
+		d.stageRows(s.x, sc.tokens, sc.layout.Rows[me]) // the own rows are read from it
 	}
 	// Pass 1: rows per local expert.
 	o.Counts = growInts(o.Counts, nLocal)
