@@ -216,6 +216,47 @@ func (r *runner) moe(w io.Writer) error {
 			pr["normal"]/pr["low-latency"], pr["normal/sum"]/pr["low-latency/sum"], ratio)
 	}
 	fmt.Fprintln(w)
+	return r.fewRanks(w)
+}
+
+// fewRanks runs the low-latency and normal modes at 128 tokens with no more ranks than
+// CPUs (at most 8), where a rank waiting for another does not also wait for a CPU.
+func (r *runner) fewRanks(w io.Writer) error {
+	ranks := min(8, max(2, runtime.NumCPU()))
+	fmt.Fprintf(w, "### %d ranks over shm, no more ranks than CPUs\n\n", ranks)
+	fmt.Fprintf(w, "Where ranks outnumber CPUs (8 ranks above, %d CPUs here) a rank waits for a CPU as well as for the rows:\n", runtime.NumCPU())
+	fmt.Fprintf(w, "the stage's time includes the scheduler's turns. Here each rank has a CPU. `moex bench moe --model deepseek-v3 --ranks %d\n", ranks)
+	fmt.Fprintf(w, "--transport shm --tokens 128 --mode MODE --wire-dtype W --act bf16 --iters I --pairs I [--quantized]\n")
+	fmt.Fprintf(w, "--json`; columns as above.\n\n")
+	fmt.Fprintf(w, "| mode | wire | dispatch p50 | p99 | combine p50 | p99 | pair | dispatch bytes | dispatch / floor | combine / floor |\n")
+	fmt.Fprintf(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	pair := map[string]float64{}
+	for _, wi := range wires[1:] {
+		for _, mode := range []string{"normal", "low-latency"} {
+			it := fmt.Sprint(2 * r.iters(128))
+			args := []string{"--model", "deepseek-v3", "--ranks", fmt.Sprint(ranks), "--transport", "shm", "--tokens", "128",
+				"--mode", mode, "--wire-dtype", wi.wire, "--act", wi.act, "--iters", it, "--pairs", it}
+			if wi.wire == "fp8" {
+				args = append(args, "--quantized")
+			}
+			res, _, err := r.bench(args...)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %.2fx | %.2fx |\n", mode, wi.wire,
+				res.Dispatch.P50US, res.Dispatch.P99US, res.Combine.P50US, res.Combine.P99US, res.PairUS,
+				bench.SizeOf(res.Dispatch.Bytes), res.Dispatch.OverP50, res.Combine.OverP50)
+			pair[wi.wire+"/"+mode] = res.PairUS
+		}
+	}
+	fmt.Fprintf(w, "\nThe pair, normal over low-latency: ")
+	for i, wi := range wires[1:] {
+		if i > 0 {
+			fmt.Fprintf(w, "; ")
+		}
+		fmt.Fprintf(w, "%s %.2fx", wi.wire, pair[wi.wire+"/normal"]/pair[wi.wire+"/low-latency"])
+	}
+	fmt.Fprintf(w, ".\n\n")
 	return nil
 }
 
@@ -225,8 +266,10 @@ func (r *runner) overlap(w io.Writer) error {
 	fmt.Fprintf(w, "--wire-dtype bf16 --mode MODE --ranks P --transport T --iters I`: the reference SwiGLU experts at\n")
 	fmt.Fprintf(w, "the model's sizes; the step as two micro-batches one after the other against the two in\n")
 	fmt.Fprintf(w, "combine.Pipeline (us, the slowest rank, mean). (DeepSeek-V3's experts, 45 GiB of float32\n")
-	fmt.Fprintf(w, "weights, do not fit this machine.)\n\n")
-	fmt.Fprintf(w, "| ranks | transport | mode | one after the other | pipelined | speed-up |\n| --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(w, "weights, do not fit this machine.) The moving share is the two stages' p50s over the serial\n")
+	fmt.Fprintf(w, "step's time: the most that overlap can hide. Here the reference experts run on the same two\n")
+	fmt.Fprintf(w, "CPUs that move the rows, so there is little to hide and nothing idle to hide it on.\n\n")
+	fmt.Fprintf(w, "| ranks | transport | mode | one after the other | pipelined | speed-up | moving share |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	iters := "10"
 	if r.quick {
 		iters = "2"
@@ -242,7 +285,8 @@ func (r *runner) overlap(w io.Writer) error {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(w, "| %d | %s | %s | %.0f | %.0f | %.2fx |\n", tp.ranks, tp.tr, mode, res.SerialUS, res.OverlapUS, res.OverlapSpeedup)
+			fmt.Fprintf(w, "| %d | %s | %s | %.0f | %.0f | %.2fx | %.1f%% |\n", tp.ranks, tp.tr, mode, res.SerialUS, res.OverlapUS, res.OverlapSpeedup,
+				100*(res.Dispatch.P50US+res.Combine.P50US)/res.StepUS)
 		}
 	}
 	fmt.Fprintln(w)
