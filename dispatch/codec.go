@@ -9,8 +9,8 @@ import (
 )
 
 // Rows on the wire: activations in the wire type, and for fp8 and int8 their scales;
-// each token is encoded once (into the stage when the wire type is not the activation
-// type) and copied to every rank it goes to.
+// packing encodes each token into the first row it writes for it and copies that
+// encoding to the token's other destinations (beginPack, put).
 
 // encode writes one row of activations src (act values, as bytes) in the wire format:
 // payload bytes and scales.
@@ -71,8 +71,9 @@ type contrib struct {
 }
 
 // putMeta writes the metadata of token t's row for rank q: its index, how many of q's
-// experts it goes to, and each (local expert, weight), in the order of its choices.
-func (d *core) putMeta(dst []byte, rt *router.Routing, t, q int) {
+// experts it goes to, and each (local expert, weight), in the order of its choices. It
+// returns the bytes written (f.MetaBytes of that count).
+func (d *core) putMeta(dst []byte, rt *router.Routing, t, q int) int {
 	pl, me, k := d.cfg.Placement, d.c.Rank(), d.cfg.TopK
 	n := 0
 	for j := 0; j < k; j++ {
@@ -87,22 +88,27 @@ func (d *core) putMeta(dst []byte, rt *router.Routing, t, q int) {
 	}
 	binary.LittleEndian.PutUint32(dst[0:], uint32(t))
 	binary.LittleEndian.PutUint32(dst[4:], uint32(n))
+	return 8 + 8*n
 }
 
-// getMeta reads a row's metadata into cs (at most k pairs), checking every value read
-// from the wire against its bounds: it reports false for a row that cannot be.
-func getMeta(meta []byte, k, nLocal int, cs []contrib) (src int, out []contrib, ok bool) {
+// getMeta reads the metadata at the start of meta into cs (at most k pairs), checking
+// every value read from the wire against its bounds and meta's length: it reports
+// false for a row that cannot be. n is the metadata's length.
+func getMeta(meta []byte, k, nLocal int, cs []contrib) (src int, out []contrib, n int, ok bool) {
+	if len(meta) < 8 {
+		return 0, cs, 0, false
+	}
 	src = int(binary.LittleEndian.Uint32(meta[0:]))
 	m := int(binary.LittleEndian.Uint32(meta[4:]))
-	if m > k || src < 0 {
-		return 0, cs, false
+	if m > k || src < 0 || len(meta) < 8+8*m {
+		return 0, cs, 0, false
 	}
 	for j := 0; j < m; j++ {
 		le := int(binary.LittleEndian.Uint32(meta[8+8*j:]))
 		if le >= nLocal {
-			return 0, cs, false
+			return 0, cs, 0, false
 		}
 		cs = append(cs, contrib{le, getF32(meta[12+8*j:])})
 	}
-	return src, cs, true
+	return src, cs, 8 + 8*m, true
 }

@@ -380,8 +380,9 @@ func (d *core) Format() Format { return d.f }
 // Comm returns the communicator.
 func (d *core) Comm() *coll.Comm { return d.c }
 
-// RowBytes is the size of one row on the wire in the normal mode (metadata, payload and
-// scales).
+// RowBytes is the most bytes of one row on the wire in the normal mode (metadata, payload
+// and scales, for a row that carries all TopK choices; Format.RowBytes sizes a row by
+// its choices).
 func (d *core) RowBytes() int { return d.f.Row }
 
 // Stats describes the last dispatch.

@@ -89,17 +89,17 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 		}
 		n := len(rows)
 		PutHeader(dst[0], code, n, d.fp, sc.gen)
-		meta := dst[0][BlockHeader:]
+		mo := BlockHeader // the metadata, packed: each row's as long as its choices need
 		for i, t := range rows {
-			d.putMeta(meta[i*f.Meta:(i+1)*f.Meta], sc.r, int(t), q)
+			mo += d.putMeta(dst[0][mo:], sc.r, int(t), q)
 			d.put(int(t), dst[1][i*f.Payload:(i+1)*f.Payload], dtype.FromBytes[float32](dst[2][i*sb:(i+1)*sb]), stream && q != me && d.x.Pushes(q))
 		}
-		if err := op.Send(q, BlockHeader+n*f.Meta, n*f.Payload, n*sb); err != nil {
+		if err := op.Send(q, mo, n*f.Payload, n*sb); err != nil {
 			return err
 		}
 		if q != me {
 			st.RowsSent += n
-			st.BytesSent += BlockHeader + n*(f.Meta+f.Payload+sb)
+			st.BytesSent += mo + n*(f.Payload+sb)
 			if d.x.Pushes(q) {
 				st.Pushed++
 			}
@@ -142,13 +142,13 @@ func (s *slot[T]) waitLL(ctx context.Context) error {
 		if status != CodeOK {
 			return &PeerInputError{Rank: q, Code: status}
 		}
-		if n > d.cfg.MaxTokens || len(h) != BlockHeader+n*f.Meta || len(op.Recv(q, 1)) != n*f.Payload || len(op.Recv(q, 2)) != n*sb {
+		if n > d.cfg.MaxTokens || len(h) < BlockHeader+n*f.MetaBytes(0) || len(h) > BlockHeader+n*f.Meta || len(op.Recv(q, 1)) != n*f.Payload || len(op.Recv(q, 2)) != n*sb {
 			return fmt.Errorf("%w: rank %d's block says %d rows but carries %d, %d and %d bytes", ErrMismatch, q, n, len(h), len(op.Recv(q, 1)), len(op.Recv(q, 2)))
 		}
 		sc.from[q] = n
 		if q != me {
 			st.RowsReceived += n
-			st.BytesReceived += BlockHeader + n*(f.Meta+f.Payload+sb)
+			st.BytesReceived += len(h) + n*(f.Payload+sb)
 		}
 	}
 	st.RowsPerRank = growInts(st.RowsPerRank, p)
@@ -188,15 +188,19 @@ func (s *slot[T]) viewLL(op interface {
 	for q := 0; q < p; q++ {
 		meta := op.Recv(q, 0)[BlockHeader:]
 		for i := 0; i < sc.from[q]; i++ {
-			_, cs, ok := getMeta(meta[i*f.Meta:(i+1)*f.Meta], k, nLocal, d.cs[:0])
+			_, cs, n, ok := getMeta(meta, k, nLocal, d.cs[:0])
 			if !ok {
 				return fmt.Errorf("%w: rank %d sent a row whose metadata is out of bounds", ErrMismatch, q)
 			}
+			meta = meta[n:]
 			incomingRows++
 			contribs += len(cs)
 			for _, x := range cs {
 				o.Counts[x.le]++
 			}
+		}
+		if len(meta) != 0 {
+			return fmt.Errorf("%w: rank %d sent %d bytes of metadata past its %d rows", ErrMismatch, q, len(meta), sc.from[q])
 		}
 	}
 	total := layoutEntries(o, d.cfg.Align)
@@ -223,7 +227,8 @@ func (s *slot[T]) viewLL(op interface {
 		sc.originStart[q] = row
 		meta := op.Recv(q, 0)[BlockHeader:]
 		for i := 0; i < sc.from[q]; i++ {
-			src, cs, _ := getMeta(meta[i*f.Meta:(i+1)*f.Meta], k, nLocal, d.cs[:0])
+			src, cs, n, _ := getMeta(meta, k, nLocal, d.cs[:0])
+			meta = meta[n:]
 			sc.start[row] = int32(ci)
 			for _, x := range cs {
 				dst := o.Offsets[x.le] + fill[x.le]

@@ -149,7 +149,7 @@ func (s *slot[T]) startNormal(ctx context.Context, x []T, r *router.Routing, cod
 		for q := 0; q < p; q++ {
 			s.hdr[hdrLen+q] = 0
 			if code == CodeOK {
-				s.hdr[hdrLen+q] = int64(len(sc.layout.Rows[q]))
+				s.hdr[hdrLen+q] = int64(len(sc.layout.Rows[q])) | int64(sc.layout.Choices[q])<<32
 			}
 		}
 		if err := s.agree(ctx, code, inErr); err != nil {
@@ -162,10 +162,16 @@ func (s *slot[T]) startNormal(ctx context.Context, x []T, r *router.Routing, cod
 				s.bytes[i] = make([]int, p)
 			}
 		}
+		// Each word holds the rows rank i sends rank j and the choices they carry. The
+		// words come from every rank alike, so every rank fails alike on a bad one.
 		for i := 0; i < p; i++ {
 			for j := 0; j < p; j++ {
-				n := int(s.all[i*w+hdrLen+j])
-				sc.matrix[i][j], sc.back[j][i], s.bytes[i][j] = n, n, blockHeader+n*d.f.Row
+				v := s.all[i*w+hdrLen+j]
+				n, m := int(uint32(v)), int(uint32(v>>32))
+				if n > 1<<30 || m > n*d.cfg.TopK {
+					return fmt.Errorf("%w: rank %d says it sends rank %d %d rows with %d choices", ErrMismatch, i, j, n, m)
+				}
+				sc.matrix[i][j], sc.back[j][i], s.bytes[i][j] = n, n, normalBlock(d.f, n, m)
 				if i == j {
 					sc.back[j][i], s.bytes[i][j] = 0, 0
 				}
@@ -190,22 +196,23 @@ func (s *slot[T]) startNormal(ctx context.Context, x []T, r *router.Routing, cod
 		if q == me {
 			continue
 		}
-		rows := sc.layout.Rows[q]
+		var rows []int32
+		if code == CodeOK {
+			rows = sc.layout.Rows[q]
+		}
+		start := off
 		h := s.send[off : off+blockHeader]
 		binary.LittleEndian.PutUint32(h[0:], uint32(code))
 		binary.LittleEndian.PutUint32(h[4:], uint32(len(rows)))
 		binary.LittleEndian.PutUint64(h[8:], d.fp)
 		off += blockHeader
-		if code == CodeOK {
-			for _, t := range rows {
-				row := s.send[off : off+f.Row]
-				d.putMeta(row, sc.r, int(t), q)
-				d.put(int(t), row[f.Meta:f.Meta+f.Payload], dtype.FromBytes[float32](row[f.ScaleOff:f.ScaleOff+4*f.Scales]), false)
-				off += f.Row
-			}
-		} else {
-			off += len(rows) * f.Row
+		for _, t := range rows {
+			off += d.putMeta(s.send[off:], sc.r, int(t), q)
+			row := s.send[off : off+f.rowTail()]
+			d.put(int(t), row[:f.Payload], dtype.FromBytes[float32](row[f.scaleAt():f.scaleAt()+f.ScaleBytes()]), false)
+			off += len(row)
 		}
+		off = start + s.bytes[me][q] // the planned size (the same unless the input is bad)
 		st.RowsSent += len(rows)
 	}
 	return c.IRunAlltoAllvWith(ctx, &s.fwd, s.send, s.recv, &s.pend)
@@ -258,7 +265,7 @@ func (s *slot[T]) waitNormal(ctx context.Context) error {
 		case binary.LittleEndian.Uint32(hb[0:]) != CodeOK && s.inErr == nil:
 			return &PeerInputError{Rank: q, Code: int(binary.LittleEndian.Uint32(hb[0:]))}
 		}
-		off += blockHeader + s.sc.matrix[q][me]*d.f.Row
+		off += s.bytes[q][me]
 	}
 	if s.inErr != nil {
 		return s.inErr
@@ -287,6 +294,7 @@ type cursor[T Act] struct {
 	s    *slot[T]
 	q, i int // origin, row index within it
 	off  int // in recv
+	end  int // of the block being read
 	src  int
 	cs   []contrib
 	pay  []byte
@@ -309,6 +317,7 @@ func (c *cursor[T]) next() bool {
 	for c.q < p {
 		c.i++
 		if c.i == 0 && c.q != me {
+			c.end = c.off + s.bytes[c.q][me]
 			c.off += blockHeader // every block has one, rows or not
 		}
 		n := sc.matrix[c.q][me]
@@ -316,6 +325,10 @@ func (c *cursor[T]) next() bool {
 			n = len(sc.layout.Rows[me])
 		}
 		if c.i >= n {
+			if c.q != me && c.off != c.end {
+				c.bad = true // the rows' metadata is not what the counts said
+				return false
+			}
 			c.q++
 			c.i = -1
 			continue
@@ -334,16 +347,17 @@ func (c *cursor[T]) next() bool {
 			c.pay, c.sca = d.token(t)
 			return true
 		}
-		row := s.recv[c.off : c.off+f.Row]
-		c.off += f.Row
 		var ok bool
-		c.src, c.cs, ok = getMeta(row, k, len(pl.Local[me]), c.cs)
-		if !ok {
+		var mb int
+		c.src, c.cs, mb, ok = getMeta(s.recv[c.off:c.end], k, len(pl.Local[me]), c.cs)
+		if !ok || c.off+mb+f.rowTail() > c.end {
 			c.bad = true
 			return false
 		}
-		c.pay = row[f.Meta : f.Meta+f.Payload]
-		c.sca = dtype.FromBytes[float32](row[f.ScaleOff : f.ScaleOff+4*f.Scales])
+		row := s.recv[c.off+mb : c.off+mb+f.rowTail()]
+		c.off += mb + len(row)
+		c.pay = row[:f.Payload]
+		c.sca = dtype.FromBytes[float32](row[f.scaleAt() : f.scaleAt()+f.ScaleBytes()])
 		return true
 	}
 	return false

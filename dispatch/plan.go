@@ -14,22 +14,24 @@ import (
 // runs them for every rank at once, for moex flow and for tests without processes.
 
 // Format is the wire format of one configuration: how big a row is, where its parts are.
+// A row's metadata is MetaBytes(m) for a row that carries m of the token's choices (the
+// ones its destination holds): the rows to a rank carry what that rank needs, not the
+// token's whole routing.
 type Format struct {
 	Hidden   int        // elements per row
 	TopK     int        // routing choices per token
 	Wire     dtype.Type // payload type
 	Scales   int        // float32 scales per row (fp8: one per 128 elements; int8: one)
-	Meta     int        // bytes of a row's metadata: source index, expert count, (local expert, weight) per choice
+	Meta     int        // the most bytes of a row's metadata (MetaBytes(TopK))
 	Payload  int        // bytes of a row's activations on the wire
-	ScaleOff int        // where a row's scales start in the normal mode (4-aligned, after the payload)
-	Row      int        // bytes of a row in the normal mode: metadata, payload, scales, 8-aligned
+	Row      int        // the most bytes of a row in the normal mode (RowBytes(TopK))
 	Combined int        // bytes of a combined row (partial sum) on the wire
 	Combine  dtype.Type // the combine's wire type
 }
 
 // NewFormat returns the format of cfg (whose defaults are filled).
 func NewFormat(cfg Config) Format {
-	f := Format{Hidden: cfg.Hidden, TopK: cfg.TopK, Wire: cfg.WireDType, Meta: 8 + 8*cfg.TopK}
+	f := Format{Hidden: cfg.Hidden, TopK: cfg.TopK, Wire: cfg.WireDType}
 	switch cfg.WireDType {
 	case dtype.FP8E4M3:
 		f.Scales = dtype.FP8Scales(cfg.Hidden)
@@ -37,14 +39,29 @@ func NewFormat(cfg Config) Format {
 		f.Scales = 1
 	}
 	f.Payload = cfg.Hidden * cfg.WireDType.Size()
-	f.ScaleOff = (f.Meta + f.Payload + 3) &^ 3
-	f.Row = align8(f.ScaleOff + 4*f.Scales)
+	f.Meta = f.MetaBytes(cfg.TopK)
+	f.Row = f.RowBytes(cfg.TopK)
 	f.Combine = cfg.CombineDType
 	f.Combined = cfg.Hidden * cfg.CombineDType.Size()
 	return f
 }
 
 func align8(n int) int { return (n + 7) &^ 7 }
+
+// MetaBytes is the bytes of the metadata of a row with m choices: its source index, m,
+// and each (local expert, weight).
+func (f Format) MetaBytes(m int) int { return 8 + 8*m }
+
+// RowBytes is the bytes of a row with m choices in the normal mode: metadata, payload,
+// scales (4-aligned after the payload), 8-aligned.
+func (f Format) RowBytes(m int) int { return f.MetaBytes(m) + f.rowTail() }
+
+// rowTail is the part of a normal-mode row after its metadata: the payload and the
+// scales, 8-aligned (the metadata is a multiple of 8).
+func (f Format) rowTail() int { return align8(f.scaleAt() + f.ScaleBytes()) }
+
+// scaleAt is where a normal-mode row's scales start, after its metadata.
+func (f Format) scaleAt() int { return (f.Payload + 3) &^ 3 }
 
 // ScaleBytes is the bytes of a row's scales.
 func (f Format) ScaleBytes() int { return 4 * f.Scales }
@@ -89,6 +106,8 @@ type Plan struct {
 	// Rows[i][j] is how many rows rank i sends rank j (each token once per rank,
 	// however many of its experts are there); Rows[i][i] are the rows a rank keeps.
 	Rows [][]int
+	// Choices[i][j] is how many (token, expert) choices those rows carry.
+	Choices [][]int
 	// ExpertRows[r][k] is how many rows local expert k of rank r receives (one per
 	// (token, expert) pair).
 	ExpertRows [][]int
@@ -111,7 +130,7 @@ func NewPlan(cfg Config, routings []*router.Routing) (*Plan, error) {
 	if len(routings) != p {
 		return nil, fmt.Errorf("%w: %d routings for %d ranks", ErrConfig, len(routings), p)
 	}
-	pl := &Plan{Cfg: cfg, Format: NewFormat(cfg), Layouts: make([]*router.Layout, p), Rows: make([][]int, p), ExpertRows: make([][]int, p)}
+	pl := &Plan{Cfg: cfg, Format: NewFormat(cfg), Layouts: make([]*router.Layout, p), Rows: make([][]int, p), Choices: make([][]int, p), ExpertRows: make([][]int, p)}
 	for r := range pl.ExpertRows {
 		pl.ExpertRows[r] = make([]int, len(cfg.Placement.Local[r]))
 	}
@@ -127,7 +146,7 @@ func NewPlan(cfg Config, routings []*router.Routing) (*Plan, error) {
 			return nil, fmt.Errorf("%w: rank %d: %v", ErrInput, o, err)
 		}
 		pl.Layouts[o] = l
-		pl.Rows[o] = make([]int, p)
+		pl.Rows[o], pl.Choices[o] = make([]int, p), append([]int(nil), l.Choices...)
 		for q, rows := range l.Rows {
 			pl.Rows[o][q] = len(rows)
 		}
@@ -153,12 +172,21 @@ func (pl *Plan) DispatchBytes() [][]int {
 	f := pl.Format
 	switch pl.Cfg.Mode {
 	case LowLatency:
-		return pl.bytes(func(i, j int) int { return BlockHeader + pl.Rows[i][j]*(f.Meta+f.Payload+f.ScaleBytes()) })
+		return pl.bytes(func(i, j int) int {
+			return llMeta(f, pl.Rows[i][j], pl.Choices[i][j]) + pl.Rows[i][j]*(f.Payload+f.ScaleBytes())
+		})
 	case Gathered:
 		return pl.bytes(func(i, j int) int { return pl.Layouts[i].Tokens() * (f.GatheredMeta() + f.Payload + f.ScaleBytes()) })
 	}
-	return pl.bytes(func(i, j int) int { return blockHeader + pl.Rows[i][j]*f.Row })
+	return pl.bytes(func(i, j int) int { return normalBlock(f, pl.Rows[i][j], pl.Choices[i][j]) })
 }
+
+// normalBlock is the bytes of a normal-mode block of n rows carrying m choices.
+func normalBlock(f Format, n, m int) int { return blockHeader + n*f.RowBytes(0) + 8*m }
+
+// llMeta is the bytes of a low-latency block's header and metadata: n rows carrying m
+// choices.
+func llMeta(f Format, n, m int) int { return BlockHeader + n*f.MetaBytes(0) + 8*m }
 
 // CombineBytes[i][j] is what rank i puts on the wire for rank j in the combine: the
 // partial sums of the rows j sent i; in the gathered mode, of every token of j (the

@@ -51,13 +51,16 @@ func TestPlan(t *testing.T) {
 			require.NoError(t, err)
 			choices, rows := 0, 0
 			for o, r := range rs {
+				perRank := make([]int, p)
 				for i, e := range r.Experts {
 					if e >= 0 {
 						choices++
 						q := pl.RankOf(int(e), o, i/k)
+						perRank[q]++
 						assert.Contains(t, plan.Layouts[o].Rows[q], int32(i/k))
 					}
 				}
+				assert.Equal(t, perRank, plan.Choices[o], "rank %d's choices per destination", o)
 				for q := 0; q < p; q++ {
 					rows += plan.Rows[o][q]
 				}
@@ -92,11 +95,13 @@ func TestPlan(t *testing.T) {
 					}
 					switch mode {
 					case dispatch.LowLatency:
-						assert.Equal(t, dispatch.BlockHeader+plan.Rows[i][j]*(f.Meta+f.Payload+f.ScaleBytes()), db[i][j])
+						assert.Equal(t, dispatch.BlockHeader+plan.Rows[i][j]*(f.MetaBytes(0)+f.Payload+f.ScaleBytes())+8*plan.Choices[i][j], db[i][j])
 					case dispatch.Gathered: // every token to every rank, every token's sum back
 						assert.Equal(t, tokens[i]*(f.GatheredMeta()+f.Payload+f.ScaleBytes()), db[i][j])
 						assert.Equal(t, tokens[j]*f.Combined, cb[i][j])
 						continue
+					default: // rows of metadata, payload and scales, 8-aligned
+						assert.Equal(t, 16+plan.Rows[i][j]*align8(8+f.Payload+f.ScaleBytes())+8*plan.Choices[i][j], db[i][j], "a 16-byte header")
 					}
 					assert.Equal(t, dispatch.BlockHeader+plan.Rows[j][i]*f.Combined, cb[i][j], "combine %d->%d: the rows %d sent %d", i, j, j, i)
 				}
@@ -184,23 +189,30 @@ func TestFingerprint(t *testing.T) {
 // 0.52x bf16's bytes on the wire, in every mode: its rows carry 7168 B of payload and 224 B
 // of scales where bf16's carry 14336 B, the same metadata and headers beside them.
 func TestFP8WireBytes(t *testing.T) {
-	pl, err := router.NewPlacement(router.Contiguous, 256, 8)
-	require.NoError(t, err)
-	tokens := []int{16, 16, 16, 16, 16, 16, 16, 16}
-	rs := routings(8, 256, 8, tokens, 5)
-	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
-		total := map[dtype.Type]int{}
-		for _, wire := range []dtype.Type{dtype.BF16, dtype.FP8E4M3} {
-			plan, err := dispatch.NewPlan(dispatch.Config{Hidden: 7168, TopK: 8, WireDType: wire, Placement: pl, Mode: mode, MaxTokens: 16}, rs)
-			require.NoError(t, err)
-			for _, row := range plan.DispatchBytes() {
-				for _, n := range row {
-					total[wire] += n
+	for _, m := range []struct {
+		name                  string
+		hidden, experts, topK int
+	}{{"deepseek-v3", 7168, 256, 8}, {"qwen3-30b-a3b", 2048, 128, 8}} {
+		pl, err := router.NewPlacement(router.Contiguous, m.experts, 8)
+		require.NoError(t, err)
+		tokens := []int{16, 16, 16, 16, 16, 16, 16, 16}
+		rs := routings(8, m.experts, m.topK, tokens, 5)
+		for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+			total := map[dtype.Type]int{}
+			for _, wire := range []dtype.Type{dtype.BF16, dtype.FP8E4M3} {
+				plan, err := dispatch.NewPlan(dispatch.Config{Hidden: m.hidden, TopK: m.topK, WireDType: wire, Placement: pl, Mode: mode, MaxTokens: 16}, rs)
+				require.NoError(t, err)
+				for _, row := range plan.DispatchBytes() {
+					for _, n := range row {
+						total[wire] += n
+					}
 				}
 			}
+			ratio := float64(total[dtype.FP8E4M3]) / float64(total[dtype.BF16])
+			t.Logf("%s %v: fp8 %d B, bf16 %d B on the wire: %.4f", m.name, mode, total[dtype.FP8E4M3], total[dtype.BF16], ratio)
+			assert.LessOrEqual(t, ratio, 0.52, "%s %v", m.name, mode)
 		}
-		ratio := float64(total[dtype.FP8E4M3]) / float64(total[dtype.BF16])
-		t.Logf("%v: fp8 %d B, bf16 %d B on the wire: %.4f", mode, total[dtype.FP8E4M3], total[dtype.BF16], ratio)
-		assert.LessOrEqual(t, ratio, 0.52, "%v", mode)
 	}
 }
+
+func align8(n int) int { return (n + 7) &^ 7 }

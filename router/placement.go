@@ -146,6 +146,8 @@ type Layout struct {
 	Rows [][]int32
 	// Dest[t] lists the ranks token t goes to (each once).
 	Dest [][]int32
+	// Choices[d] counts the (token, expert) pairs whose expert rank d holds.
+	Choices []int
 	// Assignments counts (token, expert) pairs that are not dropped.
 	Assignments int
 	// TokensPerExpert counts assignments per expert from this rank.
@@ -177,6 +179,8 @@ func BuildLayoutInto(l *Layout, r *Routing, pl *Placement, o int) error {
 	l.Dest = l.Dest[:r.T]
 	l.TokensPerExpert = grow(l.TokensPerExpert, r.E)
 	clear(l.TokensPerExpert)
+	l.Choices = grow(l.Choices, pl.Ranks)
+	clear(l.Choices)
 	l.Assignments = 0
 	for t := 0; t < r.T; t++ {
 		dest := l.Dest[t][:0]
@@ -191,6 +195,7 @@ func BuildLayoutInto(l *Layout, r *Routing, pl *Placement, o int) error {
 			l.Assignments++
 			l.TokensPerExpert[e]++
 			d := int32(pl.RankOf(e, o, t))
+			l.Choices[d]++
 			// Insert d in order, once (a token has at most K destinations).
 			i := 0
 			for i < len(dest) && dest[i] < d {

@@ -82,11 +82,11 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "\n%d. dispatch (AlltoAllv, %v): one message per destination rank, a 16 B status header and rows of %d B (activations %d B, scales %d B, source index and the (local expert, weight) of each choice %d B), each token once per rank however many of its experts it chose there\n",
-			step, algo, f.Row, f.Payload, f.ScaleBytes(), f.Meta)
+		fmt.Fprintf(w, "\n%d. dispatch (AlltoAllv, %v): one message per destination rank, a 16 B status header and rows of %d B plus 8 B per choice they carry (activations %d B, scales %d B, source index and choice count 8 B, then the (local expert, weight) of each choice the destination holds), each token once per rank however many of its experts it chose there\n",
+			step, algo, f.RowBytes(0), f.Payload, f.ScaleBytes())
 	case dispatch.LowLatency:
-		fmt.Fprintf(w, "\n%d. dispatch (Exchange, no counts round trip): one block per destination rank, a %d B header (status, rows, fingerprint), then per row %d B of activations, %d B of scales and %d B of metadata, into buffers sized for %d tokens per rank; written straight into the memory of ranks on the same host (windows), sent as messages to the others\n",
-			step, dispatch.BlockHeader, f.Payload, f.ScaleBytes(), f.Meta, cfg.MaxTokens)
+		fmt.Fprintf(w, "\n%d. dispatch (Exchange, no counts round trip): one block per destination rank, a %d B header (status, rows, fingerprint), then per row %d B of activations, %d B of scales and %d B of metadata plus 8 B per choice it carries, into buffers sized for %d tokens per rank; written straight into the memory of ranks on the same host (windows), sent as messages to the others\n",
+			step, dispatch.BlockHeader, f.Payload, f.ScaleBytes(), f.MetaBytes(0), cfg.MaxTokens)
 	case dispatch.Gathered:
 		fmt.Fprintf(w, "\n%d. counts (AllGather, %v): every rank's status, fingerprint and tokens\n", step, m.Algorithm(coll.OpAllGather, (2+p)*8))
 		step++
