@@ -104,15 +104,16 @@ am:
 	RET
 
 // func toE4M3AVX2(dst *byte, src *float32, n int, inv float32)
-// dst[i] = E4M3 of src[i]*inv, saturating (as toE4M3); n a multiple of 8.
+// dst[i] = E4M3 of src[i]*inv, saturating (as toE4M3); n a multiple of 8. Magnitudes are
+// clamped to 448 first (the normal path then gives 0x7e); a NaN gets a low bit of 1 too.
 TEXT ·toE4M3AVX2(SB), NOSPLIT, $0-28
 	MOVQ         dst+0(FP), DI
 	MOVQ         src+8(FP), SI
 	MOVQ         n+16(FP), CX
 	VBROADCASTSS inv+24(FP), Y15
-	VPCMPEQD     Y14, Y14, Y14
-	VPSRLD       $1, Y14, Y13        // 0x7fffffff
-	VPSRLD       $31, Y14, Y12       // 1
+	VPCMPEQD     Y13, Y13, Y13
+	VPSRLD       $31, Y13, Y12       // 1
+	VPSRLD       $1, Y13, Y13        // 0x7fffffff
 	MOVL         $0x7ffff, AX
 	VMOVD        AX, X11
 	VPBROADCASTD X11, Y11
@@ -122,7 +123,7 @@ TEXT ·toE4M3AVX2(SB), NOSPLIT, $0-28
 	MOVL         $0x3c800000, AX     // 2^-6
 	VMOVD        AX, X9
 	VPBROADCASTD X9, Y9
-	MOVL         $0x43dfffff, AX     // below 448
+	MOVL         $0x43e00000, AX     // 448
 	VMOVD        AX, X8
 	VPBROADCASTD X8, Y8
 	MOVL         $0x7f800000, AX
@@ -134,47 +135,35 @@ TEXT ·toE4M3AVX2(SB), NOSPLIT, $0-28
 	MOVL         $0x4b000000, AX     // 2^23
 	VMOVD        AX, X5
 	VPBROADCASTD X5, Y5
-	MOVL         $0x7e, AX
-	VMOVD        AX, X4
-	VPBROADCASTD X4, Y4
 	VMOVDQU      lowbytes<>(SB), Y3
 	VMOVDQU      lanes<>(SB), Y2
 
 e4:
 	VMULPS      (SI), Y15, Y0        // v
-	VPSRLD      $24, Y0, Y1
-	VPSLLD      $7, Y12, Y14         // 0x80
-	VPAND       Y14, Y1, Y1          // sign byte
+	VPSRLD      $31, Y0, Y1
+	VPSLLD      $7, Y1, Y1           // sign byte
 	VPAND       Y13, Y0, Y0          // a = |v| bits
+	VPCMPGTD    Y7, Y0, Y14          // NaN
+	VPSRLD      $31, Y14, Y14
+	VPOR        Y14, Y1, Y1          // the sign, and 1 where NaN
+	VPMINUD     Y8, Y0, Y0           // a = min(a, 448)
 	// Normal: (a + 0x7ffff + ((a>>20)&1)) >> 20, minus 120<<3.
 	VPSRLD      $20, Y0, Y14
 	VPAND       Y12, Y14, Y14
-	VPADDD      Y11, Y0, Y13
-	VPADDD      Y14, Y13, Y13
-	VPSRLD      $20, Y13, Y13
-	VPSUBD      Y10, Y13, Y13        // qn
+	VPADDD      Y14, Y0, Y14
+	VPADDD      Y11, Y14, Y14
+	VPSRLD      $20, Y14, Y14
+	VPSUBD      Y10, Y14, Y14        // qn
 	// Subnormal: bits(a*512 + 2^23) - 0x4b000000.
-	VMULPS      Y6, Y0, Y14
-	VADDPS      Y5, Y14, Y14
-	VPSUBD      Y5, Y14, Y14         // qs
-	VPCMPGTD    Y0, Y9, Y0           // a < 2^-6 ... (uses Y0 as mask; a is kept below)
-	VBLENDVPS   Y0, Y14, Y13, Y13    // q = mask ? qs : qn
-	// Reload a for the saturation checks.
-	VMULPS      (SI), Y15, Y0
-	VPCMPEQD    Y14, Y14, Y14
-	VPSRLD      $1, Y14, Y14
-	VPAND       Y14, Y0, Y0
-	VPCMPGTD    Y8, Y0, Y14          // a >= 448
-	VBLENDVPS   Y14, Y4, Y13, Y13    // saturate to 0x7e
-	VPCMPGTD    Y7, Y0, Y14          // NaN
-	VPSRLD      $31, Y14, Y0         // 1 where NaN
-	VPOR        Y0, Y13, Y13         // 0x7e | 1 = 0x7f
-	VPOR        Y1, Y13, Y13         // sign
-	VPSHUFB     Y3, Y13, Y13
-	VPERMD      Y13, Y2, Y13
-	VMOVQ       X13, (DI)
-	VPCMPEQD    Y14, Y14, Y14
-	VPSRLD      $1, Y14, Y13         // restore 0x7fffffff
+	VMULPS      Y6, Y0, Y4
+	VADDPS      Y5, Y4, Y4
+	VPSUBD      Y5, Y4, Y4           // qs
+	VPCMPGTD    Y0, Y9, Y0           // a < 2^-6
+	VBLENDVPS   Y0, Y4, Y14, Y14     // q = mask ? qs : qn
+	VPOR        Y1, Y14, Y14
+	VPSHUFB     Y3, Y14, Y14
+	VPERMD      Y14, Y2, Y14
+	VMOVQ       X14, (DI)
 	ADDQ        $32, SI
 	ADDQ        $8, DI
 	SUBQ        $8, CX

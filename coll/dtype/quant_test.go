@@ -245,7 +245,7 @@ func BenchmarkQuantize(b *testing.B) {
 func TestKernelsMatchScalar(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	special := []float32{0, float32(math.Copysign(0, -1)), 448, -448, 460, 1e30, float32(math.Inf(1)), float32(math.Inf(-1)),
-		float32(math.NaN()), 0x1p-6, 0x1p-7, 0x1p-10, 7.5 * 0x1p-9, 0x1.fffffep-7}
+		float32(math.NaN()), 0x1p-6, 0x1p-7, 0x1p-10, 7.5 * 0x1p-9, 0x1.fffffep-7, 0x1.bffffep8, 0x1.bep8, 0x1.dp8, -0x1.fffffep127}
 	for n := 0; n <= 67; n++ {
 		x := make([]float32, n)
 		for i := range x {
