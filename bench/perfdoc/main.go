@@ -140,6 +140,25 @@ type wire struct{ wire, act string }
 // as they are (--quantized), as DeepEP's fp8 dispatch hands fp8 rows and scales on.
 var wires = []wire{{"f32", "f32"}, {"bf16", "bf16"}, {"fp8", "bf16"}}
 
+// stages runs one `moex bench moe` of the stages alone and writes its table cells from
+// the mode on (a row's first cells are the caller's).
+func (r *runner) stages(w io.Writer, model, tr string, ranks, tokens, iters int, mode string, wi wire) (*bench.MoEResult, error) {
+	it := fmt.Sprint(iters)
+	args := []string{"--model", model, "--ranks", fmt.Sprint(ranks), "--transport", tr, "--tokens", fmt.Sprint(tokens),
+		"--mode", mode, "--wire-dtype", wi.wire, "--act", wi.act, "--iters", it, "--pairs", it}
+	if wi.wire == "fp8" {
+		args = append(args, "--quantized")
+	}
+	res, _, err := r.bench(args...)
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %.2fx | %.2fx |\n", mode, wi.wire,
+		res.Dispatch.P50US, res.Dispatch.P99US, res.Combine.P50US, res.Combine.P99US, res.PairUS,
+		bench.SizeOf(res.Dispatch.Bytes), res.Dispatch.OverP50, res.Combine.OverP50)
+	return res, nil
+}
+
 func (r *runner) moe(w io.Writer) error {
 	fmt.Fprintf(w, "## MoE serving: the normal and low-latency modes, wire types, decode to prefill\n\n")
 	fmt.Fprintf(w, "`moex bench moe --model M --ranks P --transport T --tokens N --mode MODE --wire-dtype W --act A\n")
@@ -170,19 +189,11 @@ func (r *runner) moe(w io.Writer) error {
 			for _, tokens := range []int{1, 16, 128} {
 				for _, wi := range wires {
 					for _, mode := range []string{"normal", "low-latency"} {
-						it := fmt.Sprint(r.iters(tokens))
-						args := []string{"--model", model, "--ranks", fmt.Sprint(tp.ranks), "--transport", tp.tr, "--tokens", fmt.Sprint(tokens),
-							"--mode", mode, "--wire-dtype", wi.wire, "--act", wi.act, "--iters", it, "--pairs", it}
-						if wi.wire == "fp8" {
-							args = append(args, "--quantized")
-						}
-						res, _, err := r.bench(args...)
+						fmt.Fprintf(w, "| %d ", tokens)
+						res, err := r.stages(w, model, tp.tr, tp.ranks, tokens, r.iters(tokens), mode, wi)
 						if err != nil {
 							return err
 						}
-						fmt.Fprintf(w, "| %d | %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %.2fx | %.2fx |\n", tokens, mode, wi.wire,
-							res.Dispatch.P50US, res.Dispatch.P99US, res.Combine.P50US, res.Combine.P99US, res.PairUS,
-							bench.SizeOf(res.Dispatch.Bytes), res.Dispatch.OverP50, res.Combine.OverP50)
 						k := key{model, tp.tr, tokens, wi.wire}
 						if pairs[k] == nil {
 							pairs[k] = map[string]float64{}
@@ -233,19 +244,10 @@ func (r *runner) fewRanks(w io.Writer) error {
 	pair := map[string]float64{}
 	for _, wi := range wires[1:] {
 		for _, mode := range []string{"normal", "low-latency"} {
-			it := fmt.Sprint(2 * r.iters(128))
-			args := []string{"--model", "deepseek-v3", "--ranks", fmt.Sprint(ranks), "--transport", "shm", "--tokens", "128",
-				"--mode", mode, "--wire-dtype", wi.wire, "--act", wi.act, "--iters", it, "--pairs", it}
-			if wi.wire == "fp8" {
-				args = append(args, "--quantized")
-			}
-			res, _, err := r.bench(args...)
+			res, err := r.stages(w, "deepseek-v3", "shm", ranks, 128, 2*r.iters(128), mode, wi)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f | %.0f | %.0f | %s | %.2fx | %.2fx |\n", mode, wi.wire,
-				res.Dispatch.P50US, res.Dispatch.P99US, res.Combine.P50US, res.Combine.P99US, res.PairUS,
-				bench.SizeOf(res.Dispatch.Bytes), res.Dispatch.OverP50, res.Combine.OverP50)
 			pair[wi.wire+"/"+mode] = res.PairUS
 		}
 	}
