@@ -29,22 +29,18 @@ type execState struct {
 	reqs  []transport.Request
 	wants []int // expected length of each receive in reqs (-1 for sends)
 	xs    []xfer
-	vpl   plan // AlltoAllv plans are built per call, into this
-	lay   vlayout
-	cnt   [][]int
 }
 
 // call describes one invocation.
 type call struct {
-	op       OpKind
-	dt       dtype.Type
-	redop    dtype.Op
-	count    int // elements, as the planner expects
-	root     int
-	send     []byte
-	recv     []byte
-	bytesArg int    // size for the cost model
-	turn     uint64 // Shared: the operation's place in the shared areas' order
+	op    OpKind
+	dt    dtype.Type
+	redop dtype.Op
+	count int // elements, as the planner expects
+	root  int
+	send  []byte
+	recv  []byte
+	turn  uint64 // Shared: the operation's place in the shared areas' order
 }
 
 // getPlan returns the cached plan for the call, computing it on first use.

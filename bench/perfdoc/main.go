@@ -105,7 +105,7 @@ func machine(w io.Writer) {
 // bench runs `moex bench moe` with args and --json and returns its result.
 func (r *runner) bench(args ...string) (*bench.MoEResult, string, error) {
 	args = append([]string{"bench", "moe", "--json"}, args...)
-	cmdline := "moex " + strings.Join(args[:len(args)], " ")
+	cmdline := "moex " + strings.Join(args, " ")
 	fmt.Fprintln(r.log, "#", cmdline)
 	b, err := exec.Command(r.moex, args...).Output()
 	if err != nil {

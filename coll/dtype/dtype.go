@@ -160,8 +160,8 @@ func isSigned[T Elem](z T) bool {
 	return z < 0 || isFloat(z)
 }
 
-func isFloat[T Elem](z T) bool {
-	z = 1
+func isFloat[T Elem](T) bool {
+	var z T = 1
 	z /= 2
 	return z != 0
 }

@@ -140,8 +140,6 @@ func openSegment(name string, rank, ranks int) (*segment, error) {
 func (s *segment) u32(off int) *uint32 { return (*uint32)(unsafe.Pointer(&s.mem[off])) }
 func (s *segment) u64(off int) *uint64 { return (*uint64)(unsafe.Pointer(&s.mem[off])) }
 
-func (s *segment) pid() int { return int(binary.LittleEndian.Uint32(s.mem[offPid:])) }
-
 func (s *segment) state() uint32 { return atomic.LoadUint32(s.u32(offState)) }
 
 func (s *segment) unmap() {
