@@ -61,11 +61,10 @@ func run(out string, quick bool) error {
 	fmt.Fprintf(&doc, "together; p50 and p99 are over the iterations. This machine is shared and noisy: compare\n")
 	fmt.Fprintf(&doc, "figures within one run, not across runs.\n\n")
 	machine(&doc)
-	if err := r.moe(&doc); err != nil {
-		return err
-	}
-	if err := r.overlap(&doc); err != nil {
-		return err
+	for _, section := range []func(io.Writer) error{r.moe, r.overlap, r.moeStep, r.p2p, r.coll, r.openMPI, r.twoHosts} {
+		if err := section(&doc); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintf(&doc, "\nThe run took %s.\n", time.Since(start).Round(time.Second))
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
@@ -104,7 +103,17 @@ func machine(w io.Writer) {
 
 // bench runs `moex bench moe` with args and --json and returns its result.
 func (r *runner) bench(args ...string) (*bench.MoEResult, string, error) {
-	args = append([]string{"bench", "moe", "--json"}, args...)
+	var res bench.MoEResult
+	cmdline, err := r.moexJSON(append([]string{"bench", "moe"}, args...), func(line []byte) error { return json.Unmarshal(line, &res) })
+	if err != nil {
+		return nil, cmdline, err
+	}
+	return &res, cmdline, nil
+}
+
+// moexJSON runs moex with args and --json and hands each line of its output to each.
+func (r *runner) moexJSON(args []string, each func(line []byte) error) (string, error) {
+	args = append(args[:2:2], append([]string{"--json"}, args[2:]...)...)
 	cmdline := "moex " + strings.Join(args, " ")
 	fmt.Fprintln(r.log, "#", cmdline)
 	b, err := exec.Command(r.moex, args...).Output()
@@ -113,13 +122,14 @@ func (r *runner) bench(args ...string) (*bench.MoEResult, string, error) {
 		if ee, ok := err.(*exec.ExitError); ok {
 			stderr = ee.Stderr
 		}
-		return nil, cmdline, fmt.Errorf("%s: %v\n%s", cmdline, err, stderr)
+		return cmdline, fmt.Errorf("%s: %v\n%s", cmdline, err, stderr)
 	}
-	var res bench.MoEResult
-	if err := json.Unmarshal(bytes.TrimSpace(b), &res); err != nil {
-		return nil, cmdline, fmt.Errorf("%s: %v in %q", cmdline, err, b)
+	for _, line := range bytes.Split(bytes.TrimSpace(b), []byte("\n")) {
+		if err := each(line); err != nil {
+			return cmdline, fmt.Errorf("%s: %v in %q", cmdline, err, line)
+		}
 	}
-	return &res, cmdline, nil
+	return cmdline, nil
 }
 
 func (r *runner) iters(tokens int) int {

@@ -1,0 +1,163 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"strings"
+
+	"github.com/moex-ai/moex/bench"
+)
+
+// The sections below the MoE serving ones: the step with and without coalescing, point
+// to point, the collectives, Open MPI on the same host, and two pretend hosts.
+
+func (r *runner) moeStep(w io.Writer) error {
+	fmt.Fprintf(w, "## The MoE step against a naive dispatch\n\n")
+	fmt.Fprintf(w, "`moex bench moe --model M --ranks 4 --transport T --tokens 512 --naive --iters I --json`, experts\n")
+	fmt.Fprintf(w, "as identity, f32: the fused, coalesced dispatch (one message per destination) against a naive one\n")
+	fmt.Fprintf(w, "(one message per (token, expert) pair, all posted at once into preallocated buffers).\n\n")
+	fmt.Fprintf(w, "| model | transport | dispatch | combine | tokens/s | naive dispatch | naive / fused |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+	it := "10"
+	if r.quick {
+		it = "2"
+	}
+	for _, model := range []string{"mixtral-8x7b", "tiny-mixtral"} {
+		for _, tr := range []string{"shm", "tcp"} {
+			res, _, err := r.bench("--model", model, "--ranks", "4", "--transport", tr, "--tokens", "512", "--naive", "--iters", it, "--pairs", it)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "| %s | %s | %.0f us | %.0f us | %.0f | %.0f us | %.1fx |\n", model, tr, res.Dispatch.P50US, res.Combine.P50US,
+				res.TokensPerS, res.NaiveUS, res.FusedOverNaive)
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+func (r *runner) p2p(w io.Writer) error {
+	fmt.Fprintf(w, "## Point to point\n\n")
+	fmt.Fprintf(w, "`moex bench p2p --transport T --min-bytes 8 --max-bytes 16M --factor 8 --json`: two ranks, one\n")
+	fmt.Fprintf(w, "message at a time; the round trip of 8 bytes and the one-way bandwidth of back-to-back messages.\n\n")
+	trs := []string{"inproc", "shm", "tcp"}
+	rows := map[int]map[string]bench.P2PResult{}
+	var sizes []int
+	for _, tr := range trs {
+		_, err := r.moexJSON([]string{"bench", "p2p", "--transport", tr, "--min-bytes", "8", "--max-bytes", "16M", "--factor", "8"}, func(line []byte) error {
+			var res bench.P2PResult
+			if err := json.Unmarshal(line, &res); err != nil {
+				return err
+			}
+			if rows[res.Bytes] == nil {
+				rows[res.Bytes] = map[string]bench.P2PResult{}
+				sizes = append(sizes, res.Bytes)
+			}
+			rows[res.Bytes][tr] = res
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(w, "| bytes | memcpy | inproc | shm | tcp |\n| --- | --- | --- | --- | --- |\n")
+	for _, n := range sizes {
+		fmt.Fprintf(w, "| %s | %.1f GB/s", bench.SizeOf(int64(n)), rows[n]["inproc"].MemcpyGBs)
+		for _, tr := range trs {
+			res := rows[n][tr]
+			if n <= 64 {
+				fmt.Fprintf(w, " | %.1f us round trip", res.RTTUS)
+			} else {
+				fmt.Fprintf(w, " | %.2f GB/s", res.GBs)
+			}
+		}
+		fmt.Fprintln(w, " |")
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+func (r *runner) coll(w io.Writer) error {
+	fmt.Fprintf(w, "## Collectives\n\n")
+	fmt.Fprintf(w, "`moex bench coll --op OP --ranks P --transport T --min-bytes 64K --max-bytes 4M --factor 4 --json`\n")
+	fmt.Fprintf(w, "(f32, buffers from obuf): time per operation, the algorithm the cost model chose, and the copy floor\n")
+	fmt.Fprintf(w, "(every byte of the operation copied once with every CPU).\n\n")
+	fmt.Fprintf(w, "| op | transport | ranks | bytes per rank | time | algorithm | copy floor | time / floor |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, op := range []string{"alltoall", "allreduce"} {
+		for _, tp := range []struct {
+			tr    string
+			ranks int
+		}{{"shm", 4}, {"shm", 8}, {"tcp", 4}} {
+			args := []string{"bench", "coll", "--op", op, "--ranks", fmt.Sprint(tp.ranks), "--transport", tp.tr, "--min-bytes", "64K", "--max-bytes", "4M", "--factor", "4"}
+			if r.quick {
+				args = append(args, "--iters", "5")
+			}
+			_, err := r.moexJSON(args, func(line []byte) error {
+				var res bench.CollResult
+				if err := json.Unmarshal(line, &res); err != nil {
+					return err
+				}
+				floor, ratio := "–", "–"
+				if res.FloorUS > 0 {
+					floor, ratio = fmt.Sprintf("%.0f us", res.FloorUS), fmt.Sprintf("%.2fx", res.TimeUS/res.FloorUS)
+				}
+				fmt.Fprintf(w, "| %s | %s | %d | %s | %.0f us | %s | %s | %s |\n", op, tp.tr, tp.ranks, bench.SizeOf(int64(res.Bytes)), res.TimeUS, res.Algo, floor, ratio)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+func (r *runner) openMPI(w io.Writer) error {
+	rounds := "3"
+	if r.quick {
+		rounds = "1"
+	}
+	fmt.Fprintf(w, "## Against Open MPI on one host\n\n")
+	fmt.Fprintf(w, "`bench/peers/compare.sh %s` (it installs Open MPI from Debian's packages when missing): MPI_Alltoall\n", rounds)
+	fmt.Fprintf(w, "and MPI_Allreduce against `moex bench coll --transport shm`, the same ranks and sizes, alternating, the\n")
+	fmt.Fprintf(w, "best and the median of the rounds; ratio = Open MPI's time over moex's (above 1, moex is faster);\n")
+	fmt.Fprintf(w, "`shared` is moex with its buffers from obuf.Shared (read in place by the other ranks).\n\n")
+	return r.script(w, "bench/peers/compare.sh", rounds)
+}
+
+func (r *runner) twoHosts(w io.Writer) error {
+	fmt.Fprintf(w, "## Two hosts: the hierarchical AllReduce\n\n")
+	fmt.Fprintf(w, "`bench/hosts/twohosts.sh 8 2gbit 64K 4M`: two network namespaces as two hosts, joined by a veth\n")
+	fmt.Fprintf(w, "shaped with tc tbf to 2 Gbit/s, four ranks in each (shared memory within, TCP between); AllReduce\n")
+	fmt.Fprintf(w, "with the cost model's choice and each algorithm forced, ranks in blocks and alternating.\n\n")
+	return r.script(w, "bench/hosts/twohosts.sh", "8", "2gbit", "64K", "4M")
+}
+
+// script runs a script of the repository and puts its output in the document; where it
+// cannot run here (no root for network namespaces, no network for packages), the
+// document says so and why.
+func (r *runner) script(w io.Writer, name string, args ...string) error {
+	cmdline := strings.Join(append([]string{name}, args...), " ")
+	fmt.Fprintln(r.log, "#", cmdline)
+	out, err := exec.Command(name, args...).Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		fmt.Fprintf(w, "Not run here: `%s` failed (%v): %s\n\n", cmdline, err, strings.TrimSpace(lastLine(string(stderr))))
+		return nil
+	}
+	fmt.Fprintf(w, "```\n%s\n```\n\n", strings.TrimSpace(string(out)))
+	return nil
+}
+
+func lastLine(s string) string {
+	s = strings.TrimSpace(s)
+	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
+}
