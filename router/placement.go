@@ -13,6 +13,8 @@ const (
 	Contiguous PlacementKind = iota + 1
 	// RoundRobin: expert e lives on rank e mod P.
 	RoundRobin
+	// Balanced: made by Rebalance from measured load, with replicas of the hot experts.
+	Balanced
 )
 
 func (k PlacementKind) String() string {
@@ -21,6 +23,8 @@ func (k PlacementKind) String() string {
 		return "contiguous"
 	case RoundRobin:
 		return "round-robin"
+	case Balanced:
+		return "balanced"
 	}
 	return fmt.Sprintf("placement(%d)", int(k))
 }
@@ -133,6 +137,35 @@ func (pl *Placement) RankOf(e, o, t int) int {
 		}
 	}
 	return owners[(o+t)%len(owners)]
+}
+
+// Slots is the number of physical experts: every replica apart.
+func (pl *Placement) Slots() int {
+	n := 0
+	for _, es := range pl.Local {
+		n += len(es)
+	}
+	return n
+}
+
+// PhysicalToLogical numbers the physical experts rank by rank, each rank's in local
+// order, and returns the logical expert of each (DeepSeek EPLB's phy2log).
+func (pl *Placement) PhysicalToLogical() []int {
+	m := make([]int, 0, pl.Slots())
+	for _, es := range pl.Local {
+		m = append(m, es...)
+	}
+	return m
+}
+
+// LogicalToPhysical returns, per logical expert, the physical experts (numbered as by
+// PhysicalToLogical) that hold it, ascending; len of each is its replica count.
+func (pl *Placement) LogicalToPhysical() [][]int {
+	m := make([][]int, pl.Experts)
+	for s, e := range pl.PhysicalToLogical() {
+		m[e] = append(m[e], s)
+	}
+	return m
 }
 
 // LocalIndex returns e's index among rank r's experts, or -1.
