@@ -26,7 +26,7 @@ type LoadRecorder struct {
 }
 
 type layerLoad struct {
-	steps [][]int32          // ring of Window steps: rows per local expert
+	steps [][]int32           // ring of Window steps: rows per local expert
 	pls   []*router.Placement // the placement each step was recorded under
 	next  int
 	n     int     // steps recorded, at most Window
