@@ -456,3 +456,64 @@ func Recv[T dtype.Elem](ctx context.Context, c *Comm, buf []T, peer, tag int) (i
 	}
 	return n / dtype.Of[T]().Size(), nil
 }
+
+// P2P is one message of a SendRecv batch: Buf goes to Peer (Recv false) or comes from
+// it (Recv true, and the message must fill Buf exactly), under Tag.
+type P2P struct {
+	Peer int
+	Tag  int
+	Buf  []byte
+	Recv bool
+}
+
+// SendRecv posts every message of ops at once and returns when all have completed (a
+// group of point-to-point operations, as in NCCL's grouped send and receive): the
+// order of ops cannot deadlock, and each pair of ranks moves its messages as the
+// transport allows, in parallel with every other pair. It is not a collective: only
+// the ranks named take part. Messages with the same (peer, tag) match in order. A
+// failure aborts the communicator, as a collective's does, so that every rank of a
+// batch that another rank waits on returns an error rather than hanging.
+func SendRecv(ctx context.Context, c *Comm, ops []P2P) error {
+	for i, op := range ops {
+		switch {
+		case op.Peer < 0 || op.Peer >= c.size:
+			return &ArgError{Arg: fmt.Sprintf("ops[%d].Peer", i), Reason: fmt.Sprintf("rank %d out of range [0,%d)", op.Peer, c.size)}
+		case op.Tag < 0:
+			return &ArgError{Arg: fmt.Sprintf("ops[%d].Tag", i), Reason: "negative"}
+		}
+	}
+	if err := c.begin(ctx); err != nil {
+		return err
+	}
+	defer c.end()
+	reqs := make([]transport.Request, 0, len(ops))
+	var first error
+	for _, op := range ops {
+		tag := transport.Tag{Comm: c.id, Seq: p2pSeq, Tag: uint32(op.Tag)}
+		var r transport.Request
+		var err error
+		if op.Recv {
+			r, err = c.tr.Irecv(c.ranks[op.Peer], tag, op.Buf)
+		} else {
+			r, err = c.tr.Isend(c.ranks[op.Peer], tag, op.Buf)
+		}
+		if err != nil {
+			first = c.fail(err)
+			break
+		}
+		reqs = append(reqs, r)
+	}
+	// Every posted request is waited for, also after a failure (the abort ends the
+	// others at once), so that no buffer of ops is still the transport's on return.
+	for i, r := range reqs {
+		n, err := r.Wait(c.actx)
+		switch {
+		case first != nil:
+		case err != nil:
+			first = c.fail(err)
+		case ops[i].Recv && n != len(ops[i].Buf):
+			first = c.fail(&ArgError{Arg: fmt.Sprintf("ops[%d].Buf", i), Reason: fmt.Sprintf("%d bytes arrived from rank %d for a buffer of %d", n, ops[i].Peer, len(ops[i].Buf))})
+		}
+	}
+	return first
+}

@@ -173,7 +173,7 @@ func (e *PeerInputError) Error() string {
 // Is makes PeerInputError match ErrInput.
 func (e *PeerInputError) Is(target error) bool { return target == ErrInput }
 
-// Status codes that travel with a dispatch or combine.
+// Status codes that travel with a dispatch, a combine or a Migrate.
 const (
 	CodeOK      = iota
 	CodeShape   // tokens and routing disagree in shape
@@ -181,11 +181,12 @@ const (
 	CodeTooMany // more tokens than MaxTokens
 	CodeStale   // combine: a stale handle
 	CodeOutput  // combine: expert outputs or output of the wrong length
+	CodeWeights // Migrate: expert weights of the wrong size
 	codeEnd
 )
 
 var inputCodes = []string{"ok", "tokens and routing disagree in shape", "invalid routing",
-	"more tokens than MaxTokens", "stale dispatch handle", "buffers of the wrong length"}
+	"more tokens than MaxTokens", "stale dispatch handle", "buffers of the wrong length", "expert weights of the wrong size"}
 
 // Stats describes the last dispatch.
 type Stats struct {

@@ -85,7 +85,20 @@ func Fingerprint(cfg Config) uint64 {
 	for _, v := range []int{cfg.Hidden, cfg.TopK, int(cfg.WireDType), int(cfg.CombineDType), int(cfg.Mode), cfg.MaxTokens, cfg.InFlight} {
 		put(v)
 	}
-	pl := cfg.Placement
+	put(int(PlacementFingerprint(cfg.Placement)))
+	return h.Sum64()
+}
+
+// PlacementFingerprint identifies a placement: its kind and every expert's replicas.
+func PlacementFingerprint(pl *router.Placement) uint64 {
+	h := xxhash.New()
+	var b [8]byte
+	put := func(v int) {
+		for i := range b {
+			b[i] = byte(uint64(v) >> (8 * i))
+		}
+		h.Write(b[:])
+	}
 	put(pl.Experts)
 	put(pl.Ranks)
 	put(int(pl.Kind))

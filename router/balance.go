@@ -125,6 +125,23 @@ func Rebalance(load []float64, ranks int, b Balance) (*Placement, error) {
 	return pl, nil
 }
 
+// Resolve is the policy Rebalance follows for experts experts on ranks ranks:
+// BalanceFlat or BalanceHierarchical (BalanceAuto resolved), or b.Policy itself where
+// Rebalance would refuse it.
+func (b Balance) Resolve(experts, ranks int) BalancePolicy {
+	if b.Hosts != nil && len(b.Hosts) != ranks {
+		return b.Policy
+	}
+	hier, err := b.hierarchical(hostRanks(b.Hosts, ranks), experts)
+	switch {
+	case err != nil:
+		return b.Policy
+	case hier:
+		return BalanceHierarchical
+	}
+	return BalanceFlat
+}
+
 // hierarchical reports whether b's policy, on these hosts, is the hierarchical one.
 func (b Balance) hierarchical(hosts [][]int, e int) (bool, error) {
 	g := max(b.Groups, 1)
@@ -319,4 +336,46 @@ func trade(bins [][]int, cnt []int, kindOf func(int) int, has func(int, int) boo
 	}
 	// Unreachable while no kind has more items than there are bins.
 	panic("router: no bin for a replica")
+}
+
+// Move is one expert's weights going from a rank that holds them to one that will.
+type Move struct {
+	Expert, From, To int
+}
+
+// Moves plans the weight transfers for a change of placement from old to next: for
+// every expert that next puts on a rank which old did not, one move from a rank that
+// holds it under old, preferring a rank of the same host (hosts: each rank's host; nil:
+// one host), then spreading the moves of one expert over its old holders. Experts a
+// rank keeps do not move. The plan is a function of its inputs, the same on every rank,
+// in order of expert, then destination.
+func Moves(old, next *Placement, hosts []int) ([]Move, error) {
+	switch {
+	case old.Experts != next.Experts || old.Ranks != next.Ranks:
+		return nil, fmt.Errorf("%w: moving %d experts on %d ranks to %d on %d", ErrConfig, old.Experts, old.Ranks, next.Experts, next.Ranks)
+	case hosts != nil && len(hosts) != old.Ranks:
+		return nil, fmt.Errorf("%w: hosts of %d ranks for %d ranks", ErrConfig, len(hosts), old.Ranks)
+	}
+	var moves []Move
+	for e, to := range next.Owners {
+		from := old.Owners[e]
+		n := 0
+		for _, r := range to {
+			if old.LocalIndex(r, e) >= 0 {
+				continue
+			}
+			src := from[(e+n)%len(from)]
+			if hosts != nil && hosts[src] != hosts[r] {
+				for k := range from {
+					if q := from[(e+n+k)%len(from)]; hosts[q] == hosts[r] {
+						src = q
+						break
+					}
+				}
+			}
+			moves = append(moves, Move{Expert: e, From: src, To: r})
+			n++
+		}
+	}
+	return moves, nil
 }

@@ -244,3 +244,41 @@ func TestPackTradesRatherThanDoubling(t *testing.T) {
 	// Without kinds the heaviest goes first into the lightest bin with room.
 	assert.Equal(t, [][]int{{0, 3}, {1, 2}}, pack([]float64{9, 8, 1, 0.5}, []int{2, 2}, nil))
 }
+
+// Moves sends an expert only to ranks that did not hold it, from a rank that did, of
+// the same host where one holds it, and spreads one expert's moves over its holders.
+func TestMoves(t *testing.T) {
+	old := &Placement{Kind: Balanced, Experts: 4, Ranks: 4, Owners: [][]int{{0, 2}, {1}, {2}, {3}}}
+	old.index()
+	next := &Placement{Kind: Balanced, Experts: 4, Ranks: 4, Owners: [][]int{{0, 1, 3}, {1}, {2}, {3, 0}}}
+	next.index()
+	moves, err := Moves(old, next, []int{0, 0, 1, 1})
+	require.NoError(t, err)
+	// Expert 0 to rank 1 (host 0): from rank 0, host 0; to rank 3 (host 1): from rank 2.
+	// Expert 3 to rank 0: its only holder, rank 3, of the other host.
+	assert.Equal(t, []Move{{Expert: 0, From: 0, To: 1}, {Expert: 0, From: 2, To: 3}, {Expert: 3, From: 3, To: 0}}, moves)
+
+	flat, err := Moves(old, next, nil)
+	require.NoError(t, err)
+	assert.Equal(t, []Move{{Expert: 0, From: 0, To: 1}, {Expert: 0, From: 2, To: 3}, {Expert: 3, From: 3, To: 0}}, flat,
+		"one host: the moves of expert 0 go round its holders")
+
+	none, err := Moves(next, next, nil)
+	require.NoError(t, err)
+	assert.Empty(t, none, "nothing moves without a change")
+
+	other := &Placement{Kind: Balanced, Experts: 4, Ranks: 2, Owners: [][]int{{0}, {1}, {0}, {1}}}
+	other.index()
+	_, err = Moves(old, other, nil)
+	assert.ErrorIs(t, err, ErrConfig)
+	_, err = Moves(old, next, []int{0})
+	assert.ErrorIs(t, err, ErrConfig)
+}
+
+// Resolve names the policy Rebalance follows.
+func TestBalanceResolve(t *testing.T) {
+	assert.Equal(t, BalanceFlat, Balance{Slots: 16}.Resolve(12, 4))
+	assert.Equal(t, BalanceHierarchical, Balance{Slots: 16, Hosts: []int{0, 0, 1, 1}, Groups: 4}.Resolve(12, 4))
+	assert.Equal(t, BalanceFlat, Balance{Slots: 16, Hosts: []int{0, 0, 1, 1}, Groups: 4, Policy: BalanceFlat}.Resolve(12, 4))
+	assert.Equal(t, BalanceAuto, Balance{Slots: 16, Hosts: []int{0, 1}}.Resolve(12, 4), "hosts of the wrong length: as given")
+}

@@ -1,0 +1,105 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+	"unsafe"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/router"
+)
+
+// Weights gives Migrate the bytes of this rank's experts.
+type Weights struct {
+	// Bytes is the size of one expert's weights, the same for every expert and rank.
+	Bytes int
+	// Old returns expert e's weights as this rank holds them under the old placement
+	// (called for the experts it holds there); Migrate reads them.
+	Old func(e int) []byte
+	// New returns where expert e's weights go on this rank under the new placement
+	// (called for the experts it holds there); Migrate writes them. A slice that is
+	// Old(e) itself is kept in place; any other must not overlap a slice of Old.
+	New func(e int) []byte
+}
+
+// Migrate moves expert weights for the change of placement from old to next, over c
+// (collectively: every rank calls it with the same placements). First every rank
+// checks, in one small AllGather, that the others swap the same placements with
+// weights of the same size and that its own buffers are right; a rank that differs
+// makes every rank return ErrMismatch, a rank with a bad buffer a *PeerInputError
+// naming it, and nothing moves. Then the experts that come to a rank which did not hold
+// them move in one batch of point-to-point messages (router.Moves: one message per
+// moved expert, from a holder of the same host where there is one, all in flight
+// together), and the experts a rank keeps are copied from Old to New where these differ.
+//
+// Dispatchers made for old refuse to dispatch with ranks that moved on to next (their
+// fingerprints differ: ErrMismatch on every rank), so a step never delivers rows to
+// experts whose weights are not there.
+func Migrate(ctx context.Context, c *coll.Comm, old, next *router.Placement, w Weights) ([]router.Move, error) {
+	p, me := c.Size(), c.Rank()
+	if old.Ranks != p || next.Ranks != p {
+		return nil, fmt.Errorf("%w: placements over %d and %d ranks on a communicator of %d", ErrConfig, old.Ranks, next.Ranks, p)
+	}
+	hosts := make([]int, p)
+	for r := range hosts {
+		hosts[r] = c.Host(r)
+	}
+	moves, err := router.Moves(old, next, hosts)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	code := CodeOK
+	if w.Bytes < 0 || w.Old == nil || w.New == nil {
+		code = CodeWeights
+	} else {
+		for _, e := range old.Local[me] {
+			if len(w.Old(e)) != w.Bytes {
+				code = CodeWeights
+			}
+		}
+		for _, e := range next.Local[me] {
+			if len(w.New(e)) != w.Bytes {
+				code = CodeWeights
+			}
+		}
+	}
+	hdr := []int64{int64(code), int64(PlacementFingerprint(old)), int64(PlacementFingerprint(next)), int64(w.Bytes)}
+	all := make([]int64, len(hdr)*p)
+	if err := coll.AllGather(ctx, c, hdr, all); err != nil {
+		return nil, err
+	}
+	for q := 0; q < p; q++ {
+		g := all[q*len(hdr) : (q+1)*len(hdr)]
+		if g[0] != CodeOK {
+			return nil, &PeerInputError{Rank: q, Code: int(g[0])}
+		}
+	}
+	for q := 0; q < p; q++ {
+		g := all[q*len(hdr) : (q+1)*len(hdr)]
+		if g[1] != hdr[1] || g[2] != hdr[2] || g[3] != hdr[3] {
+			return nil, fmt.Errorf("%w: rank %d migrates other placements or weights of %d bytes (fingerprints %#x to %#x, this rank's %#x to %#x, %d bytes)",
+				ErrMismatch, q, g[3], uint64(g[1]), uint64(g[2]), uint64(hdr[1]), uint64(hdr[2]), w.Bytes)
+		}
+	}
+	var ops []coll.P2P
+	for _, m := range moves {
+		switch me {
+		case m.From:
+			ops = append(ops, coll.P2P{Peer: m.To, Tag: m.Expert, Buf: w.Old(m.Expert)})
+		case m.To:
+			ops = append(ops, coll.P2P{Peer: m.From, Tag: m.Expert, Buf: w.New(m.Expert), Recv: true})
+		}
+	}
+	for _, e := range next.Local[me] {
+		if old.LocalIndex(me, e) < 0 {
+			continue
+		}
+		if src, dst := w.Old(e), w.New(e); len(dst) > 0 && unsafe.SliceData(src) != unsafe.SliceData(dst) {
+			copy(dst, src)
+		}
+	}
+	if err := coll.SendRecv(ctx, c, ops); err != nil {
+		return nil, err
+	}
+	return moves, nil
+}
