@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 
 	"github.com/moex-ai/moex/bench"
@@ -27,6 +28,11 @@ func benchMoE(ctx context.Context, args []string) error {
 	fs.IntVar(&o.Chunks, "chunks", 2, "micro-batches of --overlap")
 	fs.IntVar(&o.Pairs, "pairs", 32, "dispatch-then-combine pairs run back to back for the pair period")
 	fs.BoolVar(&o.Profile, "profile", false, "time the AlltoAllvs' wait for the last rank apart from moving (MOEX_PROFILE=1)")
+	var eo bench.EPLBOpts
+	fs.IntVar(&eo.Every, "eplb", 0, "serve with skewed routing (--skew), record the experts' load and rebalance every N steps (router.Rebalance); prints tokens/s and rank imbalance before and after")
+	fs.Float64Var(&eo.Skew, "skew", 0, "with --eplb: Zipf exponent of the experts' popularity (0: uniform)")
+	fs.IntVar(&eo.Redundant, "redundant", 8, "with --eplb: physical expert slots beyond one per expert (experts + redundant must be a multiple of --ranks)")
+	fs.Float64Var(&eo.ExpertUS, "expert-us", 0, "with --eplb: each (token, expert) row costs its rank this many microseconds, slept as for an accelerator (0: identity experts)")
 	list := fs.Bool("models", false, "list the models and exit")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -55,6 +61,12 @@ func benchMoE(ctx context.Context, args []string) error {
 		return &usageError{"--quantized: needs --wire-dtype fp8 or int8"}
 	case o.Overlap && o.Tokens < o.Chunks:
 		return &usageError{fmt.Sprintf("--overlap: %d tokens cannot make %d micro-batches", o.Tokens, o.Chunks)}
+	}
+	if eo.Every != 0 {
+		return benchEPLB(ctx, fs, rf, o, eo, args)
+	}
+	if err := noneSet(fs, "--eplb", "skew", "redundant", "expert-us"); err != nil {
+		return err
 	}
 	if o.Profile {
 		os.Setenv("MOEX_PROFILE", "1") // for the communicators below, and ranks launched
@@ -138,4 +150,54 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 		}
 		return nil
 	}
+}
+
+// benchEPLB runs `moex bench moe --eplb N`.
+func benchEPLB(ctx context.Context, fs *flag.FlagSet, rf rankFlags, o bench.MoEOpts, eo bench.EPLBOpts, args []string) error {
+	cfg, _ := models.Get(o.Model)
+	switch {
+	case eo.Every < 2 || eo.Every > 1_000_000:
+		return &usageError{fmt.Sprintf("--eplb %d: want 2 to 1000000 steps", eo.Every)}
+	case o.Iters != 0 && (o.Iters < 2*eo.Every || o.Iters > 10_000_000):
+		return &usageError{fmt.Sprintf("--iters %d: want at least two periods of --eplb (%d) and at most 10000000", o.Iters, 2*eo.Every)}
+	case eo.Skew < 0 || eo.Skew > 10 || math.IsNaN(eo.Skew):
+		return &usageError{fmt.Sprintf("--skew %v: want 0 to 10", eo.Skew)}
+	case eo.Redundant < 0 || (cfg.Experts+eo.Redundant)%rf.ranks != 0 || cfg.Experts+eo.Redundant > cfg.Experts*rf.ranks:
+		return &usageError{fmt.Sprintf("--redundant %d: %d experts + %d slots must be a multiple of %d ranks, at most one replica of an expert per rank", eo.Redundant, cfg.Experts, eo.Redundant, rf.ranks)}
+	case eo.ExpertUS < 0 || eo.ExpertUS > 1e6 || math.IsNaN(eo.ExpertUS):
+		return &usageError{fmt.Sprintf("--expert-us %v: want 0 to 1000000", eo.ExpertUS)}
+	case o.Act != dtype.F32 || o.Quantized || o.Naive || o.Overlap || o.Profile || o.Compute != "none":
+		return &usageError{"--eplb: f32 activations and identity or --expert-us experts only (not with --act bf16, --quantized, --naive, --overlap, --profile or --compute)"}
+	case o.Combine != 0:
+		return &usageError{"--eplb: not with --combine-dtype"}
+	}
+	eo.Model, eo.Tokens, eo.Wire, eo.Mode, eo.Steps, eo.Placement = o.Model, o.Tokens, o.Wire, o.Mode, o.Iters, o.Placement
+	cs, launched, err := comms(ctx, rf, append([]string{"bench", "moe"}, args...))
+	if launched || err != nil {
+		return err
+	}
+	defer closeAll(cs)
+	res, err := onRank0(cs, func(c *coll.Comm) (*bench.EPLBResult, error) { return bench.EPLB(ctx, c, eo) })
+	if err != nil || res == nil {
+		return err
+	}
+	if rf.json {
+		return bench.PrintJSON(os.Stdout, []*bench.EPLBResult{res})
+	}
+	bench.PrintEPLB(os.Stdout, res)
+	return nil
+}
+
+// noneSet refuses the named flags (without their dashes) when they were given on the
+// command line: they belong to the mode that flag names.
+func noneSet(fs *flag.FlagSet, mode string, names ...string) error {
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		for _, n := range names {
+			if f.Name == n && err == nil {
+				err = &usageError{fmt.Sprintf("--%s: only with %s", n, mode)}
+			}
+		}
+	})
+	return err
 }

@@ -1,0 +1,31 @@
+package main
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Flags of --eplb out of their bounds, or given without it, are usage errors before any
+// rank starts.
+func TestBenchMoEEPLBFlagsRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"--skew", "1.2"},
+		{"--redundant", "8"},
+		{"--expert-us", "5"},
+		{"--eplb", "1"},
+		{"--eplb", "5", "--skew", "-1"},
+		{"--eplb", "5", "--skew", "NaN"},
+		{"--eplb", "5", "--redundant", "3"},
+		{"--eplb", "5", "--act", "bf16"},
+		{"--eplb", "5", "--iters", "7"},
+		{"--eplb", "5", "--expert-us", "-2"},
+	} {
+		err := benchMoE(context.Background(), append([]string{"--model", "deepseek-v3", "--ranks", "8"}, args...))
+		var ue *usageError
+		require.ErrorAs(t, err, &ue, "%v", args)
+		assert.Equal(t, 2, exitCode(err), "%v", args)
+	}
+}
