@@ -115,6 +115,7 @@ type Comm struct {
 	issueMu sync.Mutex
 	seq     uint32
 	splits  uint32
+	shrinks uint32
 	closed  atomic.Bool
 
 	planMu   sync.Mutex
@@ -143,7 +144,8 @@ type Comm struct {
 	stats    Stats
 	prof     profiler
 
-	owned        []func() error // closed with the communicator that created them (world only)
+	owned        *owner         // the transport and rendezvous (Init, Local, and what Shrink made of them)
+	parent       []int          // rank in the communicator this one was made from (Split, Shrink)
 	closeBarrier bool           // Close waits for every rank first (communicators from Init)
 	direct       *shm.Direct    // the shared-memory areas (Shared), when every rank is on this host over shm
 }
@@ -558,8 +560,30 @@ func (c *Comm) Close() error {
 	c.watchers.Wait()
 	close(c.async.stop)
 	c.async.wg.Wait()
-	for i := len(c.owned) - 1; i >= 0; i-- {
-		errs = append(errs, c.owned[i]())
+	errs = append(errs, c.owned.release())
+	return errors.Join(errs...)
+}
+
+// owner holds what the communicators made by Init or Local own, and what Shrink makes
+// of them share: the transport and the rendezvous, closed by the last one's Close.
+type owner struct {
+	refs    atomic.Int32
+	closers []func() error
+}
+
+func newOwner(closers ...func() error) *owner {
+	o := &owner{closers: closers}
+	o.refs.Store(1)
+	return o
+}
+
+func (o *owner) release() error {
+	if o == nil || o.refs.Add(-1) != 0 {
+		return nil
+	}
+	var errs []error
+	for i := len(o.closers) - 1; i >= 0; i-- {
+		errs = append(errs, o.closers[i]())
 	}
 	return errors.Join(errs...)
 }
@@ -596,7 +620,7 @@ func Local(n int, cfg Config) ([]*Comm, error) {
 	for i, e := range eps {
 		cs[i] = newComm(e, 1, ranks, hosts, i, cfg, CostInproc)
 		cs[i].why = "inproc: every rank in this process (Local)"
-		cs[i].owned = append(cs[i].owned, e.Close)
+		cs[i].owned = newOwner(e.Close)
 		cs[i].listen()
 	}
 	return cs, nil
@@ -702,7 +726,7 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 		c.link.Alpha *= CrowdedAlpha
 		c.intra.Alpha *= CrowdedAlpha
 	}
-	c.owned = append(c.owned, rv.Close, tr.Close)
+	c.owned = newOwner(rv.Close, tr.Close)
 	c.closeBarrier = true
 	c.listen()
 	if log.Enabled(ctx, slog.LevelInfo) {
@@ -898,6 +922,10 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 		sub.link = c.intra // every link of this one is within a host
 	}
 	sub.intra = c.intra
+	sub.parent = make([]int, len(ms))
+	for i, m := range ms {
+		sub.parent[i] = m.rank
+	}
 	return sub.listen(), nil
 }
 

@@ -13,8 +13,12 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/obuf"
@@ -50,6 +54,8 @@ func TestHelperCollRank(t *testing.T) {
 		err = helperShared(ctx, c)
 	case "sharedmismatch":
 		err = helperSharedMismatch(ctx, c)
+	case "shrink":
+		c, err = helperShrink(ctx, c)
 	}
 	if err != nil {
 		fmt.Printf("rank %d failed: %v\n", c.Rank(), err)
@@ -654,6 +660,38 @@ func helperDeath(ctx context.Context, c *Comm) error {
 	return failedAsExpected(c, start, err, errors.As(err, &pe) && pe.Rank == 1, "a PeerError naming rank 1")
 }
 
+// helperShrink: rank 1 is killed (SIGKILL) between two operations; every survivor's
+// next operation fails naming it, Shrink gives each the same communicator of the
+// others, whose operations give the right results. It returns the communicator to
+// close.
+func helperShrink(ctx context.Context, c *Comm) (*Comm, error) {
+	if err := checkWorks(ctx, c); err != nil {
+		return c, err
+	}
+	if c.Rank() == 1 {
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+	start := time.Now()
+	err := checkWorks(ctx, c)
+	var pe *PeerError
+	if !errors.As(err, &pe) || pe.Rank != 1 {
+		return c, fmt.Errorf("after the kill: got %v, want a PeerError naming rank 1", err)
+	}
+	sub, err := c.Shrink(ctx)
+	if err != nil {
+		return c, err
+	}
+	if err := checkWorks(ctx, sub); err != nil {
+		return c, err
+	}
+	fmt.Printf("rank %d shrunk to %d of %d, parents %v, in %v\n", c.Rank(), sub.Rank(), sub.Size(), sub.ParentRanks(), time.Since(start).Round(time.Millisecond))
+	if err := c.Close(); err != nil {
+		return sub, err
+	}
+	return sub, nil
+}
+
 // buildMoex builds the moex command once per test binary run.
 func buildMoex(t *testing.T, flags ...string) string {
 	t.Helper()
@@ -668,15 +706,48 @@ func buildMoex(t *testing.T, flags ...string) string {
 
 func moexRun(t *testing.T, moex string, n int, scenario string, env ...string) string {
 	t.Helper()
-	cmd := exec.Command(moex, "run", "-n", fmt.Sprint(n), "--", os.Args[0], "-test.run=^TestHelperCollRank$")
+	out, err := moexRunKeepGoing(moex, false, n, scenario, env...)
+	if err != nil {
+		t.Fatalf("moex run: %v\n%s", err, out)
+	}
+	return out
+}
+
+// moexRunKeepGoing runs the ranks under `moex run [--keep-going]` and returns their
+// output and the launcher's error.
+func moexRunKeepGoing(moex string, keepGoing bool, n int, scenario string, env ...string) (string, error) {
+	args := []string{"run", "-n", fmt.Sprint(n)}
+	if keepGoing {
+		args = append(args, "--keep-going")
+	}
+	cmd := exec.Command(moex, append(args, "--", os.Args[0], "-test.run=^TestHelperCollRank$")...)
 	cmd.Env = append(os.Environ(), "MOEX_COLL_HELPER="+scenario, "MOEX_TRANSPORT=tcp")
 	cmd.Env = append(cmd.Env, env...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("moex run: %v\n%s", err, out.String())
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// shrinkRun runs the shrink scenario on 4 ranks: the launcher reports rank 1 killed,
+// and the three survivors shrink to ranks 0, 2 and 3 and end over transport.
+func shrinkRun(t *testing.T, moex, transport string, env ...string) {
+	t.Helper()
+	out, err := moexRunKeepGoing(moex, true, 4, "shrink", env...)
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, out)
+	assert.Equal(t, 128+int(syscall.SIGKILL), ee.ExitCode(), "the launcher's exit code is the killed rank's:\n%s", out)
+	assert.Equal(t, 3, strings.Count(out, "parents [0 2 3]"), out)
+	assert.Equal(t, 3, strings.Count(out, " ok transport="+transport+"\n"), out)
+}
+
+// A rank killed with SIGKILL: the survivors shrink their communicator and carry on,
+// over tcp and over shared memory.
+func TestMultiProcessShrink(t *testing.T) {
+	moex := buildMoex(t)
+	for _, tr := range []string{"tcp", "shm"} {
+		t.Run(tr, func(t *testing.T) { shrinkRun(t, moex, tr, "MOEX_TRANSPORT="+tr) })
 	}
-	return out.String()
 }
 
 // A subset of the collectives, over TCP, as separate processes started by `moex run`.

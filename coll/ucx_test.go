@@ -49,3 +49,12 @@ func TestMultiProcessUCXDeadPeer(t *testing.T) {
 		})
 	}
 }
+
+// A rank killed with SIGKILL: the survivors shrink their communicator over UCX and carry
+// on, whether UCX reports the death (tcp lanes) or moex watches the process (sm).
+func TestMultiProcessUCXShrink(t *testing.T) {
+	moex := buildMoex(t)
+	for _, tls := range []string{"tcp", "sm"} {
+		t.Run(tls, func(t *testing.T) { shrinkRun(t, moex, "ucx", "MOEX_TRANSPORT=ucx", "UCX_TLS="+tls) })
+	}
+}

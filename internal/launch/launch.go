@@ -43,7 +43,14 @@ type Config struct {
 	// Grace is how long ranks get between SIGTERM and SIGKILL once the job is stopping
 	// (default 5s).
 	Grace time.Duration
+	// KeepGoing lets the other ranks run on when one fails, for jobs whose survivors
+	// carry on without it (coll.Comm.Shrink). Run still returns the first failure,
+	// once every rank has ended.
+	KeepGoing bool
 }
+
+// MaxRanks bounds the ranks of a job on one host.
+const MaxRanks = 1024
 
 // RankError says which rank ended the job and how.
 type RankError struct {
@@ -89,11 +96,11 @@ func NewToken() string {
 }
 
 // Run starts the ranks and waits for all of them. If a rank fails, the others are stopped
-// and the first failure is returned as *RankError. If ctx ends, every rank gets SIGINT,
+// (unless KeepGoing) and the first failure is returned as *RankError. If ctx ends, every rank gets SIGINT,
 // then SIGKILL after the grace period, and Run returns ErrInterrupted.
 func Run(ctx context.Context, cfg Config) error {
-	if cfg.N < 1 {
-		return fmt.Errorf("launch: need at least one rank, got %d", cfg.N)
+	if cfg.N < 1 || cfg.N > MaxRanks {
+		return fmt.Errorf("launch: want 1 to %d ranks, got %d", MaxRanks, cfg.N)
 	}
 	if cfg.Prog == "" {
 		return errors.New("launch: no program")
@@ -194,7 +201,9 @@ func Run(ctx context.Context, cfg Config) error {
 			exited[e.rank] = true
 			if e.err != nil && first == nil && !stopping {
 				first = rankError(e.rank, e.err)
-				stop(syscall.SIGTERM)
+				if !cfg.KeepGoing {
+					stop(syscall.SIGTERM)
+				}
 			}
 		case <-done:
 			done = nil

@@ -13,6 +13,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // The test binary doubles as the ranks: TestMain runs the helper named by LAUNCH_HELPER.
@@ -38,6 +41,13 @@ func TestMain(m *testing.M) {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
 		}
 		time.Sleep(time.Minute) // the launcher must stop us
+		os.Exit(0)
+	case "survive":
+		if os.Getenv("MOEX_RANK") == "1" {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+		time.Sleep(200 * time.Millisecond) // longer than a stop would take
+		fmt.Println("survived")
 		os.Exit(0)
 	case "stubborn":
 		signal.Ignore(syscall.SIGTERM, syscall.SIGINT)
@@ -162,4 +172,25 @@ func TestBadConfig(t *testing.T) {
 	if err := Run(context.Background(), Config{N: 1, Prog: "/no/such/program"}); err == nil {
 		t.Fatal("missing program accepted")
 	}
+}
+
+// With KeepGoing a rank killed by a signal leaves the others running to their end;
+// Run returns the killed rank's error.
+func TestKeepGoing(t *testing.T) {
+	var out, errOut syncBuf
+	c := cfg("survive", 3, &out, &errOut)
+	c.KeepGoing = true
+	err := Run(context.Background(), c)
+	var re *RankError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, 1, re.Rank)
+	assert.Equal(t, syscall.SIGKILL, re.Signal)
+	assert.Equal(t, 2, strings.Count(out.String(), "survived"), out.String())
+}
+
+// A job of more ranks than the bound is refused before anything starts.
+func TestTooManyRanks(t *testing.T) {
+	var out, errOut syncBuf
+	assert.Error(t, Run(context.Background(), cfg("env", MaxRanks+1, &out, &errOut)))
+	assert.Empty(t, out.String())
 }
