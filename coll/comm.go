@@ -144,10 +144,10 @@ type Comm struct {
 	stats    Stats
 	prof     profiler
 
-	owned        *owner         // the transport and rendezvous (Init, Local, and what Shrink made of them)
-	parent       []int          // rank in the communicator this one was made from (Split, Shrink)
-	closeBarrier bool           // Close waits for every rank first (communicators from Init)
-	direct       *shm.Direct    // the shared-memory areas (Shared), when every rank is on this host over shm
+	owned        *owner      // the transport and rendezvous (Init, Local, and what Shrink made of them)
+	parent       []int       // rank in the communicator this one was made from (Split, Shrink)
+	closeBarrier bool        // Close waits for every rank first (communicators from Init)
+	direct       *shm.Direct // the shared-memory areas (Shared), when every rank is on this host over shm
 }
 
 // Stats counts a communicator's work.
