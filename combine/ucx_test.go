@@ -24,3 +24,12 @@ func TestMoEProcessesUCX(t *testing.T) {
 	require.NoError(t, err, "moex run: %s", out)
 	require.Equal(t, 4, strings.Count(string(out), " ok"), "ranks ok:\n%s", out)
 }
+
+// Serving through a SIGKILL over UCX (CI: UCX_TLS=tcp): the survivors shrink, recover
+// and serve on, every token checked.
+func TestServingSurvivesKillUCX(t *testing.T) {
+	exe := filepath.Join(t.TempDir(), "moex")
+	out, err := exec.Command("go", "build", "-tags", "ucx", "-o", exe, "github.com/moex-ai/moex/cmd/moex").CombinedOutput()
+	require.NoError(t, err, "building moex: %s", out)
+	serveKilled(t, exe, "ucx")
+}

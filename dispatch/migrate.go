@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -102,4 +103,98 @@ func Migrate(ctx context.Context, c *coll.Comm, old, next *router.Placement, w W
 		return nil, err
 	}
 	return moves, nil
+}
+
+// ErrLostExperts: the ranks that are gone held every replica of some experts.
+var ErrLostExperts = errors.New("dispatch: experts lost with their ranks")
+
+// LostExpertsError names the experts whose every replica was on a lost rank; it
+// matches ErrLostExperts. Their weights must come from elsewhere (a checkpoint).
+type LostExpertsError struct {
+	Experts []int // logical experts, ascending
+	Ranks   []int // the lost ranks, in the communicator that was shrunk
+}
+
+func (e *LostExpertsError) Error() string {
+	return fmt.Sprintf("dispatch: experts %v had every replica on the lost ranks %v", e.Experts, e.Ranks)
+}
+
+// Is makes LostExpertsError match ErrLostExperts.
+func (e *LostExpertsError) Is(target error) bool { return target == ErrLostExperts }
+
+// Recover moves MoE serving onto the survivors of a lost rank in one collective call:
+// sub is the communicator that coll.Comm.Shrink returned, old the placement over the
+// communicator it was shrunk from, load the load per logical expert to balance (the
+// same on every rank, from a LoadRecorder; nil: even). It keeps each expert's replicas
+// on the survivors (router.Placement.Restrict), rebalances onto them (router.Rebalance
+// with b; b.Slots 0 keeps the slots per rank, more where the experts no longer fit,
+// and b.Hosts nil takes sub's hosts) and migrates the weights (Migrate, with w as
+// each rank holds them under old). It returns the new placement, over sub's ranks, for
+// the dispatchers made next, and the moves.
+//
+// When the lost ranks held every replica of some experts, every rank returns a
+// *LostExpertsError naming them, and nothing moves. Ranks that pass different old
+// placements fail with ErrMismatch, also before anything moves.
+func Recover(ctx context.Context, sub *coll.Comm, old *router.Placement, load []float64, b router.Balance, w Weights) (*router.Placement, []router.Move, error) {
+	parents := sub.ParentRanks()
+	if parents == nil || parents[len(parents)-1] >= old.Ranks {
+		return nil, nil, fmt.Errorf("%w: recovering a placement of %d ranks on a communicator not shrunk from one of them (ranks %v)", ErrConfig, old.Ranks, parents)
+	}
+	if load == nil {
+		load = make([]float64, old.Experts)
+		for e := range load {
+			load[e] = 1
+		}
+	}
+	if len(load) != old.Experts {
+		return nil, nil, fmt.Errorf("%w: load of %d experts for a placement of %d", ErrConfig, len(load), old.Experts)
+	}
+	surv, lost, err := old.Restrict(parents)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	// Every rank learns that the others recover from the same placement, and whether
+	// experts were lost, before anything else happens.
+	hdr := []int64{int64(PlacementFingerprint(old)), int64(len(lost))}
+	all := make([]int64, 2*sub.Size())
+	if err := coll.AllGather(ctx, sub, hdr, all); err != nil {
+		return nil, nil, err
+	}
+	for q := 0; q < sub.Size(); q++ {
+		if all[2*q] != hdr[0] {
+			return nil, nil, fmt.Errorf("%w: rank %d recovers from another placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, uint64(all[2*q]), uint64(hdr[0]))
+		}
+	}
+	if lost != nil {
+		var gone []int
+		for r, i := 0, 0; r < old.Ranks; r++ {
+			if i < len(parents) && parents[i] == r {
+				i++
+				continue
+			}
+			gone = append(gone, r)
+		}
+		return nil, nil, &LostExpertsError{Experts: lost, Ranks: gone}
+	}
+	p := sub.Size()
+	if b.Slots == 0 {
+		per := (old.Slots() + old.Ranks - 1) / old.Ranks
+		per = min(max(per, (old.Experts+p-1)/p), old.Experts)
+		b.Slots = per * p
+	}
+	if b.Hosts == nil {
+		b.Hosts = make([]int, p)
+		for r := range b.Hosts {
+			b.Hosts[r] = sub.Host(r)
+		}
+	}
+	next, err := router.Rebalance(load, p, b)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	moves, err := Migrate(ctx, sub, surv, next, w)
+	if err != nil {
+		return nil, nil, err
+	}
+	return next, moves, nil
 }

@@ -282,3 +282,46 @@ func TestBalanceResolve(t *testing.T) {
 	assert.Equal(t, BalanceFlat, Balance{Slots: 16, Hosts: []int{0, 0, 1, 1}, Groups: 4, Policy: BalanceFlat}.Resolve(12, 4))
 	assert.Equal(t, BalanceAuto, Balance{Slots: 16, Hosts: []int{0, 1}}.Resolve(12, 4), "hosts of the wrong length: as given")
 }
+
+// Restrict keeps the replicas on the kept ranks, renumbered, and names the experts
+// left without one.
+func TestRestrict(t *testing.T) {
+	pl, err := NewPlacement(Contiguous, 8, 4) // rank r: experts 2r, 2r+1
+	require.NoError(t, err)
+	require.NoError(t, pl.Replicate([]int{0, 2, 3}, 2)) // 0 on ranks 0, 1; 2 and 3 on 1, 2
+	got, lost, err := pl.Restrict([]int{1, 2})
+	require.NoError(t, err)
+	assert.Nil(t, got)
+	assert.Equal(t, []int{1, 6, 7}, lost, "expert 1 lived on rank 0 alone, 6 and 7 on rank 3")
+
+	full, err := NewPlacement(RoundRobin, 8, 4)
+	require.NoError(t, err)
+	require.NoError(t, full.Replicate([]int{0, 1, 2, 3, 4, 5, 6, 7}, 2))
+	got, lost, err = full.Restrict([]int{0, 2, 3})
+	require.NoError(t, err)
+	require.Nil(t, lost)
+	assert.Equal(t, Balanced, got.Kind)
+	assert.Equal(t, 3, got.Ranks)
+	for e, owners := range full.Owners {
+		var kept []int
+		for _, r := range owners {
+			if i := []int{0, -1, 1, 2}[r]; i >= 0 {
+				kept = append(kept, i)
+			}
+		}
+		assert.Equal(t, kept, got.Owners[e], "expert %d", e)
+		for _, r := range kept {
+			assert.GreaterOrEqual(t, got.LocalIndex(r, e), 0)
+		}
+	}
+	same, lost, err := full.Restrict([]int{0, 1, 2, 3})
+	require.NoError(t, err)
+	require.Nil(t, lost)
+	assert.Equal(t, full.Owners, same.Owners)
+	assert.Equal(t, full.Kind, same.Kind)
+
+	for _, keep := range [][]int{nil, {0, 0}, {2, 1}, {4}, {0, 1, 2, 3, 4}} {
+		_, _, err := full.Restrict(keep)
+		assert.ErrorIs(t, err, ErrConfig, "%v", keep)
+	}
+}

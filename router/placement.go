@@ -13,7 +13,8 @@ const (
 	Contiguous PlacementKind = iota + 1
 	// RoundRobin: expert e lives on rank e mod P.
 	RoundRobin
-	// Balanced: made by Rebalance from measured load, with replicas of the hot experts.
+	// Balanced: made by Rebalance from measured load, with replicas of the hot experts,
+	// or what Restrict leaves of a placement.
 	Balanced
 )
 
@@ -123,6 +124,45 @@ func (pl *Placement) index() {
 			pl.local[r*pl.Experts+e] = int32(i)
 		}
 	}
+}
+
+// Restrict is pl on the ranks in keep (ascending ranks of pl; rank i of the result is
+// keep[i]): every expert keeps its replicas on those ranks, the others go. The
+// experts left with no replica are returned in lost (ascending); the placement is
+// nil then. The result is of kind Balanced, unless keep is every rank.
+func (pl *Placement) Restrict(keep []int) (res *Placement, lost []int, err error) {
+	if len(keep) == 0 || len(keep) > pl.Ranks {
+		return nil, nil, fmt.Errorf("%w: keeping %d of %d ranks", ErrConfig, len(keep), pl.Ranks)
+	}
+	index := make([]int, pl.Ranks)
+	for i := range index {
+		index[i] = -1
+	}
+	for i, r := range keep {
+		if r < 0 || r >= pl.Ranks || (i > 0 && r <= keep[i-1]) {
+			return nil, nil, fmt.Errorf("%w: ranks to keep %v (want ascending ranks of %d)", ErrConfig, keep, pl.Ranks)
+		}
+		index[r] = i
+	}
+	res = &Placement{Kind: Balanced, Experts: pl.Experts, Ranks: len(keep), Owners: make([][]int, pl.Experts)}
+	if len(keep) == pl.Ranks {
+		res.Kind = pl.Kind
+	}
+	for e, owners := range pl.Owners {
+		for _, r := range owners {
+			if index[r] >= 0 {
+				res.Owners[e] = append(res.Owners[e], index[r])
+			}
+		}
+		if len(res.Owners[e]) == 0 {
+			lost = append(lost, e)
+		}
+	}
+	if lost != nil {
+		return nil, lost, nil
+	}
+	res.index()
+	return res, nil, nil
 }
 
 // RankOf returns the rank that serves expert e for token t of origin rank o.
