@@ -258,7 +258,7 @@ func (a *agreement) run(ctx context.Context) (rankSet, error) {
 	}()
 	fail := func(err error) (rankSet, error) {
 		if tctx.Err() != nil && !errors.Is(err, ErrAgreement) {
-			err = fmt.Errorf("shrink: %w", transport.CtxError(tctx.Err()))
+			err = fmt.Errorf("coll: agreeing on the survivors: %w", transport.CtxError(tctx.Err()))
 		}
 		return nil, err
 	}

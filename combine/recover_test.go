@@ -188,15 +188,17 @@ func serveThroughDeath(ctx context.Context, c *coll.Comm, pl *router.Placement, 
 			return c, 0, fmt.Errorf("step %d: %w", n, err)
 		}
 	}
-	if err := coll.Barrier(ctx, c); err != nil {
-		return c, 0, err
-	}
-	if id == victim {
+	// The victim dies once it left the barrier, which the others may not have left yet:
+	// they see the death there or in the next step.
+	err = coll.Barrier(ctx, c)
+	if id == victim && err == nil {
 		kill()
 		return c, 0, nil
 	}
 	start := time.Now()
-	err = srv.step(ctx, id, dieAt)
+	if err == nil {
+		err = srv.step(ctx, id, dieAt)
+	}
 	srv.Close()
 	var pe *coll.PeerError
 	if !errors.As(err, &pe) || pe.Rank != c.WorldRank(victim) {
@@ -204,12 +206,12 @@ func serveThroughDeath(ctx context.Context, c *coll.Comm, pl *router.Placement, 
 	}
 	sub, err := c.Shrink(ctx)
 	if err != nil {
-		return c, 0, err
+		return c, 0, fmt.Errorf("shrink: %w", err)
 	}
 	next := store{}
 	npl, _, err := dispatch.Recover(ctx, sub, pl, nil, router.Balance{}, ws.weights(next))
 	if err != nil {
-		return sub, 0, err
+		return sub, 0, fmt.Errorf("recover onto ranks %v: %w", sub.ParentRanks(), err)
 	}
 	srv, err = newServer(ctx, sub, npl, next, mode)
 	if err != nil {
