@@ -47,6 +47,10 @@ type Balance struct {
 	// Experts/Groups); 0 or 1: no groups. Used by the hierarchical policy only.
 	Groups int
 	Policy BalancePolicy
+	// Prefer is the placement in force (over the same experts and ranks), or nil.
+	// Among placements that balance the load equally well, Rebalance then keeps the
+	// most replicas where Prefer has them, so that fewer weights move.
+	Prefer *Placement
 }
 
 // Rebalance places len(load) logical experts on len(b.Hosts) ranks (or ranks, when
@@ -75,6 +79,8 @@ func Rebalance(load []float64, ranks int, b Balance) (*Placement, error) {
 		return nil, fmt.Errorf("%w: hosts of %d ranks for %d ranks", ErrConfig, len(b.Hosts), ranks)
 	case b.Groups < 0 || b.Groups > 1 && e%b.Groups != 0:
 		return nil, fmt.Errorf("%w: %d groups of %d experts", ErrConfig, b.Groups, e)
+	case b.Prefer != nil && (b.Prefer.Experts != e || b.Prefer.Ranks != ranks):
+		return nil, fmt.Errorf("%w: preferring a placement of %d experts on %d ranks for %d on %d", ErrConfig, b.Prefer.Experts, b.Prefer.Ranks, e, ranks)
 	}
 	for x, l := range load {
 		if !(l >= 0) || math.IsInf(l, 0) {
@@ -97,7 +103,7 @@ func Rebalance(load []float64, ranks int, b Balance) (*Placement, error) {
 		for x := range pool {
 			pool[x] = x
 		}
-		placePool(owners, load, pool, all, perRank)
+		placePool(owners, load, pool, all, perRank, b.Prefer)
 	} else {
 		// Groups onto hosts, each host taking as many groups as its share of slots.
 		g := max(b.Groups, 1)
@@ -117,7 +123,7 @@ func Rebalance(load []float64, ranks int, b Balance) (*Placement, error) {
 					pool = append(pool, x)
 				}
 			}
-			placePool(owners, load, pool, hosts[h], perRank)
+			placePool(owners, load, pool, hosts[h], perRank, b.Prefer)
 		}
 	}
 	pl := &Placement{Kind: Balanced, Experts: e, Ranks: ranks, Owners: owners}
@@ -197,36 +203,125 @@ func hostRanks(hostOf []int, ranks int) [][]int {
 }
 
 // placePool replicates the experts of pool into len(ranks)*perRank slots and packs the
-// replicas onto ranks, filling owners.
-func placePool(owners [][]int, load []float64, pool, ranks []int, perRank int) {
+// replicas onto ranks, filling owners; with prefer, as many replicas as the balance
+// allows stay on the ranks that hold them under prefer.
+func placePool(owners [][]int, load []float64, pool, ranks []int, perRank int, prefer *Placement) {
 	count := Replicas(sub(load, pool), len(ranks)*perRank, len(ranks))
-	type piece struct {
-		e int
-		w float64
-	}
-	var items []piece
+	var w []float64
+	var ex []int
 	for i, x := range pool {
 		for range count[i] {
-			items = append(items, piece{x, load[x] / float64(count[i])})
+			w = append(w, load[x]/float64(count[i]))
+			ex = append(ex, x)
 		}
-	}
-	w := make([]float64, len(items))
-	ex := make([]int, len(items))
-	for i, it := range items {
-		w[i], ex[i] = it.w, it.e
 	}
 	cnt := make([]int, len(ranks))
 	for i := range cnt {
 		cnt[i] = perRank
 	}
-	for ri, got := range pack(w, cnt, ex) {
+	bins := pack(w, cnt, ex)
+	rankOf := make([]int, len(bins)) // bin -> rank
+	for b := range rankOf {
+		rankOf[b] = ranks[b]
+	}
+	if prefer != nil {
+		rankOf = keepInPlace(bins, w, ex, ranks, prefer)
+	}
+	for b, got := range bins {
 		for _, i := range got {
-			owners[ex[i]] = append(owners[ex[i]], ranks[ri])
+			owners[ex[i]] = append(owners[ex[i]], rankOf[b])
 		}
 	}
 	for _, x := range pool {
 		slices.Sort(owners[x])
 	}
+}
+
+// keepInPlace makes the packed bins keep as many items on the ranks prefer puts their
+// experts (ex) on as it can without making the fullest bin heavier: it gives each bin
+// the rank whose experts it shares most (every bin holds as many items, so any
+// assignment of bins to ranks is as balanced), then swaps items of two bins where that
+// keeps more in place, no bin grows past the heaviest and no bin holds an expert twice.
+// It returns each bin's rank.
+func keepInPlace(bins [][]int, w []float64, ex []int, ranks []int, prefer *Placement) []int {
+	n := len(bins)
+	score := make([][]int, n) // [bin][rank index]: items of the bin whose expert the rank holds
+	for b, items := range bins {
+		score[b] = make([]int, n)
+		for _, i := range items {
+			for ri, r := range ranks {
+				if prefer.LocalIndex(r, ex[i]) >= 0 {
+					score[b][ri]++
+				}
+			}
+		}
+	}
+	rankOf := make([]int, n)
+	binDone, rankDone := make([]bool, n), make([]bool, n)
+	for range n {
+		bb, br := -1, -1
+		for b := 0; b < n; b++ {
+			for ri := 0; ri < n; ri++ {
+				if !binDone[b] && !rankDone[ri] && (bb < 0 || score[b][ri] > score[bb][br]) {
+					bb, br = b, ri
+				}
+			}
+		}
+		binDone[bb], rankDone[br] = true, true
+		rankOf[bb] = ranks[br]
+	}
+	sum := make([]float64, n)
+	top := 0.0
+	for b, items := range bins {
+		for _, i := range items {
+			sum[b] += w[i]
+		}
+		top = max(top, sum[b])
+	}
+	top *= 1 + 1e-9
+	kept := func(i, b int) int {
+		if prefer.LocalIndex(rankOf[b], ex[i]) >= 0 {
+			return 1
+		}
+		return 0
+	}
+	holds := func(b, e, except int) bool {
+		for _, k := range bins[b] {
+			if k != except && ex[k] == e {
+				return true
+			}
+		}
+		return false
+	}
+	for improved := true; improved; {
+		improved = false
+		for a := range bins {
+			for ia := 0; ia < len(bins[a]); ia++ {
+				i := bins[a][ia]
+				if kept(i, a) == 1 {
+					continue
+				}
+			search:
+				for b := range bins {
+					if b == a || kept(i, b) == 0 || holds(b, ex[i], -1) {
+						continue
+					}
+					for ib, j := range bins[b] {
+						gain := 1 + kept(j, a) - kept(j, b)
+						if gain <= 0 || holds(a, ex[j], i) || sum[a]-w[i]+w[j] > top || sum[b]-w[j]+w[i] > top {
+							continue
+						}
+						bins[a][ia], bins[b][ib] = j, i
+						sum[a] += w[j] - w[i]
+						sum[b] += w[i] - w[j]
+						improved = true
+						break search
+					}
+				}
+			}
+		}
+	}
+	return rankOf
 }
 
 func sub(load []float64, idx []int) []float64 {

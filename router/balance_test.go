@@ -325,3 +325,53 @@ func TestRestrict(t *testing.T) {
 		assert.ErrorIs(t, err, ErrConfig, "%v", keep)
 	}
 }
+
+// movesTo counts the replicas of next on ranks that do not hold the expert in cur.
+func movesTo(t *testing.T, cur, next *Placement) int {
+	m, err := Moves(cur, next, nil)
+	require.NoError(t, err)
+	return len(m)
+}
+
+// With Prefer, Rebalance balances exactly as well and moves fewer replicas: none when
+// the placement in force is already the balanced one (even with its ranks renamed),
+// and fewer than without after a change of load or the loss of replicas.
+func TestRebalancePrefer(t *testing.T) {
+	const e, p = 64, 8
+	load := zipfLoad(e, 1.2, 1e5, 3)
+	b := Balance{Slots: 80}
+	base, err := Rebalance(load, p, b)
+	require.NoError(t, err)
+
+	// The same placement with its ranks renamed (rank r becomes 7-r): nothing moves.
+	renamed := &Placement{Kind: Balanced, Experts: e, Ranks: p, Owners: make([][]int, e)}
+	for x, owners := range base.Owners {
+		for _, r := range owners {
+			renamed.Owners[x] = append(renamed.Owners[x], p-1-r)
+		}
+		slices.Sort(renamed.Owners[x])
+	}
+	renamed.index()
+	bp := b
+	bp.Prefer = renamed
+	same, err := Rebalance(load, p, bp)
+	require.NoError(t, err)
+	assert.Zero(t, movesTo(t, renamed, same))
+	assert.InDelta(t, imbalance(rankLoads(base, load)), imbalance(rankLoads(same, load)), 1e-12)
+
+	// The load shifts: as balanced as without Prefer, with fewer moves.
+	shifted := zipfLoad(e, 1.2, 1e5, 4)
+	fresh, err := Rebalance(shifted, p, b)
+	require.NoError(t, err)
+	bp.Prefer = base
+	sticky, err := Rebalance(shifted, p, bp)
+	require.NoError(t, err)
+	assert.InDelta(t, imbalance(rankLoads(fresh, shifted)), imbalance(rankLoads(sticky, shifted)), 1e-9)
+	assert.Less(t, movesTo(t, base, sticky), movesTo(t, base, fresh))
+	t.Logf("after a shift of load: %d moves preferring the placement in force, %d without", movesTo(t, base, sticky), movesTo(t, base, fresh))
+
+	bad := b
+	bad.Prefer = &Placement{Experts: e, Ranks: p - 1}
+	_, err = Rebalance(load, p, bad)
+	assert.ErrorIs(t, err, ErrConfig)
+}
