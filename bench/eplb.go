@@ -204,6 +204,7 @@ func EPLB(ctx context.Context, c *coll.Comm, o EPLBOpts) (*EPLBResult, error) {
 			if err != nil {
 				return nil, err
 			}
+			bal.Prefer = pl
 			if pl, err = router.Rebalance(load[0], p, bal); err != nil {
 				return nil, err
 			}

@@ -127,9 +127,10 @@ func (e *LostExpertsError) Is(target error) bool { return target == ErrLostExper
 // communicator it was shrunk from, load the load per logical expert to balance (the
 // same on every rank, from a LoadRecorder; nil: even). It keeps each expert's replicas
 // on the survivors (router.Placement.Restrict), rebalances onto them (router.Rebalance
-// with b; b.Slots 0 keeps the slots per rank, more where the experts no longer fit,
-// and b.Hosts nil takes sub's hosts) and migrates the weights (Migrate, with w as
-// each rank holds them under old). It returns the new placement, over sub's ranks, for
+// with b; b.Slots 0 keeps the slots per rank, more where the experts no longer fit;
+// b.Hosts nil takes sub's hosts; b.Prefer nil prefers what the survivors hold, so that
+// few weights move) and migrates the weights (Migrate, with w as each rank holds them
+// under old). It returns the new placement, over sub's ranks, for
 // the dispatchers made next, and the moves.
 //
 // When the lost ranks held every replica of some experts, every rank returns a
@@ -181,6 +182,9 @@ func Recover(ctx context.Context, sub *coll.Comm, old *router.Placement, load []
 		per := (old.Slots() + old.Ranks - 1) / old.Ranks
 		per = min(max(per, (old.Experts+p-1)/p), old.Experts)
 		b.Slots = per * p
+	}
+	if b.Prefer == nil {
+		b.Prefer = surv
 	}
 	if b.Hosts == nil {
 		b.Hosts = make([]int, p)

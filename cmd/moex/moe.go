@@ -33,6 +33,10 @@ func benchMoE(ctx context.Context, args []string) error {
 	fs.Float64Var(&eo.Skew, "skew", 0, "with --eplb: Zipf exponent of the experts' popularity (0: uniform)")
 	fs.IntVar(&eo.Redundant, "redundant", 8, "with --eplb: physical expert slots beyond one per expert (experts + redundant must be a multiple of --ranks)")
 	fs.Float64Var(&eo.ExpertUS, "expert-us", 0, "with --eplb: each (token, expert) row costs its rank this many microseconds, slept as for an accelerator (0: identity experts)")
+	var ro bench.RecoverOpts
+	fs.IntVar(&ro.Victim, "kill", -1, "kill this rank (SIGKILL; over inproc, its transport) after a few steps, every expert on two ranks: the survivors shrink (Comm.Shrink), recover (dispatch.Recover) and serve a step; prints the time of each phase")
+	runs := fs.Int("runs", 1, "with --kill: jobs to run, for p50 and max")
+	fs.Var(bytesFlag{&ro.WeightBytes}, "weight-bytes", "with --kill: bytes of weights per expert, moved to the ranks that take an expert over (default 64K)")
 	list := fs.Bool("models", false, "list the models and exit")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -63,9 +67,18 @@ func benchMoE(ctx context.Context, args []string) error {
 		return &usageError{fmt.Sprintf("--overlap: %d tokens cannot make %d micro-batches", o.Tokens, o.Chunks)}
 	}
 	if eo.Every != 0 {
+		if ro.Victim >= 0 {
+			return &usageError{"--eplb and --kill: one at a time"}
+		}
 		return benchEPLB(ctx, fs, rf, o, eo, args)
 	}
 	if err := noneSet(fs, "--eplb", "skew", "redundant", "expert-us"); err != nil {
+		return err
+	}
+	if ro.Victim >= 0 {
+		return benchRecover(ctx, fs, rf, o, ro, *runs, args)
+	}
+	if err := noneSet(fs, "--kill", "runs", "weight-bytes"); err != nil {
 		return err
 	}
 	if o.Profile {

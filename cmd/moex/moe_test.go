@@ -29,3 +29,22 @@ func TestBenchMoEEPLBFlagsRefused(t *testing.T) {
 		assert.Equal(t, 2, exitCode(err), "%v", args)
 	}
 }
+
+// Flags of --kill out of their bounds, or given without it, are usage errors.
+func TestBenchMoEKillFlagsRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"--runs", "3"},
+		{"--weight-bytes", "1M"},
+		{"--kill", "1", "--ranks", "2"},
+		{"--kill", "4", "--ranks", "4"},
+		{"--kill", "1", "--ranks", "4", "--runs", "0"},
+		{"--kill", "1", "--ranks", "4", "--runs", "100000"},
+		{"--kill", "1", "--ranks", "4", "--mode", "gathered"},
+		{"--kill", "1", "--ranks", "4", "--eplb", "4"},
+		{"--kill", "1", "--ranks", "4", "--act", "bf16"},
+	} {
+		err := benchMoE(context.Background(), append([]string{"--model", "tiny-qwen"}, args...))
+		var ue *usageError
+		require.ErrorAs(t, err, &ue, "%v", args)
+	}
+}

@@ -1,0 +1,283 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/combine"
+	"github.com/moex-ai/moex/dispatch"
+	"github.com/moex-ai/moex/models"
+	"github.com/moex-ai/moex/router"
+)
+
+// RecoverOpts selects a serving run in which one rank dies (`moex bench moe --kill`).
+type RecoverOpts struct {
+	Model  string
+	Tokens int        // tokens per rank per step
+	Wire   dtype.Type // on the wire (default bf16)
+	Mode   dispatch.Mode
+	Victim int // the rank that dies
+	Steps  int // steps served before it dies (default 3)
+	// WeightBytes is the size of one expert's weights, which Recover moves to the ranks
+	// that take an expert over (default 64 KiB).
+	WeightBytes int
+	Seed        uint64
+}
+
+// MaxWeightBytes bounds RecoverOpts.WeightBytes.
+const MaxWeightBytes = 1 << 30
+
+// RecoverResult is the outcome of one death: the survivors' times, each the slowest
+// survivor's, from the moment the victim was killed (right after a barrier that every
+// rank left) to the end of each phase.
+type RecoverResult struct {
+	Model       string  `json:"model"`
+	Transport   string  `json:"transport"`
+	Mode        string  `json:"mode"`
+	Ranks       int     `json:"ranks"`
+	Victim      int     `json:"victim"`
+	Tokens      int     `json:"tokens_per_rank"`
+	WeightBytes int     `json:"weight_bytes"`
+	Moves       int     `json:"expert_moves"`
+	DetectUS    float64 `json:"detect_us"`     // the step that fails, naming the victim
+	ShrinkUS    float64 `json:"shrink_us"`     // Comm.Shrink
+	RecoverUS   float64 `json:"recover_us"`    // dispatch.Recover: rebalance, weights moved
+	FirstStepUS float64 `json:"first_step_us"` // new dispatcher, the first correct step
+}
+
+// Recover serves o.Steps steps of o.Model on every rank of c (collectively), every
+// expert on two ranks, then rank o.Victim calls kill (which must end it, as SIGKILL
+// does); the survivors see the death, shrink, recover onto themselves and serve one
+// more step, whose every token is checked. It returns the survivors' communicator
+// (for the caller to close; c on the victim) and, on the survivors' rank 0, the
+// result.
+func Recover(ctx context.Context, c *coll.Comm, o RecoverOpts, kill func()) (*coll.Comm, *RecoverResult, error) {
+	cfg, err := checkRecoverOpts(c, &o)
+	if err != nil {
+		return c, nil, err
+	}
+	p, me := c.Size(), c.Rank()
+	pl, err := router.NewPlacement(router.RoundRobin, cfg.Experts, p)
+	if err != nil {
+		return c, nil, err
+	}
+	all := make([]int, cfg.Experts)
+	for e := range all {
+		all[e] = e
+	}
+	if err := pl.Replicate(all, 2); err != nil {
+		return c, nil, err
+	}
+	ws := map[int][]byte{}
+	for _, e := range pl.Local[me] {
+		ws[e] = make([]byte, o.WeightBytes)
+		ws[e][0] = byte(e)
+	}
+	dcfg := dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Mode: o.Mode, MaxTokens: max(o.Tokens, 1)}
+	zr := newZipfRouter(cfg.Experts, cfg.TopK, 0, o.Seed)
+	rng := rand.New(rand.NewPCG(o.Seed, uint64(me)))
+	r := &router.Routing{}
+	x := make([]float32, o.Tokens*cfg.Hidden)
+	for i := range x {
+		x[i] = float32(i%97) / 97
+	}
+	out := make([]float32, len(x))
+	var y []float32
+	// step serves one step on comm under placement pl and checks that every token came
+	// back whole (identity experts, weights summing to 1).
+	step := func(d *dispatch.Dispatcher[float32], cb *combine.Combiner[float32], ws map[int][]byte) error {
+		zr.route(r, rng, o.Tokens)
+		dout, h, err := d.Dispatch(ctx, x, r)
+		if err != nil {
+			return err
+		}
+		y = grow(y, dout.Rows()*cfg.Hidden)
+		for j := 0; j < dout.Rows(); j++ {
+			if dout.Origin[j] < 0 {
+				continue
+			}
+			if w, ok := ws[int(dout.Expert[j])]; !ok || w[0] != byte(dout.Expert[j]) {
+				return fmt.Errorf("bench: rank %d got rows for expert %d, whose weights it does not hold", me, dout.Expert[j])
+			}
+			copy(y[j*cfg.Hidden:(j+1)*cfg.Hidden], dout.Entry(j))
+		}
+		if err := cb.Combine(ctx, h, y, out); err != nil {
+			return err
+		}
+		for i, v := range out {
+			if d := math.Abs(float64(v - x[i])); d > 0.02*math.Abs(float64(x[i]))+1e-3 {
+				return fmt.Errorf("bench: token %d element %d came back as %v, want %v", i/cfg.Hidden, i%cfg.Hidden, v, x[i])
+			}
+		}
+		return nil
+	}
+	open := func(c *coll.Comm, pl *router.Placement) (*dispatch.Dispatcher[float32], *combine.Combiner[float32], error) {
+		dcfg.Placement = pl
+		d, err := dispatch.New[float32](ctx, c, dcfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		cb, err := combine.New[float32](ctx, d)
+		if err != nil {
+			d.Close()
+			return nil, nil, err
+		}
+		return d, cb, nil
+	}
+	d, cb, err := open(c, pl)
+	if err != nil {
+		return c, nil, err
+	}
+	for i := 0; i < o.Steps && err == nil; i++ {
+		err = step(d, cb, ws)
+	}
+	if err == nil {
+		err = coll.Barrier(ctx, c)
+	}
+	if me == o.Victim && err == nil {
+		kill()
+		return c, nil, errors.New("bench: the victim outlived its kill")
+	}
+	t0 := time.Now()
+	if err == nil { // the death shows in the barrier or in this step
+		err = step(d, cb, ws)
+	}
+	cb.Close()
+	d.Close()
+	var pe *coll.PeerError
+	if !errors.As(err, &pe) || pe.Rank != c.WorldRank(o.Victim) {
+		return c, nil, fmt.Errorf("bench: after rank %d's death: %v, want an error naming it", o.Victim, err)
+	}
+	tDetect := time.Since(t0)
+	sub, err := c.Shrink(ctx)
+	if err != nil {
+		return c, nil, err
+	}
+	tShrink := time.Since(t0)
+	next := map[int][]byte{}
+	w := dispatch.Weights{Bytes: o.WeightBytes, Old: func(e int) []byte { return ws[e] },
+		New: func(e int) []byte {
+			if b, ok := ws[e]; ok {
+				next[e] = b
+			} else {
+				next[e] = make([]byte, o.WeightBytes)
+			}
+			return next[e]
+		}}
+	npl, moves, err := dispatch.Recover(ctx, sub, pl, nil, router.Balance{}, w)
+	if err != nil {
+		return sub, nil, err
+	}
+	tRecover := time.Since(t0)
+	d, cb, err = open(sub, npl)
+	if err != nil {
+		return sub, nil, err
+	}
+	defer d.Close()
+	defer cb.Close()
+	if err := step(d, cb, next); err != nil {
+		return sub, nil, err
+	}
+	tFirst := time.Since(t0)
+	times := []float64{tDetect.Seconds(), tShrink.Seconds(), tRecover.Seconds(), tFirst.Seconds()}
+	if err := coll.AllReduce(ctx, sub, nil, times, dtype.Max); err != nil {
+		return sub, nil, err
+	}
+	if sub.Rank() != 0 {
+		return sub, nil, nil
+	}
+	return sub, &RecoverResult{Model: cfg.Name, Transport: c.Transport().Name(), Mode: o.Mode.String(), Ranks: p, Victim: o.Victim,
+		Tokens: o.Tokens, WeightBytes: o.WeightBytes, Moves: len(moves),
+		DetectUS: times[0] * 1e6, ShrinkUS: times[1] * 1e6, RecoverUS: times[2] * 1e6, FirstStepUS: times[3] * 1e6}, nil
+}
+
+func checkRecoverOpts(c *coll.Comm, o *RecoverOpts) (models.Config, error) {
+	cfg, err := models.Get(o.Model)
+	if err != nil {
+		return cfg, err
+	}
+	if o.Wire == 0 {
+		o.Wire = dtype.BF16
+	}
+	if o.Steps == 0 {
+		o.Steps = 3
+	}
+	if o.WeightBytes == 0 {
+		o.WeightBytes = 64 << 10
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	switch {
+	case c.Size() < 3:
+		return cfg, fmt.Errorf("bench: a death among %d ranks leaves no communicator worth the name (want 3 or more)", c.Size())
+	case o.Victim < 0 || o.Victim >= c.Size():
+		return cfg, fmt.Errorf("bench: victim rank %d of %d", o.Victim, c.Size())
+	case o.WeightBytes < 1 || o.WeightBytes > MaxWeightBytes:
+		return cfg, fmt.Errorf("bench: %d bytes of weights per expert (want 1 to %d)", o.WeightBytes, MaxWeightBytes)
+	case o.Steps < 1 || o.Tokens < 1:
+		return cfg, fmt.Errorf("bench: %d steps of %d tokens (want at least 1 of 1)", o.Steps, o.Tokens)
+	}
+	return cfg, nil
+}
+
+// RecoverSummary is the outcome of `moex bench moe --kill R --runs N`: each phase's
+// p50 and max over the runs, in microseconds.
+type RecoverSummary struct {
+	Runs []*RecoverResult   `json:"runs"`
+	P50  map[string]float64 `json:"p50_us"`
+	Max  map[string]float64 `json:"max_us"`
+}
+
+// SummarizeRecover takes the p50 and max of each phase over runs.
+func SummarizeRecover(runs []*RecoverResult) *RecoverSummary {
+	s := &RecoverSummary{Runs: runs, P50: map[string]float64{}, Max: map[string]float64{}}
+	for _, ph := range recoverPhases {
+		v := make([]float64, len(runs))
+		for i, r := range runs {
+			v[i] = ph.of(r)
+		}
+		slices.Sort(v)
+		if len(v) > 0 {
+			s.P50[ph.name], s.Max[ph.name] = v[(len(v)-1)/2], v[len(v)-1]
+		}
+	}
+	return s
+}
+
+var recoverPhases = []struct {
+	name string
+	of   func(*RecoverResult) float64
+}{
+	{"detect", func(r *RecoverResult) float64 { return r.DetectUS }},
+	{"shrink", func(r *RecoverResult) float64 { return r.ShrinkUS }},
+	{"recover", func(r *RecoverResult) float64 { return r.RecoverUS }},
+	{"first_step", func(r *RecoverResult) float64 { return r.FirstStepUS }},
+}
+
+// PrintRecover writes s as a table.
+func PrintRecover(w io.Writer, s *RecoverSummary) {
+	if len(s.Runs) == 0 {
+		return
+	}
+	r := s.Runs[0]
+	fmt.Fprintf(w, "# moex bench moe --kill %d: %s, %d ranks over %s, %s mode, %d tokens per rank, %d B of weights per expert, every expert on 2 ranks; %d runs\n",
+		r.Victim, r.Model, r.Ranks, r.Transport, r.Mode, r.Tokens, r.WeightBytes, len(s.Runs))
+	fmt.Fprintln(w, "# ms from the kill to the end of: the failed step, Shrink, Recover (rebalance, weights moved), the first correct step")
+	fmt.Fprintf(w, "%-6s %10s %10s %10s %12s\n", "", "detect", "shrink", "recover", "first step")
+	for _, row := range []struct {
+		name string
+		m    map[string]float64
+	}{{"p50", s.P50}, {"max", s.Max}} {
+		fmt.Fprintf(w, "%-6s %10.1f %10.1f %10.1f %12.1f\n", row.name, row.m["detect"]/1e3, row.m["shrink"]/1e3, row.m["recover"]/1e3, row.m["first_step"]/1e3)
+	}
+	fmt.Fprintf(w, "expert moves per recovery: %d\n", r.Moves)
+}
