@@ -61,7 +61,7 @@ func run(out string, quick bool) error {
 	fmt.Fprintf(&doc, "together; p50 and p99 are over the iterations. This machine is shared and noisy: compare\n")
 	fmt.Fprintf(&doc, "figures within one run, not across runs.\n\n")
 	machine(&doc)
-	for _, section := range []func(io.Writer) error{r.moe, r.overlap, r.moeStep, r.p2p, r.coll, r.openMPI, r.twoHosts} {
+	for _, section := range []func(io.Writer) error{r.moe, r.overlap, r.balance, r.lostRank, r.moeStep, r.p2p, r.coll, r.openMPI, r.twoHosts} {
 		if err := section(&doc); err != nil {
 			return err
 		}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"github.com/moex-ai/moex/bench"
+)
+
+// balance runs `moex bench moe --eplb` on skewed routing: rank imbalance and tokens/s
+// with the contiguous placement and after rebalancing.
+func (r *runner) balance(w io.Writer) error {
+	fmt.Fprintf(w, "## Expert load balancing\n\n")
+	fmt.Fprintf(w, "`moex bench moe --model deepseek-v3 --ranks P --transport T --eplb 10 --skew 1.2 --redundant 8\n")
+	fmt.Fprintf(w, "--tokens N --iters 30 [--expert-us U] --json`: routing drawn with Zipf popularity (exponent 1.2),\n")
+	fmt.Fprintf(w, "the load of every physical expert recorded (dispatch.LoadRecorder) and the placement rebuilt\n")
+	fmt.Fprintf(w, "every 10 steps (router.Rebalance, 8 redundant slots, preferring the placement in force). Rank\n")
+	fmt.Fprintf(w, "imbalance: the most (token, expert) rows a rank's experts took in a step over the mean, averaged\n")
+	fmt.Fprintf(w, "over the steps. With identity experts the step is the two stages alone; with --expert-us each\n")
+	fmt.Fprintf(w, "row costs its rank that long (slept, as ranks wait for an accelerator), so that the busiest\n")
+	fmt.Fprintf(w, "rank sets the pace as it does when experts compute. The first step of each placement is left\n")
+	fmt.Fprintf(w, "out.\n\n")
+	fmt.Fprintf(w, "| ranks | transport | tokens | us per row | imbalance before | after | tokens/s before | after | tokens/s gain | imbalance ratio |\n")
+	fmt.Fprintf(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	iters := "30"
+	if r.quick {
+		iters = "4"
+	}
+	every := "10"
+	if r.quick {
+		every = "2"
+	}
+	for _, tp := range []struct {
+		tr    string
+		ranks int
+	}{{"shm", 8}, {"tcp", 4}} {
+		for _, c := range []struct{ tokens, us string }{{"128", "0"}, {"128", "1000"}} {
+			var res bench.EPLBResult
+			_, err := r.moexJSON([]string{"bench", "moe", "--model", "deepseek-v3", "--ranks", fmt.Sprint(tp.ranks), "--transport", tp.tr,
+				"--eplb", every, "--skew", "1.2", "--redundant", "8", "--tokens", c.tokens, "--iters", iters, "--expert-us", c.us},
+				func(line []byte) error { return json.Unmarshal(line, &res) })
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "| %d | %s | %s | %s | %.3f | %.3f | %.0f | %.0f | %.2fx | %.2fx |\n", tp.ranks, tp.tr, c.tokens, c.us,
+				res.Before.Imbalance, res.After.Imbalance, res.Before.TokensPerS, res.After.TokensPerS, res.Speedup, res.ImbalanceGain)
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+// lostRank runs `moex bench moe --kill`: from a SIGKILL to the first correct step on
+// the survivors.
+func (r *runner) lostRank(w io.Writer) error {
+	fmt.Fprintf(w, "## A lost rank: from SIGKILL to serving again\n\n")
+	fmt.Fprintf(w, "`moex bench moe --model deepseek-v3 --ranks P --transport T --kill 3 --tokens 16 --runs 20 --json`:\n")
+	fmt.Fprintf(w, "every expert on two ranks, 64 KiB of weights each; rank 3 is killed with SIGKILL right after a\n")
+	fmt.Fprintf(w, "barrier, and the survivors (the slowest of them) time, from then, the step that fails naming\n")
+	fmt.Fprintf(w, "it, Comm.Shrink, dispatch.Recover (rebalance onto the survivors, the weights that move) and\n")
+	fmt.Fprintf(w, "the first step whose every token comes back whole. ms, p50 and max over 20 jobs.\n\n")
+	fmt.Fprintf(w, "| ranks | transport | detect p50 | max | shrink p50 | max | recover p50 | max | first step p50 | max | expert moves |\n")
+	fmt.Fprintf(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	runs := "20"
+	if r.quick {
+		runs = "2"
+	}
+	for _, tp := range []struct {
+		tr    string
+		ranks int
+	}{{"shm", 8}, {"tcp", 4}} {
+		var s bench.RecoverSummary
+		_, err := r.moexJSON([]string{"bench", "moe", "--model", "deepseek-v3", "--ranks", fmt.Sprint(tp.ranks), "--transport", tp.tr,
+			"--kill", "3", "--tokens", "16", "--runs", runs}, func(line []byte) error { return json.Unmarshal(line, &s) })
+		if err != nil {
+			return err
+		}
+		moves := 0
+		if len(s.Runs) > 0 {
+			moves = s.Runs[0].Moves
+		}
+		fmt.Fprintf(w, "| %d | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %d |\n", tp.ranks, tp.tr,
+			s.P50["detect"]/1e3, s.Max["detect"]/1e3, s.P50["shrink"]/1e3, s.Max["shrink"]/1e3,
+			s.P50["recover"]/1e3, s.Max["recover"]/1e3, s.P50["first_step"]/1e3, s.Max["first_step"]/1e3, moves)
+	}
+	fmt.Fprintln(w)
+	return nil
+}
