@@ -166,6 +166,9 @@ func (p *peer) reap() {
 	var sids, rids []uint64
 	t.sends.Each(func(id uint64, sr *sendReq) {
 		if sr.p == p {
+			// Done here, under p.mu: a waiter's cancel must not withdraw and recycle the
+			// request that the completion below is about to write.
+			sr.state = ssDone
 			sids = append(sids, id)
 			done = append(done, func() { sr.Complete(0, sendErr) })
 		}
