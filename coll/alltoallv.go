@@ -15,7 +15,8 @@ import (
 //
 // The algorithm depends only on the number of ranks (the sizes are not known to every
 // rank): linear (every transfer posted at once) up to 16 ranks, pairwise beyond, unless
-// MOEX_ALGO says otherwise. Bruck first all-gathers every rank's counts. When every rank
+// MOEX_ALGO says otherwise. Bruck and Hier (two-level, for ranks on several hosts) first
+// all-gather every rank's counts. When every rank
 // knows the whole count matrix, PlanAlltoAllv lets the cost model choose, and the plan
 // can be reused while the counts repeat.
 //
@@ -83,7 +84,7 @@ func alltoAllv[T dtype.Elem](ctx context.Context, c *Comm, send []T, sendCounts,
 	}
 	pl := &plan{op: OpAlltoAllv, algo: algo}
 	var m [][]int
-	if algo == Bruck || c.cfg.Verify {
+	if algo == Bruck || algo == Hier || c.cfg.Verify {
 		// Every rank learns every rank's send and receive sizes, so that a disagreement is
 		// seen, identically, by all of them (and Bruck needs the sizes anyway).
 		p := c.size
@@ -111,6 +112,8 @@ func alltoAllv[T dtype.Elem](ctx context.Context, c *Comm, send []T, sendCounts,
 	switch algo {
 	case Bruck:
 		planAlltoAllBruck(pl, c.size, c.rank, l, m)
+	case Hier:
+		planAlltoAllHier(pl, c.topo, c.rank, l, func(i, j int) int { return m[i][j] })
 	case Pairwise:
 		planAlltoAllPairwise(pl, c.size, c.rank, l)
 	default:
@@ -195,6 +198,8 @@ func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 		}
 		pl.steps = nil
 		planAlltoAllBruck(pl, c.size, c.rank, *l, m)
+	case Hier:
+		planAlltoAllHier(pl, c.topo, c.rank, *l, func(i, j int) int { return counts[i][j] * unit })
 	case Pairwise:
 		planAlltoAllPairwise(pl, c.size, c.rank, *l)
 	default:

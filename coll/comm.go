@@ -144,10 +144,13 @@ type Comm struct {
 	stats    Stats
 	prof     profiler
 
-	owned        *owner      // the transport and rendezvous (Init, Local, and what Shrink made of them)
-	parent       []int       // rank in the communicator this one was made from (Split, Shrink)
-	closeBarrier bool        // Close waits for every rank first (communicators from Init)
-	direct       *shm.Direct // the shared-memory areas (Shared), when every rank is on this host over shm
+	owned        *owner // the transport and rendezvous (Init, Local, and what Shrink made of them)
+	splitFrom    *Comm  // the communicator Split made this one from
+	kidsMu       sync.Mutex
+	kids         map[*Comm]struct{} // communicators split from this one, not closed yet
+	parent       []int              // rank in the communicator this one was made from (Split, Shrink)
+	closeBarrier bool               // Close waits for every rank first (communicators from Init)
+	direct       *shm.Direct        // the shared-memory areas (Shared), when every rank is on this host over shm
 }
 
 // Stats counts a communicator's work.
@@ -388,6 +391,17 @@ func (c *Comm) abortWith(ae *AbortError, notify bool) {
 		if c.direct != nil {
 			c.direct.Wake() // a rank waiting in the shared area looks at actx again
 		}
+		// What was split from an aborted communicator is aborted too: a rank that gave up
+		// on the parent must not leave its peers waiting in a child.
+		c.kidsMu.Lock()
+		kids := make([]*Comm, 0, len(c.kids))
+		for k := range c.kids {
+			kids = append(kids, k)
+		}
+		c.kidsMu.Unlock()
+		for _, k := range kids {
+			k.abortLocal(fmt.Errorf("%w: the communicator it was split from (comm %d) aborted: %v", ErrAborted, c.id, ae))
+		}
 		if c.closed.Load() {
 			return
 		}
@@ -538,6 +552,11 @@ func (c *Comm) Close() error {
 	}
 	if c.closed.Swap(true) {
 		return nil
+	}
+	if pa := c.splitFrom; pa != nil {
+		pa.kidsMu.Lock()
+		delete(pa.kids, c)
+		pa.kidsMu.Unlock()
 	}
 	var errs []error
 	if c.cfg.Profile {
@@ -875,7 +894,9 @@ var openOptional = func(ctx context.Context, env transport.Env, rv *transport.Re
 
 // Split partitions the communicator: ranks that pass the same color form a new
 // communicator, ordered by key (then by rank). A negative color (Undefined) returns nil.
-// Split is collective: every rank must call it.
+// Split is collective: every rank must call it. Aborting c aborts what was split from
+// it (and, for their ranks, tells their peers), so that no rank waits in a child for a
+// rank that gave up on the parent.
 func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	mine := []int64{int64(color), int64(key)}
 	all := make([]int64, 2*c.size)
@@ -925,6 +946,18 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	sub.parent = make([]int, len(ms))
 	for i, m := range ms {
 		sub.parent[i] = m.rank
+	}
+	sub.splitFrom = c
+	c.kidsMu.Lock()
+	if c.kids == nil {
+		c.kids = map[*Comm]struct{}{}
+	}
+	c.kids[sub] = struct{}{}
+	c.kidsMu.Unlock()
+	if err := c.Err(); err != nil { // aborted while splitting: so is the child
+		sub.listen()
+		sub.abortLocal(fmt.Errorf("%w: the communicator it was split from aborted: %v", ErrAborted, err))
+		return sub, nil
 	}
 	return sub.listen(), nil
 }

@@ -121,8 +121,8 @@ var Algorithms = map[OpKind][]Algo{
 	OpAllReduce:     {Ring, RecDoubling, Rabenseifner, Hier, Shared},
 	OpReduceScatter: {Ring, RecHalving, Hier, Shared},
 	OpAllGather:     {Ring, RecDoubling, Bruck, Hier, Shared},
-	OpAlltoAll:      {Linear, Pairwise, Bruck, Shared},
-	OpAlltoAllv:     {Linear, Pairwise, Bruck, Shared},
+	OpAlltoAll:      {Linear, Pairwise, Bruck, Hier, Shared},
+	OpAlltoAllv:     {Linear, Pairwise, Bruck, Hier, Shared},
 	OpScatter:       {Linear},
 	OpGather:        {Linear},
 	// The variable-size forms run the algorithms of their fixed-size forms (no shared
@@ -271,7 +271,10 @@ func (c *Comm) chooseFit(op OpKind, n int, fits bool) Algo {
 	algos := Algorithms[op]
 	best, bestT := algos[0], time.Duration(1<<62)
 	for _, a := range algos {
-		if a == Hier && !c.topo.uniform {
+		switch {
+		case a == Hier && (op == OpAlltoAll || op == OpAlltoAllv) && c.topo.hosts == 1:
+			continue // one host: the two levels are one
+		case a == Hier && op != OpAlltoAll && op != OpAlltoAllv && !c.topo.uniform:
 			continue // one host, or hosts with unequal numbers of ranks: nothing to gain
 		}
 		if a == Shared && !fits {
@@ -317,6 +320,9 @@ func (c *Comm) Algorithm(op OpKind, bytes int) Algo { return c.choose(op, bytes)
 func (c *Comm) estimate(op OpKind, algo Algo, n int) time.Duration {
 	op = fixedOf(op) // n is then a block of average size
 	t := c.topo
+	if (op == OpAlltoAll || op == OpAlltoAllv) && t.hosts > 1 {
+		return c.estimateAlltoAllHosts(algo, n)
+	}
 	if algo == Hier && t.uniform {
 		m, h := len(t.members[0]), len(t.members)
 		net := c.link
@@ -340,6 +346,46 @@ func (c *Comm) estimate(op OpKind, algo Algo, n int) time.Duration {
 		}
 	}
 	return l.Estimate(op, algo, c.size, n)
+}
+
+// MessageShare is the part of a link's latency (Alpha) that every message on it costs
+// apart from the others, when many are in flight at once: framing, system calls, the
+// receiver's wake-ups. It makes the cost model count messages per link.
+const MessageShare = 0.25
+
+// estimateAlltoAllHosts is the model of an AlltoAll(v) of n-byte blocks on ranks that
+// span hosts. Every host's link carries the blocks its m ranks send to the P-m ranks
+// elsewhere, whatever the algorithm; the algorithms differ in how many messages carry
+// them: flat, a message per block (m(P-m) on the link; Bruck's log2(P) rounds, each of
+// a message per rank); two-level (Hier), one per rank and remote host (m(H-1)), then the
+// relays hand each rank of their host its blocks over the host's transport.
+func (c *Comm) estimateAlltoAllHosts(algo Algo, n int) time.Duration {
+	t := c.topo
+	p, h := c.size, t.hosts
+	m := 0
+	for _, ms := range t.members {
+		m = max(m, len(ms))
+	}
+	net, intra := c.link, c.intra
+	msg := func(l LinkCost, k int) float64 { return l.Alpha.Seconds() * (1 + MessageShare*float64(max(k-1, 0))) }
+	fn := float64(n)
+	wire := float64(m*(p-m)) * fn * net.Beta // the blocks on a host's link
+	local := float64(m-1) * fn * intra.Beta  // to the ranks of this host, directly
+	var sec float64
+	switch algo {
+	case Linear:
+		sec = msg(net, m*(p-m)) + wire + local
+	case Pairwise:
+		sec = float64(p-1)*net.Alpha.Seconds() + wire + local
+	case Bruck:
+		sec = float64(ceilLog2(p))*msg(net, m) + wire*float64(ceilLog2(p))/2 + 3*float64(p)*fn/20e9
+	case Hier:
+		relayed := (h - 1) * (m - 1) // blocks a relay hands on
+		sec = msg(net, m*(h-1)) + wire + local + msg(intra, m-1+relayed) + float64(relayed)*fn*intra.Beta
+	default:
+		return time.Duration(1 << 62)
+	}
+	return time.Duration(sec * 1e9)
 }
 
 // topology is how a communicator's ranks sit on hosts.

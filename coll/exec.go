@@ -102,6 +102,8 @@ func (c *Comm) getPlan(k planKey) *plan {
 				}
 			}
 			planAlltoAllBruck(pl, c.size, c.rank, l, m)
+		case Hier:
+			planAlltoAllHier(pl, c.topo, c.rank, l, func(int, int) int { return b })
 		default:
 			pl.algo = Linear
 			planAlltoAllLinear(pl, c.size, c.rank, l)

@@ -3,6 +3,8 @@ package coll
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/moex-ai/moex/coll/dtype"
@@ -140,6 +142,129 @@ func TestHierGatherScatterCrossLess(t *testing.T) {
 	for _, op := range []OpKind{OpAllGather, OpReduceScatter} {
 		if a := cs[0].choose(op, 4<<20); a != Hier {
 			t.Errorf("alternating hosts, %v of 4 MiB blocks: model chose %v, want hier", op, a)
+		}
+	}
+}
+
+// The two-level AlltoAll and AlltoAllv deliver what the flat ones do, for every layout
+// (hosts with unequal numbers of ranks and one host included), in and out of place, with
+// blocks that are empty, unaligned and large, counts exchanged or planned from the
+// whole matrix.
+func TestAlltoAllHier(t *testing.T) {
+	ctx := context.Background()
+	layouts := append(slices.Clone(hostLayouts), []int{0, 0, 0, 1}, []int{3, 1, 1, 3, 3})
+	for _, hosts := range layouts {
+		t.Run(fmt.Sprint(hosts), func(t *testing.T) {
+			p := len(hosts)
+			cs := newLocal(t, p, Config{Hosts: hosts, Algo: map[OpKind]Algo{OpAlltoAll: Hier, OpAlltoAllv: Hier}})
+			for _, dt := range []dtype.Type{dtype.U8, dtype.BF16, dtype.F32, dtype.F64} {
+				for _, n := range []int{0, 1, 13, (64 << 10) / dt.Size()} {
+					checkAlltoAll(t, ctx, cs, dt, n, false)
+					checkAlltoAll(t, ctx, cs, dt, n, true)
+				}
+			}
+			rng := rand.New(rand.NewPCG(uint64(p), 7))
+			for trial := 0; trial < 6; trial++ {
+				m := make([][]int, p)
+				for i := range m {
+					m[i] = make([]int, p)
+					for j := range m[i] {
+						if trial%3 != 1 || i != p-1 { // trial 1: the last rank sends nothing
+							m[i][j] = rng.IntN(3) * rng.IntN(2000)
+						}
+					}
+				}
+				checkAlltoAllv(t, ctx, cs, m, trial%2 == 0)
+				checkPlannedAlltoAllv(t, ctx, cs, m)
+			}
+		})
+	}
+}
+
+// checkPlannedAlltoAllv runs the AlltoAllv of m (float32 elements) from a VPlan and
+// checks every byte.
+func checkPlannedAlltoAllv(t *testing.T, ctx context.Context, cs []*Comm, m [][]int) {
+	t.Helper()
+	p := len(cs)
+	algos := make([]Algo, p)
+	noErr(t, runOn(cs, func(c *Comm) error {
+		r := c.Rank()
+		vp, err := c.PlanAlltoAllv(m, 4)
+		if err != nil {
+			return err
+		}
+		algos[r] = vp.Algo
+		send := make([]float32, vp.SendBytes()/4)
+		o := 0
+		for j := 0; j < p; j++ {
+			for k := 0; k < m[r][j]; k++ {
+				send[o] = float32(r*1e6 + j*1e4 + k)
+				o++
+			}
+		}
+		recv := make([]float32, vp.RecvBytes()/4)
+		if err := c.RunAlltoAllv(ctx, vp, dtype.Bytes(send), dtype.Bytes(recv)); err != nil {
+			return err
+		}
+		o = 0
+		for i := 0; i < p; i++ {
+			for k := 0; k < m[i][r]; k++ {
+				if want := float32(i*1e6 + r*1e4 + k); recv[o] != want {
+					return fmt.Errorf("rank %d, element %d from rank %d: %v, want %v", r, k, i, recv[o], want)
+				}
+				o++
+			}
+		}
+		return nil
+	}))
+	for r, a := range algos {
+		if a != Hier {
+			t.Fatalf("rank %d planned %v, want hier (MOEX_ALGO)", r, a)
+		}
+	}
+}
+
+// A rank of the two-level AlltoAll sends H-1 messages to other hosts, whatever the rank
+// order; the flat one sends a message to every rank elsewhere.
+func TestAlltoAllHierCrossesLess(t *testing.T) {
+	for _, hosts := range [][]int{{0, 1, 0, 1, 0, 1, 0, 1}, {0, 0, 0, 0, 1, 1, 1, 1}, {0, 1, 2, 0, 1, 2}, {0, 0, 0, 1}} {
+		topo := newTopology(hosts)
+		p := len(hosts)
+		l := evenLayout(p, 1000)
+		for r := range hosts {
+			var hier, flat plan
+			planAlltoAllHier(&hier, topo, r, l, func(int, int) int { return 1000 })
+			planAlltoAllLinear(&flat, p, r, l)
+			elsewhere := p - len(topo.members[topo.hostOf[r]])
+			if got := crossings(&hier, hosts, r); got != topo.hosts-1 {
+				t.Errorf("hosts %v rank %d: two-level plan sends %d messages to other hosts, want %d", hosts, r, got, topo.hosts-1)
+			}
+			if got := crossings(&flat, hosts, r); got != elsewhere {
+				t.Errorf("hosts %v rank %d: flat plan sends %d messages to other hosts, want %d", hosts, r, got, elsewhere)
+			}
+		}
+	}
+}
+
+// Across hosts the model counts messages per link: two-level for small blocks, where
+// messages cost more than bytes, and flat for large ones, where relaying costs a copy
+// more and saves nothing on the link; on one host it never offers two-level.
+func TestModelPicksHierAlltoAll(t *testing.T) {
+	for _, hosts := range [][]int{{0, 0, 0, 0, 1, 1, 1, 1}, {0, 1, 0, 1, 0, 1, 0, 1}} {
+		cs := newLocal(t, len(hosts), Config{Hosts: hosts, Link: &CostNet, HostLink: &CostShm})
+		for _, op := range []OpKind{OpAlltoAll, OpAlltoAllv} {
+			if a := cs[0].choose(op, 256); a != Hier {
+				t.Errorf("hosts %v, %v of 256 B blocks: model chose %v, want hier", hosts, op, a)
+			}
+			if a := cs[0].choose(op, 4<<20); a == Hier {
+				t.Errorf("hosts %v, %v of 4 MiB blocks: model chose hier", hosts, op)
+			}
+		}
+	}
+	cs := newLocal(t, 8, Config{})
+	for _, n := range []int{8, 1 << 20} {
+		if a := cs[0].choose(OpAlltoAll, n); a == Hier {
+			t.Errorf("one host, %d B: model chose hier", n)
 		}
 	}
 }

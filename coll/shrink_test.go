@@ -257,3 +257,30 @@ func TestShrinkRefused(t *testing.T) {
 	_, err = cs[1].Shrink(context.Background())
 	assert.ErrorIs(t, err, ErrClosed)
 }
+
+// Aborting a communicator aborts what was split from it, on every rank of the child:
+// a rank that gave up on the parent leaves nobody waiting in the child.
+func TestAbortReachesSplit(t *testing.T) {
+	cs := newLocal(t, 4, Config{Timeout: 20 * time.Second})
+	errs := runOn(cs, func(c *Comm) error {
+		ctx := context.Background()
+		sub, err := c.Split(ctx, c.Rank()%2, c.Rank())
+		if err != nil {
+			return err
+		}
+		defer sub.Close()
+		if c.Rank() == 0 {
+			c.Abort("giving up")
+			return nil
+		}
+		// Rank 2 waits in the child for rank 0, which will never come.
+		err = Barrier(ctx, sub)
+		if c.Rank() == 2 && !errors.Is(err, ErrAborted) {
+			return fmt.Errorf("rank 2 in the child: got %v, want ErrAborted", err)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+}
