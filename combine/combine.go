@@ -78,6 +78,7 @@ type slot[T Act] struct {
 	accS    obuf.Scratch
 	code    int
 	inErr   error
+	rows    bool // CombineRows: y holds a summed row per incoming row, not a row per entry
 	// Normal mode.
 	plan       coll.VPlan
 	bytes      [][]int
@@ -174,6 +175,26 @@ func (cb *Combiner[T]) Combine(ctx context.Context, h dispatch.Handle, y, out []
 // Start is the send half of Combine: it sums this rank's experts' outputs per token and
 // sends them; y is not read after Start returns, out is written until Wait returns.
 func (cb *Combiner[T]) Start(ctx context.Context, h dispatch.Handle, y, out []T) (*Pending[T], error) {
+	return cb.start(ctx, h, y, out, false)
+}
+
+// CombineRows is Combine for expert outputs already weighted and summed on this rank:
+// y holds one row per incoming row of the dispatch (a token that came to this rank,
+// however many of its experts it chose here: Handle.IncomingRows() x Hidden, in the
+// order of Handle.Incoming), and each goes back to its origin as it is, to be added
+// there to the token's other partial sums. Not in the gathered mode.
+func (cb *Combiner[T]) CombineRows(ctx context.Context, h dispatch.Handle, y, out []T) error {
+	p, err := cb.start(ctx, h, y, out, true)
+	if err != nil {
+		return err
+	}
+	return p.Wait(ctx)
+}
+
+func (cb *Combiner[T]) start(ctx context.Context, h dispatch.Handle, y, out []T, rows bool) (*Pending[T], error) {
+	if rows && cb.cfg.Mode == dispatch.Gathered {
+		return nil, fmt.Errorf("%w: summed rows in the gathered mode", dispatch.ErrConfig)
+	}
 	s := cb.slots[cb.n%uint64(len(cb.slots))]
 	if s.started {
 		return nil, fmt.Errorf("%w: combine %d would reuse the buffers of a combine not waited for", dispatch.ErrBusy, cb.n+1)
@@ -188,10 +209,12 @@ func (cb *Combiner[T]) Start(ctx context.Context, h dispatch.Handle, y, out []T)
 		s.code, s.inErr = dispatch.CodeStale, dispatch.ErrStale
 	case len(out) != h.Tokens()*hid:
 		s.code, s.inErr = dispatch.CodeOutput, fmt.Errorf("%w: output of %d values for %d tokens of %d", ErrInput, len(out), h.Tokens(), hid)
-	case len(y) != h.Rows()*hid:
+	case !rows && len(y) != h.Rows()*hid:
 		s.code, s.inErr = dispatch.CodeOutput, fmt.Errorf("%w: %d expert output values, the dispatch delivered %d rows of %d", ErrInput, len(y), h.Rows(), hid)
+	case rows && len(y) != h.IncomingRows()*hid:
+		s.code, s.inErr = dispatch.CodeOutput, fmt.Errorf("%w: %d summed values, %d rows of %d came to this rank", ErrInput, len(y), h.IncomingRows(), hid)
 	}
-	s.h, s.out = h, out
+	s.h, s.out, s.rows = h, out, rows
 	if s.code == dispatch.CodeOK {
 		h.Pin()
 		s.pinned = true
@@ -287,6 +310,15 @@ func (s *slot[T]) ownTerms(y []T) {
 // sumRows writes into dst the weighted sum of the expert outputs of incoming row i (the
 // first term written, the others added: nothing to clear).
 func (s *slot[T]) sumRows(dst []float32, y []T, i int) {
+	if s.rows { // summed already: row i of y
+		hid := s.cb.cfg.Hidden
+		if isF32[T]() {
+			copy(dst, dtype.FromBytes[float32](dtype.Bytes(y[i*hid:(i+1)*hid])))
+		} else {
+			dtype.BF16ToF32(dst, dtype.FromBytes[dtype.BFloat16](dtype.Bytes(y[i*hid:(i+1)*hid])))
+		}
+		return
+	}
 	entries, ws := s.h.Contributions(i)
 	if len(entries) == 0 {
 		clear(dst)

@@ -110,6 +110,10 @@ func (h Handle) Routing() *router.Routing { return h.s.r }
 // Incoming returns the range [start, end) of incoming rows from origin rank s.
 func (h Handle) Incoming(s int) (start, end int) { return h.s.originStart[s], h.s.originStart[s+1] }
 
+// IncomingRows is the number of rows that came to this rank (a token once per rank,
+// however many of the rank's experts it chose).
+func (h Handle) IncomingRows() int { return h.s.originStart[len(h.s.originStart)-1] }
+
 // Contributions returns, for incoming row i, the entries it was delivered to and their
 // router weights (in the order of the token's choices).
 func (h Handle) Contributions(i int) ([]int32, []float32) {

@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 )
 
@@ -75,6 +76,29 @@ func NewPlacement(kind PlacementKind, e, p int) (*Placement, error) {
 			return nil, fmt.Errorf("%w: unknown placement %v", ErrConfig, kind)
 		}
 		pl.Owners[x] = []int{r}
+	}
+	pl.index()
+	return pl, nil
+}
+
+// PlacementOf makes a placement (of kind Balanced) from each expert's ranks: every expert
+// on at least one rank, no rank twice.
+func PlacementOf(experts, ranks int, owners [][]int) (*Placement, error) {
+	if experts < 1 || ranks < 1 || experts > MaxExperts || ranks > MaxRanks || len(owners) != experts {
+		return nil, fmt.Errorf("%w: %d owner lists for %d experts on %d ranks", ErrConfig, len(owners), experts, ranks)
+	}
+	pl := &Placement{Kind: Balanced, Experts: experts, Ranks: ranks, Owners: make([][]int, experts)}
+	for e, rs := range owners {
+		if len(rs) == 0 {
+			return nil, fmt.Errorf("%w: expert %d on no rank", ErrConfig, e)
+		}
+		pl.Owners[e] = slices.Clone(rs)
+		slices.Sort(pl.Owners[e])
+		for i, r := range pl.Owners[e] {
+			if r < 0 || r >= ranks || (i > 0 && r == pl.Owners[e][i-1]) {
+				return nil, fmt.Errorf("%w: expert %d on ranks %v of %d", ErrConfig, e, rs, ranks)
+			}
+		}
 	}
 	pl.index()
 	return pl, nil

@@ -37,7 +37,7 @@ func TestFlow(t *testing.T) {
 		var out bytes.Buffer
 		require.NoError(t, printFlow(&out, o, mc, pl, m, true))
 		want := map[dispatch.Mode][]string{
-			dispatch.Normal: {"2. counts (AllGather", "3. dispatch (AlltoAllv, linear)", "4. experts", "5. combine (AlltoAllv",
+			dispatch.Normal: {"2. counts (AllGather", "3. dispatch (AlltoAllv, hier)", "4. experts", "5. combine (AlltoAllv",
 				"6. sum", "dispatch schedule, rank 0"},
 			dispatch.LowLatency: {"2. dispatch (Exchange", "3. experts", "4. combine (Exchange", "5. sum"},
 			dispatch.Gathered:   {"2. counts (AllGather", "3. dispatch (AllGatherv", "5. combine (ReduceScatterv", "6. sum"},

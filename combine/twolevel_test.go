@@ -1,0 +1,146 @@
+package combine_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/combine"
+	"github.com/moex-ai/moex/dispatch"
+	"github.com/moex-ai/moex/router"
+)
+
+// hostTokens is origin o's tokens: small integers and dyadic weights, so that every sum
+// below is exact in float32 and bf16, whatever its order.
+func hostTokens(o, t, k, experts, hid int) (*router.Routing, []float32) {
+	rng := rand.New(rand.NewPCG(uint64(o), 99))
+	r := &router.Routing{T: t, K: k, E: experts, Experts: make([]int32, t*k), Weights: make([]float32, t*k)}
+	for i := 0; i < t; i++ {
+		for j, e := range rng.Perm(experts)[:k] {
+			r.Experts[i*k+j], r.Weights[i*k+j] = int32(e), []float32{0.5, 0.25, 1, 0.125}[rng.IntN(4)]
+			if rng.IntN(11) == 0 {
+				r.Experts[i*k+j], r.Weights[i*k+j] = -1, 0 // dropped
+			}
+		}
+	}
+	x := make([]float32, t*hid)
+	for i := range x {
+		x[i] = float32(rng.IntN(9) - 4)
+	}
+	return r, x
+}
+
+// The two-level dispatch and combine give every token the reference sum (bit for bit:
+// the sums are exact) for every host layout, mode, wire type and activation type, with
+// replicated experts; each entry names a global expert this rank holds; and a token
+// crosses to another host at most once per host, fewer times than the flat dispatch
+// sends it to ranks there.
+func TestTwoLevel(t *testing.T) {
+	const experts, k, hid, tokens = 16, 4, 24, 11
+	for _, hosts := range [][]int{{0, 0, 1, 1}, {0, 1, 0, 1}, {0, 0, 0, 0, 1, 1, 1, 1}, {0, 1, 2, 0, 1, 2}, {0, 0, 0}} {
+		p := len(hosts)
+		pl, err := router.NewPlacement(router.Contiguous, experts, p)
+		require.NoError(t, err)
+		require.NoError(t, pl.Replicate([]int{0, 5}, 2)) // expert 0 on ranks 0, 1; 5 on two ranks too
+		for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+			for _, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3} {
+				name := fmt.Sprintf("%v/%v/%v", hosts, mode, wire)
+				t.Run(name, func(t *testing.T) {
+					cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: pl, Mode: mode, MaxTokens: tokens, WireDType: wire, PowerOfTwoScales: true}
+					crossed := make([][2]int, p) // rows to other hosts: two-level, flat
+					errs := onRanks(t, p, coll.Config{Hosts: hosts}, true, func(c *coll.Comm) error {
+						return twoLevelRank(c, cfg, hosts, &crossed[c.Rank()], tokens)
+					})
+					for r, err := range errs {
+						require.NoError(t, err, "rank %d", r)
+					}
+					two, flat := 0, 0
+					for _, x := range crossed {
+						two, flat = two+x[0], flat+x[1]
+					}
+					assert.LessOrEqual(t, two, flat)
+					if hosts[1] != hosts[0] || len(hosts) > 4 { // ranks of several hosts, several ranks a host
+						assert.Less(t, two, flat, "the two-level dispatch sends fewer rows across hosts")
+					}
+				})
+			}
+		}
+	}
+}
+
+func twoLevelRank(c *coll.Comm, cfg dispatch.Config, hosts []int, crossed *[2]int, tokens int) error {
+	ctx := context.Background()
+	me := c.Rank()
+	hid := cfg.Hidden
+	r, x := hostTokens(me, tokens-me%3, cfg.TopK, cfg.Placement.Experts, hid)
+	d, err := dispatch.NewTwoLevel[float32](ctx, c, cfg)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	cb, err := combine.NewTwoLevel[float32](ctx, d)
+	if err != nil {
+		return err
+	}
+	defer cb.Close()
+	for round := 0; round < 2; round++ {
+		out, h, err := d.Dispatch(ctx, x, r)
+		if err != nil {
+			return err
+		}
+		y := make([]float32, out.Rows()*hid)
+		for j := 0; j < out.Rows(); j++ {
+			e := out.Expert[j]
+			if out.Origin[j] < 0 {
+				continue
+			}
+			if cfg.Placement.LocalIndex(me, int(e)) < 0 {
+				return fmt.Errorf("rank %d got a row for expert %d, which it does not hold", me, e)
+			}
+			for i, v := range out.Entry(j) {
+				y[j*hid+i] = v * float32(e+1)
+			}
+		}
+		got := make([]float32, len(x))
+		if err := cb.Combine(ctx, h, y, got); err != nil {
+			return err
+		}
+		for t := 0; t < r.T; t++ {
+			sum := float32(0)
+			for j := 0; j < r.K; j++ {
+				if e := r.Experts[t*r.K+j]; e >= 0 {
+					sum += r.Weights[t*r.K+j] * float32(e+1)
+				}
+			}
+			for i := 0; i < hid; i++ {
+				if want := sum * x[t*hid+i]; got[t*hid+i] != want {
+					return fmt.Errorf("round %d, token %d element %d: %v, want %v", round, t, i, got[t*hid+i], want)
+				}
+			}
+		}
+	}
+	// Rows to other hosts: the up stage's to other relays, the flat layout's to ranks
+	// of other hosts.
+	st := d.Up().Stats()
+	for q, n := range st.RowsPerRank {
+		if q != d.Up().Comm().Rank() {
+			crossed[0] += n
+		}
+	}
+	l, err := router.BuildLayout(r, cfg.Placement, me)
+	if err != nil {
+		return err
+	}
+	for q, rows := range l.Rows {
+		if hosts[q] != hosts[me] {
+			crossed[1] += len(rows)
+		}
+	}
+	return nil
+}

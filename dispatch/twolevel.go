@@ -1,0 +1,220 @@
+package dispatch
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/router"
+)
+
+// TwoLevel is the dispatch for ranks on several hosts, in two stages, as DeepEP's
+// internode kernels do it: a token crosses the network at most once per remote host,
+// whatever the number of its experts there, and the host's ranks pass it on among
+// themselves (over shared memory).
+//
+//   - Up: among the ranks with the same local index on every host (coll.Comm.SplitHosts),
+//     a dispatch whose "ranks" are the hosts: each token goes once to the relay of every
+//     host holding one of its experts (its own host's relay is the rank itself), with
+//     the routing of all its experts there.
+//   - Down: among the ranks of the host, a dispatch of the rows each rank relays (its
+//     own tokens included) to the ranks that hold their experts.
+//
+// The experts see the down stage's Output: Expert holds global expert ids; Origin is
+// the rank (of the communicator given to NewTwoLevel) that relayed the row and Source
+// the row's index among that rank's relayed rows. Package combine's TwoLevel sums a
+// token's expert outputs within each host first, and each host's sum crosses back once.
+//
+// Both stages run in cfg.Mode (normal or low-latency); the down stage takes cfg's Align
+// and Quantized. Hosts must hold equal numbers of ranks. The stages fail as a dispatch
+// does: a rank's bad input fails every rank in the same call.
+type TwoLevel[T Act] struct {
+	c            *coll.Comm
+	intra, inter *coll.Comm
+	up, down     *Dispatcher[T]
+	global       []int32 // down's expert id -> global expert
+	local        []int32 // global expert -> down's expert id (-1: not on this host)
+	members      []int   // intra rank -> rank in c
+	r2           []router.Routing
+	n            int // dispatches
+	x2           obuf.Scratch
+}
+
+// TwoLevelHandle remembers a two-level dispatch for package combine.
+type TwoLevelHandle struct {
+	Up, Down Handle
+}
+
+// NewTwoLevel splits c by host (collectively: every rank calls it with the same cfg)
+// and makes the two stages' dispatchers.
+func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLevel[T], error) {
+	act := actType[T]()
+	if cfg.WireDType == 0 {
+		cfg.WireDType = act
+	}
+	if cfg.CombineDType == 0 {
+		cfg.CombineDType = act
+		if act == dtype.U8 {
+			cfg.CombineDType = dtype.F32
+		}
+	}
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	switch {
+	case cfg.Mode == Gathered:
+		return nil, fmt.Errorf("%w: the gathered mode has no two-level form", ErrConfig)
+	case cfg.Placement.Ranks != c.Size():
+		return nil, fmt.Errorf("%w: placement over %d ranks on a communicator of %d", ErrConfig, cfg.Placement.Ranks, c.Size())
+	}
+	intra, inter, err := c.SplitHosts(ctx)
+	if err != nil {
+		return nil, err
+	}
+	d := &TwoLevel[T]{c: c, intra: intra, inter: inter}
+	fail := func(err error) (*TwoLevel[T], error) {
+		d.Close()
+		return nil, err
+	}
+	if inter == nil {
+		return fail(fmt.Errorf("%w: a two-level dispatch needs hosts with equal numbers of ranks", ErrConfig))
+	}
+	pl := cfg.Placement
+	// Up: expert e lives on the hosts (inter ranks) whose ranks hold a replica.
+	hostOf := make([]int, c.Size()) // rank in c -> inter rank of its host
+	for i, q := range inter.ParentRanks() {
+		for r := range hostOf {
+			if c.Host(r) == c.Host(q) {
+				hostOf[r] = i
+			}
+		}
+	}
+	upOwners := make([][]int, pl.Experts)
+	for e, owners := range pl.Owners {
+		for _, r := range owners {
+			if h := hostOf[r]; len(upOwners[e]) == 0 || !contains(upOwners[e], h) {
+				upOwners[e] = append(upOwners[e], h)
+			}
+		}
+	}
+	upPl, err := router.PlacementOf(pl.Experts, inter.Size(), upOwners)
+	if err != nil {
+		return fail(err)
+	}
+	// Down: the experts of this host, on its ranks.
+	d.members = intra.ParentRanks()
+	d.local = make([]int32, pl.Experts)
+	var downOwners [][]int
+	for e, owners := range pl.Owners {
+		d.local[e] = -1
+		var on []int
+		for i, r := range d.members {
+			if contains(owners, r) {
+				on = append(on, i)
+			}
+		}
+		if on != nil {
+			d.local[e] = int32(len(d.global))
+			d.global = append(d.global, int32(e))
+			downOwners = append(downOwners, on)
+		}
+	}
+	if len(d.global) == 0 {
+		return fail(fmt.Errorf("%w: no expert on the ranks of this host", ErrConfig))
+	}
+	downPl, err := router.PlacementOf(len(d.global), intra.Size(), downOwners)
+	if err != nil {
+		return fail(err)
+	}
+	ucfg := cfg
+	ucfg.Placement, ucfg.Align, ucfg.Quantized, ucfg.Pool = upPl, 1, false, nil
+	if d.up, err = New[T](ctx, inter, ucfg); err != nil {
+		return fail(err)
+	}
+	dcfg := cfg
+	dcfg.Placement, dcfg.TopK = downPl, min(cfg.TopK, len(d.global))
+	dcfg.MaxTokens = cfg.MaxTokens * inter.Size() // every host's relay may send each token here
+	if cfg.Mode != LowLatency {
+		dcfg.MaxTokens = cfg.MaxTokens
+	}
+	if d.down, err = New[T](ctx, intra, dcfg); err != nil {
+		return fail(err)
+	}
+	d.r2 = make([]router.Routing, cfg.InFlight)
+	d.x2.Pool = d.up.cfg.Pool
+	return d, nil
+}
+
+func contains(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Up and Down are the stages' dispatchers (package combine makes a combiner for each).
+func (d *TwoLevel[T]) Up() *Dispatcher[T]   { return d.up }
+func (d *TwoLevel[T]) Down() *Dispatcher[T] { return d.down }
+
+// Dispatch sends this rank's tokens x (T x Hidden) to the experts r chose (global expert
+// ids) and returns what this rank's experts receive. Every rank must call it.
+func (d *TwoLevel[T]) Dispatch(ctx context.Context, x []T, r *router.Routing) (*Output[T], TwoLevelHandle, error) {
+	out1, h1, err := d.up.Dispatch(ctx, x, r)
+	if err != nil {
+		return nil, TwoLevelHandle{}, err
+	}
+	// The rows this rank relays become the down stage's tokens, each with the choices
+	// of this host's experts it came with.
+	n := h1.IncomingRows()
+	hid, k := d.up.cfg.Hidden, d.down.cfg.TopK
+	r2 := &d.r2[d.n%len(d.r2)]
+	d.n++
+	r2.T, r2.K, r2.E, r2.Dropped = n, k, len(d.global), 0
+	r2.Experts = growI32(r2.Experts, n*k)
+	r2.Weights = growF32(r2.Weights, n*k)
+	x2 := dtype.FromBytes[T](d.x2.Bytes(n * hid * int(sizeOf[T]())))
+	for i := 0; i < n; i++ {
+		entries, ws := h1.Contributions(i)
+		copy(x2[i*hid:(i+1)*hid], out1.Entry(int(entries[0])))
+		for j := 0; j < k; j++ {
+			e, w := int32(-1), float32(0)
+			if j < len(entries) {
+				e, w = d.local[out1.Expert[entries[j]]], ws[j]
+			}
+			r2.Experts[i*k+j], r2.Weights[i*k+j] = e, w
+		}
+	}
+	out2, h2, err := d.down.Dispatch(ctx, x2, r2)
+	if err != nil {
+		return nil, TwoLevelHandle{}, err
+	}
+	for j, e := range out2.Expert {
+		if e >= 0 {
+			out2.Expert[j] = d.global[e]
+		}
+		if o := out2.Origin[j]; o >= 0 {
+			out2.Origin[j] = int32(d.members[o])
+		}
+	}
+	return out2, TwoLevelHandle{Up: h1, Down: h2}, nil
+}
+
+// Close releases both stages and the host communicators.
+func (d *TwoLevel[T]) Close() error {
+	d.x2.Release()
+	for _, x := range []*Dispatcher[T]{d.down, d.up} {
+		if x != nil {
+			x.Close()
+		}
+	}
+	for _, c := range []*coll.Comm{d.inter, d.intra} {
+		if c != nil {
+			c.Close()
+		}
+	}
+	return nil
+}
