@@ -53,7 +53,7 @@ func TestTwoLevel(t *testing.T) {
 				name := fmt.Sprintf("%v/%v/%v", hosts, mode, wire)
 				t.Run(name, func(t *testing.T) {
 					cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: pl, Mode: mode, MaxTokens: tokens, WireDType: wire, PowerOfTwoScales: true}
-					crossed := make([][2]int, p) // rows to other hosts: two-level, flat
+					crossed := make([][3]int, p) // rows to other hosts: two-level, flat; relayed within hosts
 					errs := onRanks(t, p, coll.Config{Hosts: hosts}, true, func(c *coll.Comm) error {
 						return twoLevelRank(c, cfg, hosts, &crossed[c.Rank()], tokens)
 					})
@@ -64,6 +64,22 @@ func TestTwoLevel(t *testing.T) {
 					for _, x := range crossed {
 						two, flat = two+x[0], flat+x[1]
 					}
+					// The planner's count of the rows across hosts is what ran.
+					rs := make([]*router.Routing, p)
+					for o := range rs {
+						rs[o], _ = hostTokens(o, tokens-o%3, k, experts, hid)
+					}
+					plan, err := dispatch.NewPlan(cfg, rs)
+					require.NoError(t, err)
+					ht, err := plan.Hosts(hosts)
+					require.NoError(t, err)
+					assert.Equal(t, flat, ht.Flat.RowsAcross)
+					assert.Equal(t, two, ht.TwoLevel.RowsAcross)
+					within := 0
+					for _, x := range crossed {
+						within += x[2]
+					}
+					assert.Equal(t, within, ht.TwoLevel.RowsWithin)
 					assert.LessOrEqual(t, two, flat)
 					if hosts[1] != hosts[0] || len(hosts) > 4 { // ranks of several hosts, several ranks a host
 						assert.Less(t, two, flat, "the two-level dispatch sends fewer rows across hosts")
@@ -74,7 +90,7 @@ func TestTwoLevel(t *testing.T) {
 	}
 }
 
-func twoLevelRank(c *coll.Comm, cfg dispatch.Config, hosts []int, crossed *[2]int, tokens int) error {
+func twoLevelRank(c *coll.Comm, cfg dispatch.Config, hosts []int, crossed *[3]int, tokens int) error {
 	ctx := context.Background()
 	me := c.Rank()
 	hid := cfg.Hidden
@@ -131,6 +147,11 @@ func twoLevelRank(c *coll.Comm, cfg dispatch.Config, hosts []int, crossed *[2]in
 	for q, n := range st.RowsPerRank {
 		if q != d.Up().Comm().Rank() {
 			crossed[0] += n
+		}
+	}
+	for q, n := range d.Down().Stats().RowsPerRank {
+		if q != d.Down().Comm().Rank() {
+			crossed[2] += n
 		}
 	}
 	l, err := router.BuildLayout(r, cfg.Placement, me)

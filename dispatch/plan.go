@@ -124,6 +124,7 @@ type Plan struct {
 	// ExpertRows[r][k] is how many rows local expert k of rank r receives (one per
 	// (token, expert) pair).
 	ExpertRows [][]int
+	routings   []*router.Routing
 }
 
 // NewPlan plans a dispatch of the given routing of every rank (routings[r] is rank r's)
@@ -143,7 +144,7 @@ func NewPlan(cfg Config, routings []*router.Routing) (*Plan, error) {
 	if len(routings) != p {
 		return nil, fmt.Errorf("%w: %d routings for %d ranks", ErrConfig, len(routings), p)
 	}
-	pl := &Plan{Cfg: cfg, Format: NewFormat(cfg), Layouts: make([]*router.Layout, p), Rows: make([][]int, p), Choices: make([][]int, p), ExpertRows: make([][]int, p)}
+	pl := &Plan{Cfg: cfg, Format: NewFormat(cfg), Layouts: make([]*router.Layout, p), Rows: make([][]int, p), Choices: make([][]int, p), ExpertRows: make([][]int, p), routings: routings}
 	for r := range pl.ExpertRows {
 		pl.ExpertRows[r] = make([]int, len(cfg.Placement.Local[r]))
 	}

@@ -216,3 +216,34 @@ func TestFP8WireBytes(t *testing.T) {
 }
 
 func align8(n int) int { return (n + 7) &^ 7 }
+
+// At DeepSeek-V3's sizes on 2 hosts of 4 ranks, a token's 8 experts sit on about 2.6
+// ranks of the other host and on the other host once: the two-level dispatch puts at
+// most half of the flat dispatch's bytes across hosts (and the combine's partial sums
+// likewise), whether the ranks sit on the hosts in blocks or alternate; with one rank a
+// host there is nothing to save.
+func TestTwoLevelHalvesDeepSeekCrossing(t *testing.T) {
+	pl, err := router.NewPlacement(router.Contiguous, 256, 8)
+	require.NoError(t, err)
+	rs := routings(8, 256, 8, []int{64, 64, 64, 64, 64, 64, 64, 64}, 11)
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		plan, err := dispatch.NewPlan(dispatch.Config{Hidden: 7168, TopK: 8, WireDType: dtype.BF16, Placement: pl, Mode: mode, MaxTokens: 64}, rs)
+		require.NoError(t, err)
+		for _, hosts := range [][]int{{0, 0, 0, 0, 1, 1, 1, 1}, {0, 1, 0, 1, 0, 1, 0, 1}} {
+			ht, err := plan.Hosts(hosts)
+			require.NoError(t, err)
+			flat, two := ht.Flat, ht.TwoLevel
+			t.Logf("%v %v: across hosts flat %d B, two-level %d B (%.2f); within flat %d B, two-level %d B",
+				mode, hosts, flat.DispatchAcross, two.DispatchAcross, float64(two.DispatchAcross)/float64(flat.DispatchAcross), flat.DispatchWithin, two.DispatchWithin)
+			assert.LessOrEqual(t, float64(two.DispatchAcross), 0.5*float64(flat.DispatchAcross), "%v %v", mode, hosts)
+			assert.LessOrEqual(t, float64(two.CombineAcross), 0.5*float64(flat.CombineAcross), "%v %v", mode, hosts)
+			assert.Greater(t, two.DispatchWithin, flat.DispatchWithin, "the relays hand rows on within the host")
+		}
+		ht, err := plan.Hosts([]int{0, 1, 2, 3, 4, 5, 6, 7})
+		require.NoError(t, err)
+		assert.Equal(t, ht.Flat.DispatchAcross, ht.TwoLevel.DispatchAcross, "a rank a host: the same rows across")
+		assert.Zero(t, ht.TwoLevel.DispatchWithin)
+	}
+	_, err = (&dispatch.Plan{}).Hosts([]int{0})
+	assert.Error(t, err)
+}

@@ -81,52 +81,22 @@ func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLeve
 	if inter == nil {
 		return fail(fmt.Errorf("%w: a two-level dispatch needs hosts with equal numbers of ranks", ErrConfig))
 	}
-	pl := cfg.Placement
-	// Up: expert e lives on the hosts (inter ranks) whose ranks hold a replica.
-	hostOf := make([]int, c.Size()) // rank in c -> inter rank of its host
-	for i, q := range inter.ParentRanks() {
-		for r := range hostOf {
-			if c.Host(r) == c.Host(q) {
-				hostOf[r] = i
-			}
-		}
+	hosts := make([]int, c.Size())
+	for r := range hosts {
+		hosts[r] = c.Host(r)
 	}
-	upOwners := make([][]int, pl.Experts)
-	for e, owners := range pl.Owners {
-		for _, r := range owners {
-			if h := hostOf[r]; len(upOwners[e]) == 0 || !contains(upOwners[e], h) {
-				upOwners[e] = append(upOwners[e], h)
-			}
-		}
-	}
-	upPl, err := router.PlacementOf(pl.Experts, inter.Size(), upOwners)
+	tl, err := newTwoLevel(cfg.Placement, hosts)
 	if err != nil {
 		return fail(err)
 	}
-	// Down: the experts of this host, on its ranks.
-	d.members = intra.ParentRanks()
-	d.local = make([]int32, pl.Experts)
-	var downOwners [][]int
-	for e, owners := range pl.Owners {
-		d.local[e] = -1
-		var on []int
-		for i, r := range d.members {
-			if contains(owners, r) {
-				on = append(on, i)
-			}
-		}
-		if on != nil {
-			d.local[e] = int32(len(d.global))
-			d.global = append(d.global, int32(e))
-			downOwners = append(downOwners, on)
-		}
-	}
-	if len(d.global) == 0 {
+	b := tl.hostIdx[c.Rank()]
+	upPl, downPl := tl.up, tl.down[b]
+	d.members, d.global, d.local = tl.members[b], tl.global[b], tl.localOf[b]
+	if downPl == nil {
 		return fail(fmt.Errorf("%w: no expert on the ranks of this host", ErrConfig))
 	}
-	downPl, err := router.PlacementOf(len(d.global), intra.Size(), downOwners)
-	if err != nil {
-		return fail(err)
+	if inter.Size() != len(tl.members) || intra.Size() != len(d.members) {
+		return fail(fmt.Errorf("%w: %d hosts of %d ranks, but host communicators of %d and %d", ErrConfig, len(tl.members), len(d.members), inter.Size(), intra.Size()))
 	}
 	ucfg := cfg
 	ucfg.Placement, ucfg.Align, ucfg.Quantized, ucfg.Pool = upPl, 1, false, nil
@@ -145,15 +115,6 @@ func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLeve
 	d.r2 = make([]router.Routing, cfg.InFlight)
 	d.x2.Pool = d.up.cfg.Pool
 	return d, nil
-}
-
-func contains(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // Up and Down are the stages' dispatchers (package combine makes a combiner for each).
