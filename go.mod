@@ -3,6 +3,7 @@ module github.com/moex-ai/moex
 go 1.26.0
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.4-1
 	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -22,6 +21,7 @@ import (
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/shm"
+	"github.com/moex-ai/moex/transport/topo"
 	"github.com/moex-ai/moex/transport/ucx"
 )
 
@@ -311,21 +311,36 @@ func (r *doctorReport) machine(c *coll.Comm) {
 		}
 	}
 	add("shm segments", fmt.Sprintf("%d stale in %s (left by crashed jobs; removed when a job starts)", stale, shm.DevShm))
-	ib, _ := filepath.Glob("/sys/class/infiniband/*")
-	if len(ib) == 0 {
+	tp := topo.Discover(topo.Options{})
+	var nodes []string
+	for _, n := range tp.NUMA {
+		nodes = append(nodes, fmt.Sprintf("node %d: %d CPUs", n.ID, len(n.CPUs)))
+	}
+	add("NUMA", orDefault(strings.Join(nodes, "; "), "not reported")+" (moex topo; MOEX_CPU_BIND=numa binds a rank to the node of its GPU or NIC)")
+	var nics []string
+	for _, n := range tp.NICs {
+		if !n.Virtual {
+			nics = append(nics, fmt.Sprintf("%s %g Gbit/s node %d", n.Name, float64(n.Speed)/1000, n.NUMA))
+		}
+	}
+	add("NICs", orDefault(strings.Join(nics, "; "), "no physical interface (virtual ones only)"))
+	if len(tp.RDMA) == 0 {
 		add("RDMA devices", "none (/sys/class/infiniband is empty): between hosts, traffic goes over TCP")
 	} else {
 		var names []string
-		for _, d := range ib {
-			names = append(names, filepath.Base(d))
+		for _, d := range tp.RDMA {
+			names = append(names, d.Name)
 		}
 		add("RDMA devices", strings.Join(names, " "))
 		if !ucx.Built() {
 			r.warnings = append(r.warnings, "RDMA devices are present but this moex was built without UCX: build with -tags ucx (libucx-dev) to use them")
 		}
 	}
-	gpus, _ := filepath.Glob("/dev/nvidia[0-9]*")
-	add("GPUs", fmt.Sprintf("%d NVIDIA device(s)", len(gpus)))
+	if len(tp.GPUs) == 0 {
+		add("GPUs", "none listed ("+orDefault(tp.NoGPU, "NVML lists none")+")")
+	} else {
+		add("GPUs", fmt.Sprintf("%d (%s); moex topo prints their links", len(tp.GPUs), tp.GPUs[0].Name))
+	}
 	if ucx.Built() {
 		add("UCX", "built, UCX "+ucx.Version()+"; UCX_TLS="+os.Getenv("UCX_TLS"))
 	} else {

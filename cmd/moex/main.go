@@ -1,5 +1,5 @@
 // Command moex is the command-line face of moex: a local launcher (run), benchmarks
-// (bench coll, bench p2p, bench moe), and diagnostics (doctor, flow, env).
+// (bench coll, bench p2p, bench moe), and diagnostics (doctor, flow, topo, env).
 package main
 
 import (
@@ -25,6 +25,7 @@ usage:
   moex bench moe [flags]              MoE dispatch/combine throughput (the main job)
   moex doctor [flags]                 what this machine and job would use, and why
   moex flow [flags]                   the data flow of one MoE step: primitives, links, bytes
+  moex topo [--json]                  this host's GPUs, NVLinks, NUMA nodes, NICs, RDMA devices
   moex env                            the environment variables moex reads
 
 Run "moex <command> -h" for a command's flags.
@@ -64,6 +65,8 @@ func run(ctx context.Context, args []string) int {
 		err = cmdFlow(ctx, args[1:])
 	case "env":
 		err = cmdEnv(args[1:])
+	case "topo":
+		err = cmdTopo(args[1:])
 	case "-h", "-help", "--help", "help":
 		fmt.Print(usage)
 		return 0
