@@ -5,6 +5,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -36,22 +37,64 @@ func bindToCPU(k int) (int, error) {
 		return -1, fmt.Errorf("no CPU in the affinity mask")
 	}
 	cpu := cpus[k%len(cpus)]
-	procs := runtime.GOMAXPROCS(0)
 	var set unix.CPUSet
 	set.Set(cpu)
+	if err := bindThreads(&set); err != nil {
+		return -1, err
+	}
+	return cpu, nil
+}
+
+// bindThreads sets every thread's affinity to set, keeping GOMAXPROCS (see bindToCPU).
+func bindThreads(set *unix.CPUSet) error {
+	procs := runtime.GOMAXPROCS(0)
 	ents, err := os.ReadDir("/proc/self/task")
 	if err != nil {
-		return -1, err
+		return err
 	}
 	for _, e := range ents {
 		tid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		if err := unix.SchedSetaffinity(tid, &set); err != nil {
-			return -1, fmt.Errorf("binding thread %d to CPU %d: %w", tid, cpu, err)
+		if err := unix.SchedSetaffinity(tid, set); err != nil {
+			return fmt.Errorf("binding thread %d: %w", tid, err)
 		}
 	}
 	runtime.GOMAXPROCS(procs) // the same value: no change now, and no update later
-	return cpu, nil
+	return nil
+}
+
+// mpolPreferred is set_mempolicy's MPOL_PREFERRED: allocate on the node, fall back to
+// others when it is full.
+const mpolPreferred = 1
+
+// bindToNode pins every thread of this process to cpus (the CPUs of a NUMA node, those
+// of them it may run on) and makes the node the preferred place for its memory
+// (set_mempolicy MPOL_PREFERRED; existing pages stay where they are).
+func bindToNode(node int, cpus []int) error {
+	var allowed, set unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &allowed); err != nil {
+		return err
+	}
+	for _, c := range cpus {
+		if allowed.IsSet(c) {
+			set.Set(c)
+		}
+	}
+	if set.Count() == 0 {
+		return fmt.Errorf("no CPU of NUMA node %d in this process's affinity mask", node)
+	}
+	if err := bindThreads(&set); err != nil {
+		return err
+	}
+	if node < 0 || node >= 1024 {
+		return nil
+	}
+	var mask [1024 / 64]uint64
+	mask[node/64] |= 1 << (node % 64)
+	if _, _, e := unix.Syscall(unix.SYS_SET_MEMPOLICY, mpolPreferred, uintptr(unsafe.Pointer(&mask[0])), 1024); e != 0 {
+		return fmt.Errorf("set_mempolicy(MPOL_PREFERRED, node %d): %w", node, e)
+	}
+	return nil
 }

@@ -9,8 +9,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/moex-ai/moex/transport/topo"
 )
 
 // TestBindKeepsProcs binds a child process to one CPU the way Init does, and a second
@@ -84,4 +89,49 @@ func bindHelper(mode string) {
 		return
 	}
 	fmt.Printf("result procs=%d mask=%d\n", runtime.GOMAXPROCS(0), set.Count())
+}
+
+// TestBindToNode binds a child process to the CPUs and memory of NUMA node 0 as
+// MOEX_CPU_BIND=numa does: every thread's affinity is the node's CPUs, and the memory
+// policy prefers the node.
+func TestBindToNode(t *testing.T) {
+	if os.Getenv("MOEX_NODE_HELPER") != "" {
+		tp := topo.Discover(topo.Options{})
+		n := tp.Node(0)
+		if n == nil {
+			fmt.Println("no node 0")
+			os.Exit(3)
+		}
+		if err := bindToNode(0, n.CPUs); err != nil {
+			fmt.Println("bind:", err)
+			os.Exit(1)
+		}
+		var set unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &set); err != nil {
+			fmt.Println(err)
+			os.Exit(1)
+		}
+		var mode int32
+		var mask [16]uint64
+		if _, _, e := unix.Syscall6(unix.SYS_GET_MEMPOLICY, uintptr(unsafe.Pointer(&mode)), uintptr(unsafe.Pointer(&mask[0])), 1024, 0, 0, 0); e != 0 {
+			fmt.Println("get_mempolicy:", e)
+			os.Exit(1)
+		}
+		fmt.Printf("cpus=%d want=%d mode=%d node0=%v\n", set.Count(), len(n.CPUs), mode, mask[0]&1 == 1)
+		os.Exit(0)
+	}
+	if topo.Discover(topo.Options{}).Node(0) == nil {
+		t.Skip("this host reports no NUMA node 0 in sysfs")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBindToNode$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "MOEX_NODE_HELPER=1")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	var cpus, want, mode int
+	var node0 bool
+	_, err = fmt.Sscanf(strings.TrimSpace(string(out)), "cpus=%d want=%d mode=%d node0=%t", &cpus, &want, &mode, &node0)
+	require.NoError(t, err, "%s", out)
+	assert.Equal(t, want, cpus, "every CPU of the node, and no other")
+	assert.Equal(t, mpolPreferred, mode)
+	assert.True(t, node0)
 }

@@ -42,6 +42,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,6 +55,7 @@ import (
 	"github.com/moex-ai/moex/transport/inproc"
 	"github.com/moex-ai/moex/transport/shm"
 	"github.com/moex-ai/moex/transport/tcp"
+	"github.com/moex-ai/moex/transport/topo"
 )
 
 // Config tunes communicators. The zero value takes everything from defaults.
@@ -69,6 +71,11 @@ type Config struct {
 	// HostLink overrides the cost-model parameters between ranks of one host when the
 	// ranks span hosts (default: shared memory's).
 	HostLink *LinkCost
+	// NetGbits is the speed of the network between hosts, in Gbit/s, for the cost model
+	// when the ranks span hosts and Link is not set (MOEX_NET_GBITS; default: CostNet's
+	// 24 Gbit/s). A link slower than the model believes makes it undervalue the
+	// algorithms that cross it less (hierarchical, two-level).
+	NetGbits float64
 	// Logger receives INFO lines (transport per peer, algorithm per operation) when
 	// enabled; default: slog to stderr at the MOEX_DEBUG level, else discarded.
 	Logger *slog.Logger
@@ -214,6 +221,10 @@ func (c *Comm) Hosts() int { return c.topo.hosts }
 // Logger returns the communicator's logger.
 func (c *Comm) Logger() *slog.Logger { return c.log }
 
+// LinkCosts returns the cost model's links: the slowest one of the communicator
+// (between hosts when its ranks span hosts) and the one between ranks of one host.
+func (c *Comm) LinkCosts() (link, host LinkCost) { return c.link, c.intra }
+
 // Pool returns the communicator's buffer pool.
 func (c *Comm) Pool() *obuf.Pool { return c.pool }
 
@@ -273,6 +284,16 @@ func (cfg *Config) fill() error {
 	if cfg.TraceDir == "" {
 		cfg.TraceDir = os.Getenv("MOEX_TRACE")
 	}
+	if v := os.Getenv("MOEX_NET_GBITS"); v != "" && cfg.NetGbits == 0 {
+		g, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(g > 0) || g > 1e6 {
+			return &ArgError{Arg: "MOEX_NET_GBITS", Reason: fmt.Sprintf("%q: want a speed in Gbit/s, above 0", v)}
+		}
+		cfg.NetGbits = g
+	}
+	if cfg.NetGbits < 0 || cfg.NetGbits > 1e6 {
+		return &ArgError{Arg: "NetGbits", Reason: fmt.Sprintf("%v Gbit/s", cfg.NetGbits)}
+	}
 	if cfg.TraceDir != "" {
 		cfg.Profile = true
 	}
@@ -320,6 +341,9 @@ func newComm(tr transport.Transport, id uint32, ranks, hosts []int, rank int, cf
 		c.link = *cfg.Link
 	}
 	c.intra = c.link
+	if cfg.Link == nil && cfg.NetGbits > 0 && slices.Max(hosts) > 0 {
+		c.link.Beta = 8 / (cfg.NetGbits * 1e9)
+	}
 	if cfg.HostLink != nil {
 		c.intra = *cfg.HostLink
 	}
@@ -718,10 +742,41 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 				log.Info("moex: bound to a core", "rank", env.Rank, "cpu", cpu)
 			}
 		}
+	case "numa":
+		// The CPUs and memory of the NUMA node of this rank's GPU or NIC.
+		localRank := 0
+		for q := 0; q < env.Rank; q++ {
+			if hosts[q] == hosts[env.Rank] {
+				localRank++
+			}
+		}
+		tp := topo.Discover(topo.Options{Logger: log})
+		node, why := tp.NodeFor(localRank, env.Iface)
+		if n := tp.Node(node); n == nil {
+			log.Warn("moex: not bound to a NUMA node", "rank", env.Rank, "why", why)
+		} else if err := bindToNode(node, n.CPUs); err != nil {
+			log.Warn("moex: binding to a NUMA node failed", "rank", env.Rank, "node", node, "err", err)
+		} else {
+			log.Info("moex: bound to a NUMA node", "rank", env.Rank, "node", node, "why", why)
+		}
 	case "none":
 	default:
-		fail(&ArgError{Arg: "MOEX_CPU_BIND", Reason: fmt.Sprintf("%q: want auto, core or none", bind)})
-		return nil, &ArgError{Arg: "MOEX_CPU_BIND", Reason: fmt.Sprintf("%q: want auto, core or none", bind)}
+		err := &ArgError{Arg: "MOEX_CPU_BIND", Reason: fmt.Sprintf("%q: want auto, core, numa or none", bind)}
+		return fail(err)
+	}
+	if len(index) > 1 && cfg.Link == nil && cfg.NetGbits == 0 {
+		// The network's speed for the cost model: the NIC that carries this rank's
+		// traffic, when the host says (MOEX_NET_GBITS overrides).
+		if host, err := env.BindHost(); err == nil {
+			name := env.Iface
+			if name == "" {
+				name = topo.InterfaceOf(host)
+			}
+			if n := topo.Discover(topo.Options{Logger: log}).NIC(name); n != nil && n.Speed > 0 {
+				cfg.NetGbits = float64(n.Speed) / 1000
+				log.Info("moex: network speed for the cost model", "rank", env.Rank, "nic", name, "gbits", cfg.NetGbits)
+			}
+		}
 	}
 	tr, why, link, err := openTransport(ctx, env, rv, hosts, poll, log)
 	if err != nil {

@@ -143,10 +143,17 @@ type LinkCost struct {
 // Link classes, and their defaults, measured on the 2-core development machine with the
 // transport benchmarks (inproc: 0.6us ping-pong, ~25 GB/s; tcp loopback: ~16us round
 // trip, ~3-5 GB/s; reductions: ~20 GB/s f32 sums). Configure or measure for real links.
+//
+// Between hosts the network's speed comes from the NIC that carries the traffic (sysfs;
+// transport/topo), or MOEX_NET_GBITS / Config.NetGbits. CostNVLink and CostPCIe are the
+// classes of GPU memory moved between GPUs of one host (UCX's cuda_ipc over NVLink, or
+// through PCIe): set them as Config.HostLink for ranks whose buffers live on GPUs.
 var (
 	CostInproc = LinkCost{Alpha: 1 * time.Microsecond, Beta: 1 / 20e9, Gamma: 1 / 20e9}
 	CostShm    = LinkCost{Alpha: 3 * time.Microsecond, Beta: 1 / 8e9, Gamma: 1 / 20e9}
 	CostNet    = LinkCost{Alpha: 15 * time.Microsecond, Beta: 1 / 3e9, Gamma: 1 / 20e9}
+	CostNVLink = LinkCost{Alpha: 5 * time.Microsecond, Beta: 1 / 300e9, Gamma: 1 / 1000e9}
+	CostPCIe   = LinkCost{Alpha: 8 * time.Microsecond, Beta: 1 / 25e9, Gamma: 1 / 1000e9}
 )
 
 // CrowdedAlpha multiplies the per-message latency of the default link when the ranks, all

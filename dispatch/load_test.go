@@ -17,7 +17,13 @@ import (
 // onRanks runs f on every rank of a p-rank local communicator and returns each rank's error.
 func onRanks(t *testing.T, p int, f func(c *coll.Comm) error) []error {
 	t.Helper()
-	cs, err := coll.Local(p, coll.Config{})
+	return onRanksCfg(t, p, coll.Config{}, f)
+}
+
+// onRanksCfg is onRanks on communicators made with cfg.
+func onRanksCfg(t *testing.T, p int, cfg coll.Config, f func(c *coll.Comm) error) []error {
+	t.Helper()
+	cs, err := coll.Local(p, cfg)
 	require.NoError(t, err)
 	errs := make([]error, p)
 	var wg sync.WaitGroup

@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -246,4 +247,43 @@ func TestTwoLevelHalvesDeepSeekCrossing(t *testing.T) {
 	}
 	_, err = (&dispatch.Plan{}).Hosts([]int{0})
 	assert.Error(t, err)
+}
+
+// The model picks two levels where a token's experts spread over several ranks of
+// another host (DeepSeek-V3's top-8 of 256), flat where it has little to gain on a fast
+// network (Mixtral's top-2 of 8), and flat on one host.
+func TestChooseTwoLevel(t *testing.T) {
+	hosts := []int{0, 0, 0, 0, 1, 1, 1, 1}
+	for _, c := range []struct {
+		experts, k int
+		gbits      float64
+		want       bool
+	}{{256, 8, 0, true}, {256, 8, 1, true}, {8, 2, 0, false}} {
+		pl, err := router.NewPlacement(router.Contiguous, c.experts, 8)
+		require.NoError(t, err)
+		errs := onRanksCfg(t, 8, coll.Config{Hosts: hosts, NetGbits: c.gbits}, func(cm *coll.Comm) error {
+			got, why := dispatch.ChooseTwoLevel(cm, dispatch.Config{Hidden: 7168, TopK: c.k, Placement: pl, MaxTokens: 128})
+			if cm.Rank() == 0 {
+				t.Logf("%d experts, top-%d, %v Gbit/s: %s", c.experts, c.k, c.gbits, why)
+			}
+			if got != c.want {
+				return fmt.Errorf("%d experts, top-%d: two-level %v, want %v (%s)", c.experts, c.k, got, c.want, why)
+			}
+			return nil
+		})
+		for r, err := range errs {
+			require.NoError(t, err, "rank %d", r)
+		}
+	}
+	pl, err := router.NewPlacement(router.Contiguous, 256, 4)
+	require.NoError(t, err)
+	errs := onRanksCfg(t, 4, coll.Config{}, func(cm *coll.Comm) error {
+		if got, why := dispatch.ChooseTwoLevel(cm, dispatch.Config{Hidden: 7168, TopK: 8, Placement: pl}); got {
+			return fmt.Errorf("one host: two-level (%s)", why)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
 }

@@ -3,7 +3,10 @@ package dispatch
 import (
 	"fmt"
 	"slices"
+	"time"
 
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/router"
 )
 
@@ -152,7 +155,7 @@ func (pl *Plan) Hosts(hosts []int) (*HostTraffic, error) {
 	in := make([][]relayed, len(hosts)) // relay rank -> rows it relays, in arrival order
 	for oh := 0; oh < h; oh++ {         // origin host (up's rank), ascending, as rows arrive
 		for _, o := range tl.members[oh] {
-			r := pl.routing(o)
+			r := pl.Routing(o)
 			k := r.K
 			for t := 0; t < r.T; t++ {
 				per := make(map[int][]int32) // destination host -> global experts
@@ -205,5 +208,86 @@ func (pl *Plan) Hosts(hosts []int) (*HostTraffic, error) {
 	return ht, nil
 }
 
-// routing is rank o's routing (from its layout's tokens, as NewPlan kept them).
-func (pl *Plan) routing(o int) *router.Routing { return pl.routings[o] }
+// Routing is rank o's routing, as the plan was made from it.
+func (pl *Plan) Routing(o int) *router.Routing { return pl.routings[o] }
+
+// ChooseTwoLevel reports whether the two-level dispatch (TwoLevel) is expected to take
+// less time than the flat one for cfg on c, and says why. It models a token's TopK
+// choices as drawn evenly from the experts: the flat dispatch sends the row to every
+// rank of another host that holds one of them, the two-level one to every other host
+// that does (then its relay hands it to the host's ranks, over the host's link); the
+// combine's partial sums take the same ways back. Each way is priced with c's cost
+// model (coll.Comm.LinkCosts; MOEX_NET_GBITS sets the network's speed), per row and
+// per message on a host's link. Ranks on one host, or hosts of unequal sizes: flat.
+func ChooseTwoLevel(c *coll.Comm, cfg Config) (bool, string) {
+	p := c.Size()
+	if cfg.Placement == nil || cfg.Placement.Ranks != p {
+		return false, "flat: no placement over this communicator"
+	}
+	hosts := make([]int, p)
+	for r := range hosts {
+		hosts[r] = c.Host(r)
+	}
+	tl, err := newTwoLevel(cfg.Placement, hosts)
+	if err != nil || len(tl.members) < 2 {
+		return false, "flat: the ranks are on one host, or on hosts of unequal sizes"
+	}
+	net, host := c.LinkCosts()
+	e, k := cfg.Placement.Experts, min(cfg.TopK, cfg.Placement.Experts)
+	// hit is the chance that a token's k choices include one of n given experts.
+	hit := func(n int) float64 {
+		miss := 1.0
+		for i := 0; i < k; i++ {
+			miss *= float64(e-n-i) / float64(e-i)
+			if miss <= 0 {
+				return 1
+			}
+		}
+		return 1 - miss
+	}
+	held := make([]int, p) // experts whose first replica each rank holds
+	for _, owners := range cfg.Placement.Owners {
+		held[owners[0]]++
+	}
+	me := c.Rank()
+	home := tl.hostIdx[me]
+	var flatRows, twoRows, relayed float64
+	for b, ms := range tl.members {
+		if b == home {
+			continue
+		}
+		n := 0
+		for _, q := range ms {
+			flatRows += hit(held[q])
+			n += held[q]
+			if q != ms[tl.local[me]] {
+				relayed += hit(held[q])
+			}
+		}
+		twoRows += hit(n)
+	}
+	if cfg.WireDType == 0 {
+		cfg.WireDType = dtype.F32
+	}
+	if cfg.CombineDType == 0 {
+		cfg.CombineDType = dtype.F32
+	}
+	f := NewFormat(cfg)
+	row := float64(f.RowBytes(k/len(tl.members)+1) + f.Combined) // a row there and its partial sum back
+	m := len(tl.members[0])
+	tokens := float64(max(cfg.MaxTokens, 1))
+	msg := func(l coll.LinkCost, n int) float64 {
+		return l.Alpha.Seconds() * (1 + coll.MessageShare*float64(max(n-1, 0)))
+	}
+	h := len(tl.members)
+	// A host's link carries its m ranks' rows; a relay's rows cross the host's link too.
+	flat := 2*msg(net, m*(p-m)) + tokens*flatRows*float64(m)*row*net.Beta
+	two := 2*msg(net, m*(h-1)) + tokens*twoRows*float64(m)*row*net.Beta +
+		2*msg(host, (h-1)*(m-1)) + tokens*relayed*row*host.Beta + tokens*twoRows*row/20e9
+	why := fmt.Sprintf("a token to %.2f ranks of other hosts flat, to %.2f hosts in two levels (model: flat %v, two-level %v per step of %d tokens)",
+		flatRows, twoRows, time.Duration(flat*1e9).Round(time.Microsecond), time.Duration(two*1e9).Round(time.Microsecond), int(tokens))
+	if two < flat {
+		return true, "two-level: " + why
+	}
+	return false, "flat: " + why
+}

@@ -37,6 +37,7 @@ func benchMoE(ctx context.Context, args []string) error {
 	fs.IntVar(&ro.Victim, "kill", -1, "kill this rank (SIGKILL; over inproc, its transport) after a few steps, every expert on two ranks: the survivors shrink (Comm.Shrink), recover (dispatch.Recover) and serve a step; prints the time of each phase")
 	runs := fs.Int("runs", 1, "with --kill: jobs to run, for p50 and max")
 	fs.Var(bytesFlag{&ro.WeightBytes}, "weight-bytes", "with --kill: bytes of weights per expert, moved to the ranks that take an expert over (default 64K)")
+	levels := fs.String("levels", "", "ranks on several hosts: flat, two (dispatch.TwoLevel: a token crosses to a host once, its relay hands it on), auto (as dispatch.ChooseTwoLevel picks) or compare (flat, then two); prints step time and bytes within and across hosts")
 	list := fs.Bool("models", false, "list the models and exit")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -77,6 +78,9 @@ func benchMoE(ctx context.Context, args []string) error {
 	}
 	if ro.Victim >= 0 {
 		return benchRecover(ctx, fs, rf, o, ro, *runs, args)
+	}
+	if *levels != "" {
+		return benchLevels(ctx, rf, o, *levels, args)
 	}
 	if err := noneSet(fs, "--kill", "runs", "weight-bytes"); err != nil {
 		return err
@@ -213,4 +217,48 @@ func noneSet(fs *flag.FlagSet, mode string, names ...string) error {
 		}
 	})
 	return err
+}
+
+// benchLevels runs `moex bench moe --levels flat|two|auto|compare`.
+func benchLevels(ctx context.Context, rf rankFlags, o bench.MoEOpts, levels string, args []string) error {
+	var runs []string
+	switch levels {
+	case "flat", "two", "auto":
+		runs = []string{levels}
+	case "compare":
+		runs = []string{"flat", "two"}
+	default:
+		return &usageError{fmt.Sprintf("--levels %q: want flat, two, auto or compare", levels)}
+	}
+	switch {
+	case o.Act != dtype.F32 || o.Quantized || o.Naive || o.Overlap || o.Profile || o.Compute != "none":
+		return &usageError{"--levels: f32 activations and identity experts only (not with --act bf16, --quantized, --naive, --overlap, --profile or --compute)"}
+	case o.Mode == dispatch.Gathered:
+		return &usageError{"--levels: the normal or the low-latency mode"}
+	case o.Tokens < 1:
+		return &usageError{"--levels: at least one token per rank"}
+	}
+	cs, launched, err := comms(ctx, rf, append([]string{"bench", "moe"}, args...))
+	if launched || err != nil {
+		return err
+	}
+	defer closeAll(cs)
+	var out []*bench.LevelsResult
+	for _, l := range runs {
+		res, err := onRank0(cs, func(c *coll.Comm) (*bench.LevelsResult, error) { return bench.Levels(ctx, c, o, l) })
+		if err != nil {
+			return err
+		}
+		if res != nil {
+			out = append(out, res)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	if rf.json {
+		return bench.PrintJSON(os.Stdout, out)
+	}
+	bench.PrintLevels(os.Stdout, out)
+	return nil
 }

@@ -14,6 +14,7 @@ package topo
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -297,6 +298,55 @@ func (t *Topology) NICFor(g int) string {
 	for _, n := range t.NICs {
 		if !n.Virtual && (n.NUMA == node || node < 0) {
 			return n.Name
+		}
+	}
+	return ""
+}
+
+// NodeFor picks the NUMA node for the rank with local index localRank: its GPU's (GPU
+// localRank, modulo the GPUs), else that of the NIC named nic, else of an RDMA device
+// (taken in turn by local index), else the nodes taken in turn. It returns -1 when the
+// host reports no NUMA node, and says why.
+func (t *Topology) NodeFor(localRank int, nic string) (int, string) {
+	if len(t.GPUs) > 0 {
+		g := localRank % len(t.GPUs)
+		if n := t.GPUs[g].NUMA; n >= 0 {
+			return n, fmt.Sprintf("the NUMA node of GPU %d", g)
+		}
+	}
+	if n := t.NIC(nic); n != nil && n.NUMA >= 0 {
+		return n.NUMA, "the NUMA node of NIC " + nic
+	}
+	var rd []RDMADevice
+	for _, d := range t.RDMA {
+		if d.NUMA >= 0 {
+			rd = append(rd, d)
+		}
+	}
+	if len(rd) > 0 {
+		d := rd[localRank%len(rd)]
+		return d.NUMA, "the NUMA node of RDMA device " + d.Name
+	}
+	if len(t.NUMA) > 0 {
+		n := t.NUMA[localRank%len(t.NUMA)].ID
+		return n, fmt.Sprintf("NUMA node %d: no GPU or NIC says where, so the nodes are taken in turn", n)
+	}
+	return -1, "the host reports no NUMA node"
+}
+
+// InterfaceOf names the network interface that holds address ip, or "".
+func InterfaceOf(ip string) string {
+	want := net.ParseIP(ip)
+	if want == nil {
+		return ""
+	}
+	ifs, _ := net.Interfaces()
+	for _, ifc := range ifs {
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && ipn.IP.Equal(want) {
+				return ifc.Name
+			}
 		}
 	}
 	return ""

@@ -103,3 +103,24 @@ func TestPrint(t *testing.T) {
 	}
 	assert.NotContains(t, strings.Split(out, "\n")[2], "lo", "virtual NICs are not columns")
 }
+
+// A rank's node is its GPU's, else its NIC's, else an RDMA device's, else the nodes in
+// turn.
+func TestNodeFor(t *testing.T) {
+	nodes := []NUMANode{{0, []int{0, 1}}, {1, []int{2, 3}}}
+	withGPUs := &Topology{NUMA: nodes, GPUs: []GPU{{NUMA: 1}, {NUMA: 0}}}
+	n, why := withGPUs.NodeFor(2, "")
+	assert.Equal(t, 1, n, why)
+	assert.Contains(t, why, "GPU 0")
+	withNIC := &Topology{NUMA: nodes, NICs: []NIC{{Name: "ens1", NUMA: 1}}, RDMA: []RDMADevice{{Name: "mlx5_0", NUMA: 0}}}
+	n, _ = withNIC.NodeFor(0, "ens1")
+	assert.Equal(t, 1, n)
+	n, why = withNIC.NodeFor(0, "")
+	assert.Equal(t, 0, n)
+	assert.Contains(t, why, "mlx5_0")
+	bare := &Topology{NUMA: nodes}
+	n, _ = bare.NodeFor(3, "")
+	assert.Equal(t, 1, n)
+	n, _ = (&Topology{}).NodeFor(0, "")
+	assert.Equal(t, -1, n)
+}
