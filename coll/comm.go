@@ -1103,6 +1103,10 @@ func NewModel(p int, hosts []int, cfg Config) (*Model, error) {
 	return m, nil
 }
 
+// Comm is rank's communicator of the model: no transport, for planning questions
+// (Size, Host, LinkCosts, Algorithm), not for operations.
+func (m *Model) Comm(rank int) *Comm { return m.cs[rank] }
+
 // Algorithm is the algorithm op runs with for bytes (see Comm.Algorithm).
 func (m *Model) Algorithm(op OpKind, bytes int) Algo { return m.cs[0].Algorithm(op, bytes) }
 

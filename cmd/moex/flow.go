@@ -135,6 +135,34 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 	} else {
 		fmt.Fprintf(w, "\n%d. sum (every rank, local): its own experts' terms first, then the other ranks' partial sums in rank order (bitwise reproducible)\n", step)
 	}
+	if m.Hosts() > 1 && cfg.Mode != dispatch.Gathered {
+		hosts := make([]int, p)
+		for r := range hosts {
+			hosts[r] = m.Host(r)
+		}
+		if ht, err := pl.Hosts(hosts); err != nil {
+			fmt.Fprintf(w, "\ntwo levels (dispatch.TwoLevel): not here (%v)\n", err)
+		} else {
+			two, why := dispatch.ChooseTwoLevel(m.Comm(0), cfg)
+			choice := "flat"
+			if two {
+				choice = "two levels"
+			}
+			fmt.Fprintf(w, "\nflat against two levels (dispatch.TwoLevel: a token crosses to another host once, with its choices there, and that host's relay hands it on; each host's sum comes back once):\n")
+			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+			fmt.Fprintln(tw, "     \tdispatch within\tdispatch across\tcombine within\tcombine across\trows across\t")
+			for _, row := range []struct {
+				name string
+				t    dispatch.StageTraffic
+			}{{"flat", ht.Flat}, {"two levels", ht.TwoLevel}} {
+				fmt.Fprintf(tw, "     %s\t%s\t%s\t%s\t%s\t%d\t\n", row.name, bench.SizeOf(row.t.DispatchWithin), bench.SizeOf(row.t.DispatchAcross),
+					bench.SizeOf(row.t.CombineWithin), bench.SizeOf(row.t.CombineAcross), row.t.RowsAcross)
+			}
+			tw.Flush()
+			fmt.Fprintf(w, "     across hosts, two levels over flat: %.2f of the bytes; the cost model chooses %s (%s)\n",
+				float64(ht.TwoLevel.DispatchAcross+ht.TwoLevel.CombineAcross)/float64(max(ht.Flat.DispatchAcross+ht.Flat.CombineAcross, 1)), choice, why)
+		}
+	}
 	if plans && cfg.Mode == dispatch.Normal {
 		for r := 0; r < p; r++ {
 			_, d, _ := m.AlltoAllv(r, dispatchB, 1)

@@ -48,6 +48,12 @@ func TestFlow(t *testing.T) {
 		if mode != dispatch.Normal {
 			assert.NotContains(t, out.String(), "schedule, rank", "%v: no AlltoAllv schedules", mode)
 		}
+		if mode == dispatch.Gathered {
+			assert.NotContains(t, out.String(), "flat against two levels")
+		} else {
+			assert.Contains(t, out.String(), "flat against two levels", "%v", mode)
+			assert.Contains(t, out.String(), "the cost model chooses", "%v", mode)
+		}
 	}
 	// Planned bytes agree with the format: the dispatch matrix is blocks of rows.
 	pl, _, err := bench.PlanMoE(bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40}, 4)
