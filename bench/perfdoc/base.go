@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
 
 	"github.com/moex-ai/moex/bench"
@@ -132,16 +134,54 @@ func (r *runner) twoHosts(w io.Writer) error {
 	fmt.Fprintf(w, "`bench/hosts/twohosts.sh 8 2gbit 64K 4M`: two network namespaces as two hosts, joined by a veth\n")
 	fmt.Fprintf(w, "shaped with tc tbf to 2 Gbit/s, four ranks in each (shared memory within, TCP between); AllReduce\n")
 	fmt.Fprintf(w, "with the cost model's choice and each algorithm forced, ranks in blocks and alternating.\n\n")
-	return r.script(w, "bench/hosts/twohosts.sh", "8", "2gbit", "64K", "4M")
+	if err := r.script(w, "bench/hosts/twohosts.sh", "8", "2gbit", "64K", "4M"); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "## Two hosts: AlltoAll and the MoE step in two levels\n\n")
+	fmt.Fprintf(w, "The same two namespaces, the link shaped to 1 Gbit/s. `OP=alltoall bench/hosts/twohosts.sh 8 1gbit 1M 1M`:\n")
+	fmt.Fprintf(w, "AlltoAll of 1 MiB per rank, the model's choice, flat (linear) and two-level (hier) forced; link_MiB is\n")
+	fmt.Fprintf(w, "what crossed the veth, both ways, during the run.\n\n")
+	if err := r.scriptEnv(w, []string{"OP=alltoall"}, "bench/hosts/twohosts.sh", "8", "1gbit", "1M", "1M"); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "`OP=levels MODEL=M TOKENS=N ITERS=5 bench/hosts/twohosts.sh 8 1gbit`: the MoE step (bf16 on the wire,\n")
+	fmt.Fprintf(w, "identity experts) flat, in two levels (dispatch.TwoLevel) and as the cost model chooses, each in a\n")
+	fmt.Fprintf(w, "job of its own: p50 of dispatch and combine, the step's mean, the planner's bytes across hosts for a\n")
+	fmt.Fprintf(w, "dispatch and for a dispatch and its combine, and the bytes through the veth during the job.\n\n")
+	for _, m := range []string{"deepseek-v3", "mixtral-8x7b"} {
+		for _, tokens := range []string{"128", "512"} {
+			iters := "5"
+			if r.quick {
+				iters = "1"
+			}
+			if err := r.scriptEnv(w, []string{"OP=levels", "MODEL=" + m, "TOKENS=" + tokens, "ITERS=" + iters}, "bench/hosts/twohosts.sh", "8", "1gbit"); err != nil {
+				return err
+			}
+			if r.quick {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// scriptEnv is script with variables added to the environment (shown in the document).
+func (r *runner) scriptEnv(w io.Writer, env []string, name string, args ...string) error {
+	old := r.env
+	r.env = env
+	defer func() { r.env = old }()
+	return r.script(w, name, args...)
 }
 
 // script runs a script of the repository and puts its output in the document; where it
 // cannot run here (no root for network namespaces, no network for packages), the
 // document says so and why.
 func (r *runner) script(w io.Writer, name string, args ...string) error {
-	cmdline := strings.Join(append([]string{name}, args...), " ")
+	cmdline := strings.Join(append(append(slices.Clone(r.env), name), args...), " ")
 	fmt.Fprintln(r.log, "#", cmdline)
-	out, err := exec.Command(name, args...).Output()
+	cmd := exec.Command(name, args...)
+	cmd.Env = append(os.Environ(), r.env...)
+	out, err := cmd.Output()
 	if err != nil {
 		var stderr []byte
 		if ee, ok := err.(*exec.ExitError); ok {

@@ -40,6 +40,7 @@ type runner struct {
 	moex  string
 	quick bool
 	log   io.Writer
+	env   []string // added to the scripts' environment (scriptEnv)
 }
 
 func run(out string, quick bool) error {
