@@ -215,6 +215,10 @@ type core struct {
 	llc    int            // the host's last-level cache, bytes (0: unknown)
 	stats  Stats
 	closed bool
+	// arrival (the normal mode, set by TwoLevel for its up stage): the rows stay in
+	// arrival order, one per incoming row (X row i is incoming row i), and the entries
+	// point at them, instead of a copy per entry in expert-major blocks.
+	arrival bool
 }
 
 // slot states.

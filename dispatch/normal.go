@@ -398,13 +398,16 @@ func (s *slot[T]) unpackNormal() error {
 	}
 	total := layoutEntries(o, d.cfg.Align)
 	s.allocEntries(total, incomingRows, contribs)
-	if d.cfg.Quantized {
+	if d.arrival {
+		o.ExpertMajor = false
+		o.X, o.Q, o.Scales = dtype.FromBytes[T](s.xS.Bytes(incomingRows*hid*int(sizeOf[T]()))), nil, nil
+	} else if d.cfg.Quantized {
 		qb := s.xS.Bytes(total * (f.Payload + f.ScaleBytes()))
 		o.X, o.Q, o.Scales = nil, qb[:total*f.Payload], dtype.FromBytes[float32](qb[total*f.Payload:])
 	} else {
 		o.X, o.Q, o.Scales = dtype.FromBytes[T](s.xS.Bytes(total*hid*int(sizeOf[T]()))), nil, nil
 	}
-	s.padEntries(true)
+	s.padEntries(!d.arrival)
 	// Pass 2: scatter.
 	fill := d.fillScratch(nLocal)
 	row, ci := 0, 0
@@ -415,16 +418,23 @@ func (s *slot[T]) unpackNormal() error {
 			sc.originStart[lastOrigin] = row
 		}
 		sc.start[row] = int32(ci)
+		if d.arrival {
+			decode(f, dtype.Bytes(o.X[row*hid:(row+1)*hid]), d.act, c.pay, c.sca)
+		}
 		for _, x := range c.cs {
 			dst := o.Offsets[x.le] + fill[x.le]
 			fill[x.le]++
-			if d.cfg.Quantized {
+			switch {
+			case d.arrival:
+				o.Row[dst] = int32(row)
+			case d.cfg.Quantized:
 				copy(o.Q[dst*f.Payload:(dst+1)*f.Payload], c.pay)
 				copy(o.Scales[dst*f.Scales:(dst+1)*f.Scales], c.sca)
-			} else {
+				o.Row[dst] = int32(dst)
+			default:
 				decode(f, dtype.Bytes(o.X[dst*hid:(dst+1)*hid]), d.act, c.pay, c.sca)
+				o.Row[dst] = int32(dst)
 			}
-			o.Row[dst] = int32(dst)
 			o.Origin[dst], o.Source[dst], o.Weight[dst] = int32(c.q), int32(c.src), x.w
 			o.Expert[dst] = int32(pl.Local[me][x.le])
 			sc.entries[ci], sc.weights[ci] = int32(dst), x.w

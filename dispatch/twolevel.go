@@ -103,6 +103,7 @@ func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLeve
 	if d.up, err = New[T](ctx, inter, ucfg); err != nil {
 		return fail(err)
 	}
+	d.up.arrival = true // a row once, in arrival order: the down stage's tokens as they are
 	dcfg := cfg
 	dcfg.Placement, dcfg.TopK = downPl, min(cfg.TopK, len(d.global))
 	dcfg.MaxTokens = cfg.MaxTokens * inter.Size() // every host's relay may send each token here
@@ -137,10 +138,17 @@ func (d *TwoLevel[T]) Dispatch(ctx context.Context, x []T, r *router.Routing) (*
 	r2.T, r2.K, r2.E, r2.Dropped = n, k, len(d.global), 0
 	r2.Experts = growI32(r2.Experts, n*k)
 	r2.Weights = growF32(r2.Weights, n*k)
-	x2 := dtype.FromBytes[T](d.x2.Bytes(n * hid * int(sizeOf[T]())))
+	var x2 []T
+	if d.up.cfg.Mode == Normal {
+		x2 = out1.X[:n*hid] // row i of X is incoming row i
+	} else { // low-latency: the rows stay where they arrived, gathered here
+		x2 = dtype.FromBytes[T](d.x2.Bytes(n * hid * int(sizeOf[T]())))
+	}
 	for i := 0; i < n; i++ {
 		entries, ws := h1.Contributions(i)
-		copy(x2[i*hid:(i+1)*hid], out1.Entry(int(entries[0])))
+		if d.up.cfg.Mode != Normal {
+			copy(x2[i*hid:(i+1)*hid], out1.Entry(int(entries[0])))
+		}
 		for j := 0; j < k; j++ {
 			e, w := int32(-1), float32(0)
 			if j < len(entries) {
