@@ -39,6 +39,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sort"
@@ -63,6 +64,9 @@ type Config struct {
 	// Timeout bounds every operation: no progress for this long aborts the communicator
 	// (default transport.DefaultTimeout, MOEX_TIMEOUT).
 	Timeout time.Duration
+	// InitTimeout bounds Init: every rank of the job must have started and connected
+	// within it (default MOEX_INIT_TIMEOUT, else Timeout).
+	InitTimeout time.Duration
 	// Algo overrides the cost model per operation (MOEX_ALGO).
 	Algo map[OpKind]Algo
 	// Link overrides the cost-model parameters (default: by transport; with ranks on
@@ -141,6 +145,8 @@ type Comm struct {
 	armed    atomic.Bool // timer is set (it stays set across operations until it fires idle)
 	inflight atomic.Int32
 	progress atomic.Int64
+	pend     []atomic.Int32 // per peer: transfers posted and not yet waited for (who a stuck op waits for)
+	warned   atomic.Bool    // the no-progress warning was logged for the current stall
 
 	ctxMu   sync.Mutex
 	lastCtx context.Context
@@ -274,6 +280,16 @@ func (cfg *Config) fill() error {
 			cfg.Timeout = d
 		}
 	}
+	if cfg.InitTimeout <= 0 {
+		cfg.InitTimeout = cfg.Timeout
+		if v := os.Getenv("MOEX_INIT_TIMEOUT"); v != "" {
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return &ArgError{Arg: "MOEX_INIT_TIMEOUT", Reason: fmt.Sprintf("%q: want a positive duration", v)}
+			}
+			cfg.InitTimeout = d
+		}
+	}
 	if cfg.Algo == nil {
 		m, err := ParseAlgoOverrides(os.Getenv("MOEX_ALGO"))
 		if err != nil {
@@ -352,6 +368,7 @@ func newComm(tr transport.Transport, id uint32, ranks, hosts []int, rank int, cf
 		c.prof.plan = planAllGatherBruck(shape{p: c.size, rank: rank, es: 8, count: 1})
 		c.prof.plan.sig = signature(OpAllGather, Bruck, 8, 1, -2)
 	}
+	c.pend = make([]atomic.Int32, c.size)
 	c.actx, c.acancel = context.WithCancelCause(context.Background())
 	c.timer = time.AfterFunc(time.Hour, c.checkProgress)
 	c.timer.Stop()
@@ -402,6 +419,14 @@ func (c *Comm) watch(q int, req transport.Request) {
 		return
 	}
 	kind, peer := b[0], int(int32(binary.LittleEndian.Uint32(b[1:])))
+	if kind == kindTimeout && peer == c.ranks[c.rank] {
+		// A rank timed out waiting for this one, which is alive and waits itself: the
+		// ranks this one waits for are the ones to name, to every rank.
+		if w := c.waitingFor(); len(w) > 0 {
+			c.abortLocal(&TimeoutError{Idle: c.cfg.Timeout, Waiting: w})
+			return
+		}
+	}
 	c.abortWith(&AbortError{Rank: q, Err: decodeNotice(kind, peer, string(b[5:]))}, false)
 }
 
@@ -411,6 +436,9 @@ func (c *Comm) abortLocal(err error) { c.abortWith(&AbortError{Rank: c.rank, Err
 
 func (c *Comm) abortWith(ae *AbortError, notify bool) {
 	c.abortOnce.Do(func() {
+		if !c.closed.Load() {
+			c.reportBlame(ae) // before anything wakes: a rank may exit on the error at once
+		}
 		c.acancel(ae)
 		if c.direct != nil {
 			c.direct.Wake() // a rank waiting in the shared area looks at actx again
@@ -435,8 +463,12 @@ func (c *Comm) abortWith(ae *AbortError, notify bool) {
 		}
 		peer := -1
 		var pe *PeerError
-		if errors.As(ae.Err, &pe) {
+		var te *TimeoutError
+		switch {
+		case errors.As(ae.Err, &pe):
 			peer = pe.Rank
+		case errors.As(ae.Err, &te) && len(te.Waiting) > 0:
+			peer = te.Waiting[0]
 		}
 		reason := ae.Err.Error()
 		if len(reason) > 900 {
@@ -458,6 +490,33 @@ func (c *Comm) abortWith(ae *AbortError, notify bool) {
 			}
 		}
 		_ = transport.WaitAll(ctx, reqs...)
+	})
+}
+
+// blameOnce makes a process report one root cause to its launcher: the first abort's.
+var blameOnce sync.Once
+
+// reportBlame tells the launcher (moex run: MOEX_LAUNCH_REPORT names a directory) which
+// rank of the world this rank holds to blame for ae: a dead peer, the rank a timeout
+// waited for, or the rank that aborted. The launcher blames that rank rather than the
+// first survivor that exited because of it.
+func (c *Comm) reportBlame(ae *AbortError) {
+	dir := os.Getenv("MOEX_LAUNCH_REPORT")
+	if dir == "" {
+		return
+	}
+	blame := c.ranks[ae.Rank]
+	var pe *PeerError
+	var te *TimeoutError
+	switch {
+	case errors.As(ae.Err, &pe):
+		blame = pe.Rank
+	case errors.As(ae.Err, &te) && len(te.Waiting) > 0:
+		blame = te.Waiting[0]
+	}
+	blameOnce.Do(func() {
+		name := filepath.Join(dir, fmt.Sprintf("rank%d", c.ranks[c.rank]))
+		_ = os.WriteFile(name, []byte(fmt.Sprintf("blame %d %s\n", blame, kindName(ae.Err))), 0o600)
 	})
 }
 
@@ -484,10 +543,47 @@ func (c *Comm) checkProgress() {
 	}
 	idle := time.Duration(nanotime() - c.progress.Load())
 	if idle >= c.cfg.Timeout {
-		c.abortLocal(fmt.Errorf("%w: no progress for %v (MOEX_TIMEOUT); a rank is missing, stuck or slower than the timeout allows", ErrTimeout, idle.Round(time.Millisecond)))
+		c.abortLocal(&TimeoutError{Idle: idle.Round(time.Millisecond), Waiting: c.waitingFor()})
 		return
 	}
-	c.timer.Reset(c.cfg.Timeout - idle)
+	if idle >= WarnAfter && !c.warned.Swap(true) {
+		c.log.Warn("moex: no progress; waiting for ranks", "comm", c.id, "rank", c.rank, "idle", idle.Round(time.Millisecond),
+			"waiting_for", c.waitingFor(), "timeout", c.cfg.Timeout)
+	}
+	c.timer.Reset(c.nextCheck(idle))
+}
+
+// WarnAfter is how long an operation may make no progress before a warning names the
+// ranks it waits for (when the timeout is longer).
+const WarnAfter = 30 * time.Second
+
+// nextCheck is when the watchdog looks again, idle into a stall: at the warning, then
+// at the timeout.
+func (c *Comm) nextCheck(idle time.Duration) time.Duration {
+	if idle < WarnAfter && WarnAfter < c.cfg.Timeout && !c.warned.Load() {
+		return WarnAfter - idle
+	}
+	return c.cfg.Timeout - idle
+}
+
+// waitingFor lists the ranks (of the world) this rank's operations wait for now:
+// those with a transfer posted and not completed.
+func (c *Comm) waitingFor() []int {
+	var out []int
+	for q := range c.pend {
+		if q != c.rank && c.pend[q].Load() > 0 {
+			out = append(out, c.ranks[q])
+		}
+	}
+	if c.direct != nil { // the shared areas: the ranks that have not published
+		for _, q := range c.direct.Waiting() {
+			if !slices.Contains(out, q) {
+				out = append(out, q)
+			}
+		}
+		slices.Sort(out)
+	}
+	return out
 }
 
 var epoch = time.Now()
@@ -514,7 +610,8 @@ func (c *Comm) begin(ctx context.Context) error {
 	// each other, instead of being reset by each (without the reset per operation, a
 	// 256-byte AlltoAll at P=4 over shm took 12% less user CPU).
 	if !c.armed.Load() && c.armed.CompareAndSwap(false, true) {
-		c.timer.Reset(c.cfg.Timeout)
+		c.warned.Store(false)
+		c.timer.Reset(c.nextCheck(0))
 	}
 	return nil
 }
@@ -692,14 +789,29 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 		return nil, err
 	}
 	log := cfg.Logger
-	rv, err := transport.Join(ctx, env, log)
+	// Start-up is an operation like any other: one deadline (MOEX_INIT_TIMEOUT, else the
+	// communicator's timeout), and on failure every rank says which ranks it never heard
+	// from and how far each got (*transport.StartupError).
+	ictx, cancelInit := context.WithTimeout(ctx, cfg.InitTimeout)
+	defer cancelInit()
+	rv, err := transport.Join(ictx, env, log)
 	if err != nil {
 		return nil, err
 	}
+	sctx, stopWatch := rv.Watch(ictx) // ends as soon as the store learns the start-up failed
 	fail := func(err error) (*Comm, error) {
+		stopWatch()
+		var se *transport.StartupError
+		switch cause := context.Cause(sctx); {
+		case errors.As(cause, &se):
+			err = se // a rank left or was claimed twice: the root, not its symptom here
+		case !errors.As(err, &se) && ictx.Err() != nil:
+			err = rv.Explain(err) // the deadline: the store says who is missing
+		}
 		rv.Close()
 		return nil, err
 	}
+	ctx = sctx
 	// Host identities decide which ranks share memory.
 	ids, err := rv.AllGather(ctx, []byte(transport.HostID()))
 	if err != nil {
@@ -778,6 +890,9 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 			}
 		}
 	}
+	if err := rv.Stage(ctx, "transport"); err != nil {
+		return fail(err)
+	}
 	tr, why, link, err := openTransport(ctx, env, rv, hosts, poll, log)
 	if err != nil {
 		return fail(err)
@@ -800,6 +915,11 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 		c.link.Alpha *= CrowdedAlpha
 		c.intra.Alpha *= CrowdedAlpha
 	}
+	if err := rv.Ready(ctx); err != nil { // every rank is set up; the store closes
+		tr.Close()
+		return fail(err)
+	}
+	stopWatch()
 	c.owned = newOwner(rv.Close, tr.Close)
 	c.closeBarrier = true
 	c.listen()

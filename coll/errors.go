@@ -3,6 +3,7 @@ package coll
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/moex-ai/moex/transport"
 )
@@ -38,6 +39,29 @@ func (e *ArgError) Error() string { return "coll: invalid " + e.Arg + ": " + e.R
 
 // Is makes every ArgError match ErrInvalidArgument.
 func (e *ArgError) Is(target error) bool { return target == ErrInvalidArgument }
+
+// TimeoutError is a communicator's operation that made no progress for the timeout
+// (MOEX_TIMEOUT): Waiting lists the ranks (of the world, as PeerError does) it waited for
+// (a transfer posted to or from them had not completed), the missing, stuck or slow
+// ones; empty when the operation waited on shared memory rather than on messages.
+// It matches ErrTimeout.
+type TimeoutError struct {
+	Idle    time.Duration
+	Waiting []int
+	remote  string // the text of a timeout another rank reported
+}
+
+func (e *TimeoutError) Error() string {
+	if e.remote != "" {
+		return e.remote
+	}
+	if len(e.Waiting) == 0 {
+		return fmt.Sprintf("%v: no progress for %v (MOEX_TIMEOUT); a rank is missing, stuck or slower than the timeout allows", ErrTimeout, e.Idle)
+	}
+	return fmt.Sprintf("%v: no progress for %v (MOEX_TIMEOUT), waiting for ranks %v: missing, stuck or slower than the timeout allows", ErrTimeout, e.Idle, e.Waiting)
+}
+
+func (e *TimeoutError) Unwrap() error { return ErrTimeout }
 
 // AbortError is what an operation returns once its communicator has been aborted: by this
 // rank (Rank is this rank) or by another one, which told every rank why.
@@ -96,6 +120,9 @@ func (e *remoteErr) Unwrap() error { return e.kind }
 func decodeNotice(kind uint8, peer int, reason string) error {
 	switch kind {
 	case kindTimeout:
+		if peer >= 0 {
+			return &TimeoutError{Waiting: []int{peer}, remote: reason}
+		}
 		return &remoteErr{ErrTimeout, reason, -1}
 	case kindMismatch:
 		return &remoteErr{ErrMismatch, reason, -1}
@@ -109,4 +136,9 @@ func decodeNotice(kind uint8, peer int, reason string) error {
 		return &remoteErr{ErrClosed, reason, -1}
 	}
 	return errors.New(reason)
+}
+
+// kindName names an error's kind for the launcher's report.
+func kindName(err error) string {
+	return [...]string{"other", "timeout", "mismatch", "argument", "peer", "canceled", "closed"}[kindOf(err)]
 }

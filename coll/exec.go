@@ -258,6 +258,7 @@ func (c *Comm) execute(pl *plan, seq uint32, cl *call) error {
 				break
 			}
 			es.reqs, es.wants, es.xs = append(es.reqs, r), append(es.wants, x.n), append(es.xs, x)
+			c.pend[x.peer].Add(1)
 		}
 		if postErr == nil {
 			for _, x := range st.sends {
@@ -268,6 +269,7 @@ func (c *Comm) execute(pl *plan, seq uint32, cl *call) error {
 					break
 				}
 				es.reqs, es.wants, es.xs = append(es.reqs, r), append(es.wants, -1), append(es.xs, x)
+				c.pend[x.peer].Add(1)
 			}
 		}
 		if postErr != nil {
@@ -279,6 +281,7 @@ func (c *Comm) execute(pl *plan, seq uint32, cl *call) error {
 		var first error
 		for i, r := range es.reqs {
 			n, err := r.Wait(c.actx)
+			c.pend[es.xs[i].peer].Add(-1)
 			if err == nil && es.wants[i] >= 0 && n != es.wants[i] {
 				x := es.xs[i]
 				err = &PeerError{Rank: c.ranks[x.peer], Op: "recv", Err: fmt.Errorf(

@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/shm"
 )
 
@@ -38,7 +41,32 @@ func TestHelperCollRank(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	c, err := Init(ctx, Config{Timeout: 20 * time.Second})
+	if scenario == "joinanddie" { // claims its rank at the store, then dies mid start-up
+		env, err := transport.FromEnv()
+		if err == nil {
+			_, err = transport.Join(ctx, env, nil)
+		}
+		time.Sleep(300 * time.Millisecond) // the others wait for it now
+		fmt.Println("joined, dying:", err)
+		os.Exit(0)
+	}
+	start := time.Now()
+	c, err := Init(ctx, Config{})
+	if scenario == "startup" {
+		var se *transport.StartupError
+		var pe *PeerError
+		if !errors.As(err, &se) {
+			fmt.Printf("rank %s: init: %v (want a StartupError)\n", os.Getenv("MOEX_RANK"), err)
+			os.Exit(1)
+		}
+		peer := -1
+		if errors.As(err, &pe) {
+			peer = pe.Rank
+		}
+		fmt.Printf("rank %s startup failed: missing=%v timeout=%v dup=%v peer=%d after=%v\n", os.Getenv("MOEX_RANK"), se.Missing(),
+			errors.Is(err, ErrTimeout), errors.Is(err, transport.ErrDuplicateRank), peer, time.Since(start).Round(10*time.Millisecond))
+		os.Exit(0)
+	}
 	if err != nil {
 		fmt.Println("init failed:", err)
 		os.Exit(3)
@@ -56,6 +84,8 @@ func TestHelperCollRank(t *testing.T) {
 		err = helperSharedMismatch(ctx, c)
 	case "shrink":
 		c, err = helperShrink(ctx, c)
+	case "stuck":
+		err = helperStuck(ctx, c)
 	}
 	if err != nil {
 		fmt.Printf("rank %d failed: %v\n", c.Rank(), err)
@@ -645,6 +675,9 @@ func helperDeath(ctx context.Context, c *Comm) error {
 		if err != nil {
 			return err
 		}
+		if os.Getenv("MOEX_DEATH_SIGNAL") != "" {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
 		fmt.Println("rank 1 ok (vanishing)")
 		os.Exit(0)
 	}
@@ -694,6 +727,118 @@ func helperShrink(ctx context.Context, c *Comm) (*Comm, error) {
 		return sub, err
 	}
 	return sub, nil
+}
+
+// helperStuck: rank 1 stops itself (SIGSTOP) between two AllReduces; the others' next
+// one fails at the timeout with a TimeoutError naming rank 1 (their exit then lets the
+// launcher blame rank 1, which it kills).
+func helperStuck(ctx context.Context, c *Comm) error {
+	x := make([]float32, 1024)
+	if err := AllReduce(ctx, c, nil, x, dtype.Sum); err != nil {
+		return err
+	}
+	if c.Rank() == 1 {
+		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		select {} // stuck, even if something continues it
+	}
+	start := time.Now()
+	err := AllReduce(ctx, c, nil, x, dtype.Sum)
+	var te *TimeoutError
+	if !errors.As(err, &te) || len(te.Waiting) == 0 {
+		return fmt.Errorf("got %v, want a TimeoutError naming the ranks it waited for", err)
+	}
+	fmt.Printf("rank %d timed out waiting for ranks %v after %v\n", c.Rank(), te.Waiting, time.Since(start).Round(10*time.Millisecond))
+	os.Exit(1) // a survivor's failure: the launcher must blame rank 1 all the same
+	return nil
+}
+
+// freeAddr is a loopback address whose port was free a moment ago.
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// startRanks starts ranks (given) of a job of size ranks, rendezvous at addr, as
+// processes of this test binary running scenario, with env added, and returns their
+// combined output once all have ended.
+func startRanks(t *testing.T, addr string, ranks []int, size int, scenario string, env ...string) string {
+	t.Helper()
+	var mu sync.Mutex
+	var out bytes.Buffer
+	var wg sync.WaitGroup
+	for _, r := range ranks {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperCollRank$")
+		cmd.Env = append(os.Environ(), "MOEX_COLL_HELPER="+scenario, "MOEX_TRANSPORT=tcp", "MOEX_RANK="+fmt.Sprint(r),
+			"MOEX_WORLD_SIZE="+fmt.Sprint(size), "MOEX_ADDR="+addr, "MOEX_JOB_TOKEN=startup-test")
+		cmd.Env = append(cmd.Env, env...)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			b, _ := cmd.CombinedOutput()
+			mu.Lock()
+			out.Write(b)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out.String()
+}
+
+// A rank that never comes: every rank that did fails at the start-up deadline with a
+// StartupError that names it.
+func TestStartupMissingRank(t *testing.T) {
+	out := startRanks(t, freeAddr(t), []int{0, 1, 2}, 4, "startup", "MOEX_TIMEOUT=2s")
+	assert.Equal(t, 3, strings.Count(out, "startup failed: missing=[3] timeout=true"), out)
+}
+
+// A rank that dies during start-up fails the others at once (not at the deadline), with
+// a StartupError naming it.
+func TestStartupRankDies(t *testing.T) {
+	addr := freeAddr(t)
+	var outs [2]string
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); outs[0] = startRanks(t, addr, []int{0, 1}, 3, "startup", "MOEX_TIMEOUT=60s") }()
+	outs[1] = startRanks(t, addr, []int{2}, 3, "joinanddie")
+	wg.Wait()
+	assert.Equal(t, 2, strings.Count(outs[0], "timeout=false dup=false peer=2"), "%s\n%s", outs[0], outs[1])
+}
+
+// Two processes claiming one rank: both fail, and so does every other rank, at once,
+// with ErrDuplicateRank.
+func TestStartupDuplicateRank(t *testing.T) {
+	out := startRanks(t, freeAddr(t), []int{0, 1, 1}, 3, "startup", "MOEX_TIMEOUT=60s")
+	assert.Equal(t, 3, strings.Count(out, "dup=true"), out)
+}
+
+// A rank stopped with SIGSTOP: the others fail at the timeout, each naming the ranks it
+// waited for (the stopped one, or a rank that waited for it), and moex run blames the
+// stopped rank, which most of them name (its exit code: killed by the launcher), not a
+// survivor.
+func TestStuckRankBlamed(t *testing.T) {
+	moex := buildMoex(t)
+	out, err := moexRunKeepGoing(moex, false, 4, "stuck", "MOEX_TIMEOUT=2s")
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, out)
+	assert.Equal(t, 128+int(syscall.SIGKILL), ee.ExitCode(), out)
+	assert.Contains(t, out, "rank 1 killed by SIGKILL", out)
+	assert.Equal(t, 3, strings.Count(out, "timed out waiting for ranks"), out)
+	assert.Contains(t, out, "waiting for ranks [1]", out)
+}
+
+// A rank killed with SIGKILL over tcp: moex run blames it, every time, not the first
+// survivor to exit.
+func TestKilledRankBlamed(t *testing.T) {
+	moex := buildMoex(t)
+	for i := 0; i < 5; i++ {
+		out, err := moexRunKeepGoing(moex, false, 4, "death", "MOEX_DEATH_SIGNAL=1")
+		var ee *exec.ExitError
+		require.ErrorAs(t, err, &ee, out)
+		assert.Equal(t, 128+int(syscall.SIGKILL), ee.ExitCode(), "run %d:\n%s", i, out)
+		assert.Contains(t, out, "rank 1 killed by SIGKILL", "run %d", i)
+	}
 }
 
 // buildMoex builds the moex command once per test binary run.

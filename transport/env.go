@@ -37,6 +37,7 @@ var EnvVars = []EnvVar{
 	{"MOEX_IFACE", "network interface whose first address listeners bind"},
 	{"MOEX_TRANSPORT", "auto (default: shm on one host; between hosts UCX when built and RDMA is there, else tcp), tcp, shm or ucx"},
 	{"MOEX_TIMEOUT", "deadline for every collective, as a Go duration (default 5m)"},
+	{"MOEX_INIT_TIMEOUT", "deadline of start-up (coll.Init): every rank must have started and connected within it (default: MOEX_TIMEOUT)"},
 	{"MOEX_POLL", "receiver waiting policy: adaptive (default), spin or block"},
 	{"MOEX_CPU_BIND", "auto (default): bind each rank to a core of its own when the host has enough cores; numa: to the CPUs and memory of the NUMA node of its GPU or NIC; none: leave placement to the kernel"},
 	{"MOEX_NET_GBITS", "the network's speed between hosts in Gbit/s, for the cost model (default: the NIC's, from sysfs, else 24)"},

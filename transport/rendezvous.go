@@ -2,11 +2,15 @@ package transport
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"strconv"
 	"sync"
+	"time"
 )
 
 // Rendezvous is a rank's membership in a starting job: rank 0 serves the store at
@@ -20,8 +24,9 @@ type Rendezvous struct {
 	n  int
 }
 
-// Join starts (on rank 0) and connects to the rendezvous store described by env. A job of
-// one rank needs no store.
+// Join starts (on rank 0) and connects to the rendezvous store described by env, and
+// claims this rank there (a second process claiming it fails, and so does every rank:
+// ErrDuplicateRank). A job of one rank needs no store. Join honours ctx's deadline.
 func Join(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, error) {
 	rv := &Rendezvous{Env: env}
 	if env.Size == 1 {
@@ -32,9 +37,9 @@ func Join(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, error) {
 		if err != nil {
 			return nil, &EnvError{Var: "MOEX_ADDR", Value: env.Addr, Reason: "want host:port"}
 		}
-		bind := host
-		if ip := net.ParseIP(host); ip == nil && host != "localhost" {
-			bind = "" // a host name: listen on every address (the name resolves elsewhere)
+		bind, err := storeBind(env, host)
+		if err != nil {
+			return nil, err
 		}
 		srv, err := ServeStore(net.JoinHostPort(bind, port), []byte(env.Token), log)
 		if err != nil {
@@ -45,14 +50,51 @@ func Join(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, error) {
 	st, err := DialStore(ctx, env.Addr, []byte(env.Token))
 	if err != nil {
 		rv.Close()
-		return nil, err
+		return nil, &StartupError{Expected: env.Size, Rank: 0, Err: err}
 	}
 	rv.store = st
+	var nonce [12]byte
+	_, _ = rand.Read(nonce[:])
+	if err := st.Claim(ctx, env.Rank, env.Size, hex.EncodeToString(nonce[:])); err != nil {
+		rv.Close()
+		return nil, rv.explain(err)
+	}
 	return rv, nil
 }
 
+// storeBind is the address rank 0's store listens on for MOEX_ADDR's host: an IP as it
+// is; a name, the local address it resolves to, else the address ranks bind
+// (MOEX_BIND, MOEX_IFACE, or the one that reaches it): never every interface.
+func storeBind(env Env, host string) (string, error) {
+	if host == "localhost" || net.ParseIP(host) != nil {
+		return host, nil
+	}
+	addrs, _ := net.LookupHost(host)
+	local, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		for _, l := range local {
+			if ipn, ok := l.(*net.IPNet); ok && ipn.IP.Equal(net.ParseIP(a)) {
+				return a, nil
+			}
+		}
+	}
+	return env.BindHost()
+}
+
+// Stage records at the store that this rank reached stage of start-up (what a failed
+// start-up reports for each rank).
+func (rv *Rendezvous) Stage(ctx context.Context, stage string) error {
+	if rv.Env.Size == 1 {
+		return nil
+	}
+	if err := rv.store.Set(ctx, stageKey(rv.Env.Rank), []byte(stage)); err != nil {
+		return rv.explain(err)
+	}
+	return nil
+}
+
 // AllGather publishes mine and returns every rank's blob, in rank order. Every rank must
-// call it the same number of times.
+// call it the same number of times. A failure is a *StartupError.
 func (rv *Rendezvous) AllGather(ctx context.Context, mine []byte) ([][]byte, error) {
 	if rv.Env.Size == 1 {
 		return [][]byte{mine}, nil
@@ -63,21 +105,99 @@ func (rv *Rendezvous) AllGather(ctx context.Context, mine []byte) ([][]byte, err
 	rv.mu.Unlock()
 	vals, err := rv.store.AllGather(ctx, key, rv.Env.Rank, rv.Env.Size, mine)
 	if err != nil {
-		return nil, fmt.Errorf("transport: rendezvous all-gather: %w", err)
+		return nil, rv.explain(fmt.Errorf("transport: rendezvous all-gather: %w", err))
 	}
 	return vals, nil
 }
 
-// Close leaves the store; on rank 0 it stops serving.
+// Ready says this rank finished start-up, waits until every rank has, and leaves the
+// store (rank 0 stops serving it once every rank has left, or after a second): nothing
+// after start-up needs it.
+func (rv *Rendezvous) Ready(ctx context.Context) error {
+	if rv.Env.Size == 1 {
+		return nil
+	}
+	if err := rv.Stage(ctx, StageReady); err != nil {
+		return err
+	}
+	if _, err := rv.AllGather(ctx, nil); err != nil {
+		return err
+	}
+	rv.store.Close()
+	if rv.server != nil {
+		rv.server.closeWhenLeft(time.Second)
+	}
+	return nil
+}
+
+// Watch returns a context that ends, with a *StartupError as its cause, as soon as the
+// store learns that the start-up failed (a rank left or was claimed twice), so that set-up
+// steps that do not talk to the store (connecting the transports) stop too; and a
+// function that stops watching. Call stop before Close.
+func (rv *Rendezvous) Watch(ctx context.Context) (context.Context, func()) {
+	wctx, cancel := context.WithCancelCause(ctx)
+	if rv.Env.Size == 1 {
+		return wctx, func() { cancel(nil) }
+	}
+	st, err := DialStore(ctx, rv.Env.Addr, []byte(rv.Env.Token))
+	if err != nil {
+		return wctx, func() { cancel(nil) }
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// A key nobody sets: the store answers only when the start-up failed, or when
+		// stop closes the connection.
+		_, err := st.Get(context.Background(), "never")
+		var se *StartupError
+		if errors.As(err, &se) {
+			cancel(rv.explain(se))
+		}
+	}()
+	return wctx, func() {
+		st.Close()
+		<-done
+		cancel(nil)
+	}
+}
+
+// Explain turns err, a failed start-up step, into a *StartupError with every rank's
+// stage as the store sees it (asked on a connection of its own).
+func (rv *Rendezvous) Explain(err error) error { return rv.explain(err) }
+
+// explain turns a failed store call into a *StartupError with every rank's stage (from
+// a connection of its own: the failed one is closed).
+func (rv *Rendezvous) explain(err error) error {
+	var se *StartupError
+	if !errors.As(err, &se) {
+		se = &StartupError{Rank: -1, Err: err}
+	}
+	se.Expected = rv.Env.Size
+	if se.Stages == nil {
+		// The store lingers for the others' questions (Close); a store that is gone
+		// leaves the stages out.
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		if st, derr := DialStore(ctx, rv.Env.Addr, []byte(rv.Env.Token)); derr == nil {
+			se.Stages, _ = st.Status(ctx)
+			st.Close()
+		}
+	}
+	return se
+}
+
+// Close leaves the store; on rank 0 it stops serving once the ranks that came have left
+// (or after 300 ms): after a failed start-up they ask it, on their way out, how far
+// every rank got.
 func (rv *Rendezvous) Close() error {
 	var err error
 	if rv.store != nil {
 		err = rv.store.Close()
 	}
 	if rv.server != nil {
-		if e := rv.server.Close(); err == nil {
-			err = e
-		}
+		// (A rank blocked in a Get is seen to leave only when the Get ends: the wait is
+		// short for that.)
+		rv.server.closeWhenLeft(300 * time.Millisecond)
 	}
 	return err
 }

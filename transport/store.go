@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -20,13 +22,33 @@ import (
 // is refused, logged, and the store carries on serving the others.
 
 const (
-	opSet  = 'S'
-	opGet  = 'G' // wait for keys, return their values
-	stOK   = 0
-	stErr  = 1
-	maxKey = 1 << 10
-	maxVal = 16 << 20
+	opSet    = 'S'
+	opGet    = 'G' // wait for keys, return their values
+	opClaim  = 'C' // this connection is rank R of a job of N ranks (instance nonce)
+	opStatus = 'Q' // every rank's stage, now, without waiting
+	stOK     = 0
+	stErr    = 1
+	stGone   = 2 // a rank left (or was refused) before the job was ready: rank, stage
+	stDup    = 3 // two processes claim one rank: rank
+	maxKey   = 1 << 10
+	maxVal   = 16 << 20
+	// MaxStoreRanks bounds the ranks a store serves.
+	MaxStoreRanks = 1 << 16
 )
+
+// Stage names a rank's progress through start-up, as the store records it.
+const (
+	StageConnected = "connected" // claimed its rank at the store
+	StageReady     = "ready"     // finished start-up; its connection may close
+)
+
+// claim is a rank's registration at the store.
+type claim struct {
+	conn  net.Conn
+	nonce string
+	stage string
+	gone  bool // left (or refused as a duplicate) before it was ready
+}
 
 // StoreServer serves the rendezvous store.
 type StoreServer struct {
@@ -42,6 +64,12 @@ type StoreServer struct {
 	wg     sync.WaitGroup
 	// Refused counts connections that failed the handshake.
 	refused int
+	// Start-up: every rank's claim, the job's size, and why the job failed (a rank that
+	// left before it was ready, or a rank claimed twice), which every waiter is told.
+	size   int
+	claims map[int]*claim
+	failed []byte // a reply to every later Get: status, rank, stage
+	warned time.Time
 }
 
 // ServeStore listens on addr and serves until Close.
@@ -53,11 +81,42 @@ func ServeStore(addr string, token []byte, log *slog.Logger) (*StoreServer, erro
 	if err != nil {
 		return nil, fmt.Errorf("transport: store: %w", err)
 	}
-	s := &StoreServer{ln: ln, token: token, log: log, data: map[string][]byte{}, conns: map[net.Conn]struct{}{}}
+	return serveStoreOn(ln, token, log), nil
+}
+
+// serveStoreOn serves the store on ln.
+func serveStoreOn(ln net.Listener, token []byte, log *slog.Logger) *StoreServer {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	s := &StoreServer{ln: ln, token: token, log: log, data: map[string][]byte{}, conns: map[net.Conn]struct{}{}, claims: map[int]*claim{}}
 	s.cond = sync.NewCond(&s.mu)
 	s.wg.Add(1)
 	go s.acceptLoop()
-	return s, nil
+	return s
+}
+
+// closeWhenLeft closes the store once every rank that claimed its rank has closed its
+// connection, or after wait: after a failed start-up the others ask it, on their way
+// out, how far every rank got. (A rank that comes after it closed waits for its own
+// deadline: nobody is left to tell it.)
+func (s *StoreServer) closeWhenLeft(wait time.Duration) {
+	deadline := time.Now().Add(wait)
+	for time.Now().Before(deadline) {
+		s.mu.Lock()
+		open := 0
+		for _, cl := range s.claims {
+			if _, ok := s.conns[cl.conn]; ok {
+				open++
+			}
+		}
+		s.mu.Unlock()
+		if open == 0 {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	s.Close()
 }
 
 // Addr returns the address the store listens on.
@@ -90,11 +149,24 @@ func (s *StoreServer) Close() error {
 
 func (s *StoreServer) acceptLoop() {
 	defer s.wg.Done()
+	backoff := 5 * time.Millisecond
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
-			return
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// A passing shortage (EMFILE, ENFILE, ECONNABORTED): ranks that come
+			// later must still get in. Back off, and go on.
+			s.log.Warn("moex store: accept failed; retrying", "err", err, "in", backoff)
+			time.Sleep(backoff)
+			backoff = min(2*backoff, time.Second)
+			continue
 		}
+		backoff = 5 * time.Millisecond
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -105,6 +177,22 @@ func (s *StoreServer) acceptLoop() {
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go s.serve(c)
+	}
+}
+
+// refusedWarn logs a refused connection at WARN, at most once a second (a flood of
+// them must not flood the log).
+func (s *StoreServer) refusedWarn(remote string, err error) {
+	s.mu.Lock()
+	s.refused++
+	n := s.refused
+	quiet := time.Since(s.warned) < time.Second
+	if !quiet {
+		s.warned = time.Now()
+	}
+	s.mu.Unlock()
+	if !quiet {
+		s.log.Warn("moex store: refused connection", "remote", remote, "err", err, "refused_so_far", n)
 	}
 }
 
@@ -120,12 +208,15 @@ func (s *StoreServer) serve(c net.Conn) {
 	_, err := Handshake(ctx, c, s.token, RoleAcceptor, []byte("store"))
 	cancel()
 	if err != nil {
-		s.mu.Lock()
-		s.refused++
-		s.mu.Unlock()
-		s.log.Warn("moex store: refused connection", "remote", c.RemoteAddr().String(), "err", err)
+		s.refusedWarn(c.RemoteAddr().String(), err)
 		return
 	}
+	rank := -1 // claimed by this connection
+	defer func() {
+		if rank >= 0 {
+			s.left(rank, c)
+		}
+	}()
 	r := bufio.NewReader(c)
 	for {
 		op, err := r.ReadByte()
@@ -164,12 +255,38 @@ func (s *StoreServer) serve(c net.Conn) {
 				}
 				keys[i] = string(k)
 			}
-			vals, ok := s.wait(keys)
-			if !ok {
+			vals, fail, ok := s.wait(keys)
+			switch {
+			case fail != nil:
+				_, _ = c.Write(fail)
+				return
+			case !ok:
 				_ = writeReply(c, stErr, [][]byte{[]byte("store closed")})
 				return
 			}
 			if err := writeReply(c, stOK, vals); err != nil {
+				return
+			}
+		case opClaim:
+			var hdr [8]byte
+			if _, err := io.ReadFull(r, hdr[:]); err != nil {
+				return
+			}
+			nonce, err := readBlob(r, 64)
+			if err != nil {
+				return
+			}
+			want, size := int(binary.LittleEndian.Uint32(hdr[:4])), int(binary.LittleEndian.Uint32(hdr[4:]))
+			if reply := s.claim(c, want, size, string(nonce)); reply != nil {
+				_, _ = c.Write(reply)
+				return
+			}
+			rank = want
+			if err := writeReply(c, stOK, nil); err != nil {
+				return
+			}
+		case opStatus:
+			if err := writeReply(c, stOK, s.stages()); err != nil {
 				return
 			}
 		default:
@@ -179,13 +296,90 @@ func (s *StoreServer) serve(c net.Conn) {
 	}
 }
 
-// wait blocks until every key is present or the store closes.
-func (s *StoreServer) wait(keys []string) ([][]byte, bool) {
+// claim registers c as rank want of a job of size ranks, or returns the reply that
+// refuses it.
+func (s *StoreServer) claim(c net.Conn, want, size int, nonce string) []byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case size < 1 || size > MaxStoreRanks || want < 0 || want >= size:
+		return replyMsg(stErr, fmt.Sprintf("rank %d of a job of %d ranks (at most %d)", want, size, MaxStoreRanks))
+	case s.size != 0 && size != s.size:
+		return replyMsg(stErr, fmt.Sprintf("rank %d says the job has %d ranks; the ranks before it said %d (MOEX_WORLD_SIZE differs)", want, size, s.size))
+	}
+	s.size = size
+	if old, ok := s.claims[want]; ok && old.nonce != nonce {
+		// Both claimants fail, and every rank waiting with them: the job cannot start.
+		s.failed = failReply(stDup, want, "")
+		s.log.Warn("moex store: two processes claim one rank", "rank", want, "first", old.conn.RemoteAddr().String(), "second", c.RemoteAddr().String())
+		s.cond.Broadcast()
+		return s.failed
+	}
+	if s.failed != nil {
+		return s.failed
+	}
+	s.claims[want] = &claim{conn: c, nonce: nonce, stage: StageConnected}
+	s.data[stageKey(want)] = []byte(StageConnected)
+	return nil
+}
+
+// left records that rank's connection closed: the end of a ready rank, or a rank lost
+// during start-up, which fails every rank still waiting.
+func (s *StoreServer) left(rank int, c net.Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	cl, ok := s.claims[rank]
+	if !ok || cl.conn != c || s.closed {
+		return
+	}
+	if string(s.data[stageKey(rank)]) != StageReady && s.failed == nil {
+		cl.gone = true
+		s.failed = failReply(stGone, rank, string(s.data[stageKey(rank)]))
+		s.log.Warn("moex store: a rank left during start-up", "rank", rank, "stage", string(s.data[stageKey(rank)]))
+		s.cond.Broadcast()
+	}
+}
+
+// stages returns every rank's stage ("" for a rank not heard from).
+func (s *StoreServer) stages() [][]byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([][]byte, s.size)
+	for r := range out {
+		out[r] = s.data[stageKey(r)]
+		if cl, ok := s.claims[r]; ok && cl.gone {
+			out[r] = []byte("left at " + string(out[r]))
+		}
+	}
+	return out
+}
+
+func stageKey(rank int) string { return "stage/" + strconv.Itoa(rank) }
+
+func replyMsg(st byte, msg string) []byte {
+	var b bytes.Buffer
+	_ = writeReply(&b, st, [][]byte{[]byte(msg)})
+	return b.Bytes()
+}
+
+// failReply is the reply of a failed start-up: the rank to blame and its stage.
+func failReply(st byte, rank int, stage string) []byte {
+	var b bytes.Buffer
+	_ = writeReply(&b, st, [][]byte{[]byte(strconv.Itoa(rank)), []byte(stage)})
+	return b.Bytes()
+}
+
+// wait blocks until every key is present, the start-up failed (fail: the reply to
+// send), or the store closes.
+func (s *StoreServer) wait(keys []string) (vals [][]byte, fail []byte, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
+		if s.failed != nil {
+			return nil, s.failed, false
+		}
 		if s.closed {
-			return nil, false
+			return nil, nil, false
 		}
 		vals := make([][]byte, len(keys))
 		all := true
@@ -198,7 +392,7 @@ func (s *StoreServer) wait(keys []string) ([][]byte, bool) {
 			vals[i] = v
 		}
 		if all {
-			return vals, true
+			return vals, nil, true
 		}
 		s.cond.Wait()
 	}
@@ -236,10 +430,12 @@ func writeReply(w io.Writer, st byte, vals [][]byte) error {
 // Store is a client of the rendezvous store. Its methods are safe for concurrent use
 // (calls are serialised).
 type Store struct {
-	mu     sync.Mutex
-	c      net.Conn
-	r      *bufio.Reader
-	broken error
+	mu        sync.Mutex
+	c         net.Conn
+	r         *bufio.Reader
+	broken    error
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // DialStore connects to the store at addr, retrying until ctx ends (rank 0 may still be
@@ -309,15 +505,105 @@ func (s *Store) call(ctx context.Context, req []byte) ([][]byte, error) {
 			return fail(err)
 		}
 	}
-	if st != stOK {
-		msg := "error"
-		if len(vals) > 0 {
-			msg = string(vals[0])
+	switch st {
+	case stOK:
+		return vals, nil
+	case stGone, stDup:
+		rank, stage := -1, ""
+		if len(vals) == 2 {
+			rank, _ = strconv.Atoi(string(vals[0]))
+			stage = string(vals[1])
 		}
-		return fail(errors.New(msg))
+		if st == stDup {
+			s.broken = &StartupError{Rank: rank, Err: fmt.Errorf("%w: rank %d", ErrDuplicateRank, rank)}
+		} else {
+			s.broken = &StartupError{Rank: rank, Err: &PeerError{Rank: rank, Op: "start-up",
+				Err: fmt.Errorf("%w during start-up (it had reached %q)", ErrPeerClosed, stage)}}
+		}
+		return nil, s.broken
 	}
-	return vals, nil
+	msg := "error"
+	if len(vals) > 0 {
+		msg = string(vals[0])
+	}
+	return fail(errors.New(msg))
 }
+
+// Claim registers this connection as rank of a job of size ranks; nonce tells this
+// process from another that claims the same rank (both then fail with
+// ErrDuplicateRank, and so does every rank waiting with them).
+func (s *Store) Claim(ctx context.Context, rank, size int, nonce string) error {
+	req := []byte{opClaim}
+	req = binary.LittleEndian.AppendUint32(req, uint32(rank))
+	req = binary.LittleEndian.AppendUint32(req, uint32(size))
+	req = appendBlob(req, []byte(nonce))
+	_, err := s.call(ctx, req)
+	return err
+}
+
+// Status returns every rank's start-up stage ("" for a rank not heard from), now.
+func (s *Store) Status(ctx context.Context) ([]string, error) {
+	vals, err := s.call(ctx, []byte{opStatus})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, len(vals))
+	for i, v := range vals {
+		out[i] = string(v)
+	}
+	return out, nil
+}
+
+// ErrDuplicateRank: two processes claim one rank of a starting job.
+var ErrDuplicateRank = errors.New("transport: two processes claim one rank")
+
+// StartupError says why a job did not start, as every rank sees it: a rank left during
+// start-up (Err wraps a *PeerError naming it), two processes claimed one rank (Err wraps
+// ErrDuplicateRank), or the start-up deadline passed (Err wraps ErrTimeout) with some
+// ranks not heard from. Stages lists, per rank, the last stage the store saw it reach
+// ("" for none: never connected), when the store could still say.
+type StartupError struct {
+	Expected int
+	Stages   []string
+	Rank     int // the rank to blame, or -1 (those not heard from)
+	Err      error
+}
+
+// Missing lists the ranks that never reached the store.
+func (e *StartupError) Missing() []int {
+	var m []int
+	for r, st := range e.Stages {
+		if st == "" {
+			m = append(m, r)
+		}
+	}
+	return m
+}
+
+// Arrived counts the ranks that reached the store.
+func (e *StartupError) Arrived() int { return len(e.Stages) - len(e.Missing()) }
+
+func (e *StartupError) Error() string {
+	var b strings.Builder
+	b.WriteString("transport: start-up failed")
+	if e.Stages != nil {
+		fmt.Fprintf(&b, ": %d of %d ranks arrived", e.Arrived(), e.Expected)
+		if m := e.Missing(); len(m) > 0 {
+			fmt.Fprintf(&b, "; not heard from: ranks %v", m)
+		}
+		var at []string
+		for r, st := range e.Stages {
+			if st != "" {
+				at = append(at, fmt.Sprintf("%d:%s", r, st))
+			}
+		}
+		fmt.Fprintf(&b, "; stages reached: %s", strings.Join(at, " "))
+	}
+	fmt.Fprintf(&b, ": %v", e.Err)
+	return b.String()
+}
+
+func (e *StartupError) Unwrap() error { return e.Err }
 
 // Set stores val under key.
 func (s *Store) Set(ctx context.Context, key string, val []byte) error {
@@ -349,12 +635,9 @@ func (s *Store) AllGather(ctx context.Context, prefix string, rank, size int, va
 	return s.Get(ctx, keys...)
 }
 
-// Close closes the connection.
+// Close closes the connection (once; again is a no-op). It may be called while a call
+// waits: the call then fails.
 func (s *Store) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.broken == nil {
-		s.broken = ErrClosed
-	}
-	return s.c.Close()
+	s.closeOnce.Do(func() { s.closeErr = s.c.Close() })
+	return s.closeErr
 }

@@ -93,6 +93,27 @@ func (r *rankFlags) register(fs *flag.FlagSet, defRanks int) {
 	fs.BoolVar(&r.json, "json", false, "print one JSON object per line")
 }
 
+// Bounds of the size flags of bench coll and bench p2p.
+const (
+	MaxBenchBytes = 1 << 30
+	MaxBenchIters = 10_000_000
+)
+
+// checkSizes bounds the size, factor and iteration flags.
+func checkSizes(minB, maxB, factor, iters int) error {
+	switch {
+	case minB < 0 || maxB > MaxBenchBytes:
+		return &usageError{fmt.Sprintf("--min-bytes %d, --max-bytes %d: want 0 to %d", minB, maxB, MaxBenchBytes)}
+	case maxB < minB:
+		return &usageError{"--max-bytes is smaller than --min-bytes"}
+	case factor < 2 || factor > 1024:
+		return &usageError{fmt.Sprintf("--factor %d: want 2 to 1024", factor)}
+	case iters < 0 || iters > MaxBenchIters:
+		return &usageError{fmt.Sprintf("--iters %d: want 0 (automatic) to %d", iters, MaxBenchIters)}
+	}
+	return nil
+}
+
 // worker reports whether this process is a rank launched by a benchmark.
 func worker() bool { return os.Getenv("MOEX_BENCH_WORKER") == "1" }
 
@@ -182,8 +203,17 @@ func benchColl(ctx context.Context, args []string) error {
 	fs.BoolVar(&o.Shared, "shared", false, "take the buffers from obuf.Shared: shared memory that the other ranks of the host read in place (shm: one copy per byte)")
 	fs.BoolVar(&o.Profile, "profile", false, "time the wait for the last rank apart from the operation (MOEX_PROFILE=1), and name that rank")
 	straggle := fs.String("straggle", "", "RANK:DURATION: that rank sleeps so long before every timed operation (for example 3:200us)")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err.Error()}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := rf.check(); err != nil {
+		return err
+	}
+	if err := checkSizes(o.MinBytes, o.MaxBytes, o.Factor, o.Iters); err != nil {
+		return err
+	}
+	if o.Root < 0 || o.Root >= rf.ranks {
+		return &usageError{fmt.Sprintf("--root %d: want 0 to %d", o.Root, rf.ranks-1)}
 	}
 	op, err := coll.ParseOpKind(*opName)
 	if err != nil {
@@ -192,9 +222,6 @@ func benchColl(ctx context.Context, args []string) error {
 	o.Op, o.DType, o.Check = op, dtype.F32, *check
 	if o.RedOp, err = dtype.ParseOp(*redop); err != nil {
 		return &usageError{err.Error()}
-	}
-	if o.MaxBytes < o.MinBytes {
-		return &usageError{"--max-bytes is smaller than --min-bytes"}
 	}
 	if *straggle != "" {
 		r, d, ok := strings.Cut(*straggle, ":")
@@ -233,11 +260,17 @@ func benchP2P(ctx context.Context, args []string) error {
 	fs.Var(bytesFlag{&maxB}, "max-bytes", "largest message")
 	factor := fs.Int("factor", 8, "size multiplier between rows")
 	iters := fs.Int("iters", 0, "messages per size (0: automatic)")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err.Error()}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := rf.check(); err != nil {
+		return err
 	}
 	if rf.ranks < 2 {
 		return &usageError{"p2p needs --ranks 2 or more"}
+	}
+	if err := checkSizes(minB, maxB, *factor, *iters); err != nil {
+		return err
 	}
 	var sizes []int
 	for s := max(minB, 1); s <= maxB; s *= max(*factor, 2) {

@@ -48,3 +48,31 @@ func TestBenchMoEKillFlagsRefused(t *testing.T) {
 		require.ErrorAs(t, err, &ue, "%v", args)
 	}
 }
+
+// bench coll and bench p2p bound their flags: a huge --ranks, negative iterations, a
+// factor that never grows, sizes beyond the bound or out of order, a root out of range,
+// stray arguments: usage errors before anything starts. -h is not an error.
+func TestBenchCollFlagsBounded(t *testing.T) {
+	for _, args := range [][]string{
+		{"--ranks", "100000"},
+		{"--ranks", "0"},
+		{"--iters", "-5"},
+		{"--factor", "0"},
+		{"--factor", "1"},
+		{"--max-bytes", "2G"},
+		{"--min-bytes", "1M", "--max-bytes", "1K"},
+		{"--root", "9"},
+		{"stray"},
+	} {
+		err := benchColl(context.Background(), args)
+		var ue *usageError
+		require.ErrorAs(t, err, &ue, "bench coll %v", args)
+		assert.Equal(t, 2, exitCode(err), "%v", args)
+	}
+	for _, args := range [][]string{{"--ranks", "100000"}, {"--iters", "-1"}, {"--factor", "0"}, {"--ranks", "1"}} {
+		err := benchP2P(context.Background(), args)
+		var ue *usageError
+		require.ErrorAs(t, err, &ue, "bench p2p %v", args)
+	}
+	assert.Equal(t, 0, exitCode(benchColl(context.Background(), []string{"-h"})))
+}

@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -52,18 +53,23 @@ type Config struct {
 // MaxRanks bounds the ranks of a job on one host.
 const MaxRanks = 1024
 
-// RankError says which rank ended the job and how.
+// RankError says which rank ended the job and how: the root cause (see Run).
 type RankError struct {
 	Rank   int
 	Code   int            // exit code, or -1 when killed by a signal
 	Signal syscall.Signal // the signal, when killed by one
+	Blamed int            // how many other ranks' errors named it (0: none did)
 }
 
 func (e *RankError) Error() string {
-	if e.Signal != 0 {
-		return fmt.Sprintf("launch: rank %d killed by %s (%v)", e.Rank, unix.SignalName(e.Signal), e.Signal)
+	named := ""
+	if e.Blamed > 0 {
+		named = fmt.Sprintf(" (named by %d other rank(s) as the cause of their failure)", e.Blamed)
 	}
-	return fmt.Sprintf("launch: rank %d exited with code %d", e.Rank, e.Code)
+	if e.Signal != 0 {
+		return fmt.Sprintf("launch: rank %d killed by %s (%v)%s", e.Rank, unix.SignalName(e.Signal), e.Signal, named)
+	}
+	return fmt.Sprintf("launch: rank %d exited with code %d%s", e.Rank, e.Code, named)
 }
 
 // ExitCode is the status a shell would give the rank's end: its code, or 128 plus the
@@ -96,7 +102,9 @@ func NewToken() string {
 }
 
 // Run starts the ranks and waits for all of them. If a rank fails, the others are stopped
-// (unless KeepGoing) and the first failure is returned as *RankError. If ctx ends, every rank gets SIGINT,
+// (unless KeepGoing) and the root cause is returned as *RankError: a rank killed by a
+// signal the launcher did not send, else the rank the others' errors name (they report
+// it through MOEX_LAUNCH_REPORT), else the first rank that failed. If ctx ends, every rank gets SIGINT,
 // then SIGKILL after the grace period, and Run returns ErrInterrupted.
 func Run(ctx context.Context, cfg Config) error {
 	if cfg.N < 1 || cfg.N > MaxRanks {
@@ -118,6 +126,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("launch: picking a rendezvous port: %w", err)
 	}
+	// The ranks report whom they blame for an abort here (coll: MOEX_LAUNCH_REPORT), so
+	// that the job's failure names the root cause, not the first survivor to exit.
+	reports, err := os.MkdirTemp("", "moex-launch")
+	if err != nil {
+		return fmt.Errorf("launch: %w", err)
+	}
+	defer os.RemoveAll(reports)
 	token := NewToken()
 	var outMu sync.Mutex
 	var copiers sync.WaitGroup
@@ -131,6 +146,7 @@ func Run(ctx context.Context, cfg Config) error {
 			"MOEX_LOCAL_SIZE="+strconv.Itoa(cfg.N),
 			"MOEX_ADDR="+addr,
 			"MOEX_JOB_TOKEN="+token,
+			"MOEX_LAUNCH_REPORT="+reports,
 		)
 		cmd.Env = append(cmd.Env, cfg.Env...)
 		if cfg.RankEnv != nil {
@@ -179,7 +195,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	var first error
 	exited := make([]bool, cfg.N)
-	stopping := false
+	ends := make([]error, cfg.N) // each rank's end, in order of rank
+	var order []int              // ranks in the order they ended
+	stopping, killed := false, false
 	var killTimer <-chan time.Time
 	stop := func(sig syscall.Signal) {
 		if stopping {
@@ -199,6 +217,8 @@ func Run(ctx context.Context, cfg Config) error {
 		case e := <-exits:
 			left--
 			exited[e.rank] = true
+			ends[e.rank] = e.err
+			order = append(order, e.rank)
 			if e.err != nil && first == nil && !stopping {
 				first = rankError(e.rank, e.err)
 				if !cfg.KeepGoing {
@@ -213,10 +233,67 @@ func Run(ctx context.Context, cfg Config) error {
 			stop(syscall.SIGINT)
 		case <-killTimer:
 			killTimer = nil
+			killed = true
 			killAll(cmds)
 		}
 	}
 	copiers.Wait()
+	if first == nil || errors.Is(first, ErrInterrupted) {
+		return first
+	}
+	return rootCause(ends, order, killed, reports, first)
+}
+
+// rootCause picks the rank to blame for a failed job: a rank killed by a signal the
+// launcher did not send (SIGKILL from the OOM killer or an operator, SIGSEGV...), else
+// the rank the others' reports blame most (a rank that hung or died, named by the
+// survivors' errors), else the first rank that failed.
+func rootCause(ends []error, order []int, killed bool, reports string, first error) error {
+	for _, r := range order {
+		var re *RankError
+		if e := rankError(r, ends[r]); errors.As(e, &re) && re.Signal != 0 &&
+			re.Signal != syscall.SIGTERM && re.Signal != syscall.SIGINT && (re.Signal != syscall.SIGKILL || !killed) {
+			return re
+		}
+	}
+	votes := map[int]int{}
+	waited := map[int]bool{} // ranks that timed out waiting: alive, so not the cause
+	for r := range ends {
+		b, err := os.ReadFile(filepath.Join(reports, "rank"+strconv.Itoa(r)))
+		if err != nil {
+			continue
+		}
+		var blamed int
+		var kind string
+		if n, _ := fmt.Sscanf(string(b), "blame %d %s", &blamed, &kind); n >= 1 && blamed >= 0 && blamed < len(ends) && blamed != r {
+			votes[blamed]++
+			if kind == "timeout" {
+				waited[r] = true
+			}
+		}
+	}
+	for r := range waited {
+		if len(votes) > 1 {
+			delete(votes, r)
+		}
+	}
+	best := -1
+	for r, v := range votes {
+		if best < 0 || v > votes[best] || v == votes[best] && r < best {
+			best = r
+		}
+	}
+	if best >= 0 {
+		if ends[best] == nil { // it exited cleanly, but the others named it
+			return &RankError{Rank: best, Code: 0, Blamed: votes[best]}
+		}
+		e := rankError(best, ends[best])
+		var re *RankError
+		if errors.As(e, &re) {
+			re.Blamed = votes[best]
+		}
+		return e
+	}
 	return first
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -49,6 +50,16 @@ func TestMain(m *testing.M) {
 		time.Sleep(200 * time.Millisecond) // longer than a stop would take
 		fmt.Println("survived")
 		os.Exit(0)
+	case "blame": // ranks 0 and 2 fail first, naming rank 1, which fails last
+		dir := os.Getenv("MOEX_LAUNCH_REPORT")
+		switch os.Getenv("MOEX_RANK") {
+		case "1":
+			time.Sleep(150 * time.Millisecond)
+			os.Exit(3)
+		default:
+			os.WriteFile(filepath.Join(dir, "rank"+os.Getenv("MOEX_RANK")), []byte("blame 1 peer\n"), 0o600)
+			os.Exit(1)
+		}
 	case "stubborn":
 		signal.Ignore(syscall.SIGTERM, syscall.SIGINT)
 		if os.Getenv("MOEX_RANK") == "0" {
@@ -193,4 +204,19 @@ func TestTooManyRanks(t *testing.T) {
 	var out, errOut syncBuf
 	assert.Error(t, Run(context.Background(), cfg("env", MaxRanks+1, &out, &errOut)))
 	assert.Empty(t, out.String())
+}
+
+// The launcher blames the rank the others' reports name, with its own exit code, not
+// the first rank to exit.
+func TestBlameNamedRank(t *testing.T) {
+	var out, errOut syncBuf
+	c := cfg("blame", 3, &out, &errOut)
+	c.KeepGoing = true
+	err := Run(context.Background(), c)
+	var re *RankError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, 1, re.Rank)
+	assert.Equal(t, 3, re.Code)
+	assert.Equal(t, 2, re.Blamed)
+	assert.Contains(t, re.Error(), "named by 2 other rank(s)")
 }

@@ -138,6 +138,10 @@ type Direct struct {
 	stream bool          // the running operation's blocks read in place go past the caches
 	liov   [1]unix.Iovec
 	riov   [1]unix.RemoteIovec
+	// What a wait waits for now, for Waiting (another goroutine): the turn (0: none)
+	// and the header word of the phase.
+	waitTurn atomic.Uint64
+	waitFlag atomic.Int64
 }
 
 // Direct returns the transport's shared-area collectives, or nil when some rank is not
@@ -393,6 +397,10 @@ func (d *Direct) combine(ctx context.Context, turn uint64, send, recv []byte, b 
 // left. On publication it checks their signature first (a different one is an error).
 // An error ends the operation (and the Direct: see finish).
 func (d *Direct) arrivals(turn, sig uint64, take func(q int) error) (bool, error) {
+	if d.waitTurn.Load() != turn || d.waitFlag.Load() != int64(d.flag) {
+		d.waitFlag.Store(int64(d.flag))
+		d.waitTurn.Store(turn)
+	}
 	par := 8 * int(turn&1)
 	k := 0
 	for _, q := range d.wanted {
@@ -415,6 +423,23 @@ func (d *Direct) arrivals(turn, sig uint64, take func(q int) error) (bool, error
 	}
 	d.wanted = d.wanted[:k]
 	return k == 0, nil
+}
+
+// Waiting lists the peers (transport ranks) whose arrival this rank's running
+// shared-area operation waits for; nil when none waits. Safe from any goroutine (a
+// watchdog naming the ranks that made no progress).
+func (d *Direct) Waiting() []int {
+	turn, flag := d.waitTurn.Load(), int(d.waitFlag.Load())
+	if turn == 0 || d.done.Load() >= turn {
+		return nil
+	}
+	var out []int
+	for _, q := range d.order {
+		if atomic.LoadUint64(d.t.peers[q].seg.areaU64(flag)) < turn {
+			out = append(out, q)
+		}
+	}
+	return out
 }
 
 func (d *Direct) mismatch(q int, turn, got, sig uint64) error {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/moex-ai/moex/internal/wire"
 	"github.com/moex-ai/moex/obuf"
@@ -623,7 +624,7 @@ func (s *sendReq) Wait(ctx context.Context) (int, error) {
 			t.putSend(s)
 			return 0, transport.CtxError(err)
 		}
-		s.awaitGrace()
+		s.AwaitGrace(t.waitPoller, t.graceFor(ctx), "transfer", s.p.fail)
 	}
 	n, err := s.Result()
 	t.putSend(s)
@@ -657,10 +658,15 @@ func (s *sendReq) cancel() bool {
 	return false
 }
 
-// awaitGrace waits for a transfer that is already on the wire; if the peer does not let
-// it finish within the grace period, the peer is declared dead, which completes it.
-func (s *sendReq) awaitGrace() {
-	s.AwaitGrace(s.t.waitPoller, s.t.grace, "transfer", s.p.fail)
+// graceFor is how long a cancelled transfer already on the wire may take to finish
+// before its peer is declared dead (which completes it): the grace period, but only a
+// moment when ctx ended because an operation made no progress for its whole timeout (a
+// peer is stuck; waiting longer only delays every rank's error).
+func (t *Transport) graceFor(ctx context.Context) time.Duration {
+	if errors.Is(context.Cause(ctx), transport.ErrTimeout) {
+		return min(t.grace, 100*time.Millisecond)
+	}
+	return t.grace
 }
 
 // Wait implements transport.Request.
@@ -671,7 +677,7 @@ func (r *recvReq) Wait(ctx context.Context) (int, error) {
 			t.putRecv(r)
 			return 0, transport.CtxError(err)
 		}
-		r.AwaitGrace(t.waitPoller, t.grace, "receive", r.p.fail)
+		r.AwaitGrace(t.waitPoller, t.graceFor(ctx), "receive", r.p.fail)
 	}
 	n, err := r.Result()
 	t.putRecv(r)

@@ -357,12 +357,25 @@ func (t *Transport) acceptAll(ctx context.Context, ln net.Listener, want int, co
 	results := make(chan result)
 	acceptErr := make(chan error, 1)
 	go func() {
+		backoff := 5 * time.Millisecond
 		for {
 			c, err := ln.Accept()
 			if err != nil {
-				acceptErr <- err
-				return
+				if errors.Is(err, net.ErrClosed) || ctx.Err() != nil {
+					acceptErr <- err
+					return
+				}
+				// A passing shortage (EMFILE, ENFILE, ECONNABORTED): the peers that
+				// come later must still get in. Back off, and go on.
+				t.log.Warn("moex tcp: accept failed; retrying", "rank", t.rank, "err", err, "in", backoff)
+				select {
+				case <-time.After(backoff):
+				case <-ctx.Done():
+				}
+				backoff = min(2*backoff, time.Second)
+				continue
 			}
+			backoff = 5 * time.Millisecond
 			hs.Add(1)
 			go func() {
 				defer hs.Done()
