@@ -865,7 +865,7 @@ func moexRun(t *testing.T, moex string, n int, scenario string, env ...string) s
 // moexRunKeepGoing runs the ranks under `moex run [--keep-going]` and returns their
 // output and the launcher's error.
 func moexRunKeepGoing(moex string, keepGoing bool, n int, scenario string, env ...string) (string, error) {
-	args := []string{"run", "-n", fmt.Sprint(n)}
+	args := []string{"run", "-n", fmt.Sprint(n), "--grace", "500ms"}
 	if keepGoing {
 		args = append(args, "--keep-going")
 	}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/moex-ai/moex/internal/launch"
 )
@@ -14,6 +15,7 @@ func cmdRun(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("moex run", flag.ContinueOnError)
 	n := fs.Int("n", 1, "number of ranks")
 	noPrefix := fs.Bool("no-prefix", false, "do not prefix output lines with [rank]")
+	grace := fs.Duration("grace", 5*time.Second, "how long ranks get between SIGTERM and SIGKILL once the job stops")
 	keepGoing := fs.Bool("keep-going", false, "let the other ranks run on when one fails (jobs that shrink their communicator and carry on); the exit code is still the first failed rank's")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: moex run -n N [--] prog [args...]\n\nStarts N ranks of prog on this host with MOEX_RANK, MOEX_WORLD_SIZE, MOEX_LOCAL_RANK,\nMOEX_LOCAL_SIZE, MOEX_ADDR and a fresh MOEX_JOB_TOKEN; prefixes output with the rank;\nstops every rank when one fails (exit code: the failed rank's); forwards Ctrl-C.")
@@ -27,9 +29,12 @@ func cmdRun(ctx context.Context, args []string) error {
 		fs.Usage()
 		return &usageError{"moex run: no program given"}
 	}
+	if *grace <= 0 || *grace > time.Hour {
+		return &usageError{fmt.Sprintf("moex run: --grace %v: want above 0, at most an hour", *grace)}
+	}
 	if *n < 1 || *n > launch.MaxRanks {
 		return &usageError{fmt.Sprintf("moex run: -n %d: want 1 to %d ranks", *n, launch.MaxRanks)}
 	}
 	return launch.Run(ctx, launch.Config{N: *n, Prog: rest[0], Args: rest[1:], NoPrefix: *noPrefix,
-		KeepGoing: *keepGoing, Stdout: os.Stdout, Stderr: os.Stderr})
+		KeepGoing: *keepGoing, Grace: *grace, Stdout: os.Stdout, Stderr: os.Stderr})
 }
