@@ -83,7 +83,7 @@ type Config struct {
 }
 
 const (
-	// defaultMaxSpin is about what a park costs where it costs most: a waiter that parks
+	// DefaultMaxSpin is about what a park costs where it costs most: a waiter that parks
 	// leaves its CPU idle, and on a virtual machine the wake-up then waits for the host
 	// to run that CPU again. Measured on this 2-CPU VM (moex bench coll --op alltoall
 	// --ranks 2 --transport shm, 64 KiB, a rank per CPU): each park of the shared-area
@@ -91,8 +91,8 @@ const (
 	// with 50 µs budgets, halved at every park, runs of 1000 operations had median 23 us
 	// (4-58) against 9.5 (4-13) with 1 ms (Open MPI, which never parks: 6.7). A rank that
 	// waits for a straggler burns at most this much of its own CPU before parking.
-	defaultMaxSpin   = time.Millisecond
-	defaultYieldSpin = 200 * time.Microsecond
+	DefaultMaxSpin   = time.Millisecond
+	DefaultYieldSpin = 200 * time.Microsecond
 	defaultYields    = 4
 	minSpin          = 0
 	probeEvery       = 64 // an adaptive poller with a collapsed budget re-probes this often
@@ -176,7 +176,7 @@ func New(c Config) *Poller {
 	p := &Poller{mode: c.Mode, maxSpin: int64(c.MaxSpin), yields: c.Yields}
 	switch {
 	case p.maxSpin == 0:
-		p.maxSpin = int64(defaultMaxSpin)
+		p.maxSpin = int64(DefaultMaxSpin)
 	case p.maxSpin < 0:
 		p.maxSpin = 0
 	}
@@ -187,7 +187,7 @@ func New(c Config) *Poller {
 		p.maxSpin = min(p.maxSpin, int64(OversubscribedSpin))
 		switch {
 		case c.YieldSpin == 0:
-			p.yieldSpin = int64(defaultYieldSpin)
+			p.yieldSpin = int64(DefaultYieldSpin)
 		case c.YieldSpin > 0:
 			p.yieldSpin = int64(c.YieldSpin)
 		}

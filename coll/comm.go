@@ -767,7 +767,7 @@ func Local(n int, cfg Config) ([]*Comm, error) {
 }
 
 // Init joins the job described by the environment (MOEX_*, torchrun, Open MPI or Slurm
-// variables; see transport.EnvVars): rendezvous at rank 0's store, exchange host
+// variables; see moex env): rendezvous at rank 0's store, exchange host
 // identities, connect a transport to every rank, and return the world communicator.
 func Init(ctx context.Context, cfg Config) (*Comm, error) {
 	if err := cfg.fill(); err != nil {

@@ -22,40 +22,6 @@ type Env struct {
 	Launcher             string // which variables were read: moex, torchrun, openmpi, slurm
 }
 
-// EnvVar documents one environment variable moex reads.
-type EnvVar struct{ Name, Meaning string }
-
-// EnvVars lists the variables FromEnv reads, in the order they take precedence.
-var EnvVars = []EnvVar{
-	{"MOEX_RANK", "this process's rank (else RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID)"},
-	{"MOEX_WORLD_SIZE", "number of ranks (else WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS)"},
-	{"MOEX_LOCAL_RANK", "rank among the ranks on this host (else LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID)"},
-	{"MOEX_LOCAL_SIZE", "ranks on this host (else LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE)"},
-	{"MOEX_ADDR", "rendezvous store host:port, served by rank 0 (else MASTER_ADDR:MASTER_PORT)"},
-	{"MOEX_JOB_TOKEN", "job secret; every connection proves it with an HMAC challenge (required when ranks > 1)"},
-	{"MOEX_BIND", "host or IP that listeners bind (default: the local address that reaches MOEX_ADDR)"},
-	{"MOEX_IFACE", "network interface whose first address listeners bind"},
-	{"MOEX_TRANSPORT", "auto (default: shm on one host; between hosts UCX when built and RDMA is there, else tcp), tcp, shm or ucx"},
-	{"MOEX_TIMEOUT", "deadline for every collective, as a Go duration (default 5m)"},
-	{"MOEX_INIT_TIMEOUT", "deadline of start-up (coll.Init): every rank must have started and connected within it (default: MOEX_TIMEOUT)"},
-	{"MOEX_POLL", "receiver waiting policy: adaptive (default), spin or block"},
-	{"MOEX_CPU_BIND", "auto (default): bind each rank to a core of its own when the host has enough cores; numa: to the CPUs and memory of the NUMA node of its GPU or NIC; none: leave placement to the kernel"},
-	{"MOEX_NET_GBITS", "the network's speed between hosts in Gbit/s, for the cost model (default: the NIC's, from sysfs, else 24)"},
-	{"MOEX_SHM_CMA", "auto (default), 1 or 0: large shared-memory messages with process_vm_readv, or through the rings"},
-	{"MOEX_SHM_REWIND", "auto (default: when ranks outnumber cores), 1 or 0: a producer that finds its shared-memory ring empty starts again at the ring's first slot"},
-	{"MOEX_WINDOWS", "auto (default) or 0: exchanges (the MoE low-latency mode) write each block straight into the memory of same-host peers; 0: as messages"},
-	{"MOEX_SPIN_US", "longest adaptive spin before yielding, in microseconds (default 50)"},
-	{"MOEX_YIELD_US", "when ranks outnumber cores: how long a waiter yields and polls before parking, in microseconds (default 200; 0: park at once)"},
-	{"MOEX_TCP_STREAMS", "TCP connections per peer (default 1)"},
-	{"MOEX_BUSY_POLL_US", "SO_BUSY_POLL value for TCP sockets in microseconds (default 50; 0 disables)"},
-	{"MOEX_CHECKSUM", "1: carry an xxhash64 of every TCP payload and verify it"},
-	{"MOEX_ALGO", "algorithm overrides, op:algo[,op:algo] (for example allreduce:ring)"},
-	{"MOEX_DEBUG", "log level: INFO logs transports per peer and algorithms per op"},
-	{"MOEX_TRACE", "directory: at Close every rank writes a Chrome-trace JSON file of its collectives (Perfetto), each split into waiting for the last rank and moving, naming that rank (turns MOEX_PROFILE on)"},
-	{"MOEX_PROFILE", "1: time every collective's wait for the last rank apart from the operation itself, and name the rank that arrived last (one small all-gather per op; logged at Close with MOEX_DEBUG=INFO)"},
-	{"MOEX_HOST_ID", "override the host identity (hostname/boot id) that decides which ranks share a host"},
-}
-
 // DefaultTimeout bounds every collective unless MOEX_TIMEOUT says otherwise.
 const DefaultTimeout = 5 * time.Minute
 
