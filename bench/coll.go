@@ -11,6 +11,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -34,9 +35,10 @@ type CollOpts struct {
 	Factor   int // size step (default 2)
 	DType    dtype.Type
 	RedOp    dtype.Op
+	Skew     float64 // alltoallv: every rank sends block j a share (j+1)^-Skew of its buffer
 	Root     int
-	Iters    int // timed iterations per size (0: about 0.2 s worth, at least 5)
-	Warmup   int
+	Iters    int  // timed iterations per size (0: about 0.2 s worth, at least 5)
+	Warmup   int  // untimed operations per size and form (0: 20; negative: none)
 	Check    bool // verify the result of the last iteration (default on via the CLI)
 	// Heap allocates the buffers with make (Go heap, 4 KiB pages) instead of taking them
 	// from obuf (huge pages from 2 MiB on), to show what the buffers' origin costs.
@@ -53,6 +55,9 @@ type CollOpts struct {
 	// is zero.
 	StraggleRank  int
 	StraggleDelay time.Duration
+	// Progress, when set, is called on rank 0 after each size with the sizes done and
+	// the sizes in all.
+	Progress func(done, total int)
 }
 
 // CollResult is one row: the fields of `moex bench coll --json`.
@@ -77,6 +82,23 @@ type CollResult struct {
 	// operation once with all its CPUs and no synchronisation at all (CopyFloor).
 	FloorUS float64 `json:"floor_us,omitempty"`
 	Iters   int     `json:"iters"`
+	// P50US, P90US and P99US are percentiles over the iterations of the slowest rank's
+	// time (the first 100000 iterations).
+	P50US float64 `json:"p50_us"`
+	P90US float64 `json:"p90_us"`
+	P99US float64 `json:"p99_us"`
+	// OutOfPlace says whether the main columns are the out-of-place form (send and
+	// receive buffers apart); broadcast has only the in-place one, which fills them.
+	OutOfPlace bool `json:"out_of_place"`
+	// The in-place form (send == receive buffer; AllGather: this rank's block already in
+	// place): its mean time, bus bandwidth and #wrong (-1: the operation has no such form).
+	InPlaceUS    float64 `json:"in_place_time_us,omitempty"`
+	InPlaceBusBW float64 `json:"in_place_busbw_gbs,omitempty"`
+	InPlaceWrong int     `json:"in_place_wrong"`
+	Skew         float64 `json:"skew,omitempty"` // alltoallv: block j weighs (j+1)^-skew
+	// Run records the command line and the machine (in every row, so that each stands
+	// alone).
+	Run *RunInfo `json:"run,omitempty"`
 	// With profiling: the longest per-op wait for the last rank and the longest per-op
 	// time after it, over the ranks, and the rank that arrived last most often.
 	WaitUS   float64 `json:"wait_us,omitempty"`
@@ -211,18 +233,25 @@ func Coll(ctx context.Context, c *coll.Comm, o CollOpts) ([]CollResult, error) {
 	if o.RedOp == 0 {
 		o.RedOp = dtype.Sum
 	}
-	if o.Warmup == 0 {
+	switch {
+	case o.Warmup == 0:
 		o.Warmup = 20 // pools, plans, page faults, the pollers' adaptive budgets settle
+	case o.Warmup < 0:
+		o.Warmup = 0
 	}
 	p := c.Size()
 	var rows []CollResult
-	for _, size := range sizes(o, p) {
+	all := sizes(o, p)
+	for i, size := range all {
 		r, err := collOne(ctx, c, o, size)
 		if err != nil {
 			return nil, fmt.Errorf("%v %d bytes: %w", o.Op, size, err)
 		}
 		if c.Rank() == 0 {
 			rows = append(rows, r)
+			if o.Progress != nil {
+				o.Progress(i+1, len(all))
+			}
 		}
 	}
 	return rows, nil
@@ -245,12 +274,25 @@ func (bo *benchOp) release() {
 	bo.bufs = nil
 }
 
+// errNoForm: the operation has no such form (in place, or out of place).
+var errNoForm = errors.New("bench: no such form")
+
+// maxSamples bounds the per-iteration times kept for the percentiles.
+const maxSamples = 100_000
+
+// form is one timed form of an operation at one size.
+type form struct {
+	timeUS, p50, p90, p99 float64
+	wrong                 int
+	iters                 int
+}
+
 func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResult, error) {
-	p, r := c.Size(), c.Rank()
+	p := c.Size()
 	es := o.DType.Size()
 	count := size / es
 	res := CollResult{Op: o.Op.String(), Ranks: p, Transport: c.Transport().Name(), Bytes: size, Count: count,
-		DType: o.DType.String(), Root: o.Root, Buffers: "obuf"}
+		DType: o.DType.String(), Root: o.Root, Buffers: "obuf", InPlaceWrong: -1}
 	switch {
 	case o.Heap && o.Shared:
 		return res, fmt.Errorf("bench: buffers from the heap or shared, not both")
@@ -259,19 +301,67 @@ func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResul
 	case o.Shared:
 		res.Buffers = "shared"
 	}
-	bo, algoCount, err := makeOp(ctx, c, o, size)
-	if err != nil {
-		return res, err
-	}
-	defer bo.release()
 	switch o.Op {
 	case coll.OpAllReduce, coll.OpReduce, coll.OpReduceScatter:
 		res.RedOp = o.RedOp.String()
+	case coll.OpAlltoAllv:
+		res.Skew = o.Skew
+	}
+	out, algoCount, err := collForm(ctx, c, o, size, false, true, &res)
+	switch {
+	case errors.Is(err, errNoForm):
+		res.OutOfPlace = false
+	case err != nil:
+		return res, err
+	default:
+		res.OutOfPlace = true
+		res.TimeUS, res.P50US, res.P90US, res.P99US, res.Wrong, res.Iters = out.timeUS, out.p50, out.p90, out.p99, out.wrong, out.iters
+	}
+	in, ac, err := collForm(ctx, c, o, size, true, !res.OutOfPlace, &res)
+	switch {
+	case errors.Is(err, errNoForm):
+	case err != nil:
+		return res, err
+	default:
+		res.InPlaceUS, res.InPlaceWrong = in.timeUS, in.wrong
+		if !res.OutOfPlace { // the operation's only form fills the main columns too
+			res.TimeUS, res.P50US, res.P90US, res.P99US, res.Wrong, res.Iters = in.timeUS, in.p50, in.p90, in.p99, in.wrong, in.iters
+			algoCount = ac
+		}
 	}
 	res.Algo = algoName(c, o.Op, o.DType, algoCount, o.Root)
+	bus := BusFactor(o.Op, p)
+	if res.TimeUS > 0 {
+		res.AlgBW = float64(size) / res.TimeUS / 1e3
+	}
+	res.BusBW = res.AlgBW * bus
+	if res.InPlaceUS > 0 {
+		res.InPlaceBusBW = float64(size) / res.InPlaceUS / 1e3 * bus
+	}
+	if c.Rank() == 0 {
+		res.MemcpyGBs = Memcpy(size)
+		if o.Op == coll.OpAlltoAll {
+			res.FloorUS = CopyFloor(p, size).Seconds() * 1e6
+		}
+	}
+	return res, nil
+}
+
+// collForm times one form (in place or out of place) of the operation at one size: mean
+// time, percentiles of the slowest rank per iteration, and the check's #wrong over
+// every rank. The main form's profiling figures go into res.
+func collForm(ctx context.Context, c *coll.Comm, o CollOpts, size int, inPlace, main bool, res *CollResult) (form, int, error) {
+	var f form
+	bo, algoCount, err := makeOpOf(ctx, c, o, size, inPlace)
+	// Every rank reaches the same verdict: the forms depend on the operation only.
+	if err != nil {
+		return f, 0, err
+	}
+	defer bo.release()
+	bo.prep()
 	for i := 0; i < o.Warmup; i++ {
 		if err := bo.run(); err != nil {
-			return res, err
+			return f, 0, err
 		}
 	}
 	iters := o.Iters
@@ -279,16 +369,16 @@ func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResul
 		// Agree on an iteration count from a timed probe (max over ranks).
 		start := time.Now()
 		if err := bo.run(); err != nil {
-			return res, err
+			return f, 0, err
 		}
 		per := []float64{time.Since(start).Seconds()}
 		if err := coll.AllReduce(ctx, c, nil, per, dtype.Max); err != nil {
-			return res, err
+			return f, 0, err
 		}
 		iters = int(math.Min(1000, math.Max(5, 0.2/math.Max(per[0], 1e-7))))
 	}
 	if err := coll.Barrier(ctx, c); err != nil {
-		return res, err
+		return f, 0, err
 	}
 	// The first operations after the barrier are not timed, as in the OSU benchmarks. A
 	// run takes a while to reach full speed: AlltoAll, P=4, 64 KiB on 2 CPUs took 30-53
@@ -297,68 +387,69 @@ func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResul
 	// first 200; sleeping 30 ms before timing did not shorten it.
 	for i := 0; i < skipOf(iters); i++ {
 		if err := bo.run(); err != nil {
-			return res, err
+			return f, 0, err
 		}
 	}
-	straggle := o.StraggleDelay > 0 && r == o.StraggleRank
+	straggle := o.StraggleDelay > 0 && c.Rank() == o.StraggleRank
 	prof0 := c.ProfileOf(o.Op)
+	samples := make([]float64, min(iters, maxSamples))
 	start := time.Now()
+	last := start
 	for i := 0; i < iters; i++ {
 		if straggle {
 			time.Sleep(o.StraggleDelay)
 		}
 		if err := bo.run(); err != nil {
-			return res, err
+			return f, 0, err
+		}
+		if i < len(samples) {
+			now := time.Now()
+			samples[i] = now.Sub(last).Seconds()
+			last = now
 		}
 	}
 	el := []float64{time.Since(start).Seconds() / float64(iters)}
 	if err := coll.AllReduce(ctx, c, nil, el, dtype.Max); err != nil {
-		return res, err
+		return f, 0, err
 	}
-	if o.Profile {
+	// Per iteration, the slowest rank's time.
+	if err := coll.AllReduce(ctx, c, nil, samples, dtype.Max); err != nil {
+		return f, 0, err
+	}
+	if o.Profile && main {
 		prof := c.ProfileOf(o.Op)
 		n := float64(max(prof.Count-prof0.Count, 1))
 		wm := []float64{(prof.Wait - prof0.Wait).Seconds() / n * 1e6, (prof.Move - prof0.Move).Seconds() / n * 1e6}
 		if err := coll.AllReduce(ctx, c, nil, wm, dtype.Max); err != nil {
-			return res, err
+			return f, 0, err
 		}
 		res.WaitUS, res.MoveUS = wm[0], wm[1]
-		last, most := 0, -1
+		lastRank, most := 0, -1
 		for q := range prof.Last {
 			k := prof.Last[q]
 			if q < len(prof0.Last) {
 				k -= prof0.Last[q]
 			}
 			if k > most {
-				last, most = q, k
+				lastRank, most = q, k
 			}
 		}
-		res.LastRank = &last
+		res.LastRank = &lastRank
 	}
 	if o.Check {
 		bo.prep()
 		if err := bo.run(); err != nil {
-			return res, err
+			return f, 0, err
 		}
 		wrong := []int64{int64(bo.check())}
 		if err := coll.AllReduce(ctx, c, nil, wrong, dtype.Sum); err != nil {
-			return res, err
+			return f, 0, err
 		}
-		res.Wrong = int(wrong[0])
+		f.wrong = int(wrong[0])
 	}
-	res.Iters = iters
-	res.TimeUS = el[0] * 1e6
-	if el[0] > 0 {
-		res.AlgBW = float64(size) / el[0] / 1e9
-	}
-	res.BusBW = res.AlgBW * BusFactor(o.Op, p)
-	if r == 0 {
-		res.MemcpyGBs = Memcpy(size)
-		if o.Op == coll.OpAlltoAll {
-			res.FloorUS = CopyFloor(p, size).Seconds() * 1e6
-		}
-	}
-	return res, nil
+	f.iters, f.timeUS = iters, el[0]*1e6
+	f.p50, f.p90, f.p99 = percentile(samples, 0.5)*1e6, percentile(samples, 0.9)*1e6, percentile(samples, 0.99)*1e6
+	return f, algoCount, nil
 }
 
 func algoName(c *coll.Comm, op coll.OpKind, dt dtype.Type, count, root int) string {
@@ -373,187 +464,30 @@ func algoName(c *coll.Comm, op coll.OpKind, dt dtype.Type, count, root int) stri
 	return "?"
 }
 
-// makeOp allocates buffers for one size; the inputs are small integers so that every
-// reduction is exact and the result can be checked against a closed form.
-func makeOp(ctx context.Context, c *coll.Comm, o CollOpts, size int) (benchOp, int, error) {
-	p, r := c.Size(), c.Rank()
-	n := size / 4
-	var bo benchOp
-	mk := func(k int) []float32 {
-		if o.Heap {
-			return make([]float32, k)
-		}
-		// obuf buffers, as a user following moex's advice would have them, held by bo
-		// until the size is done.
-		pool := obuf.Default
-		if o.Shared {
-			pool = obuf.Shared
-		}
-		b := pool.Get(4 * k)
-		bo.bufs = append(bo.bufs, b)
-		return dtype.FromBytes[float32](b.Bytes())
-	}
-	if o.DType != dtype.F32 {
-		return benchOp{}, 0, fmt.Errorf("bench: only f32 is wired into the command so far (got %v)", o.DType)
-	}
-	val := func(rank, i int) float32 { return float32((rank+i)%7 - 3) }
-	switch o.Op {
-	case coll.OpAllReduce:
-		buf := mk(n)
-		bo.prep = func() {
-			for i := range buf {
-				buf[i] = val(r, i)
-			}
-		}
-		bo.run = func() error { return coll.AllReduce(ctx, c, nil, buf, o.RedOp) }
-		bo.check = func() int {
-			wrong := 0
-			for i, v := range buf {
-				want := float32(0)
-				for q := 0; q < p; q++ {
-					want += val(q, i)
-				}
-				if o.RedOp == dtype.Avg {
-					want /= float32(p)
-				}
-				if o.RedOp == dtype.Sum || o.RedOp == dtype.Avg {
-					if v != want {
-						wrong++
-					}
-				}
-			}
-			return wrong
-		}
-		return bo, n, nil
-	case coll.OpAlltoAll:
-		send, recv := mk(n), mk(n)
-		blk := n / p
-		bo.prep = func() {
-			for i := range send {
-				send[i] = float32(r*1000003 + i)
-			}
-		}
-		bo.prep()
-		bo.run = func() error { return coll.AlltoAll(ctx, c, send, recv) }
-		bo.check = func() int {
-			wrong := 0
-			for q := 0; q < p; q++ {
-				for k := 0; k < blk; k++ {
-					if recv[q*blk+k] != float32(q*1000003+r*blk+k) {
-						wrong++
-					}
-				}
-			}
-			return wrong
-		}
-		return bo, blk, nil
-	case coll.OpAllGather:
-		blk := n / p
-		send, recv := mk(blk), mk(n)
-		bo.prep = func() {
-			for i := range send {
-				send[i] = float32(r*7 + i)
-			}
-		}
-		bo.prep()
-		bo.run = func() error { return coll.AllGather(ctx, c, send, recv) }
-		bo.check = func() int {
-			wrong := 0
-			for q := 0; q < p; q++ {
-				for k := 0; k < blk; k++ {
-					if recv[q*blk+k] != float32(q*7+k) {
-						wrong++
-					}
-				}
-			}
-			return wrong
-		}
-		return bo, blk, nil
-	case coll.OpReduceScatter:
-		blk := n / p
-		send, recv := mk(n), mk(blk)
-		bo.prep = func() {
-			for i := range send {
-				send[i] = val(r, i)
-			}
-		}
-		bo.prep()
-		bo.run = func() error { return coll.ReduceScatter(ctx, c, send, recv, dtype.Sum) }
-		bo.check = func() int {
-			wrong := 0
-			for k, v := range recv {
-				want := float32(0)
-				for q := 0; q < p; q++ {
-					want += val(q, r*blk+k)
-				}
-				if v != want {
-					wrong++
-				}
-			}
-			return wrong
-		}
-		return bo, blk, nil
-	case coll.OpBroadcast:
-		buf := mk(n)
-		bo.prep = func() {
-			for i := range buf {
-				buf[i] = 0
-				if r == o.Root {
-					buf[i] = float32(i)
-				}
-			}
-		}
-		bo.prep()
-		bo.run = func() error { return coll.Broadcast(ctx, c, buf, o.Root) }
-		bo.check = func() int {
-			wrong := 0
-			for i, v := range buf {
-				if v != float32(i) {
-					wrong++
-				}
-			}
-			return wrong
-		}
-		return bo, n, nil
-	case coll.OpReduce:
-		send, recv := mk(n), mk(n)
-		bo.prep = func() {
-			for i := range send {
-				send[i] = val(r, i)
-			}
-		}
-		bo.prep()
-		bo.run = func() error { return coll.Reduce(ctx, c, send, recv, dtype.Sum, o.Root) }
-		bo.check = func() int {
-			if r != o.Root {
-				return 0
-			}
-			wrong := 0
-			for i, v := range recv {
-				want := float32(0)
-				for q := 0; q < p; q++ {
-					want += val(q, i)
-				}
-				if v != want {
-					wrong++
-				}
-			}
-			return wrong
-		}
-		return bo, n, nil
-	}
-	return bo, 0, fmt.Errorf("bench: operation %v is not benchmarked (allreduce, alltoall, allgather, reducescatter, broadcast, reduce)", o.Op)
-}
-
-// PrintColl writes rows as an nccl-tests-style table.
+// PrintColl writes rows as an nccl-tests-style table: the out-of-place form (the only
+// one of broadcast, in place) with its percentiles, then the in-place form (N/A where the
+// operation has none).
 func PrintColl(w io.Writer, rows []CollResult) {
 	if len(rows) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "# moex bench coll: %s, %d ranks, transport %s\n", rows[0].Op, rows[0].Ranks, rows[0].Transport)
+	r0 := rows[0]
+	fmt.Fprintf(w, "# moex bench coll: %s, %d ranks, transport %s, %s buffers", r0.Op, r0.Ranks, r0.Transport, r0.Buffers)
+	if r0.Op == coll.OpAlltoAllv.String() {
+		fmt.Fprintf(w, ", skew %g", r0.Skew)
+	}
+	fmt.Fprintln(w)
+	if r0.Run != nil {
+		fmt.Fprintf(w, "# %s; %s, %d CPUs, %s, commit %s; path %s; poll %s\n", r0.Run.Command, r0.Run.CPU, r0.Run.Cores, r0.Run.GoVersion, r0.Run.Commit, r0.Run.Path, r0.Run.Poll)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	profiled := rows[0].LastRank != nil
-	head := "size (B)\tcount\ttype\tredop\troot\talgo\ttime (us)\talgbw (GB/s)\tbusbw (GB/s)\t#wrong\tmemcpy (GB/s)\t"
+	profiled := r0.LastRank != nil
+	main, other := "out-of-place", "in-place"
+	if !r0.OutOfPlace {
+		main, other = "in-place", "out-of-place"
+	}
+	fmt.Fprintf(tw, "\t\t\t\t\t\t%s\t\t\t\t\t\t\t%s\t\t\t\t\n", main, other)
+	head := "size (B)\tcount\ttype\tredop\troot\talgo\ttime (us)\tp50\tp90\tp99\talgbw (GB/s)\tbusbw (GB/s)\t#wrong\ttime (us)\tbusbw (GB/s)\t#wrong\tmemcpy (GB/s)\t"
 	if profiled {
 		head += "wait (us)\tmove (us)\tlast rank\t"
 	}
@@ -563,14 +497,21 @@ func PrintColl(w io.Writer, rows []CollResult) {
 		if red == "" {
 			red = "none"
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%s\t%.1f\t%.2f\t%.2f\t%d\t%.1f\t",
-			r.Bytes, r.Count, r.DType, red, r.Root, r.Algo, r.TimeUS, r.AlgBW, r.BusBW, r.Wrong, r.MemcpyGBs)
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t%d\t",
+			r.Bytes, r.Count, r.DType, red, r.Root, r.Algo, r.TimeUS, r.P50US, r.P90US, r.P99US, r.AlgBW, r.BusBW, r.Wrong)
+		if r.OutOfPlace && r.InPlaceWrong >= 0 {
+			fmt.Fprintf(tw, "%.1f\t%.2f\t%d\t", r.InPlaceUS, r.InPlaceBusBW, r.InPlaceWrong)
+		} else {
+			fmt.Fprint(tw, "N/A\tN/A\tN/A\t")
+		}
+		fmt.Fprintf(tw, "%.1f\t", r.MemcpyGBs)
 		if profiled && r.LastRank != nil {
 			fmt.Fprintf(tw, "%.1f\t%.1f\t%d\t", r.WaitUS, r.MoveUS, *r.LastRank)
 		}
 		fmt.Fprintln(tw)
 	}
 	tw.Flush()
+	fmt.Fprintln(w, "# time: mean per operation of the slowest rank; p50/p90/p99: over iterations, each the slowest rank's; #wrong: elements off the reference over every rank")
 	if profiled {
 		fmt.Fprintln(w, "# wait: longest time a rank spent waiting for the last one to arrive; move: longest time of the operation after that (per op, over the ranks)")
 	}

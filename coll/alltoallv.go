@@ -298,9 +298,17 @@ func (c *Comm) runV(ctx context.Context, vp *VPlan, send, recv []byte, async boo
 
 // Describe writes the schedule of op on count elements of dt (per block or per rank, as
 // the op takes them) on this rank, as the cost model would choose it; for `moex flow` and
-// debugging.
+// debugging. A variable-size operation (AlltoAllv, AllGatherv, ...) is described by its
+// fixed-size form with count elements per block, the plan the cost model weighs for it.
 func (c *Comm) Describe(op OpKind, dt dtype.Type, count, root int) string {
 	var sb stringsBuilder
+	switch op = fixedOf(op); op {
+	case OpAlltoAllv:
+		op = OpAlltoAll
+	case OpAllReduce, OpBroadcast, OpReduce, OpAllGather, OpReduceScatter, OpAlltoAll, OpScatter, OpGather, OpBarrier:
+	default:
+		return fmt.Sprintf("rank %d: %v has no schedule of its own", c.rank, op)
+	}
 	cl := call{op: op, dt: dt, redop: dtype.Sum, count: count, root: root}
 	pl := c.getPlan(key(c, &cl, count*dt.Size()))
 	pl.describe(&sb, c.rank)

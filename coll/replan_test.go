@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/stretchr/testify/assert"
 )
 
 // Replanning an AlltoAllv for new matrices (the MoE dispatch path), under every algorithm.
@@ -56,4 +59,14 @@ func TestReplanAlltoAllv(t *testing.T) {
 			})
 		}
 	}
+}
+
+// Describe answers for every operation, the variable-size ones by their fixed-size form.
+func TestDescribeEveryOp(t *testing.T) {
+	cs := newLocal(t, 2, Config{})
+	for op := OpBarrier; op < opKindEnd; op++ {
+		d := cs[0].Describe(op, dtype.F32, 1024, 0)
+		assert.Contains(t, d, "rank 0", op.String())
+	}
+	assert.Contains(t, cs[0].Describe(OpAlltoAllv, dtype.F32, 1024, 0), "alltoall/")
 }
