@@ -50,6 +50,9 @@ type MoEOpts struct {
 	Profile bool
 	// LocalRanks is how many ranks share this process (memory budget for --compute ffn).
 	LocalRanks int
+	// Progress, when set, is called on rank 0 after each timed step with the steps done
+	// and the steps in all.
+	Progress func(done, total int)
 }
 
 // Stage is one stage's figures over the timed iterations, each the slowest rank's time.
@@ -310,6 +313,9 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	for i := 0; i < iters; i++ {
 		if err := step(times[3*i : 3*i+3]); err != nil {
 			return nil, err
+		}
+		if me == 0 && o.Progress != nil {
+			o.Progress(i+1, iters)
 		}
 	}
 	prof := c.ProfileOf(coll.OpAlltoAllv)

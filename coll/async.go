@@ -152,7 +152,7 @@ func (c *Comm) getJob() *job {
 // Group collects non-blocking operations submitted together and waits for all of them:
 //
 //	var g coll.Group
-//	g.Add(coll.IAllReduce(ctx, c, a, nil, dtype.Sum))
+//	g.Add(coll.IAllReduce(ctx, c, nil, a, dtype.Sum)) // nil send: in place on a
 //	g.Add(coll.IAlltoAll(ctx, c, x, y))
 //	err := g.Wait(ctx)
 type Group struct {

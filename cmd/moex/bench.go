@@ -15,19 +15,35 @@ import (
 	"github.com/moex-ai/moex/internal/launch"
 )
 
+const benchUsage = `usage: moex bench coll|p2p|moe|coalesce [flags]
+
+  coll      collectives, nccl-tests style: time, bandwidth, #wrong per size
+  p2p       point-to-point bandwidth and round trip
+  moe       MoE dispatch and combine: tokens/s, stage percentiles, copy floors
+  coalesce  one MoE dispatch sent five ways, from a message per (token, expert) to
+            fused and chunked: the reference for tuning AlltoAll coalescing
+
+Run "moex bench <name> -h" for its flags.
+`
+
 func cmdBench(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return &usageError{"usage: moex bench coll|p2p|moe [flags]"}
+		return &usageError{benchUsage}
 	}
 	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		fmt.Print(benchUsage)
+		return errHelp
 	case "coll":
 		return benchColl(ctx, args[1:])
+	case "coalesce":
+		return benchCoalesce(ctx, args[1:])
 	case "p2p":
 		return benchP2P(ctx, args[1:])
 	case "moe":
 		return benchMoE(ctx, args[1:])
 	}
-	return &usageError{fmt.Sprintf("moex bench: unknown benchmark %q (coll, p2p, moe)", args[0])}
+	return &usageError{fmt.Sprintf("moex bench: unknown benchmark %q (coll, p2p, moe, coalesce)", args[0])}
 }
 
 // parseBytes reads sizes like 4096, 64K, 64KiB, 16M, 1G.
@@ -49,6 +65,21 @@ func parseBytes(s string) (int, error) {
 	}
 	return n * mul, nil
 }
+
+// aliasFlag is a second name of a flag of fs.
+type aliasFlag struct {
+	fs   *flag.FlagSet
+	name string
+}
+
+func (a aliasFlag) String() string {
+	if a.fs == nil {
+		return ""
+	}
+	return a.fs.Lookup(a.name).Value.String()
+}
+
+func (a aliasFlag) Set(s string) error { return a.fs.Set(a.name, s) }
 
 type bytesFlag struct{ v *int }
 
@@ -190,14 +221,19 @@ func benchColl(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("moex bench coll", flag.ContinueOnError)
 	var rf rankFlags
 	rf.register(fs, 4)
-	opName := fs.String("op", "allreduce", "allreduce, alltoall, allgather, reducescatter, broadcast, reduce")
+	opName := fs.String("op", "allreduce", "allreduce, alltoall, alltoallv, allgather, reducescatter, broadcast, reduce")
 	o := bench.CollOpts{MinBytes: 64 << 10, MaxBytes: 16 << 20}
 	fs.Var(bytesFlag{&o.MinBytes}, "min-bytes", "smallest size (per rank buffer)")
 	fs.Var(bytesFlag{&o.MaxBytes}, "max-bytes", "largest size")
 	fs.IntVar(&o.Factor, "factor", 2, "size multiplier between rows")
 	fs.IntVar(&o.Iters, "iters", 0, "timed iterations per size (0: about 0.2 s worth)")
 	fs.IntVar(&o.Root, "root", 0, "root of broadcast and reduce")
-	redop := fs.String("redop", "sum", "reduction")
+	redop := fs.String("op-reduce", "sum", "reduction: sum, prod, min, max or avg")
+	fs.Var(aliasFlag{fs, "op-reduce"}, "redop", "the same as --op-reduce")
+	dt := fs.String("dtype", "f32", "element type: f32, f64, i32, i64, u8, i8, bf16, f16 or fp8e4m3")
+	fs.Float64Var(&o.Skew, "skew", 0, "alltoallv: every rank sends block j a share (j+1)^-skew of its buffer (0: equal blocks)")
+	fs.IntVar(&o.Warmup, "warmup", 20, "untimed operations per size before the timed ones")
+	plot := fs.String("plot", "", "write bandwidth and latency percentiles against size to this SVG file")
 	check := fs.Bool("check", true, "check the results (#wrong column)")
 	fs.BoolVar(&o.Heap, "heap", false, "allocate buffers with make (4 KiB pages) instead of obuf (huge pages from 2 MiB)")
 	fs.BoolVar(&o.Shared, "shared", false, "take the buffers from obuf.Shared: shared memory that the other ranks of the host read in place (shm: one copy per byte)")
@@ -219,7 +255,26 @@ func benchColl(ctx context.Context, args []string) error {
 	if err != nil {
 		return &usageError{err.Error()}
 	}
-	o.Op, o.DType, o.Check = op, dtype.F32, *check
+	switch op {
+	case coll.OpAllReduce, coll.OpAlltoAll, coll.OpAlltoAllv, coll.OpAllGather, coll.OpReduceScatter, coll.OpBroadcast, coll.OpReduce:
+	default:
+		return &usageError{fmt.Sprintf("--op %s: not benchmarked (allreduce, alltoall, alltoallv, allgather, reducescatter, broadcast, reduce)", op)}
+	}
+	o.Op, o.Check = op, *check
+	if o.DType, err = dtype.Parse(*dt); err != nil {
+		return &usageError{err.Error()}
+	}
+	switch {
+	case o.Skew != 0 && op != coll.OpAlltoAllv:
+		return &usageError{"--skew: alltoallv only"}
+	case o.Skew < 0 || o.Skew > 10 || o.Skew != o.Skew:
+		return &usageError{fmt.Sprintf("--skew %v: want 0 to 10", o.Skew)}
+	case o.Warmup < 0 || o.Warmup > 100_000:
+		return &usageError{fmt.Sprintf("--warmup %d: want 0 to 100000", o.Warmup)}
+	}
+	if o.Warmup == 0 {
+		o.Warmup = -1 // none: Coll's zero means its default
+	}
 	if o.RedOp, err = dtype.ParseOp(*redop); err != nil {
 		return &usageError{err.Error()}
 	}
@@ -240,9 +295,23 @@ func benchColl(ctx context.Context, args []string) error {
 		return err
 	}
 	defer closeAll(cs)
+	bar := newProgress("coll: sizes")
+	o.Progress = bar.set
 	rows, err := onRank0(cs, func(c *coll.Comm) ([]bench.CollResult, error) { return bench.Coll(ctx, c, o) })
+	bar.done()
 	if err != nil {
 		return err
+	}
+	if len(rows) > 0 {
+		ri := bench.NewRunInfo(cs[0], "moex bench coll "+strings.Join(args, " "))
+		for i := range rows {
+			rows[i].Run = ri
+		}
+	}
+	if *plot != "" && len(rows) > 0 {
+		if err := bench.PlotColl(*plot, rows); err != nil {
+			return err
+		}
 	}
 	if rf.json {
 		return bench.PrintJSON(os.Stdout, rows)

@@ -46,8 +46,16 @@ func cmdDoctor(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("moex doctor", flag.ContinueOnError)
 	ranks := fs.Int("ranks", 2, "ranks to start (ignored under a launcher: the job's ranks are used)")
 	tr := fs.String("transport", "auto", "auto, tcp, shm or ucx (MOEX_TRANSPORT for the ranks)")
-	if err := fs.Parse(args); err != nil {
-		return &usageError{err.Error()}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	switch *tr {
+	case "auto", "tcp", "shm", "ucx":
+	default:
+		return &usageError{fmt.Sprintf("--transport %q: want auto, tcp, shm or ucx", *tr)}
+	}
+	if *ranks > MaxRanks {
+		return &usageError{fmt.Sprintf("--ranks %d: want 2 to %d", *ranks, MaxRanks)}
 	}
 	env, err := transport.FromEnv()
 	if err != nil {

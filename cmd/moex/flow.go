@@ -54,7 +54,9 @@ func cmdFlow(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	bar := newProgress("flow: routing and planning every rank's tokens")
 	plan, mc, err := bench.PlanMoE(o, *ranks)
+	bar.done()
 	if err != nil {
 		return err
 	}

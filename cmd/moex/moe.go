@@ -39,6 +39,7 @@ func benchMoE(ctx context.Context, args []string) error {
 	fs.Var(bytesFlag{&ro.WeightBytes}, "weight-bytes", "with --kill: bytes of weights per expert, moved to the ranks that take an expert over (default 64K)")
 	levels := fs.String("levels", "", "ranks on several hosts: flat, two (dispatch.TwoLevel: a token crosses to a host once, its relay hands it on), auto (as dispatch.ChooseTwoLevel picks) or compare (flat, then two); prints step time and bytes within and across hosts")
 	list := fs.Bool("models", false, "list the models and exit")
+	plot := fs.String("plot", "", "write a stacked bar of dispatch, expert compute and combine to this SVG file")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -67,6 +68,9 @@ func benchMoE(ctx context.Context, args []string) error {
 	case o.Overlap && o.Tokens < o.Chunks:
 		return &usageError{fmt.Sprintf("--overlap: %d tokens cannot make %d micro-batches", o.Tokens, o.Chunks)}
 	}
+	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && *plot != "" {
+		return &usageError{"--plot: only for the plain run (not with --eplb, --kill or --levels)"}
+	}
 	if eo.Every != 0 {
 		if ro.Victim >= 0 {
 			return &usageError{"--eplb and --kill: one at a time"}
@@ -94,12 +98,20 @@ func benchMoE(ctx context.Context, args []string) error {
 	}
 	defer closeAll(cs)
 	o.LocalRanks = len(cs)
+	bar := newProgress("moe: steps")
+	o.Progress = bar.set
 	res, err := onRank0(cs, func(c *coll.Comm) (*bench.MoEResult, error) { return bench.MoE(ctx, c, o) })
+	bar.done()
 	if err != nil {
 		return err
 	}
 	if res == nil {
 		return nil // a rank other than 0 of a launched job
+	}
+	if *plot != "" {
+		if err := bench.PlotMoE(*plot, []*bench.MoEResult{res}); err != nil {
+			return err
+		}
 	}
 	if rf.json {
 		return bench.PrintJSON(os.Stdout, []*bench.MoEResult{res})

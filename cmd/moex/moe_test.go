@@ -76,3 +76,49 @@ func TestBenchCollFlagsBounded(t *testing.T) {
 	}
 	assert.Equal(t, 0, exitCode(benchColl(context.Background(), []string{"-h"})))
 }
+
+// Every command refuses what a new user might mistype, with exit code 2 and before any
+// rank starts: unknown flag values, stray arguments, ranks out of bounds; -h is exit 0.
+func TestCLIHygiene(t *testing.T) {
+	ctx := context.Background()
+	for _, args := range [][]string{
+		{"bench", "moe", "--placement", "random"},
+		{"bench", "moe", "--mode", "fast"},
+		{"bench", "moe", "--wire-dtype", "fp4"},
+		{"bench", "moe", "--ranks", "0"},
+		{"bench", "moe", "--plot", "x.svg", "--eplb", "4"},
+		{"bench", "moe", "stray"},
+		{"bench", "coll", "--dtype", "f128"},
+		{"bench", "coll", "--op-reduce", "median"},
+		{"bench", "coll", "--op", "gatherv"},
+		{"bench", "coll", "--skew", "1"},
+		{"bench", "coll", "--op", "alltoallv", "--skew", "-1"},
+		{"bench", "coll", "--warmup", "-1"},
+		{"bench", "coalesce", "--ranks", "1"},
+		{"bench", "coalesce", "--ranks", "3"},
+		{"bench", "coalesce", "--tokens", "0"},
+		{"bench", "coalesce", "--topk", "4"},
+		{"bench", "coalesce", "--hidden", "64", "--model", "deepseek-v3"},
+		{"bench", "coalesce", "--hidden", "64", "--topk", "9", "--experts", "8"},
+		{"bench", "coalesce", "--min-chunk", "1M", "--max-chunk", "4K"},
+		{"bench", "coalesce", "--wire-dtype", "int4"},
+		{"bench", "coalesce", "--iters", "0"},
+		{"bench", "coalesce", "stray"},
+		{"bench", "nope"},
+		{"doctor", "stray"},
+		{"doctor", "--transport", "carrier-pigeon"},
+		{"flow", "stray"},
+		{"env", "stray"},
+		{"topo", "stray"},
+		{"run", "-n", "0", "true"},
+		{"run"},
+	} {
+		assert.Equal(t, 2, run(ctx, args), "moex %v", args)
+	}
+	for _, args := range [][]string{
+		{"-h"}, {"bench", "-h"}, {"bench", "moe", "-h"}, {"bench", "coll", "-h"}, {"bench", "coalesce", "-h"},
+		{"bench", "p2p", "-h"}, {"doctor", "-h"}, {"flow", "-h"}, {"env", "-h"}, {"topo", "-h"}, {"run", "-h"},
+	} {
+		assert.Equal(t, 0, run(ctx, args), "moex %v", args)
+	}
+}

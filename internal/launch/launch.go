@@ -160,10 +160,24 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		// Our own pipes rather than StdoutPipe: Wait then never races the copiers, which
 		// read until every writer (the rank and anything it spawned) is gone.
+		// Without prefixes, a stderr that is a file (a terminal) is the ranks' own: what
+		// they draw there (a progress bar, no newline) shows as they draw it.
+		direct, _ := cfg.Stderr.(*os.File)
+		if !cfg.NoPrefix {
+			direct = nil
+		}
 		var readers [2]*os.File
 		for i, set := range []func(*os.File){func(f *os.File) { cmd.Stdout = f }, func(f *os.File) { cmd.Stderr = f }} {
+			if i == 1 && direct != nil {
+				cmd.Stderr = direct
+				continue
+			}
 			pr, pw, err := os.Pipe()
 			if err != nil {
+				if readers[0] != nil {
+					readers[0].Close()
+					cmd.Stdout.(*os.File).Close()
+				}
 				killAll(cmds[:r])
 				return err
 			}
@@ -172,16 +186,24 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		err := cmd.Start()
 		cmd.Stdout.(*os.File).Close()
-		cmd.Stderr.(*os.File).Close()
+		if direct == nil {
+			cmd.Stderr.(*os.File).Close()
+		}
 		if err != nil {
-			readers[0].Close()
-			readers[1].Close()
+			for _, rd := range readers {
+				if rd != nil {
+					rd.Close()
+				}
+			}
 			killAll(cmds[:r])
 			return fmt.Errorf("launch: starting rank %d: %w", r, err)
 		}
-		copiers.Add(2)
+		copiers.Add(1)
 		go copyLines(&copiers, &outMu, cfg.Stdout, readers[0], prefix)
-		go copyLines(&copiers, &outMu, cfg.Stderr, readers[1], prefix)
+		if direct == nil {
+			copiers.Add(1)
+			go copyLines(&copiers, &outMu, cfg.Stderr, readers[1], prefix)
+		}
 		cmds[r] = cmd
 	}
 
