@@ -140,6 +140,8 @@ type Comm struct {
 	abortOnce sync.Once
 	watchers  sync.WaitGroup
 	ctlBufs   [][]byte
+	probeMu   sync.Mutex
+	probeCh   chan probeReply // replies to this rank's stall probe, while one runs
 
 	timer    *time.Timer
 	armed    atomic.Bool // timer is set (it stays set across operations until it fires idle)
@@ -399,35 +401,184 @@ func (c *Comm) listen() *Comm {
 func (c *Comm) ctlTag() transport.Tag { return transport.Tag{Comm: c.id, Seq: ctlSeq} }
 
 // watch waits for an abort notice from peer q, or for the transport to report q dead.
+// It answers q's stall probes (and hands on q's replies to this rank's) and waits again.
 func (c *Comm) watch(q int, req transport.Request) {
 	defer c.watchers.Done()
-	n, err := req.Wait(c.actx)
-	if c.actx.Err() != nil {
-		return
-	}
-	if err != nil {
-		c.awaitNotice(err)
+	for {
+		n, err := req.Wait(c.actx)
 		if c.actx.Err() != nil {
 			return
 		}
-		c.abortLocal(err) // the transport says q (or the link to it) is gone
-		return
-	}
-	b := c.ctlBufs[q][:n]
-	if len(b) < 5 {
-		c.abortLocal(&PeerError{Rank: c.ranks[q], Op: "control", Err: fmt.Errorf("%w: short abort notice", transport.ErrProtocol)})
-		return
-	}
-	kind, peer := b[0], int(int32(binary.LittleEndian.Uint32(b[1:])))
-	if kind == kindTimeout && peer == c.ranks[c.rank] {
-		// A rank timed out waiting for this one, which is alive and waits itself: the
-		// ranks this one waits for are the ones to name, to every rank.
-		if w := c.waitingFor(); len(w) > 0 {
-			c.abortLocal(&TimeoutError{Idle: c.cfg.Timeout, Waiting: w})
+		if err != nil {
+			c.awaitNotice(err)
+			if c.actx.Err() != nil {
+				return
+			}
+			c.abortLocal(err) // the transport says q (or the link to it) is gone
 			return
 		}
+		b := c.ctlBufs[q][:n]
+		if len(b) < 5 {
+			c.abortLocal(&PeerError{Rank: c.ranks[q], Op: "control", Err: fmt.Errorf("%w: short abort notice", transport.ErrProtocol)})
+			return
+		}
+		kind, peer := b[0], int(int32(binary.LittleEndian.Uint32(b[1:])))
+		if kind == kindProbe || kind == kindProbeReply {
+			c.onProbe(q, kind, b[5:])
+			if req, err = c.tr.Irecv(c.ranks[q], c.ctlTag(), c.ctlBufs[q]); err != nil {
+				if c.actx.Err() == nil {
+					c.abortLocal(err)
+				}
+				return
+			}
+			continue
+		}
+		if kind == kindTimeout && peer == c.ranks[c.rank] && time.Duration(nanotime()-c.progress.Load()) >= c.cfg.Timeout/2 {
+			// A rank timed out waiting for this one, which is alive and has itself waited a
+			// long time: the ranks this one waits for are the ones to name, to every rank.
+			// (One that entered its operation only lately is the rank that came late.)
+			if w := c.waitingFor(); len(w) > 0 {
+				c.abortLocal(&TimeoutError{Idle: c.cfg.Timeout, Waiting: w, Stuck: c.findStuck(w)})
+				return
+			}
+		}
+		c.abortWith(&AbortError{Rank: q, Err: decodeNotice(kind, peer, string(b[5:]))}, false)
+		return
 	}
-	c.abortWith(&AbortError{Rank: q, Err: decodeNotice(kind, peer, string(b[5:]))}, false)
+}
+
+// probeReply is a peer's answer to a stall probe: the ranks (of the world) it waits
+// for, and whether it is in an operation of this communicator at all.
+type probeReply struct {
+	from    int // world rank
+	inOp    bool
+	waiting []int
+}
+
+// onProbe answers peer q's stall probe with the ranks this rank waits for, or hands q's
+// reply to this rank's running probe.
+func (c *Comm) onProbe(q int, kind uint8, body []byte) {
+	if kind == kindProbeReply {
+		r := probeReply{from: c.ranks[q]}
+		if len(body) >= 1 {
+			r.inOp = body[0] == 1
+			for i := 1; i+4 <= len(body) && len(r.waiting) < c.size; i += 4 {
+				r.waiting = append(r.waiting, int(binary.LittleEndian.Uint32(body[i:])))
+			}
+		}
+		c.probeMu.Lock()
+		if c.probeCh != nil {
+			select {
+			case c.probeCh <- r:
+			default:
+			}
+		}
+		c.probeMu.Unlock()
+		return
+	}
+	w := c.waitingFor()
+	msg := make([]byte, 6, 6+4*len(w))
+	msg[0] = kindProbeReply
+	if c.inflight.Load() > 0 {
+		msg[5] = 1
+	}
+	for _, x := range w {
+		msg = binary.LittleEndian.AppendUint32(msg, uint32(x))
+	}
+	c.sendCtl(q, msg)
+}
+
+// sendCtl sends a control message to peer q without waiting for it: a watcher waits for
+// its completion, or for the communicator's end.
+func (c *Comm) sendCtl(q int, msg []byte) {
+	r, err := c.tr.Isend(c.ranks[q], c.ctlTag(), msg)
+	if err != nil {
+		return
+	}
+	c.watchers.Add(1)
+	go func() {
+		defer c.watchers.Done()
+		ctx, cancel := context.WithTimeout(c.actx, time.Second)
+		defer cancel()
+		_, _ = r.Wait(ctx)
+	}()
+}
+
+// ProbeWindow bounds how long a rank that timed out spends asking along the chain of
+// waits which rank is stuck at its end, before it fails.
+const ProbeWindow = 200 * time.Millisecond
+
+// findStuck follows the chain of waits from the ranks (of the world) this rank waits
+// for: it asks each, on the control channel, whom it waits for in turn, and returns the
+// ranks at the end of the chain: those that did not answer within the window (stopped,
+// or cut off), else those that answered but are in no operation of this communicator
+// (busy elsewhere). Nil when every rank asked is alive and waiting (a cycle, or the
+// window too short).
+func (c *Comm) findStuck(waiting []int) []int {
+	if len(waiting) == 0 || c.actx.Err() != nil {
+		return nil
+	}
+	index := make(map[int]int, c.size) // world rank -> rank in this communicator
+	for q, w := range c.ranks {
+		index[w] = q
+	}
+	ch := make(chan probeReply, c.size)
+	c.probeMu.Lock()
+	c.probeCh = ch
+	c.probeMu.Unlock()
+	defer func() {
+		c.probeMu.Lock()
+		c.probeCh = nil
+		c.probeMu.Unlock()
+	}()
+	asked, replies := map[int]bool{}, map[int]probeReply{}
+	ask := func(w int) {
+		q, ok := index[w]
+		if !ok || q == c.rank || asked[w] {
+			return
+		}
+		asked[w] = true
+		msg := make([]byte, 5)
+		msg[0] = kindProbe
+		c.sendCtl(q, msg)
+	}
+	for _, w := range waiting {
+		ask(w)
+	}
+	timer := time.NewTimer(min(ProbeWindow, c.cfg.Timeout/10))
+	defer timer.Stop()
+wait:
+	for len(replies) < len(asked) {
+		select {
+		case r := <-ch:
+			if !asked[r.from] {
+				continue
+			}
+			replies[r.from] = r
+			for _, w := range r.waiting {
+				ask(w)
+			}
+		case <-timer.C:
+			break wait
+		case <-c.actx.Done():
+			return nil
+		}
+	}
+	var silent, idle []int
+	for w := range asked {
+		r, ok := replies[w]
+		switch {
+		case !ok:
+			silent = append(silent, w)
+		case !r.inOp:
+			idle = append(idle, w)
+		}
+	}
+	if len(silent) == 0 {
+		silent = idle
+	}
+	slices.Sort(silent)
+	return silent
 }
 
 // abortLocal aborts the communicator because of err, seen by this rank, and tells every
@@ -467,8 +618,8 @@ func (c *Comm) abortWith(ae *AbortError, notify bool) {
 		switch {
 		case errors.As(ae.Err, &pe):
 			peer = pe.Rank
-		case errors.As(ae.Err, &te) && len(te.Waiting) > 0:
-			peer = te.Waiting[0]
+		case errors.As(ae.Err, &te):
+			peer = te.blame()
 		}
 		reason := ae.Err.Error()
 		if len(reason) > 900 {
@@ -511,8 +662,8 @@ func (c *Comm) reportBlame(ae *AbortError) {
 	switch {
 	case errors.As(ae.Err, &pe):
 		blame = pe.Rank
-	case errors.As(ae.Err, &te) && len(te.Waiting) > 0:
-		blame = te.Waiting[0]
+	case errors.As(ae.Err, &te) && te.blame() >= 0:
+		blame = te.blame()
 	}
 	blameOnce.Do(func() {
 		name := filepath.Join(dir, fmt.Sprintf("rank%d", c.ranks[c.rank]))
@@ -543,7 +694,8 @@ func (c *Comm) checkProgress() {
 	}
 	idle := time.Duration(nanotime() - c.progress.Load())
 	if idle >= c.cfg.Timeout {
-		c.abortLocal(&TimeoutError{Idle: idle.Round(time.Millisecond), Waiting: c.waitingFor()})
+		w := c.waitingFor()
+		c.abortLocal(&TimeoutError{Idle: idle.Round(time.Millisecond), Waiting: w, Stuck: c.findStuck(w)})
 		return
 	}
 	if idle >= WarnAfter && !c.warned.Swap(true) {

@@ -44,21 +44,42 @@ func (e *ArgError) Is(target error) bool { return target == ErrInvalidArgument }
 // (MOEX_TIMEOUT): Waiting lists the ranks (of the world, as PeerError does) it waited for
 // (a transfer posted to or from them had not completed), the missing, stuck or slow
 // ones; empty when the operation waited on shared memory rather than on messages.
-// It matches ErrTimeout.
+// Stuck lists the ranks at the end of the chain of waits (a rank waited for may itself
+// wait for another): those that did not answer a probe (stopped, or cut off), else
+// those in no operation of the communicator (busy elsewhere); empty when the probe found
+// none. On the other ranks, the timeout that one rank reported names its stuck rank, or
+// the first it waited for, in Waiting. It matches ErrTimeout.
 type TimeoutError struct {
 	Idle    time.Duration
 	Waiting []int
+	Stuck   []int
 	remote  string // the text of a timeout another rank reported
+}
+
+// blame is the rank to name first: the first stuck one, else the first waited for, else
+// -1.
+func (e *TimeoutError) blame() int {
+	switch {
+	case len(e.Stuck) > 0:
+		return e.Stuck[0]
+	case len(e.Waiting) > 0:
+		return e.Waiting[0]
+	}
+	return -1
 }
 
 func (e *TimeoutError) Error() string {
 	if e.remote != "" {
 		return e.remote
 	}
-	if len(e.Waiting) == 0 {
-		return fmt.Sprintf("%v: no progress for %v (MOEX_TIMEOUT); a rank is missing, stuck or slower than the timeout allows", ErrTimeout, e.Idle)
+	stuck := ""
+	if len(e.Stuck) > 0 {
+		stuck = fmt.Sprintf("; at the end of the chain of waits, ranks %v are stuck (no answer, or in no operation)", e.Stuck)
 	}
-	return fmt.Sprintf("%v: no progress for %v (MOEX_TIMEOUT), waiting for ranks %v: missing, stuck or slower than the timeout allows", ErrTimeout, e.Idle, e.Waiting)
+	if len(e.Waiting) == 0 {
+		return fmt.Sprintf("%v: no progress for %v (MOEX_TIMEOUT); a rank is missing, stuck or slower than the timeout allows%s", ErrTimeout, e.Idle, stuck)
+	}
+	return fmt.Sprintf("%v: no progress for %v (MOEX_TIMEOUT), waiting for ranks %v: missing, stuck or slower than the timeout allows%s", ErrTimeout, e.Idle, e.Waiting, stuck)
 }
 
 func (e *TimeoutError) Unwrap() error { return ErrTimeout }
@@ -85,6 +106,10 @@ const (
 	kindPeer
 	kindCanceled
 	kindClosed
+	// Not abort notices: a stall probe (whom do you wait for?) and its reply (a byte, 1
+	// when the rank is in an operation, then the world ranks it waits for).
+	kindProbe      = 100
+	kindProbeReply = 101
 )
 
 func kindOf(err error) uint8 {

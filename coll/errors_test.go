@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // Every rank must end with an error that matches want, within the timeout.
@@ -313,4 +315,42 @@ func TestCostModelChoices(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A chain of waits: rank 0 waits for 3, 3 for 2, 2 for 1, and rank 1 is busy elsewhere
+// (in no operation). Every rank that times out names rank 1, the end of the chain, not
+// the rank it waited for directly; rank 1 is told.
+func TestTimeoutNamesTheEndOfTheChain(t *testing.T) {
+	cs := newLocal(t, 4, Config{Timeout: 300 * time.Millisecond})
+	from := map[int]int{0: 3, 3: 2, 2: 1}
+	inChain := []*Comm{cs[0], cs[2], cs[3]}
+	errs := runOn(inChain, func(c *Comm) error {
+		return SendRecv(context.Background(), c, []P2P{{Peer: from[c.Rank()], Buf: make([]byte, 64), Recv: true}})
+	})
+	for i, err := range errs {
+		r := inChain[i].Rank()
+		require.ErrorIs(t, err, ErrTimeout, "rank %d", r)
+		var te *TimeoutError
+		require.ErrorAs(t, err, &te, "rank %d", r)
+		assert.Equal(t, 1, te.blame(), "rank %d: %v", r, err)
+		if len(te.Stuck) > 0 { // this rank's own probe (else it heard another's)
+			assert.Equal(t, []int{1}, te.Stuck, "rank %d", r)
+		}
+	}
+	err := Barrier(context.Background(), cs[1])
+	require.ErrorIs(t, err, ErrTimeout, "rank 1 was told")
+}
+
+// The probe's answers: a rank in an operation says whom it waits for; one in no
+// operation says so.
+func TestFindStuckFollowsReplies(t *testing.T) {
+	cs := newLocal(t, 3, Config{Timeout: 5 * time.Second})
+	done := make(chan error, 1)
+	go func() { // rank 2 waits for rank 1, which stays away
+		done <- SendRecv(context.Background(), cs[2], []P2P{{Peer: 1, Buf: make([]byte, 8), Recv: true}})
+	}()
+	require.Eventually(t, func() bool { return len(cs[2].waitingFor()) == 1 }, 2*time.Second, time.Millisecond)
+	assert.Equal(t, []int{1}, cs[0].findStuck([]int{2}), "0 asks 2, 2 waits for 1, 1 is in no operation")
+	cs[2].Abort("test over")
+	require.ErrorIs(t, <-done, ErrAborted)
 }

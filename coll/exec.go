@@ -153,15 +153,29 @@ func (c *Comm) fail(err error) error {
 // notice that explains it.
 const noticeGrace = 500 * time.Millisecond
 
+// mismatchGrace is how long a mismatched message waits for a notice that explains it.
+const mismatchGrace = 100 * time.Millisecond
+
 // awaitNotice: a peer that closed its end in the middle of an operation has usually seen
 // the communicator abort (another rank died, or failed); that abort's notice is on its
 // way on another connection. Wait for it a moment, so that every rank's error names the
 // cause rather than the rank that left because of it.
+//
+// A message of another operation than the one posted (transport.ErrMismatch) is often a
+// peer's step of an operation this rank never entered, sent before that peer aborted:
+// its notice is on the way too, and is waited for a shorter moment.
 func (c *Comm) awaitNotice(err error) {
-	if !errors.Is(err, transport.ErrPeerLeft) || c.actx.Err() != nil {
+	grace := noticeGrace
+	switch {
+	case c.actx.Err() != nil:
+		return
+	case errors.Is(err, transport.ErrPeerLeft):
+	case errors.Is(err, transport.ErrMismatch):
+		grace = mismatchGrace
+	default:
 		return
 	}
-	t := time.NewTimer(noticeGrace)
+	t := time.NewTimer(grace)
 	select {
 	case <-c.actx.Done():
 	case <-t.C:

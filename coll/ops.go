@@ -501,12 +501,14 @@ func SendRecv(ctx context.Context, c *Comm, ops []P2P) error {
 			first = c.fail(err)
 			break
 		}
+		c.pend[op.Peer].Add(1) // whom a stalled batch waits for (TimeoutError.Waiting)
 		reqs = append(reqs, r)
 	}
 	// Every posted request is waited for, also after a failure (the abort ends the
 	// others at once), so that no buffer of ops is still the transport's on return.
 	for i, r := range reqs {
 		n, err := r.Wait(c.actx)
+		c.pend[ops[i].Peer].Add(-1)
 		switch {
 		case first != nil:
 		case err != nil:
