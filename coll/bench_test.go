@@ -81,3 +81,26 @@ func BenchmarkAlltoAll(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkBroadcastVerify: what the rooted operations' agreement (VerifyRootedMin)
+// costs a Broadcast at and above its threshold, ranks as goroutines.
+func BenchmarkBroadcastVerify(b *testing.B) {
+	ctx := context.Background()
+	for _, size := range []int{64 << 10, 1 << 20, 4 << 20} {
+		for _, off := range []bool{true, false} {
+			name := "verify"
+			if off {
+				name = "NoRootedVerify"
+			}
+			b.Run(fmt.Sprintf("P=4/%dKiB/%s", size>>10, name), func(b *testing.B) {
+				bufs := make([][]float32, 4)
+				for i := range bufs {
+					bufs[i] = make([]float32, size/4)
+				}
+				benchRanks(b, 4, Config{NoRootedVerify: off}, size, func(c *Comm) error {
+					return Broadcast(ctx, c, bufs[c.Rank()], 0)
+				})
+			})
+		}
+	}
+}

@@ -89,8 +89,12 @@ type Config struct {
 	Poll *busypoll.Config
 	// Verify makes every operation first check, with one small all-gather, that all ranks
 	// issued the same operation (catches what per-message signatures cannot, such as two
-	// ranks that both think they are the root). Costs one extra round trip per op.
-	Verify bool
+	// ranks that both think they are the root), and that every rank fails in the same
+	// call when one has a bad argument. Costs one extra round trip per op. Broadcast,
+	// Reduce, Gather and Scatter of VerifyRootedMin bytes and more verify unless
+	// NoRootedVerify is set.
+	Verify         bool
+	NoRootedVerify bool
 	// Profile measures, for every operation, how long this rank waited for the others to
 	// arrive and how long the operation itself took, and which rank arrived last
 	// (Comm.Profile; MOEX_PROFILE=1). Costs one small all-gather per operation.
@@ -155,6 +159,10 @@ type Comm struct {
 	stopCtx func() bool
 
 	execPool sync.Pool
+
+	verifyOnce    sync.Once
+	verifyPlan    *plan     // the all-gather of Config.Verify
+	verifyScratch sync.Pool // of *verifyScratch
 	async    workers
 	stats    Stats
 	prof     profiler

@@ -3,6 +3,7 @@ package coll
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -353,4 +354,91 @@ func TestFindStuckFollowsReplies(t *testing.T) {
 	assert.Equal(t, []int{1}, cs[0].findStuck([]int{2}), "0 asks 2, 2 waits for 1, 1 is in no operation")
 	cs[2].Abort("test over")
 	require.ErrorIs(t, <-done, ErrAborted)
+}
+
+// A bad argument on one rank in a rooted operation of VerifyRootedMin bytes or more:
+// every rank fails in that call, the ranks that only send included (the Broadcast's
+// root, the Gather's leaves), with an AbortError by the bad rank that matches
+// ErrInvalidArgument. Over shm processes and tcp the same holds: the agreement is a
+// collective like any other.
+func TestRootedArgErrorsInTheSameCall(t *testing.T) {
+	const n = VerifyRootedMin / 4 // float32s
+	cases := []struct {
+		name string
+		bad  int
+		op   func(ctx context.Context, c *Comm) error
+	}{
+		{"broadcast/bad root on rank 2", 2, func(ctx context.Context, c *Comm) error {
+			root := 0
+			if c.Rank() == 2 {
+				root = 9
+			}
+			return Broadcast(ctx, c, make([]float32, n), root)
+		}},
+		{"gather/short recv at the root", 0, func(ctx context.Context, c *Comm) error {
+			recv := make([]float32, 0)
+			if c.Rank() == 0 {
+				recv = make([]float32, 4*n/4-1)
+			}
+			return Gather(ctx, c, make([]float32, n/4), recv, 0)
+		}},
+		{"reduce/bad op on rank 3", 3, func(ctx context.Context, c *Comm) error {
+			op := dtype.Sum
+			if c.Rank() == 3 {
+				op = dtype.Op(77)
+			}
+			return Reduce(ctx, c, make([]float32, n), make([]float32, n), op, 0)
+		}},
+		{"scatter/short send at the root", 0, func(ctx context.Context, c *Comm) error {
+			send := make([]float32, 0)
+			if c.Rank() == 0 {
+				send = make([]float32, n-1)
+			}
+			return Scatter(ctx, c, send, make([]float32, n/4), 0)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := newLocal(t, 4, Config{Timeout: 10 * time.Second})
+			errs := runOn(cs, func(c *Comm) error { return tc.op(context.Background(), c) })
+			for r, err := range errs {
+				require.ErrorIs(t, err, ErrInvalidArgument, "rank %d", r)
+				if r == tc.bad {
+					var ae *ArgError
+					require.ErrorAs(t, err, &ae, "rank %d", r)
+					continue
+				}
+				var abort *AbortError
+				require.ErrorAs(t, err, &abort, "rank %d", r)
+				assert.Equal(t, tc.bad, abort.Rank, "rank %d", r)
+			}
+		})
+	}
+}
+
+// Below VerifyRootedMin, or with NoRootedVerify, a rooted operation does not verify: the
+// sequence numbers of the ranks stay in step either way (the next operation works).
+func TestRootedVerifyThreshold(t *testing.T) {
+	for _, cfg := range []Config{{}, {NoRootedVerify: true}} {
+		cs := newLocal(t, 3, cfg)
+		for _, n := range []int{16, VerifyRootedMin / 4, 16} {
+			noErr(t, runOn(cs, func(c *Comm) error {
+				x := make([]float32, n)
+				if c.Rank() == 1 {
+					x[0] = 7
+				}
+				if err := Broadcast(context.Background(), c, x, 1); err != nil {
+					return err
+				}
+				if x[0] != 7 {
+					return fmt.Errorf("rank %d: got %v", c.Rank(), x[0])
+				}
+				return AllReduce(context.Background(), c, nil, x, dtype.Sum)
+			}))
+		}
+		v := cs[0].verifies(&call{op: OpBroadcast, dt: dtype.F32, count: VerifyRootedMin / 4})
+		assert.Equal(t, !cfg.NoRootedVerify, v)
+		assert.False(t, cs[0].verifies(&call{op: OpBroadcast, dt: dtype.F32, count: 16}))
+		assert.False(t, cs[0].verifies(&call{op: OpAllReduce, dt: dtype.F32, count: 1 << 20}))
+	}
 }

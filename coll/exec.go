@@ -41,6 +41,40 @@ type call struct {
 	send  []byte
 	recv  []byte
 	turn  uint64 // Shared: the operation's place in the shared areas' order
+	// verify: the operation starts with the all-gather of Config.Verify (or of the
+	// rooted operations' automatic check, VerifyRootedMin).
+	verify bool
+}
+
+// VerifyRootedMin is the size from which Broadcast, Reduce, Gather and Scatter start
+// with the agreement of Config.Verify on their own (Config.NoRootedVerify turns that
+// off). In these operations some ranks only send (the root of a Broadcast or a Scatter,
+// the leaves of a Reduce or a Gather) and would finish before a peer's bad argument or
+// failure reached them; with the agreement every rank fails in the same call. The
+// agreement is an all-gather of 8 bytes in ceil(log2 p) steps: from this size on a few
+// percent of the operation (BenchmarkBroadcastVerify), below it up to as much again.
+// Smaller rooted operations do not verify: their send-only ranks see a peer's failure on
+// their next operation.
+const VerifyRootedMin = 1 << 20
+
+// verifies says whether the call starts with the agreement: the same on every rank that
+// issued the same operation.
+func (c *Comm) verifies(cl *call) bool {
+	if c.cfg.Verify {
+		return true
+	}
+	if c.cfg.NoRootedVerify || c.size < 2 {
+		return false
+	}
+	n := cl.count * cl.dt.Size()
+	switch cl.op {
+	case OpBroadcast, OpReduce:
+	case OpGather, OpScatter:
+		n *= c.size
+	default:
+		return false
+	}
+	return n >= VerifyRootedMin
 }
 
 // getPlan returns the cached plan for the call, computing it on first use.
@@ -326,19 +360,28 @@ func (c *Comm) execute(pl *plan, seq uint32, cl *call) error {
 }
 
 // verify checks, with one all-gather of the operation's signature, that every rank
-// issued the same operation (Config.Verify).
+// issued the same operation (Config.Verify, and the rooted operations' automatic
+// check). It allocates nothing: the plan is made once, the scratch is pooled.
 func (c *Comm) verify(cl *call, pl *plan, seq uint32) error {
+	c.verifyOnce.Do(func() {
+		// Bruck: ceil(log2 p) steps, where a ring takes p-1.
+		vp := planAllGatherBruck(shape{p: c.size, rank: c.rank, es: 8, count: 1})
+		vp.sig = signature(OpAllGather, Bruck, 8, 1, -1)
+		c.verifyPlan = vp
+	})
 	mine := int64(uint64(pl.sig)<<32 | uint64(cl.root&0xffff)<<16 | uint64(cl.op))
-	sh := shape{p: c.size, rank: c.rank, es: 8, count: 1}
-	vp := planAllGatherRing(sh)
-	vp.sig = signature(OpAllGather, Ring, 8, 1, -1)
-	all := make([]int64, c.size)
-	all[c.rank] = mine
-	vc := &call{op: OpAllGather, dt: dtype.I64, recv: dtype.Bytes(all)}
-	if err := c.execute(vp, seq, vc); err != nil {
+	vs, _ := c.verifyScratch.Get().(*verifyScratch)
+	if vs == nil {
+		vs = &verifyScratch{all: make([]int64, c.size)}
+	}
+	defer c.verifyScratch.Put(vs)
+	clear(vs.all)
+	vs.all[c.rank] = mine
+	vs.cl = call{op: OpAllGather, dt: dtype.I64, recv: dtype.Bytes(vs.all)}
+	if err := c.execute(c.verifyPlan, seq, &vs.cl); err != nil {
 		return err
 	}
-	for r, v := range all {
+	for r, v := range vs.all {
 		if v != mine {
 			err := fmt.Errorf("%w: rank %d issued %v (signature %#x, root %d) where this rank issued %v (signature %#x, root %d)",
 				ErrMismatch, r, OpKind(v&0xffff), uint64(v)>>32, int(v>>16)&0xffff, cl.op, pl.sig, cl.root)
@@ -346,4 +389,10 @@ func (c *Comm) verify(cl *call, pl *plan, seq uint32) error {
 		}
 	}
 	return nil
+}
+
+// verifyScratch is one verification's buffer and call.
+type verifyScratch struct {
+	all []int64
+	cl  call
 }

@@ -45,7 +45,7 @@ func (c *Comm) checkOp(op dtype.Op) error {
 
 // start assigns the sequence number(s) and arms the watchdog; the caller runs the plan
 // (now, or in a goroutine for the I-forms) and calls c.end.
-func (c *Comm) start(ctx context.Context) (uint32, error) {
+func (c *Comm) start(ctx context.Context, verify bool) (uint32, error) {
 	if err := c.begin(ctx); err != nil {
 		return 0, err
 	}
@@ -53,7 +53,7 @@ func (c *Comm) start(ctx context.Context) (uint32, error) {
 	if c.cfg.Profile {
 		c.nextSeq()
 	}
-	if c.cfg.Verify {
+	if verify {
 		c.nextSeq()
 	}
 	return seq, nil
@@ -81,7 +81,7 @@ func (c *Comm) exec(pl *plan, seq uint32, cl *call) error {
 		arrived = time.Now()
 		seq = nextOf(seq)
 	}
-	if c.cfg.Verify {
+	if cl.verify {
 		if err := c.verify(cl, pl, seq); err != nil {
 			return err
 		}
@@ -123,7 +123,8 @@ func (c *Comm) submitInto(ctx context.Context, cl call, pl *plan, h *Handle, aft
 			return err
 		}
 	}
-	seq, err := c.start(ctx)
+	cl.verify = c.verifies(&cl)
+	seq, err := c.start(ctx, cl.verify)
 	if err != nil {
 		if after != nil {
 			after()

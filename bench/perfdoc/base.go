@@ -85,8 +85,10 @@ func (r *runner) coll(w io.Writer) error {
 	fmt.Fprintf(w, "`moex bench coll --op OP --ranks P --transport T --min-bytes 64K --max-bytes 4M --factor 4 --json`\n")
 	fmt.Fprintf(w, "(f32, buffers from obuf): time per operation, the algorithm the cost model chose, and the copy floor\n")
 	fmt.Fprintf(w, "(every byte of the operation copied once with every CPU).\n\n")
-	fmt.Fprintf(w, "| op | transport | ranks | bytes per rank | time | algorithm | copy floor | time / floor |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(w, "| op | transport | ranks | bytes per rank | time | p99 | algorithm | copy floor | time / floor |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	var plots string
 	for _, op := range []string{"alltoall", "allreduce"} {
+		var rows []bench.CollResult
 		for _, tp := range []struct {
 			tr    string
 			ranks int
@@ -104,15 +106,66 @@ func (r *runner) coll(w io.Writer) error {
 				if res.FloorUS > 0 {
 					floor, ratio = fmt.Sprintf("%.0f us", res.FloorUS), fmt.Sprintf("%.2fx", res.TimeUS/res.FloorUS)
 				}
-				fmt.Fprintf(w, "| %s | %s | %d | %s | %.0f us | %s | %s | %s |\n", op, tp.tr, tp.ranks, bench.SizeOf(int64(res.Bytes)), res.TimeUS, res.Algo, floor, ratio)
+				fmt.Fprintf(w, "| %s | %s | %d | %s | %.0f us | %.0f us | %s | %s | %s |\n", op, tp.tr, tp.ranks, bench.SizeOf(int64(res.Bytes)), res.TimeUS, res.P99US, res.Algo, floor, ratio)
+				res.Transport = fmt.Sprintf("%s P=%d", tp.tr, tp.ranks)
+				rows = append(rows, res)
 				return nil
 			})
 			if err != nil {
 				return err
 			}
 		}
+		file, md := r.plot(op+".svg", op+": bandwidth and latency percentiles against size")
+		if err := bench.PlotColl(file, rows); err != nil {
+			return err
+		}
+		plots += md
 	}
-	fmt.Fprintln(w)
+	fmt.Fprintf(w, "\n%s", plots)
+	return nil
+}
+
+// coalesce runs the coalescing study for two models over shm and tcp.
+func (r *runner) coalesce(w io.Writer) error {
+	fmt.Fprintf(w, "## Coalescing: one dispatch sent five ways\n\n")
+	fmt.Fprintf(w, "`moex bench coalesce --model M --ranks 4 --transport T --tokens 128 --json --plot FILE`: the same\n")
+	fmt.Fprintf(w, "dispatch (bf16 rows, 128 tokens per rank) sent as a message per (token, expert) pair, per\n")
+	fmt.Fprintf(w, "(token, rank), per expert, one fused message per rank (moex's dispatch), and fused split in\n")
+	fmt.Fprintf(w, "chunks. Per dispatch, every rank together: messages; tcp's system calls (writes and reads) or\n")
+	fmt.Fprintf(w, "shm's ring frames; CPU seconds per GB moved; p50 and p99 of the slowest rank; tokens/s at\n")
+	fmt.Fprintf(w, "the p50; #wrong counts received rows that are not their sender's.\n\n")
+	iters := "20"
+	if r.quick {
+		iters = "3"
+	}
+	for _, model := range []string{"deepseek-v3", "mixtral-8x7b"} {
+		for _, tr := range []string{"shm", "tcp"} {
+			file, md := r.plot(fmt.Sprintf("coalesce-%s-%s.svg", model, tr), "coalescing curve")
+			var res bench.CoalesceResult
+			_, err := r.moexJSON([]string{"bench", "coalesce", "--model", model, "--ranks", "4", "--transport", tr, "--tokens", "128", "--iters", iters, "--plot", file},
+				func(line []byte) error { return json.Unmarshal(line, &res) })
+			if err != nil {
+				return err
+			}
+			counted := "syscalls"
+			if tr == "shm" {
+				counted = "frames"
+			}
+			fmt.Fprintf(w, "### %s, 4 ranks over %s\n\n", model, tr)
+			fmt.Fprintf(w, "| way | chunk | messages | %s | CPU s/GB | p50 | p99 | tokens/s | #wrong |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n", counted)
+			for _, x := range res.Rows {
+				chunk, n := "–", x.Syscalls
+				if x.ChunkBytes > 0 {
+					chunk = bench.SizeOf(int64(x.ChunkBytes))
+				}
+				if tr == "shm" {
+					n = x.Frames
+				}
+				fmt.Fprintf(w, "| %s | %s | %d | %.0f | %.2f | %.0f us | %.0f us | %.0f | %d |\n", x.Way, chunk, x.Messages, n, x.CPUSecGB, x.P50US, x.P99US, x.TokensPerS, x.Wrong)
+			}
+			fmt.Fprintf(w, "\nRecommended: %s.\n\n%s", res.Reason, md)
+		}
+	}
 	return nil
 }
 

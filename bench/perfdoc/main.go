@@ -41,6 +41,16 @@ type runner struct {
 	quick bool
 	log   io.Writer
 	env   []string // added to the scripts' environment (scriptEnv)
+	// plots is the directory of the plots (docs/perf), and plotRef its path as the
+	// document links it.
+	plots, plotRef string
+	// stepRows are the MoE results drawn as stacked bars.
+	stepRows []*bench.MoEResult
+}
+
+// plot returns the file for a plot named name and the Markdown that shows it.
+func (r *runner) plot(name, alt string) (file, md string) {
+	return filepath.Join(r.plots, name), fmt.Sprintf("![%s](%s/%s)\n\n", alt, r.plotRef, name)
 }
 
 func run(out string, quick bool) error {
@@ -50,8 +60,12 @@ func run(out string, quick bool) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	r := &runner{moex: filepath.Join(dir, "moex"), quick: quick, log: os.Stderr}
-	if b, err := exec.Command("go", "build", "-o", r.moex, "./cmd/moex").CombinedOutput(); err != nil {
+	r := &runner{moex: filepath.Join(dir, "moex"), quick: quick, log: os.Stderr, plots: filepath.Join(filepath.Dir(out), "perf"), plotRef: "perf"}
+	if err := os.MkdirAll(r.plots, 0o755); err != nil {
+		return err
+	}
+	// -buildvcs=true: the rows' commit comes from the binary (GOFLAGS may turn it off).
+	if b, err := exec.Command("go", "build", "-buildvcs=true", "-o", r.moex, "./cmd/moex").CombinedOutput(); err != nil {
 		return fmt.Errorf("building moex: %v\n%s", err, b)
 	}
 	var doc bytes.Buffer
@@ -62,7 +76,7 @@ func run(out string, quick bool) error {
 	fmt.Fprintf(&doc, "together; p50 and p99 are over the iterations. This machine is shared and noisy: compare\n")
 	fmt.Fprintf(&doc, "figures within one run, not across runs.\n\n")
 	machine(&doc)
-	for _, section := range []func(io.Writer) error{r.moe, r.overlap, r.balance, r.lostRank, r.moeStep, r.p2p, r.coll, r.openMPI, r.twoHosts} {
+	for _, section := range []func(io.Writer) error{r.moe, r.overlap, r.balance, r.lostRank, r.moeStep, r.coalesce, r.p2p, r.coll, r.openMPI, r.twoHosts} {
 		if err := section(&doc); err != nil {
 			return err
 		}
@@ -211,6 +225,9 @@ func (r *runner) moe(w io.Writer) error {
 							order = append(order, k)
 						}
 						pairs[k][mode] = res.PairUS
+						if tokens == 128 && wi.wire == "bf16" && tp.tr == "shm" {
+							r.stepRows = append(r.stepRows, res)
+						}
 						pairs[k][mode+"/sum"] = res.Dispatch.P50US + res.Combine.P50US
 						if mode == "low-latency" {
 							bytesOf[k] = res.Dispatch.Bytes
@@ -221,6 +238,11 @@ func (r *runner) moe(w io.Writer) error {
 			fmt.Fprintln(w)
 		}
 	}
+	file, md := r.plot("moe-stages.svg", "dispatch, compute and combine per model and mode")
+	if err := bench.PlotMoE(file, r.stepRows); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "The stages at 128 tokens per rank, bf16, 8 ranks over shm (p50 of each stage, from the tables above):\n\n%s", md)
 	fmt.Fprintf(w, "### Low-latency against normal, fp8 against bf16\n\n")
 	fmt.Fprintf(w, "From the tables above: the normal mode's time over the low-latency mode's, for the pair and for\n")
 	fmt.Fprintf(w, "the stages' p50s added; the low-latency dispatch's bytes on the wire with fp8 over bf16.\n\n")
