@@ -163,9 +163,9 @@ type Comm struct {
 	verifyOnce    sync.Once
 	verifyPlan    *plan     // the all-gather of Config.Verify
 	verifyScratch sync.Pool // of *verifyScratch
-	async    workers
-	stats    Stats
-	prof     profiler
+	async         workers
+	stats         Stats
+	prof          profiler
 
 	owned        *owner // the transport and rendezvous (Init, Local, and what Shrink made of them)
 	splitFrom    *Comm  // the communicator Split made this one from
