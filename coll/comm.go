@@ -958,6 +958,9 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 	if err != nil {
 		return nil, err
 	}
+	if env.AddrNote != "" {
+		log.Info("moex: rendezvous", "rank", env.Rank, "store", rv.Env.Addr, "chosen", env.AddrNote)
+	}
 	sctx, stopWatch := rv.Watch(ictx) // ends as soon as the store learns the start-up failed
 	fail := func(err error) (*Comm, error) {
 		stopWatch()

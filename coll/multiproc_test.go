@@ -86,6 +86,8 @@ func TestHelperCollRank(t *testing.T) {
 		c, err = helperShrink(ctx, c)
 	case "stuck":
 		err = helperStuck(ctx, c)
+	case "launcher":
+		err = helperLauncher(ctx, c)
 	}
 	if err != nil {
 		fmt.Printf("rank %d failed: %v\n", c.Rank(), err)

@@ -7,10 +7,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
@@ -37,6 +41,15 @@ func TestParseEnvLaunchers(t *testing.T) {
 		{"slurm", map[string]string{"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1",
 			"MASTER_ADDR": "n1", "MASTER_PORT": "7", "MOEX_JOB_TOKEN": "s"},
 			Env{Rank: 5, Size: 16, LocalRank: 1, LocalSize: -1, Addr: "n1:7", Token: "s", Launcher: "slurm"}},
+		{"torchrun static: the agent's store holds MASTER_PORT", map[string]string{"RANK": "0", "WORLD_SIZE": "2",
+			"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29555", "TORCHELASTIC_USE_AGENT_STORE": "True", "MOEX_JOB_TOKEN": "s"},
+			Env{Rank: 0, Size: 2, LocalRank: -1, LocalSize: -1, Addr: "127.0.0.1:29556", Token: "s", Launcher: "torchrun",
+				AddrNote: "MASTER_PORT+1: torchrun's agent store holds MASTER_PORT=29555"}},
+		{"mpirun on one host, no address", map[string]string{"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+			"OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_MCA_orte_jobfam_session_dir": "/tmp/ompi.x/pid.7",
+			"OMPI_MCA_ess_base_jobid": "42"},
+			Env{Rank: 1, Size: 2, LocalRank: 1, LocalSize: 2, Launcher: "openmpi", AddrFile: "/tmp/ompi.x/pid.7/moex-rendezvous-42",
+				AddrNote: "through /tmp/ompi.x/pid.7/moex-rendezvous-42"}},
 		{"moex wins over torchrun", map[string]string{"MOEX_RANK": "0", "MOEX_WORLD_SIZE": "2", "RANK": "1", "WORLD_SIZE": "2",
 			"MOEX_ADDR": "h:1", "MASTER_ADDR": "other", "MASTER_PORT": "2", "MOEX_JOB_TOKEN": "s"},
 			Env{Rank: 0, Size: 2, LocalRank: -1, LocalSize: -1, Addr: "h:1", Token: "s", Launcher: "moex"}},
@@ -275,4 +288,81 @@ func TestErrors(t *testing.T) {
 	if !errors.Is(ce, ErrCanceled) || errors.Is(ce, ErrTimeout) {
 		t.Fatal(ce)
 	}
+}
+
+// Open MPI without an address: on several hosts (no shared session directory), or with
+// no session directory in the environment, it is an EnvError naming MOEX_ADDR.
+func TestParseEnvOpenMPINeedsAddress(t *testing.T) {
+	base := map[string]string{"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+		"OMPI_MCA_orte_jobfam_session_dir": "/tmp/s", "OMPI_MCA_ess_base_jobid": "1"}
+	_, err := ParseEnv(envOf(base))
+	var ee *EnvError
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, "MOEX_ADDR", ee.Var)
+	base["OMPI_COMM_WORLD_LOCAL_SIZE"] = "4"
+	delete(base, "OMPI_MCA_orte_jobfam_session_dir")
+	_, err = ParseEnv(envOf(base))
+	require.ErrorAs(t, err, &ee)
+	assert.Equal(t, "MOEX_ADDR", ee.Var)
+	base["PMIX_SERVER_TMPDIR"] = "/tmp/p" // Open MPI 5 names it so
+	e, err := ParseEnv(envOf(base))
+	require.NoError(t, err)
+	assert.Equal(t, "/tmp/p/moex-rendezvous-1", e.AddrFile)
+}
+
+// The file rendezvous: rank 0 publishes a loopback store and a fresh secret in a 0600
+// file, the others (started first, or later) find it, and the file is gone once start-up
+// is over.
+func TestJoinByFile(t *testing.T) {
+	const size = 3
+	file := filepath.Join(t.TempDir(), "moex-rendezvous-7")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rvs := make([]*Rendezvous, size)
+	errs := make([]error, size)
+	var wg sync.WaitGroup
+	for r := size - 1; r >= 0; r-- { // the others first: they wait for the file
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			env := Env{Rank: r, Size: size, LocalRank: r, LocalSize: size, AddrFile: file, Launcher: "openmpi"}
+			if rvs[r], errs[r] = Join(ctx, env, nil); errs[r] != nil {
+				return
+			}
+			got, err := rvs[r].AllGather(ctx, []byte{byte(r)})
+			if err == nil && !bytes.Equal(bytes.Join(got, nil), []byte{0, 1, 2}) {
+				err = fmt.Errorf("rank %d gathered %v", r, got)
+			}
+			if err == nil && r == 0 {
+				var st os.FileInfo
+				if st, err = os.Stat(file); err == nil && st.Mode().Perm() != 0o600 {
+					err = fmt.Errorf("rendezvous file mode %v", st.Mode())
+				}
+			}
+			if err == nil {
+				err = rvs[r].Ready(ctx)
+			}
+			errs[r] = err
+		}()
+		time.Sleep(20 * time.Millisecond)
+	}
+	wg.Wait()
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+		assert.NotEmpty(t, rvs[r].Env.Token, "rank %d has the secret", r)
+		assert.Equal(t, rvs[0].Env.Token, rvs[r].Env.Token)
+		assert.Equal(t, rvs[0].Env.Addr, rvs[r].Env.Addr)
+		require.NoError(t, rvs[r].Close())
+	}
+	_, err := os.Stat(file)
+	assert.ErrorIs(t, err, os.ErrNotExist, "the file outlived start-up")
+}
+
+// A rank that finds no file within its deadline fails start-up with a StartupError.
+func TestJoinByFileDeadline(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := Join(ctx, Env{Rank: 1, Size: 2, AddrFile: filepath.Join(t.TempDir(), "none")}, nil)
+	var se *StartupError
+	require.ErrorAs(t, err, &se)
 }

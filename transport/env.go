@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -20,6 +21,14 @@ type Env struct {
 	Transport            string // MOEX_TRANSPORT: auto, inproc, tcp, shm, ucx
 	Timeout              time.Duration
 	Launcher             string // which variables were read: moex, torchrun, openmpi, slurm
+	// AddrFile, when set, replaces Addr and Token on one host: rank 0 serves the store on
+	// a free loopback port and writes its address and a fresh job secret into this file
+	// (mode 0600, in the launcher's private session directory); the others read them
+	// there. Set for Open MPI jobs on one host that name no address (mpirun needs no
+	// hand-picked port or secret then).
+	AddrFile string
+	// AddrNote says where Addr came from when moex chose it, not the user.
+	AddrNote string
 }
 
 // DefaultTimeout bounds every collective unless MOEX_TIMEOUT says otherwise.
@@ -116,16 +125,34 @@ func ParseEnv(getenv func(string) string) (Env, error) {
 		if h == "" || p == "" {
 			return e, &EnvError{Var: "MASTER_ADDR/MASTER_PORT", Reason: "set both or neither"}
 		}
-		if _, err := atoi("MASTER_PORT", p, 1); err != nil {
+		port, err := atoi("MASTER_PORT", p, 1)
+		if err != nil {
 			return e, err
 		}
-		e.Addr = net.JoinHostPort(h, p)
+		if getenv("TORCHELASTIC_USE_AGENT_STORE") == "True" {
+			// torchrun's static rendezvous (--master_addr, --master_port): its agent
+			// serves its own store on MASTER_PORT, so moex's takes the next port.
+			if port >= 65535 {
+				return e, &EnvError{Var: "MASTER_PORT", Value: p, Reason: "torchrun's agent store holds it and no port follows it; set MOEX_ADDR"}
+			}
+			port++
+			e.AddrNote = fmt.Sprintf("MASTER_PORT+1: torchrun's agent store holds MASTER_PORT=%s", p)
+		}
+		e.Addr = net.JoinHostPort(h, strconv.Itoa(port))
 	}
-	if e.Size > 1 && e.Addr == "" {
+	if e.Size > 1 && e.Addr == "" && e.Launcher == "openmpi" {
+		if f, why := ompiAddrFile(getenv, e); f != "" {
+			e.AddrFile = f
+			e.AddrNote = "through " + f
+		} else {
+			return e, &EnvError{Var: "MOEX_ADDR", Reason: "not set, and mpirun cannot be rendezvoused without it here (" + why + "): pass -x MOEX_ADDR=host:port -x MOEX_JOB_TOKEN"}
+		}
+	}
+	if e.Size > 1 && e.Addr == "" && e.AddrFile == "" {
 		return e, &EnvError{Var: "MOEX_ADDR", Reason: "not set: a multi-rank job needs the rendezvous address (MOEX_ADDR=host:port, or MASTER_ADDR and MASTER_PORT)"}
 	}
 	e.Token = getenv("MOEX_JOB_TOKEN")
-	if e.Size > 1 && e.Token == "" {
+	if e.Size > 1 && e.Token == "" && e.AddrFile == "" {
 		return e, &EnvError{Var: "MOEX_JOB_TOKEN", Reason: "not set: every rank must share a job secret (moex run sets one; otherwise export MOEX_JOB_TOKEN=$(head -c16 /dev/urandom | xxd -p) before launching)"}
 	}
 	e.Bind = getenv("MOEX_BIND")
@@ -146,6 +173,28 @@ func ParseEnv(getenv func(string) string) (Env, error) {
 		e.Timeout = d
 	}
 	return e, nil
+}
+
+// ompiAddrFile is the rendezvous file of an Open MPI job on one host: in mpirun's
+// session directory for the job (private to the user), named by the job's id. It returns
+// "" and why not where there is none: ranks on several hosts (no shared directory), or
+// an Open MPI that says neither.
+func ompiAddrFile(getenv func(string) string, e Env) (string, string) {
+	if e.LocalSize != e.Size {
+		return "", fmt.Sprintf("ranks on several hosts: %d of %d on this one", max(e.LocalSize, 0), e.Size)
+	}
+	dir := getenv("OMPI_MCA_orte_jobfam_session_dir")
+	if dir == "" {
+		dir = getenv("PMIX_SERVER_TMPDIR")
+	}
+	job := getenv("OMPI_MCA_ess_base_jobid")
+	if job == "" {
+		job = getenv("PMIX_NAMESPACE")
+	}
+	if dir == "" || job == "" || strings.ContainsAny(job, "/\x00") {
+		return "", "no session directory or job id in Open MPI's environment"
+	}
+	return filepath.Join(dir, "moex-rendezvous-"+job), ""
 }
 
 // BindHost returns the host that this rank's listeners should bind: MOEX_BIND, else the

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -20,18 +22,22 @@ type Rendezvous struct {
 	store  *Store
 	server *StoreServer
 
-	mu sync.Mutex
-	n  int
+	mu   sync.Mutex
+	n    int
+	file string // rank 0: the rendezvous file it published (Env.AddrFile), removed at the end of start-up
 }
 
 // Join starts (on rank 0) and connects to the rendezvous store described by env, and
 // claims this rank there (a second process claiming it fails, and so does every rank:
 // ErrDuplicateRank). A job of one rank needs no store. Join honours ctx's deadline.
 func Join(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, error) {
-	rv := &Rendezvous{Env: env}
 	if env.Size == 1 {
-		return rv, nil
+		return &Rendezvous{Env: env}, nil
 	}
+	if env.AddrFile != "" {
+		return joinByFile(ctx, env, log)
+	}
+	var srv *StoreServer
 	if env.Rank == 0 {
 		host, port, err := net.SplitHostPort(env.Addr)
 		if err != nil {
@@ -41,12 +47,20 @@ func Join(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, error) {
 		if err != nil {
 			return nil, err
 		}
-		srv, err := ServeStore(net.JoinHostPort(bind, port), []byte(env.Token), log)
-		if err != nil {
+		if srv, err = ServeStore(net.JoinHostPort(bind, port), []byte(env.Token), log); err != nil {
+			if env.AddrNote != "" {
+				err = fmt.Errorf("%w (the address is %s; set MOEX_ADDR to choose another)", err, env.AddrNote)
+			}
 			return nil, err
 		}
-		rv.server = srv
 	}
+	return joinAt(ctx, env, srv)
+}
+
+// joinAt connects to the store at env.Addr (served by srv on rank 0) and claims this
+// rank there.
+func joinAt(ctx context.Context, env Env, srv *StoreServer) (*Rendezvous, error) {
+	rv := &Rendezvous{Env: env, server: srv}
 	st, err := DialStore(ctx, env.Addr, []byte(env.Token))
 	if err != nil {
 		rv.Close()
@@ -60,6 +74,64 @@ func Join(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, error) {
 		return nil, rv.explain(err)
 	}
 	return rv, nil
+}
+
+// joinByFile joins through Env.AddrFile: rank 0 serves the store on a free loopback
+// port with a fresh secret and publishes both in the file (written whole, then renamed
+// into place, mode 0600); the others wait for the file within ctx. Rank 0 removes the
+// file when the rendezvous closes.
+func joinByFile(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, error) {
+	if env.Rank == 0 {
+		if env.Token == "" {
+			var b [16]byte
+			if _, err := rand.Read(b[:]); err != nil {
+				return nil, err
+			}
+			env.Token = hex.EncodeToString(b[:])
+		}
+		srv, err := ServeStore("127.0.0.1:0", []byte(env.Token), log)
+		if err != nil {
+			return nil, err
+		}
+		env.Addr = srv.Addr()
+		tmp := env.AddrFile + ".tmp"
+		err = os.WriteFile(tmp, []byte(env.Addr+" "+env.Token+"\n"), 0o600)
+		if err == nil {
+			err = os.Rename(tmp, env.AddrFile)
+		}
+		if err != nil {
+			srv.Close()
+			os.Remove(tmp)
+			return nil, &StartupError{Expected: env.Size, Rank: 0, Err: fmt.Errorf("transport: publishing the rendezvous address: %w", err)}
+		}
+		file := env.AddrFile
+		env.AddrFile = ""
+		rv, err := joinAt(ctx, env, srv)
+		if err != nil {
+			os.Remove(file)
+			return nil, err
+		}
+		rv.file = file
+		return rv, nil
+	}
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		b, err := os.ReadFile(env.AddrFile)
+		if err == nil {
+			f := strings.Fields(string(b))
+			if len(f) != 2 {
+				return nil, &StartupError{Expected: env.Size, Rank: 0, Err: fmt.Errorf("%w: rendezvous file %s: want \"host:port secret\"", ErrProtocol, env.AddrFile)}
+			}
+			env.Addr, env.Token, env.AddrFile = f[0], f[1], ""
+			return joinAt(ctx, env, nil)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, &StartupError{Expected: env.Size, Rank: 0, Err: fmt.Errorf("transport: waiting for rank 0's rendezvous file %s: %w", env.AddrFile, context.Cause(ctx))}
+		case <-tick.C:
+		}
+	}
 }
 
 // storeBind is the address rank 0's store listens on for MOEX_ADDR's host: an IP as it
@@ -127,7 +199,17 @@ func (rv *Rendezvous) Ready(ctx context.Context) error {
 	if rv.server != nil {
 		rv.server.closeWhenLeft(time.Second)
 	}
+	rv.removeFile()
 	return nil
+}
+
+// removeFile removes the rendezvous file rank 0 published: every rank has read it once
+// start-up is over.
+func (rv *Rendezvous) removeFile() {
+	if rv.file != "" {
+		os.Remove(rv.file)
+		rv.file = ""
+	}
 }
 
 // Watch returns a context that ends, with a *StartupError as its cause, as soon as the
@@ -190,6 +272,7 @@ func (rv *Rendezvous) explain(err error) error {
 // (or after 300 ms): after a failed start-up they ask it, on their way out, how far
 // every rank got.
 func (rv *Rendezvous) Close() error {
+	rv.removeFile()
 	var err error
 	if rv.store != nil {
 		err = rv.store.Close()
