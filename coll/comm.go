@@ -109,6 +109,10 @@ type Config struct {
 	// NoWindows makes Exchanges (the MoE low-latency mode) send every block as a message,
 	// even to ranks whose memory the transport could write directly (MOEX_WINDOWS=0).
 	NoWindows bool
+	// Wrap, when set, wraps each rank's transport before the communicator uses it: for
+	// tests that inject faults (transporttest.Faulty) or trace messages. A wrapper that
+	// hides the transport's optional capabilities (windows, shared areas) turns them off.
+	Wrap func(rank int, tr transport.Transport) transport.Transport
 }
 
 // Comm is a communicator: a group of ranks that run collectives together.
@@ -467,13 +471,8 @@ type probeReply struct {
 // reply to this rank's running probe.
 func (c *Comm) onProbe(q int, kind uint8, body []byte) {
 	if kind == kindProbeReply {
-		r := probeReply{from: c.ranks[q]}
-		if len(body) >= 1 {
-			r.inOp = body[0] == 1
-			for i := 1; i+4 <= len(body) && len(r.waiting) < c.size; i += 4 {
-				r.waiting = append(r.waiting, int(binary.LittleEndian.Uint32(body[i:])))
-			}
-		}
+		r := parseProbeReply(body, c.size)
+		r.from = c.ranks[q]
 		c.probeMu.Lock()
 		if c.probeCh != nil {
 			select {
@@ -494,6 +493,21 @@ func (c *Comm) onProbe(q int, kind uint8, body []byte) {
 		msg = binary.LittleEndian.AppendUint32(msg, uint32(x))
 	}
 	c.sendCtl(q, msg)
+}
+
+// parseProbeReply reads a stall probe's reply from the wire: whether the peer is in an
+// operation, and at most max ranks it waits for, each below 2^31.
+func parseProbeReply(body []byte, max int) probeReply {
+	var r probeReply
+	if len(body) >= 1 {
+		r.inOp = body[0] == 1
+		for i := 1; i+4 <= len(body) && len(r.waiting) < max; i += 4 {
+			if w := binary.LittleEndian.Uint32(body[i:]); w < 1<<31 {
+				r.waiting = append(r.waiting, int(w))
+			}
+		}
+	}
+	return r
 }
 
 // sendCtl sends a control message to peer q without waiting for it: a watcher waits for
@@ -918,9 +932,13 @@ func Local(n int, cfg Config) ([]*Comm, error) {
 	}
 	cs := make([]*Comm, n)
 	for i, e := range eps {
-		cs[i] = newComm(e, 1, ranks, hosts, i, cfg, CostInproc)
+		var tr transport.Transport = e
+		if cfg.Wrap != nil {
+			tr = cfg.Wrap(i, e)
+		}
+		cs[i] = newComm(tr, 1, ranks, hosts, i, cfg, CostInproc)
 		cs[i].why = "inproc: every rank in this process (Local)"
-		cs[i].owned = newOwner(e.Close)
+		cs[i].owned = newOwner(tr.Close)
 		cs[i].listen()
 	}
 	return cs, nil
@@ -1063,6 +1081,9 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 	ranks := make([]int, env.Size)
 	for i := range ranks {
 		ranks[i] = i
+	}
+	if cfg.Wrap != nil {
+		tr = cfg.Wrap(env.Rank, tr)
 	}
 	c := newComm(tr, 1, ranks, hosts, env.Rank, cfg, link)
 	c.why = why

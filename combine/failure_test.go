@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +19,8 @@ import (
 	"github.com/moex-ai/moex/internal/race"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
+	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/transporttest"
 )
 
 var modes = []dispatch.Mode{dispatch.Normal, dispatch.LowLatency, dispatch.Gathered}
@@ -574,6 +577,61 @@ func TestPipeline(t *testing.T) {
 				}
 				return sameRow(got, want)
 			})
+		})
+	}
+}
+
+// A bit flipped in a low-latency block's header or metadata on its way from rank 0 to
+// rank 1 (its status, its row count, its fingerprint, a row's count of choices, a local
+// expert): rank 1 refuses the block (ErrMismatch, or a PeerInputError for a status that
+// says rank 0's input was bad), never panics and never reads past it, and no rank hangs:
+// every rank's step (dispatch, then combine) ends with an error.
+func TestCorruptLowLatencyBlock(t *testing.T) {
+	pl := placement(t, "contiguous", 8, 3)
+	for _, bit := range []int{3, 8*4 + 1, 8*8 + 1, 8 * (32 + 4), 8*(32+8) + 2} { // status, rows, fingerprint, choices, local expert
+		t.Run(fmt.Sprintf("bit %d", bit), func(t *testing.T) {
+			var armed atomic.Bool
+			ccfg := quick
+			ccfg.Wrap = func(rank int, tr transport.Transport) transport.Transport {
+				f := transporttest.NewFaulty(tr, func(m transporttest.Msg) transporttest.Fault {
+					// The block's first message: its header (status, rows, fingerprint,
+					// generation) and the rows' metadata.
+					if rank == 0 && m.Peer == 1 && m.Tag.Tag == 0 && armed.CompareAndSwap(true, false) {
+						return transporttest.Flip
+					}
+					return transporttest.Pass
+				})
+				f.FlipBit = bit
+				return f
+			}
+			errs := onRanks(t, 3, ccfg, true, func(c *coll.Comm) error {
+				ctx := context.Background()
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: 64, TopK: 2, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: 4})
+				if err != nil {
+					return err
+				}
+				defer d.Close()
+				defer cb.Close()
+				if err := coll.Barrier(ctx, c); err != nil {
+					return err
+				}
+				if c.Rank() == 0 {
+					armed.Store(true)
+				}
+				r, x := goodRouting()
+				x = make([]float32, 2*64)
+				out, h, err := d.Dispatch(ctx, x, r)
+				if err != nil {
+					return err
+				}
+				y := make([]float32, out.Rows()*64)
+				return cb.Combine(ctx, h, y, make([]float32, 2*64))
+			})
+			var pie *dispatch.PeerInputError
+			require.True(t, errors.Is(errs[1], dispatch.ErrMismatch) || errors.As(errs[1], &pie), "rank 1: %v", errs[1])
+			for r, err := range errs {
+				assert.Error(t, err, "rank %d finished a step whose block was corrupt", r)
+			}
 		})
 	}
 }

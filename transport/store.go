@@ -219,43 +219,24 @@ func (s *StoreServer) serve(c net.Conn) {
 	}()
 	r := bufio.NewReader(c)
 	for {
-		op, err := r.ReadByte()
+		req, err := readRequest(r)
 		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				s.log.Warn("moex store: bad request", "remote", c.RemoteAddr().String(), "err", err)
+			}
 			return
 		}
-		switch op {
+		switch req.op {
 		case opSet:
-			k, err1 := readBlob(r, maxKey)
-			v, err2 := readBlob(r, maxVal)
-			if err := errors.Join(err1, err2); err != nil {
-				s.log.Warn("moex store: bad request", "remote", c.RemoteAddr().String(), "err", err)
-				return
-			}
 			s.mu.Lock()
-			s.data[string(k)] = v
+			s.data[req.key] = req.val
 			s.cond.Broadcast()
 			s.mu.Unlock()
 			if err := writeReply(c, stOK, nil); err != nil {
 				return
 			}
 		case opGet:
-			var nb [4]byte
-			if _, err := io.ReadFull(r, nb[:]); err != nil {
-				return
-			}
-			n := int(binary.LittleEndian.Uint32(nb[:]))
-			if n > 1<<16 {
-				return
-			}
-			keys := make([]string, n)
-			for i := range keys {
-				k, err := readBlob(r, maxKey)
-				if err != nil {
-					return
-				}
-				keys[i] = string(k)
-			}
-			vals, fail, ok := s.wait(keys)
+			vals, fail, ok := s.wait(req.keys)
 			switch {
 			case fail != nil:
 				_, _ = c.Write(fail)
@@ -268,20 +249,11 @@ func (s *StoreServer) serve(c net.Conn) {
 				return
 			}
 		case opClaim:
-			var hdr [8]byte
-			if _, err := io.ReadFull(r, hdr[:]); err != nil {
-				return
-			}
-			nonce, err := readBlob(r, 64)
-			if err != nil {
-				return
-			}
-			want, size := int(binary.LittleEndian.Uint32(hdr[:4])), int(binary.LittleEndian.Uint32(hdr[4:]))
-			if reply := s.claim(c, want, size, string(nonce)); reply != nil {
+			if reply := s.claim(c, req.rank, req.size, req.nonce); reply != nil {
 				_, _ = c.Write(reply)
 				return
 			}
-			rank = want
+			rank = req.rank
 			if err := writeReply(c, stOK, nil); err != nil {
 				return
 			}
@@ -289,11 +261,82 @@ func (s *StoreServer) serve(c net.Conn) {
 			if err := writeReply(c, stOK, s.stages()); err != nil {
 				return
 			}
-		default:
-			s.log.Warn("moex store: unknown request", "remote", c.RemoteAddr().String(), "op", op)
-			return
 		}
 	}
+}
+
+// request is one request to the store, as read from a client.
+type request struct {
+	op         byte
+	key        string   // opSet
+	val        []byte   // opSet
+	keys       []string // opGet
+	rank, size int      // opClaim
+	nonce      string   // opClaim
+}
+
+// Bounds of what a request may carry.
+const (
+	maxGetKeys = 1 << 16
+	maxNonce   = 64
+)
+
+// readRequest reads one request, checking every length against its bound before it
+// allocates: io.EOF at a clean end, ErrProtocol for what no client sends.
+func readRequest(r *bufio.Reader) (request, error) {
+	op, err := r.ReadByte()
+	if err != nil {
+		return request{}, err
+	}
+	req := request{op: op}
+	short := func(err error) error {
+		if errors.Is(err, io.EOF) {
+			return io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	switch op {
+	case opSet:
+		k, err := readBlob(r, maxKey)
+		if err != nil {
+			return req, short(err)
+		}
+		if req.val, err = readBlob(r, maxVal); err != nil {
+			return req, short(err)
+		}
+		req.key = string(k)
+	case opGet:
+		var nb [4]byte
+		if _, err := io.ReadFull(r, nb[:]); err != nil {
+			return req, short(err)
+		}
+		n := binary.LittleEndian.Uint32(nb[:])
+		if n > maxGetKeys {
+			return req, fmt.Errorf("%w: a get of %d keys (limit %d)", ErrProtocol, n, maxGetKeys)
+		}
+		req.keys = make([]string, 0, min(n, 64))
+		for range n {
+			k, err := readBlob(r, maxKey)
+			if err != nil {
+				return req, short(err)
+			}
+			req.keys = append(req.keys, string(k))
+		}
+	case opClaim:
+		var hdr [8]byte
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			return req, short(err)
+		}
+		nonce, err := readBlob(r, maxNonce)
+		if err != nil {
+			return req, short(err)
+		}
+		req.rank, req.size, req.nonce = int(int32(binary.LittleEndian.Uint32(hdr[:4]))), int(int32(binary.LittleEndian.Uint32(hdr[4:]))), string(nonce)
+	case opStatus:
+	default:
+		return req, fmt.Errorf("%w: unknown store request %q", ErrProtocol, op)
+	}
+	return req, nil
 }
 
 // claim registers c as rank want of a job of size ranks, or returns the reply that
@@ -487,23 +530,9 @@ func (s *Store) call(ctx context.Context, req []byte) ([][]byte, error) {
 	if _, err := s.c.Write(req); err != nil {
 		return fail(err)
 	}
-	st, err := s.r.ReadByte()
+	st, vals, err := readReply(s.r)
 	if err != nil {
 		return fail(err)
-	}
-	var nb [4]byte
-	if _, err := io.ReadFull(s.r, nb[:]); err != nil {
-		return fail(err)
-	}
-	n := int(binary.LittleEndian.Uint32(nb[:]))
-	if n > 1<<16 {
-		return fail(fmt.Errorf("%w: reply with %d values", ErrProtocol, n))
-	}
-	vals := make([][]byte, n)
-	for i := range vals {
-		if vals[i], err = readBlob(s.r, maxVal); err != nil {
-			return fail(err)
-		}
 	}
 	switch st {
 	case stOK:
@@ -527,6 +556,32 @@ func (s *Store) call(ctx context.Context, req []byte) ([][]byte, error) {
 		msg = string(vals[0])
 	}
 	return fail(errors.New(msg))
+}
+
+// readReply reads one reply: its status and values, every length checked against its
+// bound before it allocates.
+func readReply(r *bufio.Reader) (byte, [][]byte, error) {
+	st, err := r.ReadByte()
+	if err != nil {
+		return 0, nil, err
+	}
+	var nb [4]byte
+	if _, err := io.ReadFull(r, nb[:]); err != nil {
+		return 0, nil, err
+	}
+	n := binary.LittleEndian.Uint32(nb[:])
+	if n > maxGetKeys {
+		return 0, nil, fmt.Errorf("%w: reply with %d values", ErrProtocol, n)
+	}
+	vals := make([][]byte, 0, min(n, 64))
+	for range n {
+		v, err := readBlob(r, maxVal)
+		if err != nil {
+			return 0, nil, err
+		}
+		vals = append(vals, v)
+	}
+	return st, vals, nil
 }
 
 // Claim registers this connection as rank of a job of size ranks; nonce tells this
