@@ -191,7 +191,7 @@ type done struct {
 	err error
 }
 
-func (d done) Test() bool                         { return true }
+func (d done) Test() bool                        { return true }
 func (d done) Wait(context.Context) (int, error) { return d.n, d.err }
 
 // sized reports n bytes sent for a request that sent a copy.
