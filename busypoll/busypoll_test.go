@@ -91,13 +91,24 @@ func TestOversubscribedCapsSpin(t *testing.T) {
 	if b := p.Stats().BudgetNow; b > OversubscribedSpin {
 		t.Fatalf("oversubscribed budget = %v, want at most %v", b, OversubscribedSpin)
 	}
-	s := p.Begin()
-	start := time.Now()
-	for !s.Idle() {
+	// Without its yield-polling, an oversubscribed waiter parks at its first look.
+	s := New(Config{Oversubscribed: true, YieldSpin: -1}).Begin()
+	if !s.Idle() {
+		t.Fatal("oversubscribed waiter with no yield-polling did not park at once")
 	}
 	s.End()
-	if d := time.Since(start); d > 5*time.Millisecond {
-		t.Fatalf("oversubscribed waiter spun for %v before parking", d)
+	// With it, it parks after a bounded number of looks (each a yield of the CPU), never
+	// spinning: counted in looks, not in time, which a loaded machine stretches.
+	s = p.Begin()
+	looks := 1
+	for ; !s.Idle(); looks++ {
+		if looks > 10_000_000 {
+			t.Fatal("oversubscribed waiter never parked")
+		}
+	}
+	s.End()
+	if st := p.Stats(); st.Spins != 0 {
+		t.Fatalf("oversubscribed waiter spun %d times before parking (after %d looks)", st.Spins, looks)
 	}
 	if p := New(Config{MaxSpin: -1}); p.Stats().BudgetNow != 0 {
 		t.Fatalf("MaxSpin<0 budget = %v", p.Stats().BudgetNow)

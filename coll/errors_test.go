@@ -10,6 +10,7 @@ import (
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 )
 
 // Every rank must end with an error that matches want, within the timeout.
@@ -440,5 +441,27 @@ func TestRootedVerifyThreshold(t *testing.T) {
 		assert.Equal(t, !cfg.NoRootedVerify, v)
 		assert.False(t, cs[0].verifies(&call{op: OpBroadcast, dt: dtype.F32, count: 16}))
 		assert.False(t, cs[0].verifies(&call{op: OpAllReduce, dt: dtype.F32, count: 1 << 20}))
+	}
+}
+
+// Close waits for the goroutines of the non-blocking operations still running: none is
+// left once it returns, with their handles never waited for.
+func TestCloseWaitsForNonBlockingOps(t *testing.T) {
+	for run := 0; run < 3; run++ {
+		before := goleak.IgnoreCurrent()
+		cs, err := Local(3, Config{Timeout: 10 * time.Second})
+		require.NoError(t, err)
+		ctx := context.Background()
+		for _, c := range cs {
+			for i := 0; i < 8; i++ {
+				_, err := IAllReduce(ctx, c, nil, make([]float32, 4096), dtype.Sum)
+				require.NoError(t, err)
+			}
+		}
+		// One rank goes first: the others' operations fail; Close still waits for them.
+		for _, c := range cs {
+			require.NoError(t, c.Close())
+		}
+		require.NoError(t, goleak.Find(before), "run %d", run)
 	}
 }

@@ -1,0 +1,69 @@
+package layers
+
+import (
+	"os/exec"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+const module = "github.com/moex-ai/moex/"
+
+// level is each package's height: a package imports only packages of lower levels. A
+// package not listed fails the test, so a new one must be placed.
+var level = map[string]int{
+	"internal/race": 0, "internal/wire": 0, "internal/memx": 0, "internal/launch": 0, "coll/dtype": 0,
+	"busypoll": 0, "router": 0, "obuf": 0, "internal/layers": 0,
+	"transport": 1, "transport/internal/core": 2,
+	"transport/inproc": 3, "transport/topo": 3, "transport/ucx": 3, "transport/transporttest": 3,
+	"transport/shm": 4, "transport/tcp": 4,
+	"coll":     5,
+	"dispatch": 6, "combine": 7, "models": 8,
+	"bench": 9, "internal/envvars": 9, "bench/peers/twocopy": 9,
+	"bench/perfdoc": 10, "cmd/moex": 10,
+}
+
+// debt lists the imports that break DESIGN.md's rule that coll imports the transport
+// contract and no concrete transport (issue 17: bootstrap outside coll). The test fails
+// when one of them goes, so that the list only shrinks.
+var debt = map[string][]string{
+	"coll": {"transport/inproc", "transport/shm", "transport/tcp", "transport/topo"},
+}
+
+// TestForbiddenImports: every package's moex imports are of lower levels, and coll
+// imports no concrete transport beyond the recorded debt.
+func TestForbiddenImports(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, module+"...").Output()
+	require.NoError(t, err)
+	seen := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		pkg := strings.TrimPrefix(f[0], module)
+		lv, ok := level[pkg]
+		if !assert.True(t, ok, "package %s has no level: place it in layers_test.go", pkg) {
+			continue
+		}
+		seen++
+		var concrete []string
+		for _, imp := range f[1:] {
+			if !strings.HasPrefix(imp, module) {
+				continue
+			}
+			dep := strings.TrimPrefix(imp, module)
+			dl, ok := level[dep]
+			assert.True(t, ok, "%s imports %s, which has no level", pkg, dep)
+			assert.Less(t, dl, lv, "%s (level %d) imports %s (level %d): a lower package imports a higher one", pkg, lv, dep, dl)
+			if pkg == "coll" && strings.HasPrefix(dep, "transport/") {
+				concrete = append(concrete, dep)
+			}
+		}
+		if pkg == "coll" {
+			sort.Strings(concrete)
+			assert.Equal(t, debt["coll"], concrete, "coll's concrete transport imports changed: update the debt list (it may only shrink)")
+		}
+	}
+	assert.Greater(t, seen, 20, "go list found too few packages")
+}
