@@ -333,29 +333,13 @@ func planReduceLinear(sh shape) *plan {
 
 // planAllGather is the AllGather (and AllGatherv) planner of algo.
 func planAllGather(algo Algo, sh shape, t topology) *plan {
-	switch algo {
-	case Ring:
-		return planAllGatherRing(sh)
-	case Hier:
-		return planAllGatherHier(sh, t)
-	case Bruck:
-		return planAllGatherBruck(sh)
-	case Shared:
-		return planAllGatherShared(sh)
-	}
-	return planAllGatherRecDbl(sh)
+	return entryOf(OpAllGatherv, algo).plan(sh, t, planKey{})
 }
 
 // planReduceScatter is the ReduceScatter (and ReduceScatterv) planner of algo, but for
 // the shared areas' (planReduceShared).
 func planReduceScatter(algo Algo, sh shape, t topology) *plan {
-	switch algo {
-	case RecHalving:
-		return planReduceScatterRecHalving(sh)
-	case Hier:
-		return planReduceScatterHier(sh, t)
-	}
-	return planReduceScatterRing(sh)
+	return entryOf(OpReduceScatterv, algo).plan(sh, t, planKey{})
 }
 
 // planAllGatherShared: every rank publishes its block (in place in recv) in its shared

@@ -113,26 +113,6 @@ func ParseAlgo(s string) (Algo, error) {
 	return 0, fmt.Errorf("coll: unknown algorithm %q", s)
 }
 
-// Algorithms lists the algorithms of each operation, in order of preference on ties.
-var Algorithms = map[OpKind][]Algo{
-	OpBarrier:       {Dissemination},
-	OpBroadcast:     {Binomial, Linear},
-	OpReduce:        {Binomial, Linear},
-	OpAllReduce:     {Ring, RecDoubling, Rabenseifner, Hier, Shared},
-	OpReduceScatter: {Ring, RecHalving, Hier, Shared},
-	OpAllGather:     {Ring, RecDoubling, Bruck, Hier, Shared},
-	OpAlltoAll:      {Linear, Pairwise, Bruck, Hier, Shared},
-	OpAlltoAllv:     {Linear, Pairwise, Bruck, Hier, Shared},
-	OpScatter:       {Linear},
-	OpGather:        {Linear},
-	// The variable-size forms run the algorithms of their fixed-size forms (no shared
-	// area for ReduceScatterv, whose blocks differ in size).
-	OpAllGatherv:     {Ring, RecDoubling, Bruck, Hier, Shared},
-	OpReduceScatterv: {Ring, RecHalving, Hier},
-	OpGatherv:        {Linear},
-	OpScatterv:       {Linear},
-}
-
 // LinkCost is the alpha-beta(-gamma) model of one class of link.
 type LinkCost struct {
 	Alpha time.Duration // per message
@@ -168,99 +148,18 @@ const CrowdedAlpha = 8
 // Estimate predicts the time of op with algo on p ranks for n bytes (per rank input for
 // AllReduce/Broadcast/Reduce; per block for AllGather, ReduceScatter and AlltoAll).
 func (c LinkCost) Estimate(op OpKind, algo Algo, p, n int) time.Duration {
-	if p <= 1 {
+	e, ok := entries[op][algo]
+	if p <= 1 || !ok || e.cost == nil {
 		return 0
 	}
 	a := c.Alpha.Seconds()
-	fp, fn := float64(p), float64(n)
-	lg := float64(ceilLog2(p))
+	fn := float64(n)
 	pof2 := floorPow2(p)
-	extra := 0.0 // non-power-of-two fold: two more full-size steps
-	if pof2 != p {
-		extra = 2 * (a + fn*c.Beta)
+	x := costIn{a: a, fp: float64(p), fn: fn, lg: float64(ceilLog2(p)), pof2: pof2, p: p, beta: c.Beta, gamma: c.Gamma}
+	if pof2 != p { // non-power-of-two fold: two more full-size steps
+		x.extra = 2 * (a + fn*c.Beta)
 	}
-	var t float64
-	switch op {
-	case OpAllReduce:
-		switch algo {
-		case Ring:
-			t = 2*(fp-1)*a + 2*(fp-1)/fp*fn*c.Beta + (fp-1)/fp*fn*c.Gamma
-		case RecDoubling:
-			l := float64(ceilLog2(pof2))
-			t = l*(a+fn*c.Beta+fn*c.Gamma) + extra
-		case Rabenseifner:
-			l := float64(ceilLog2(pof2))
-			f2 := float64(pof2)
-			t = 2*l*a + 2*(f2-1)/f2*fn*c.Beta + (f2-1)/f2*fn*c.Gamma + extra
-		case Shared:
-			// Two flags per rank (half a latency each); the buffer and the combined
-			// block copied into the area (at the link's speed: lines the other CPUs
-			// read last), the others' blocks read for combining and copied out.
-			t = a + (fn+fn/fp)*c.Beta + 2*(fp-1)/fp*fn/20e9 + (fp-1)/fp*fn*c.Gamma
-		}
-	case OpBroadcast:
-		switch algo {
-		case Binomial:
-			t = lg * (a + fn*c.Beta)
-		case Linear:
-			t = (fp-1)*fn*c.Beta + a
-		}
-	case OpReduce:
-		switch algo {
-		case Binomial:
-			t = lg * (a + fn*c.Beta + fn*c.Gamma)
-		case Linear:
-			t = a + (fp-1)*fn*(c.Beta+c.Gamma)
-		}
-	case OpAllGather:
-		switch algo {
-		case Ring:
-			t = (fp-1)*a + (fp-1)*fn*c.Beta
-		case RecDoubling, Bruck:
-			t = lg*a + (fp-1)*fn*c.Beta
-			if algo == Bruck || !isPow2(p) {
-				t += 2 * fp * fn / 20e9 // rotation copies
-			}
-		case Shared:
-			// One flag per rank; the block copied in and the others out (or read across).
-			t = a/2 + fp*fn/20e9
-		}
-	case OpReduceScatter:
-		switch algo {
-		case Ring:
-			t = (fp-1)*a + (fp-1)*fn*(c.Beta+c.Gamma)
-		case RecHalving:
-			if isPow2(p) {
-				t = lg*a + (fp-1)*fn*(c.Beta+c.Gamma)
-			} else {
-				t = (fp-1)*a + (fp-1)*fn*(c.Beta+c.Gamma) + a
-			}
-		case Shared:
-			// One flag per rank; every block copied in, this rank's of every rank
-			// combined.
-			t = a/2 + fp*fn*c.Beta + (fp-1)*fn/20e9 + (fp-1)*fn*c.Gamma
-		}
-	case OpAlltoAll, OpAlltoAllv:
-		switch algo {
-		case Linear:
-			// All messages in flight at once: one latency, contention shares the link.
-			t = a + (fp-1)*fn*c.Beta
-		case Pairwise:
-			t = (fp-1)*(a+fn*c.Beta) + 0.1*a
-		case Bruck:
-			t = lg*(a+fp/2*fn*c.Beta) + 3*fp*fn/20e9
-		case Shared:
-			// One flag per rank instead of a message per peer (half a latency, for the
-			// wake-ups it saves), and the blocks copied twice in memory (or once
-			// across, about as fast).
-			t = a/2 + 2*(fp-1)*fn/20e9
-		}
-	case OpScatter, OpGather:
-		t = a + (fp-1)*fn*c.Beta
-	case OpBarrier:
-		t = lg * a
-	}
-	return time.Duration(t * 1e9)
+	return time.Duration(e.cost(x) * 1e9)
 }
 
 // choose picks the algorithm for op: the override if configured, else the cheapest by the
@@ -278,13 +177,9 @@ func (c *Comm) chooseFit(op OpKind, n int, fits bool) Algo {
 	algos := Algorithms[op]
 	best, bestT := algos[0], time.Duration(1<<62)
 	for _, a := range algos {
-		switch {
-		case a == Hier && (op == OpAlltoAll || op == OpAlltoAllv) && c.topo.hosts == 1:
-			continue // one host: the two levels are one
-		case a == Hier && op != OpAlltoAll && op != OpAlltoAllv && !c.topo.uniform:
-			continue // one host, or hosts with unequal numbers of ranks: nothing to gain
-		}
-		if a == Shared && !fits {
+		// Hier needs several hosts (and for all but AlltoAll(v), as many ranks on each);
+		// Shared, the operation within the shared areas.
+		if e := entries[op][a]; e.usable != nil && !e.usable(c.topo, fits) {
 			continue
 		}
 		if t := c.estimate(op, a, n); t < bestT {

@@ -86,71 +86,11 @@ func (c *Comm) getPlan(k planKey) *plan {
 		return pl
 	}
 	sh := shape{p: c.size, rank: c.rank, root: k.root, es: k.es, count: k.count}
-	switch k.op {
-	case OpAllReduce:
-		switch k.algo {
-		case Ring:
-			pl = planAllReduceRing(sh)
-		case Hier:
-			pl = planAllReduceHier(sh, c.topo)
-		case Shared:
-			pl = planReduceShared(OpAllReduce, k)
-		default:
-			pl = planAllReduceRecDbl(sh, k.algo)
-		}
-	case OpBroadcast:
-		if k.algo == Linear {
-			pl = planBroadcastLinear(sh)
-		} else {
-			pl = planBroadcastBinomial(sh)
-		}
-	case OpReduce:
-		if k.algo == Linear {
-			pl = planReduceLinear(sh)
-		} else {
-			pl = planReduceBinomial(sh)
-		}
-	case OpAllGather:
-		pl = planAllGather(k.algo, sh, c.topo)
-	case OpReduceScatter:
-		if k.algo == Shared {
-			pl = planReduceShared(OpReduceScatter, k)
-		} else {
-			pl = planReduceScatter(k.algo, sh, c.topo)
-		}
-	case OpAlltoAll:
-		pl = &plan{op: OpAlltoAll, algo: k.algo}
-		b := k.count * k.es
-		l := evenLayout(c.size, b)
-		switch k.algo {
-		case Shared:
-			// No steps: execShared runs it.
-		case Pairwise:
-			planAlltoAllPairwise(pl, c.size, c.rank, l)
-		case Bruck:
-			m := make([][]int, c.size)
-			for i := range m {
-				m[i] = make([]int, c.size)
-				for j := range m[i] {
-					m[i][j] = b
-				}
-			}
-			planAlltoAllBruck(pl, c.size, c.rank, l, m)
-		case Hier:
-			planAlltoAllHier(pl, c.topo, c.rank, l, func(int, int) int { return b })
-		default:
-			pl.algo = Linear
-			planAlltoAllLinear(pl, c.size, c.rank, l)
-		}
-	case OpScatter:
-		pl = planScatterLinear(sh)
-	case OpGather:
-		pl = planGatherLinear(sh)
-	case OpBarrier:
-		pl = planBarrier(sh)
-	default:
+	e := entryOf(k.op, k.algo)
+	if e == nil {
 		panic(fmt.Sprintf("coll: no planner for %v", k.op))
 	}
+	pl = e.plan(sh, c.topo, k)
 	pl.sig = signature(k.op, pl.algo, k.es, k.count, k.root, int(k.dt), int(k.redop))
 	pl.countBytes()
 	if pl.algo == Shared {
