@@ -618,9 +618,8 @@ func TestCorruptLowLatencyBlock(t *testing.T) {
 				if c.Rank() == 0 {
 					armed.Store(true)
 				}
-				r, x := goodRouting()
-				x = make([]float32, 2*64)
-				out, h, err := d.Dispatch(ctx, x, r)
+				r, _ := goodRouting()
+				out, h, err := d.Dispatch(ctx, make([]float32, 2*64), r)
 				if err != nil {
 					return err
 				}
