@@ -53,10 +53,8 @@ import (
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
-	"github.com/moex-ai/moex/transport/inproc"
+	"github.com/moex-ai/moex/transport/bootstrap"
 	"github.com/moex-ai/moex/transport/shm"
-	"github.com/moex-ai/moex/transport/tcp"
-	"github.com/moex-ai/moex/transport/topo"
 )
 
 // Config tunes communicators. The zero value takes everything from defaults.
@@ -919,7 +917,7 @@ func Local(n int, cfg Config) ([]*Comm, error) {
 	// against 8.3us parking).
 	poller := busypoll.New(busypoll.Config{Mode: cfg.Poll.Mode, MaxSpin: cfg.Poll.MaxSpin,
 		Oversubscribed: cfg.Poll.Oversubscribed || n >= runtime.GOMAXPROCS(0)})
-	eps := inproc.New(n, inproc.Config{Poller: poller, Pool: cfg.Pool})
+	eps := bootstrap.Local(n, poller, cfg.Pool)
 	ranks := make([]int, n)
 	for i := range ranks {
 		ranks[i] = i
@@ -932,7 +930,7 @@ func Local(n int, cfg Config) ([]*Comm, error) {
 	}
 	cs := make([]*Comm, n)
 	for i, e := range eps {
-		var tr transport.Transport = e
+		tr := e
 		if cfg.Wrap != nil {
 			tr = cfg.Wrap(i, e)
 		}
@@ -993,90 +991,21 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 		return nil, err
 	}
 	ctx = sctx
-	// Host identities decide which ranks share memory.
-	ids, err := rv.AllGather(ctx, []byte(transport.HostID()))
+	// Hosts, CPU binding, the network's speed and the transport to every peer.
+	bs, err := bootstrap.Open(ctx, env, rv, *cfg.Poll, log)
 	if err != nil {
+		var tae *transport.ArgError
+		if errors.As(err, &tae) {
+			err = &ArgError{Arg: tae.Arg, Reason: tae.Reason}
+		}
 		return fail(err)
 	}
-	hosts := make([]int, env.Size)
-	index := map[string]int{}
-	for r, id := range ids {
-		h, ok := index[string(id)]
-		if !ok {
-			h = len(index)
-			index[string(id)] = h
-		}
-		hosts[r] = h
-	}
-	localSize := 0
-	for _, h := range hosts {
-		if h == hosts[env.Rank] {
-			localSize++
-		}
-	}
-	poll := *cfg.Poll
-	poll.Oversubscribed = poll.Oversubscribed || busypoll.Oversubscribed(localSize)
-	// Bind each rank to a core of its own when there are enough (MOEX_CPU_BIND=auto, the
-	// default, or core; none leaves placement to the kernel). Measured: P=2 AlltoAll of
-	// 64 KiB over shm took 5-7us bound, and 7-37us (bimodal) unbound, as both busy
-	// ranks landed on one core now and then.
-	switch bind := os.Getenv("MOEX_CPU_BIND"); bind {
-	case "", "auto", "core":
-		if localSize > 1 && localSize <= runtime.NumCPU() {
-			localRank := 0
-			for q := 0; q < env.Rank; q++ {
-				if hosts[q] == hosts[env.Rank] {
-					localRank++
-				}
-			}
-			if cpu, err := bindToCPU(localRank); err != nil {
-				log.Warn("moex: binding to a core failed", "err", err)
-			} else {
-				log.Info("moex: bound to a core", "rank", env.Rank, "cpu", cpu)
-			}
-		}
-	case "numa":
-		// The CPUs and memory of the NUMA node of this rank's GPU or NIC.
-		localRank := 0
-		for q := 0; q < env.Rank; q++ {
-			if hosts[q] == hosts[env.Rank] {
-				localRank++
-			}
-		}
-		tp := topo.Discover(topo.Options{Logger: log})
-		node, why := tp.NodeFor(localRank, env.Iface)
-		if n := tp.Node(node); n == nil {
-			log.Warn("moex: not bound to a NUMA node", "rank", env.Rank, "why", why)
-		} else if err := bindToNode(node, n.CPUs); err != nil {
-			log.Warn("moex: binding to a NUMA node failed", "rank", env.Rank, "node", node, "err", err)
-		} else {
-			log.Info("moex: bound to a NUMA node", "rank", env.Rank, "node", node, "why", why)
-		}
-	case "none":
-	default:
-		err := &ArgError{Arg: "MOEX_CPU_BIND", Reason: fmt.Sprintf("%q: want auto, core, numa or none", bind)}
-		return fail(err)
-	}
-	if len(index) > 1 && cfg.Link == nil && cfg.NetGbits == 0 {
-		// The network's speed for the cost model: the NIC that carries this rank's
-		// traffic, when the host says (MOEX_NET_GBITS overrides).
-		if host, err := env.BindHost(); err == nil {
-			name := env.Iface
-			if name == "" {
-				name = topo.InterfaceOf(host)
-			}
-			if n := topo.Discover(topo.Options{Logger: log}).NIC(name); n != nil && n.Speed > 0 {
-				cfg.NetGbits = float64(n.Speed) / 1000
-				log.Info("moex: network speed for the cost model", "rank", env.Rank, "nic", name, "gbits", cfg.NetGbits)
-			}
-		}
-	}
-	if err := rv.Stage(ctx, "transport"); err != nil {
-		return fail(err)
-	}
-	tr, why, link, err := openTransport(ctx, env, rv, hosts, poll, log)
-	if err != nil {
-		return fail(err)
+	tr, why, hosts, poll := bs.Transport, bs.Why, bs.Hosts, bs.Poll
+	link := map[bootstrap.Class]LinkCost{bootstrap.Inproc: CostInproc, bootstrap.Shm: CostShm, bootstrap.Net: CostNet}[bs.Class]
+	if bs.NetGbits > 0 && cfg.Link == nil && cfg.NetGbits == 0 {
+		// The network's speed for the cost model: the NIC's (MOEX_NET_GBITS overrides).
+		cfg.NetGbits = bs.NetGbits
+		log.Info("moex: network speed for the cost model", "rank", env.Rank, "gbits", cfg.NetGbits)
 	}
 	ranks := make([]int, env.Size)
 	for i := range ranks {
@@ -1116,139 +1045,10 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 			}
 			log.Info("moex: transport to peer", "rank", env.Rank, "peer", q, "host", hosts[q], "transport", tr.Name(), "why", why, "path", path)
 		}
-		log.Info("moex: initialised", "rank", env.Rank, "size", env.Size, "hosts", len(index), "launcher", env.Launcher,
+		log.Info("moex: initialised", "rank", env.Rank, "size", env.Size, "hosts", c.topo.hosts, "launcher", env.Launcher,
 			"transport", tr.Name(), "poll", poll.Mode.String(), "oversubscribed", poll.Oversubscribed, "timeout", cfg.Timeout)
 	}
 	return c, nil
-}
-
-// openTransport picks and connects the transport: one process: inproc; ranks on one
-// host: shm; ranks across hosts: shm for the peers on this host and, for the others, UCX
-// when this binary has it and every rank reaches its remote peers over RDMA, else tcp
-// (through a transport.Mux). MOEX_TRANSPORT forces a choice.
-func openTransport(ctx context.Context, env transport.Env, rv *transport.Rendezvous, hosts []int, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, LinkCost, error) {
-	if env.Size == 1 {
-		return inproc.New(1, inproc.Config{})[0], "inproc: single rank", CostInproc, nil
-	}
-	me := hosts[env.Rank]
-	local := make([]bool, env.Size)
-	remote := make([]bool, env.Size)
-	nLocal, nHosts := 0, 0
-	seen := map[int]bool{}
-	for q, h := range hosts {
-		local[q] = h == me
-		remote[q] = !local[q]
-		if local[q] {
-			nLocal++
-		}
-		if !seen[h] {
-			seen[h] = true
-			nHosts++
-		}
-	}
-	switch env.Transport {
-	case "inproc":
-		return nil, "", LinkCost{}, &ArgError{Arg: "MOEX_TRANSPORT", Reason: "inproc needs every rank in one process (use coll.Local)"}
-	case "shm":
-		if nHosts > 1 {
-			return nil, "", LinkCost{}, &ArgError{Arg: "MOEX_TRANSPORT", Reason: fmt.Sprintf("shm needs every rank on one host; the ranks span %d hosts", nHosts)}
-		}
-	case "ucx":
-		t, why, err := openOptional(ctx, env, rv, nil, true, poll, log)
-		if err != nil {
-			return nil, "", LinkCost{}, err
-		}
-		link := CostNet
-		if nHosts == 1 {
-			link = CostShm
-		}
-		return t, why, link, nil
-	}
-	// Every rank takes part in each set-up (their exchanges are collective), even when it
-	// has no peer to use one of them for.
-	useShm := env.Transport != "tcp"
-	var sh *shm.Transport
-	if useShm {
-		scfg := shm.Config{Rank: env.Rank, Size: env.Size, Local: local, Exchange: rv.AllGather, Logger: log}
-		if err := scfg.ConfigFromEnv(os.Getenv); err != nil {
-			return nil, "", LinkCost{}, err
-		}
-		scfg.Poll = poll
-		var err error
-		if sh, err = shm.New(ctx, scfg); err != nil {
-			return nil, "", LinkCost{}, err
-		}
-		if nHosts == 1 {
-			return sh, "shm: every rank on this host (" + sh.Mode() + ")", CostShm, nil
-		}
-	}
-	var net transport.Transport
-	var netWhy string
-	if env.Transport == "tcp" {
-		netWhy = "MOEX_TRANSPORT=tcp"
-	} else {
-		u, why, err := openOptional(ctx, env, rv, remote, false, poll, log)
-		if err != nil {
-			closeIf(sh)
-			return nil, "", LinkCost{}, err
-		}
-		net, netWhy = u, why
-	}
-	if net == nil {
-		bind, err := env.BindHost()
-		if err != nil {
-			closeIf(sh)
-			return nil, "", LinkCost{}, err
-		}
-		cfg := tcp.Config{Rank: env.Rank, Size: env.Size, Exchange: rv.AllGather, Bind: bind, Token: []byte(env.Token), Logger: log}
-		if err := cfg.ConfigFromEnv(os.Getenv); err != nil {
-			closeIf(sh)
-			return nil, "", LinkCost{}, err
-		}
-		cfg.Poll = poll
-		t, err := tcp.New(ctx, cfg)
-		if err != nil {
-			closeIf(sh)
-			return nil, "", LinkCost{}, err
-		}
-		net = t
-		netWhy = "tcp: " + netWhy
-	}
-	if sh == nil {
-		return net, netWhy, CostNet, nil
-	}
-	by := make([]transport.Transport, env.Size)
-	for q := range by {
-		if local[q] {
-			by[q] = sh
-		} else {
-			by[q] = net
-		}
-	}
-	m, err := transport.NewMux("shm+"+net.Name(), by)
-	if err != nil {
-		sh.Close()
-		net.Close()
-		return nil, "", LinkCost{}, err
-	}
-	return m, "shm for the ranks on this host; for the others " + netWhy, CostNet, nil
-}
-
-func closeIf(t *shm.Transport) {
-	if t != nil {
-		t.Close()
-	}
-}
-
-// openOptional opens UCX (in builds with -tags ucx; see ucx.go) for the ranks in peers
-// (nil: all). With force it must succeed; otherwise it returns a nil transport and the
-// reason tcp is used instead when UCX is missing or offers no RDMA to some rank. Every
-// rank calls it with the same force, so the exchanges inside stay collective.
-var openOptional = func(ctx context.Context, env transport.Env, rv *transport.Rendezvous, peers []bool, force bool, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, error) {
-	if force {
-		return nil, "", &ArgError{Arg: "MOEX_TRANSPORT", Reason: "ucx: this binary was not built with -tags ucx"}
-	}
-	return nil, "UCX not built (build with -tags ucx for RDMA)", nil
 }
 
 // Split partitions the communicator: ranks that pass the same color form a new

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -743,6 +744,9 @@ func helperStuck(ctx context.Context, c *Comm) error {
 		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 		select {} // stuck, even if something continues it
 	}
+	// The launcher stops the others (SIGTERM, then SIGKILL after its grace) as soon as the
+	// first survivor exits: a survivor takes that grace to say whom it blames.
+	signal.Ignore(syscall.SIGTERM)
 	start := time.Now()
 	err := AllReduce(ctx, c, nil, x, dtype.Sum)
 	var te *TimeoutError

@@ -148,6 +148,11 @@ func Run(ctx context.Context, cfg Config) error {
 			"MOEX_JOB_TOKEN="+token,
 			"MOEX_LAUNCH_REPORT="+reports,
 		)
+		if os.Getenv("MOEX_CPU_BIND") == "" {
+			// Binding ranks to cores is the launcher's policy: a core each when the host
+			// has enough (coll leaves placement alone unless told).
+			cmd.Env = append(cmd.Env, "MOEX_CPU_BIND=auto")
+		}
 		cmd.Env = append(cmd.Env, cfg.Env...)
 		if cfg.RankEnv != nil {
 			cmd.Env = append(cmd.Env, cfg.RankEnv(r)...)

@@ -20,17 +20,19 @@ var level = map[string]int{
 	"transport": 1, "transport/internal/core": 2,
 	"transport/inproc": 3, "transport/topo": 3, "transport/ucx": 3, "transport/transporttest": 3,
 	"transport/shm": 4, "transport/tcp": 4,
-	"coll":     5,
-	"dispatch": 6, "combine": 7, "models": 8,
-	"bench": 9, "internal/envvars": 9, "bench/peers/twocopy": 9,
-	"bench/perfdoc": 10, "cmd/moex": 10,
+	"transport/bootstrap": 5,
+	"coll":                6,
+	"dispatch":            7, "combine": 8, "models": 9,
+	"bench": 10, "internal/envvars": 10, "bench/peers/twocopy": 10,
+	"bench/perfdoc": 11, "cmd/moex": 11,
 }
 
 // debt lists the imports that break DESIGN.md's rule that coll imports the transport
-// contract and no concrete transport (issue 17: bootstrap outside coll). The test fails
-// when one of them goes, so that the list only shrinks.
+// contract (and the bootstrap, which opens the transports) and no concrete transport:
+// shm, for its shared-area collectives, until they are a capability interface (issue
+// 17). The test fails when one goes, so that the list only shrinks.
 var debt = map[string][]string{
-	"coll": {"transport/inproc", "transport/shm", "transport/tcp", "transport/topo"},
+	"coll": {"transport/shm"},
 }
 
 // TestForbiddenImports: every package's moex imports are of lower levels, and coll
@@ -56,7 +58,7 @@ func TestForbiddenImports(t *testing.T) {
 			dl, ok := level[dep]
 			assert.True(t, ok, "%s imports %s, which has no level", pkg, dep)
 			assert.Less(t, dl, lv, "%s (level %d) imports %s (level %d): a lower package imports a higher one", pkg, lv, dep, dl)
-			if pkg == "coll" && strings.HasPrefix(dep, "transport/") {
+			if pkg == "coll" && strings.HasPrefix(dep, "transport/") && dep != "transport/bootstrap" {
 				concrete = append(concrete, dep)
 			}
 		}

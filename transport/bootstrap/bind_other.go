@@ -1,6 +1,6 @@
 //go:build !linux
 
-package coll
+package bootstrap
 
 import "errors"
 

@@ -1,6 +1,6 @@
 //go:build !ucx
 
-package coll
+package bootstrap
 
 import (
 	"context"
