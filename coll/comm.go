@@ -428,13 +428,13 @@ func (c *Comm) watch(q int, req transport.Request) {
 			return
 		}
 		b := c.ctlBufs[q][:n]
-		if len(b) < 5 {
+		if len(b) < noticeHeader {
 			c.abortLocal(&PeerError{Rank: c.ranks[q], Op: "control", Err: fmt.Errorf("%w: short abort notice", transport.ErrProtocol)})
 			return
 		}
 		kind, peer := b[0], int(int32(binary.LittleEndian.Uint32(b[1:])))
 		if kind == kindProbe || kind == kindProbeReply {
-			c.onProbe(q, kind, b[5:])
+			c.onProbe(q, kind, b[noticeHeader:])
 			if req, err = c.tr.Irecv(c.ranks[q], c.ctlTag(), c.ctlBufs[q]); err != nil {
 				if c.actx.Err() == nil {
 					c.abortLocal(err)
@@ -452,7 +452,13 @@ func (c *Comm) watch(q int, req transport.Request) {
 				return
 			}
 		}
-		c.abortWith(&AbortError{Rank: q, Err: decodeNotice(kind, peer, string(b[5:]))}, false)
+		origin := int(int32(binary.LittleEndian.Uint32(b[5:])))
+		if origin < 0 || origin >= c.size {
+			origin = q
+		}
+		// Forwarded as it came: a rank that cannot hear from the one that aborted (a cut
+		// link) hears from the others.
+		c.abortWith(&AbortError{Rank: origin, Err: decodeNotice(kind, peer, string(b[noticeHeader:]))}, append([]byte(nil), b...))
 		return
 	}
 }
@@ -482,10 +488,10 @@ func (c *Comm) onProbe(q int, kind uint8, body []byte) {
 		return
 	}
 	w := c.waitingFor()
-	msg := make([]byte, 6, 6+4*len(w))
+	msg := make([]byte, noticeHeader+1, noticeHeader+1+4*len(w))
 	msg[0] = kindProbeReply
 	if c.inflight.Load() > 0 {
-		msg[5] = 1
+		msg[noticeHeader] = 1
 	}
 	for _, x := range w {
 		msg = binary.LittleEndian.AppendUint32(msg, uint32(x))
@@ -558,7 +564,7 @@ func (c *Comm) findStuck(waiting []int) []int {
 			return
 		}
 		asked[w] = true
-		msg := make([]byte, 5)
+		msg := make([]byte, noticeHeader)
 		msg[0] = kindProbe
 		c.sendCtl(q, msg)
 	}
@@ -603,9 +609,16 @@ wait:
 
 // abortLocal aborts the communicator because of err, seen by this rank, and tells every
 // other rank.
-func (c *Comm) abortLocal(err error) { c.abortWith(&AbortError{Rank: c.rank, Err: err}, true) }
+func (c *Comm) abortLocal(err error) { c.abortWith(&AbortError{Rank: c.rank, Err: err}, nil) }
 
-func (c *Comm) abortWith(ae *AbortError, notify bool) {
+// noticeHeader is the length of a control message's header: its kind, the peer it names
+// (-1: none) and the rank that aborted (probes: unused), then the text.
+const noticeHeader = 9
+
+// abortWith aborts the communicator with ae and tells every other rank: with a notice of
+// its own (fwd nil), or by forwarding the notice it learnt ae from, so that every rank
+// hears of an abort even where a link to the rank that aborted is down.
+func (c *Comm) abortWith(ae *AbortError, fwd []byte) {
 	c.abortOnce.Do(func() {
 		if !c.closed.Load() {
 			c.reportBlame(ae) // before anything wakes: a rank may exit on the error at once
@@ -629,26 +642,27 @@ func (c *Comm) abortWith(ae *AbortError, notify bool) {
 			return
 		}
 		c.log.Warn("moex: communicator aborted", "comm", c.id, "rank", c.rank, "by", ae.Rank, "err", ae.Err)
-		if !notify {
-			return
+		msg := fwd
+		if msg == nil {
+			peer := -1
+			var pe *PeerError
+			var te *TimeoutError
+			switch {
+			case errors.As(ae.Err, &pe):
+				peer = pe.Rank
+			case errors.As(ae.Err, &te):
+				peer = te.blame()
+			}
+			reason := ae.Err.Error()
+			if len(reason) > 900 {
+				reason = reason[:900]
+			}
+			msg = make([]byte, noticeHeader+len(reason))
+			msg[0] = kindOf(ae.Err)
+			binary.LittleEndian.PutUint32(msg[1:], uint32(int32(peer)))
+			binary.LittleEndian.PutUint32(msg[5:], uint32(int32(ae.Rank)))
+			copy(msg[noticeHeader:], reason)
 		}
-		peer := -1
-		var pe *PeerError
-		var te *TimeoutError
-		switch {
-		case errors.As(ae.Err, &pe):
-			peer = pe.Rank
-		case errors.As(ae.Err, &te):
-			peer = te.blame()
-		}
-		reason := ae.Err.Error()
-		if len(reason) > 900 {
-			reason = reason[:900]
-		}
-		msg := make([]byte, 5+len(reason))
-		msg[0] = kindOf(ae.Err)
-		binary.LittleEndian.PutUint32(msg[1:], uint32(int32(peer)))
-		copy(msg[5:], reason)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		var reqs []transport.Request
