@@ -6,7 +6,7 @@ package coll
 // transfer is posted even when empty, so that every pair of ranks that talks in an op
 // checks the op's signature; tags are step numbers.
 
-import "github.com/moex-ai/moex/transport/shm"
+import "github.com/moex-ai/moex/transport"
 
 // ---- AllReduce ----
 
@@ -343,10 +343,10 @@ func planReduceScatter(algo Algo, sh shape, t topology) *plan {
 }
 
 // planAllGatherShared: every rank publishes its block (in place in recv) in its shared
-// area, or for the others to read across, and takes everyone else's (shm.Direct).
+// area, or for the others to read across, and takes everyone else's (transport.SharedAreas).
 func planAllGatherShared(sh shape) *plan {
 	p := sh.p
-	v := &shm.VLayout{RecvOff: make([]int, p), RecvLen: make([]int, p), SrcOff: make([]int, p), SrcLen: make([]int, p)}
+	v := &transport.VLayout{RecvOff: make([]int, p), RecvLen: make([]int, p), SrcOff: make([]int, p), SrcLen: make([]int, p)}
 	for q := 0; q < p; q++ {
 		r := sh.blk(bRecv, q)
 		v.RecvOff[q], v.RecvLen[q], v.SrcLen[q] = r.off, r.n, r.n

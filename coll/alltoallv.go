@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/transport/shm"
+	"github.com/moex-ai/moex/transport"
 )
 
 // AlltoAllv sends sendCounts[j] elements, starting at sendDispls[j] of send, to rank j,
@@ -221,7 +221,7 @@ func planAlltoAllvShared(pl *plan, r int, counts [][]int, unit int, l vlayout) {
 	p := len(counts)
 	pl.steps = pl.steps[:0] // no steps: execShared runs it
 	if pl.shared == nil {
-		pl.shared = &shm.VLayout{}
+		pl.shared = &transport.VLayout{}
 	}
 	v := pl.shared
 	v.RecvOff, v.RecvLen = l.recvOff, l.recvLen

@@ -54,7 +54,6 @@ import (
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/bootstrap"
-	"github.com/moex-ai/moex/transport/shm"
 )
 
 // Config tunes communicators. The zero value takes everything from defaults.
@@ -172,10 +171,10 @@ type Comm struct {
 	owned        *owner // the transport and rendezvous (Init, Local, and what Shrink made of them)
 	splitFrom    *Comm  // the communicator Split made this one from
 	kidsMu       sync.Mutex
-	kids         map[*Comm]struct{} // communicators split from this one, not closed yet
-	parent       []int              // rank in the communicator this one was made from (Split, Shrink)
-	closeBarrier bool               // Close waits for every rank first (communicators from Init)
-	direct       *shm.Direct        // the shared-memory areas (Shared), when every rank is on this host over shm
+	kids         map[*Comm]struct{}    // communicators split from this one, not closed yet
+	parent       []int                 // rank in the communicator this one was made from (Split, Shrink)
+	closeBarrier bool                  // Close waits for every rank first (communicators from Init)
+	direct       transport.SharedAreas // the shared-memory areas (Shared), when every rank is on this host over shm
 }
 
 // Stats counts a communicator's work.
@@ -1030,8 +1029,8 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 	}
 	c := newComm(tr, 1, ranks, hosts, env.Rank, cfg, link)
 	c.why = why
-	if sh, ok := tr.(*shm.Transport); ok {
-		c.direct = sh.Direct()
+	if sp, ok := tr.(transport.SharedAreasProvider); ok {
+		c.direct = sp.SharedAreas() // the shared-area collectives (shm, every rank on this host)
 	}
 	if c.topo.hosts > 1 && cfg.HostLink == nil && env.Transport != "tcp" {
 		c.intra = CostShm // the ranks of a host talk through shared memory

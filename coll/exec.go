@@ -158,14 +158,14 @@ func (c *Comm) awaitNotice(err error) {
 }
 
 // planReduceShared plans an AllReduce or a ReduceScatter through the shared areas: no
-// steps, only the reduction that execShared hands shm.Direct.
+// steps, only the reduction that execShared hands the shared areas.
 func planReduceShared(op OpKind, k planKey) *plan {
 	dt, redop := k.dt, k.redop
 	return &plan{op: op, algo: Shared, reduce: func(dst, src []byte) { dtype.Reduce(dt, redop, dst, src) }}
 }
 
 // execShared runs an AlltoAll, an AllGather, a planned AlltoAllv, an AllReduce or a
-// ReduceScatter through the shared areas (shm.Direct).
+// ReduceScatter through the shared areas (transport.SharedAreas).
 func (c *Comm) execShared(pl *plan, cl *call) error {
 	var err error
 	switch {

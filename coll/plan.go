@@ -5,7 +5,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/moex-ai/moex/transport/shm"
+	"github.com/moex-ai/moex/transport"
 )
 
 // A plan is the schedule of one collective on one rank: steps, each a set of transfers
@@ -66,8 +66,8 @@ type plan struct {
 	sig   uint32 // checked on every message: ranks that disagree get ErrMismatch
 	bytes int    // bytes this rank sends, for statistics
 	// Shared AlltoAllv and AllGather: where the blocks are in every rank's send buffer
-	// and in recv (shm.Direct.AllToAllv); nil for the other plans.
-	shared *shm.VLayout
+	// and in recv (SharedAreas.AllToAllv); nil for the other plans.
+	shared *transport.VLayout
 	// Shared AllReduce and ReduceScatter: how to combine two buffers (the operation's
 	// type and reduction), nil for the other plans.
 	reduce func(dst, src []byte)

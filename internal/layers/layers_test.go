@@ -28,15 +28,14 @@ var level = map[string]int{
 }
 
 // debt lists the imports that break DESIGN.md's rule that coll imports the transport
-// contract (and the bootstrap, which opens the transports) and no concrete transport:
-// shm, for its shared-area collectives, until they are a capability interface (issue
-// 17). The test fails when one goes, so that the list only shrinks.
+// contract (and the bootstrap, which opens the transports) and no concrete transport.
+// None is left; the test fails when one comes back.
 var debt = map[string][]string{
-	"coll": {"transport/shm"},
+	"coll": nil,
 }
 
 // TestForbiddenImports: every package's moex imports are of lower levels, and coll
-// imports no concrete transport beyond the recorded debt.
+// imports no concrete transport: the contract and the bootstrap only.
 func TestForbiddenImports(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, module+"...").Output()
 	require.NoError(t, err)
@@ -64,7 +63,7 @@ func TestForbiddenImports(t *testing.T) {
 		}
 		if pkg == "coll" {
 			sort.Strings(concrete)
-			assert.Equal(t, debt["coll"], concrete, "coll's concrete transport imports changed: update the debt list (it may only shrink)")
+			assert.Equal(t, debt["coll"], concrete, "coll imports a concrete transport")
 		}
 	}
 	assert.Greater(t, seen, 20, "go list found too few packages")

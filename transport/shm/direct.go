@@ -144,6 +144,14 @@ type Direct struct {
 	waitFlag atomic.Int64
 }
 
+// SharedAreas is Direct as the transport.SharedAreas capability (nil where there is none).
+func (t *Transport) SharedAreas() transport.SharedAreas {
+	if d := t.Direct(); d != nil {
+		return d
+	}
+	return nil
+}
+
 // Direct returns the transport's shared-area collectives, or nil when some rank is not
 // on this host or the areas are disabled (Config.AreaBytes < 0). Only one communicator
 // may use them: the first call claims them, later calls get nil.
@@ -228,15 +236,8 @@ func (d *Direct) AllToAll(ctx context.Context, turn uint64, send, recv []byte, s
 	return d.exchange(ctx, turn, send, recv, sig, nil)
 }
 
-// VLayout is the layout of an AlltoAllv that every rank knows in full (the MoE dispatch
-// and combine plan from the whole count matrix), in bytes. Rank q's block for this rank
-// is RecvLen[q] bytes at SrcOff[q] of q's send buffer, which is SrcLen[q] bytes long,
-// and lands at RecvOff[q] of recv. This rank's own block is SrcOff[r] of send. SrcLen
-// decides how each rank publishes its send buffer (through its area when it fits), so
-// every rank must agree on it: the operation's signature should cover the counts.
-type VLayout struct {
-	RecvOff, RecvLen, SrcOff, SrcLen []int
-}
+// VLayout is the layout of an AlltoAllv through the areas (transport.VLayout).
+type VLayout = transport.VLayout
 
 // AllToAllv is AllToAll with blocks of any size (lay). send must be at least
 // lay.SrcLen[r] bytes (r: this rank); only those are published. send may be this rank's
