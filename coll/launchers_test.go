@@ -63,6 +63,7 @@ func TestUnderTorchrun(t *testing.T) {
 	for _, n := range []int{2, 4} {
 		for _, form := range []string{"standalone", "static"} {
 			t.Run(fmt.Sprintf("%s/%d", form, n), func(t *testing.T) {
+				t.Parallel() // most of a job is Python importing torch: two at once on two CPUs
 				args := []string{"--nnodes", "1", "--nproc_per_node", fmt.Sprint(n)}
 				if form == "standalone" {
 					args = []string{"--standalone", "--nproc_per_node", fmt.Sprint(n)}
