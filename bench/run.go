@@ -23,7 +23,7 @@ type RunInfo struct {
 
 // NewRunInfo describes this run of command over c.
 func NewRunInfo(c *coll.Comm, command string) *RunInfo {
-	ri := &RunInfo{Command: command, CPU: cpuModel(), Cores: runtime.NumCPU(), GoVersion: runtime.Version(),
+	ri := &RunInfo{Command: command, CPU: CPUModel(), Cores: runtime.NumCPU(), GoVersion: runtime.Version(),
 		Transport: c.Transport().Name(), Poll: os.Getenv("MOEX_POLL"), Commit: "unknown"}
 	if ri.Poll == "" {
 		ri.Poll = "adaptive"
@@ -54,8 +54,9 @@ func NewRunInfo(c *coll.Comm, command string) *RunInfo {
 	return ri
 }
 
-// cpuModel is the CPU's model name from /proc/cpuinfo.
-func cpuModel() string {
+// CPUModel is the CPU's model name from /proc/cpuinfo (the architecture where there is
+// none).
+func CPUModel() string {
 	b, err := os.ReadFile("/proc/cpuinfo")
 	if err != nil {
 		return runtime.GOARCH

@@ -33,6 +33,9 @@ func faultyLocal(t *testing.T, n int, cfg Config, rule func(rank int, m transpor
 // data is a message of an operation (not the control channel's).
 func data(m transporttest.Msg) bool { return m.Tag.Seq != ctlSeq && m.Tag.Seq != p2pSeq }
 
+// errWrongSum is allReduceOK's error for a sum that differs from the reference.
+var errWrongSum = errors.New("wrong sum")
+
 // allReduceOK runs an AllReduce of 1000 elements on every rank and checks the sums.
 func allReduceOK(cs []*Comm) []error {
 	return runOn(cs, func(c *Comm) error {
@@ -46,7 +49,7 @@ func allReduceOK(cs []*Comm) []error {
 		p := c.Size()
 		for i, v := range x {
 			if want := float32(p*(p-1)/2 + p*(i%3)); v != want {
-				return errors.New("wrong sum")
+				return errWrongSum
 			}
 		}
 		return nil
@@ -139,5 +142,5 @@ func TestFaultFlipReachesTheData(t *testing.T) {
 		})
 	fs[0].FlipBit = 30 // a high exponent bit of the first float
 	errs := allReduceOK(cs)
-	require.Error(t, errors.Join(errs...), "a flipped bit went unnoticed by the sums")
+	require.ErrorIs(t, errors.Join(errs...), errWrongSum, "a flipped bit went unnoticed by the sums")
 }

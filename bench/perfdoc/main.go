@@ -89,15 +89,7 @@ func run(out string, quick bool) error {
 }
 
 func machine(w io.Writer) {
-	cpu := "unknown"
-	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.HasPrefix(l, "model name") {
-				cpu = strings.TrimSpace(strings.SplitN(l, ":", 2)[1])
-				break
-			}
-		}
-	}
+	cpu := bench.CPUModel()
 	mem := ""
 	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
 		mem = strings.Fields(strings.SplitN(string(b), "\n", 2)[0])[1] + " kB"

@@ -19,7 +19,7 @@ const progressDelay = 2 * time.Second
 type progress struct {
 	mu          sync.Mutex
 	desc        string
-	done_, all  int
+	n, all      int
 	bar         *progressbar.ProgressBar
 	stop, ended chan struct{}
 }
@@ -55,7 +55,7 @@ func (p *progress) run() {
 				progressbar.OptionSetWidth(30), progressbar.OptionThrottle(100*time.Millisecond))
 		}
 		if p.all > 0 {
-			_ = p.bar.Set(p.done_)
+			_ = p.bar.Set(p.n)
 		} else {
 			_ = p.bar.Add(1) // a spinner
 		}
@@ -78,7 +78,7 @@ func (p *progress) set(done, all int) {
 		return
 	}
 	p.mu.Lock()
-	p.done_, p.all = done, all
+	p.n, p.all = done, all
 	p.mu.Unlock()
 }
 

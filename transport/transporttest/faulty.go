@@ -55,17 +55,18 @@ type Faulty struct {
 	DelayBy time.Duration   // Delay's delay (default 10ms)
 	FlipBit int             // Flip's bit, counted from the message's first byte (modulo its length)
 
-	mu   sync.Mutex
-	sent map[int]int  // per peer: messages sent so far
-	cut  map[int]bool // peers whose link is down
-	wg   sync.WaitGroup
-	stop chan struct{}
-	once sync.Once
+	mu     sync.Mutex
+	sent   map[int]int  // per peer: messages sent so far
+	cut    map[int]bool // peers whose link is down
+	wg     sync.WaitGroup
+	ctx    context.Context // ends at Close: the delayed and duplicated sends give up
+	cancel context.CancelFunc
 }
 
 // NewFaulty wraps tr.
 func NewFaulty(tr transport.Transport, rule func(Msg) Fault) *Faulty {
-	return &Faulty{Transport: tr, Rule: rule, sent: map[int]int{}, cut: map[int]bool{}, stop: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Faulty{Transport: tr, Rule: rule, sent: map[int]int{}, cut: map[int]bool{}, ctx: ctx, cancel: cancel}
 }
 
 // Cut takes the link to peer down: sends to it and receives from it fail at once with a
@@ -162,25 +163,16 @@ func (f *Faulty) Irecv(peer int, tag transport.Tag, buf []byte) (transport.Reque
 
 // background runs fn in a goroutine that Close waits for; fn's ctx ends at Close.
 func (f *Faulty) background(fn func(ctx context.Context)) {
-	ctx, cancel := context.WithCancel(context.Background())
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
-		defer cancel()
-		go func() {
-			select {
-			case <-f.stop:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-		fn(ctx)
+		fn(f.ctx)
 	}()
 }
 
 // Close ends the delayed and duplicated sends still pending, then closes the transport.
 func (f *Faulty) Close() error {
-	f.once.Do(func() { close(f.stop) })
+	f.cancel()
 	f.wg.Wait()
 	return f.Transport.Close()
 }
