@@ -34,7 +34,7 @@ type CoalesceOpts struct {
 	// MinChunk and MaxChunk bound the chunk sizes of the chunked way, which doubles from
 	// one to the other (default 4 KiB to 4 MiB).
 	MinChunk, MaxChunk int
-	Iters, Warmup      int // per way (default 20 and 3)
+	Iters, Warmup      int // per way (default 20 and 3; a negative Warmup: none)
 	Seed               uint64
 	// Progress, when set, is called on rank 0 after each way with the ways done and the
 	// ways in all.
@@ -333,8 +333,11 @@ func Coalesce(ctx context.Context, c *coll.Comm, o CoalesceOpts, procRank bool) 
 	if o.Iters == 0 {
 		o.Iters = 20
 	}
-	if o.Warmup == 0 {
+	switch {
+	case o.Warmup == 0:
 		o.Warmup = 3
+	case o.Warmup < 0:
+		o.Warmup = 0
 	}
 	if o.Seed == 0 {
 		o.Seed = 1

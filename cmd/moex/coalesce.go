@@ -81,22 +81,23 @@ tokens/s, and recommends a chunk size for this machine and transport.
 		return &usageError{fmt.Sprintf("--iters %d: want 1 to 100000", o.Iters)}
 	case o.Warmup < 0 || o.Warmup > 10_000:
 		return &usageError{fmt.Sprintf("--warmup %d: want 0 to 10000", o.Warmup)}
-	case o.MinChunk != 0 && (o.MinChunk < 256 || o.MinChunk > 1<<30) || o.MaxChunk != 0 && (o.MaxChunk < 256 || o.MaxChunk > 1<<30):
+	case (explicit["min-chunk"] || o.MinChunk != 0) && (o.MinChunk < 256 || o.MinChunk > 1<<30),
+		(explicit["max-chunk"] || o.MaxChunk != 0) && (o.MaxChunk < 256 || o.MaxChunk > 1<<30):
 		return &usageError{"--min-chunk, --max-chunk: want 256 bytes to 1 GiB"}
 	case o.MinChunk != 0 && o.MaxChunk != 0 && o.MaxChunk < o.MinChunk:
 		return &usageError{"--max-chunk is smaller than --min-chunk"}
 	}
 	experts := o.Experts
-	if o.Hidden == 0 {
-		experts = cfg.Experts
+	if o.Hidden == 0 { // the model's layer: --topk and --experts (their defaults) unused
+		experts, o.TopK, o.Experts = cfg.Experts, 0, 0
+	} else {
+		o.Model = ""
 	}
 	if experts%rf.ranks != 0 {
 		return &usageError{fmt.Sprintf("--ranks %d: %d experts must divide evenly among the ranks", rf.ranks, experts)}
 	}
-	if o.Hidden == 0 {
-		o.Hidden, o.TopK, o.Experts = 0, 0, 0
-	} else {
-		o.Model = ""
+	if o.Warmup == 0 {
+		o.Warmup = -1 // none: CoalesceOpts' zero means its default
 	}
 	cs, launched, err := comms(ctx, rf, append([]string{"bench", "coalesce"}, args...))
 	if launched || err != nil {

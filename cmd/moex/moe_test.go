@@ -103,6 +103,7 @@ func TestCLIHygiene(t *testing.T) {
 		{"bench", "coalesce", "--min-chunk", "1M", "--max-chunk", "4K"},
 		{"bench", "coalesce", "--wire-dtype", "int4"},
 		{"bench", "coalesce", "--iters", "0"},
+		{"bench", "coalesce", "--min-chunk", "0"},
 		{"bench", "coalesce", "stray"},
 		{"bench", "nope"},
 		{"doctor", "stray"},
