@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -15,7 +14,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moex-ai/moex/internal/wire"
-	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/internal/core"
 )
@@ -25,11 +23,25 @@ const hdrSize = wire.HeaderSize
 // Frames: TypeEager (payload inline), TypeRTS (payload: the sender's buffer address, u64),
 // TypeCTS (ID: the sender's request; Aux 0: the receiver copied the message (FIN); Aux
 // non-zero: stream it through the ring to receive request Aux), TypeData (ID: receive
-// request, Aux: offset), TypeAbort (per-message notices, core.Notice*; a sender that
-// cancels an announcement waits for core.NoticeCancelAck) and TypeBye.
+// request, Aux: offset), TypeAbort (per-message notices, core.Notice*) and TypeBye.
+//
+// The protocol (matching, rendezvous, notices, cancellation, a dead peer's completion) is
+// core.Engine's. This file holds shm's edges: a peer is the core.Link over its rings and
+// cross-memory copies, and frame turns the frames it consumes into the Engine's events.
 
-// errWithdrawn completes a send whose announcement the receiver gave back.
-var errWithdrawn = errors.New("shm: send withdrawn")
+// sendX is shm's state in a send: the announcement's payload (the buffer's address) and,
+// when the message goes through the ring, its progress.
+type sendX struct {
+	addr   [8]byte
+	stream stream
+}
+
+type recvX struct{}
+
+type (
+	sendReq = core.Send[sendX, recvX]
+	recvReq = core.Recv[sendX, recvX]
+)
 
 type peer struct {
 	t     *Transport
@@ -44,34 +56,27 @@ type peer struct {
 
 	outMu   sync.Mutex
 	pending []outFrame // frames waiting for ring space, in order
-	done    []*sendReq // scratch of flushOut
+	done    []*sendReq // scratch of flushOut: eager sends published
+	pushed  []*sendReq // and sends streamed whole
 	streams []*stream  // large messages going through the ring (no CMA)
 
-	mu     sync.Mutex
-	posted core.Queue[*recvReq]
-	unexp  core.Queue[*unexpected]
-	dead   error
+	c   *core.Peer[sendX, recvX]
+	src payload // the payload of the frame being handled (progress loop only)
 }
+
+var _ core.Link[sendX, recvX] = (*peer)(nil)
 
 type outFrame struct {
 	h       wire.Header
 	payload []byte
-	send    *sendReq // completes when published (eager)
+	send    *sendReq // the send the frame belongs to (eager or announcement)
+	eager   bool     // send completes when the frame is published
 }
 
 type stream struct {
 	send   *sendReq
 	recvID uint64
 	off    int
-}
-
-type unexpected struct {
-	tag      transport.Tag
-	eager    *obuf.Buf
-	rts      bool
-	senderID uint64
-	length   int
-	addr     uint64
 }
 
 // ---- producing ----
@@ -146,12 +151,13 @@ func (p *peer) flushOut() bool {
 	p.outMu.Lock()
 	n := 0
 	done := p.done[:0] // flushOut runs in the progress loop only: the scratch is its own
+	pushed := p.pushed[:0]
 	for n < len(p.pending) {
 		f := &p.pending[n]
 		if !p.publishLocked(&f.h, f.payload) {
 			break
 		}
-		if f.send != nil {
+		if f.eager {
 			done = append(done, f.send)
 		}
 		n++
@@ -166,7 +172,7 @@ func (p *peer) flushOut() bool {
 	moved := n > 0
 	for len(p.pending) == 0 && len(p.streams) > 0 {
 		st := p.streams[0]
-		buf := st.send.buf
+		buf := st.send.Buf
 		chunk := min(len(buf)-st.off, p.out.slotSize-hdrSize)
 		h := wire.Header{Type: wire.TypeData, Src: uint32(p.t.rank), ID: st.recvID, Aux: uint64(st.off)}
 		if !p.publishLocked(&h, buf[st.off:st.off+chunk]) {
@@ -178,8 +184,7 @@ func (p *peer) flushOut() bool {
 			copy(p.streams, p.streams[1:])
 			p.streams[len(p.streams)-1] = nil
 			p.streams = p.streams[:len(p.streams)-1]
-			p.t.sends.Delete(st.send.id)
-			done = append(done, st.send)
+			pushed = append(pushed, st.send)
 		}
 	}
 	p.outMu.Unlock()
@@ -188,8 +193,13 @@ func (p *peer) flushOut() bool {
 	}
 	for i, s := range done {
 		done[i] = nil
-		s.Complete(len(s.buf), nil)
+		s.Complete(len(s.Buf), nil)
 	}
+	for i, s := range pushed {
+		pushed[i] = nil
+		p.t.eng.Pushed(s)
+	}
+	p.pushed = pushed[:0]
 	p.done = done[:0]
 	return moved
 }
@@ -232,7 +242,7 @@ func (p *peer) drainIn() bool {
 	for tail < head {
 		off := int(tail%r.slots) * r.slotSize
 		k := uint64(1)
-		if !p.isDead() {
+		if p.c.Dead() == nil {
 			var err error
 			k, err = p.handle(d, off, head-tail)
 			if err != nil {
@@ -263,11 +273,14 @@ func (pl payload) copyTo(dst []byte) {
 	copy(dst[n:], pl.b)
 }
 
-func (p *peer) isDead() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.dead != nil
+// CopyTo implements core.Source.
+func (pl *payload) CopyTo(dst []byte) error {
+	pl.copyTo(dst)
+	return nil
 }
+
+// Discard implements core.Source: the ring slots are consumed whatever happens.
+func (pl *payload) Discard() error { return nil }
 
 // handle processes the frame at offset off of the ring's slot area d, with avail slots
 // published; it returns how many slots the frame occupies.
@@ -319,25 +332,14 @@ func (p *peer) handle(d []byte, off int, avail uint64) (uint64, error) {
 // frame acts on one decoded frame.
 func (p *peer) frame(h *wire.Header, pl payload) error {
 	t := p.t
+	e := &t.eng
 	tag := transport.Tag{Comm: h.Comm, Seq: h.Seq, Tag: h.Tag, Sig: h.Sig}
+	p.src = pl
 	switch h.Type {
 	case wire.TypeEager:
-		p.mu.Lock()
-		if r, ok := p.posted.Take(0, tag.Key()); ok {
-			p.mu.Unlock()
-			n, err := matchCheck(p.rank, r, tag, pl.len())
-			if err == nil {
-				pl.copyTo(r.buf)
-			}
-			t.handoff(r.Complete(n, err))
-			return nil
-		}
-		u := t.getUnexpected()
-		u.tag, u.eager = tag, t.pool.Get(pl.len())
-		pl.copyTo(u.eager.Bytes())
-		p.unexp.Push(0, tag.Key(), u)
-		p.mu.Unlock()
-		return nil
+		woke, err := e.Eager(p.c, tag, pl.len(), &p.src)
+		t.handoff(woke)
+		return err
 
 	case wire.TypeRTS:
 		if len(pl.a) != 8 {
@@ -346,62 +348,23 @@ func (p *peer) frame(h *wire.Header, pl payload) error {
 		if h.Aux > wire.MaxLength {
 			return fmt.Errorf("%w: RTS announces %d bytes", transport.ErrProtocol, h.Aux)
 		}
-		addr := binary.LittleEndian.Uint64(pl.a)
-		p.mu.Lock()
-		r, ok := p.posted.Take(0, tag.Key())
-		if !ok {
-			u := t.getUnexpected()
-			u.tag, u.rts, u.senderID, u.length, u.addr = tag, true, h.ID, int(h.Aux), addr
-			p.unexp.Push(0, tag.Key(), u)
-			p.mu.Unlock()
-			return nil
-		}
-		p.mu.Unlock()
-		p.matchRTS(r, tag, h.ID, int(h.Aux), addr)
-		return nil
+		return e.Announced(p.c, tag, h.ID, int(h.Aux), binary.LittleEndian.Uint64(pl.a))
 
 	case wire.TypeCTS:
-		s := t.sends.Get(h.ID)
-		if s == nil || s.p != p {
-			return nil // withdrawn; the receiver got our notice
-		}
 		if h.Aux == 0 { // FIN: the receiver copied our buffer
-			t.sends.Delete(h.ID)
-			t.handoff(s.Complete(len(s.buf), nil))
+			t.handoff(e.Copied(p.c, h.ID))
 			return nil
 		}
-		p.mu.Lock()
-		if s.state != ssAnnounced {
-			p.mu.Unlock()
-			return nil
-		}
-		s.state = ssStreaming
-		p.mu.Unlock()
-		p.outMu.Lock()
-		s.stream = stream{send: s, recvID: h.Aux}
-		p.streams = append(p.streams, &s.stream)
-		p.outMu.Unlock()
+		e.ClearToSend(p.c, h.ID, h.Aux)
 		return nil
 
 	case wire.TypeData:
-		r := t.recvs.Get(h.ID)
-		if r == nil || r.p != p {
-			return fmt.Errorf("%w: data for unknown receive %#x", transport.ErrProtocol, h.ID)
-		}
-		off := int(h.Aux)
-		if h.Aux > uint64(r.total) || pl.len() > r.total-off {
-			return fmt.Errorf("%w: data [%d,+%d) outside a %d-byte message", transport.ErrProtocol, h.Aux, pl.len(), r.total)
-		}
-		pl.copyTo(r.buf[off:])
-		r.got += pl.len()
-		if r.got == r.total {
-			t.recvs.Delete(h.ID)
-			t.handoff(r.Complete(r.total, nil))
-		}
-		return nil
+		woke, err := e.Data(p.c, h.ID, h.Aux, pl.len(), &p.src)
+		t.handoff(woke)
+		return err
 
 	case wire.TypeAbort:
-		p.notice(h.ID, h.Aux, string(pl.a))
+		e.Notice(p.c, h.ID, h.Aux, string(pl.a))
 		return nil
 
 	case wire.TypeBye:
@@ -419,47 +382,92 @@ func (t *Transport) handoff(woke bool) {
 	}
 }
 
-func matchCheck(peerRank int, r *recvReq, tag transport.Tag, n int) (int, error) {
-	if err := core.CheckMatch(peerRank, r.tag, tag, n, len(r.buf)); err != nil {
-		return 0, err
-	}
-	return n, nil
+// ---- core.Link ----
+
+// Eager implements core.Link.
+func (p *peer) Eager(h wire.Header, s *sendReq) bool {
+	return p.send(outFrame{h: h, payload: s.Buf, send: s, eager: true})
 }
 
-// matchRTS pairs an announced message with receive r: copy it across (cma), ask for it
-// through the ring, or reject it.
-func (p *peer) matchRTS(r *recvReq, tag transport.Tag, senderID uint64, length int, addr uint64) {
-	t := p.t
-	if _, err := matchCheck(p.rank, r, tag, length); err != nil {
-		code := core.RejectNotice(err)
-		p.notify(senderID, code, err.Error())
-		r.Complete(0, err)
-		return
+// Announce implements core.Link: the payload is the buffer's address, for a receiver
+// that copies across.
+func (p *peer) Announce(h wire.Header, s *sendReq) {
+	binary.LittleEndian.PutUint64(s.X.addr[:], uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.Buf)))))
+	p.send(outFrame{h: h, payload: s.X.addr[:], send: s})
+}
+
+// Withdraw implements core.Link.
+func (p *peer) Withdraw(s *sendReq) bool {
+	p.outMu.Lock()
+	defer p.outMu.Unlock()
+	for i := range p.pending {
+		if p.pending[i].send == s {
+			p.pending = append(p.pending[:i], p.pending[i+1:]...)
+			return true
+		}
 	}
-	r.total, r.got, r.senderID = length, 0, senderID
+	return false
+}
+
+// Pull implements core.Link: copy the message across (cma), or ask for it through the
+// ring.
+func (p *peer) Pull(r *recvReq) {
+	t := p.t
 	if !p.cma {
-		r.id = t.recvs.Put(r)
-		p.send(outFrame{h: wire.Header{Type: wire.TypeCTS, Src: uint32(t.rank), ID: senderID, Aux: r.id}})
+		id := t.eng.Register(r)
+		p.send(outFrame{h: wire.Header{Type: wire.TypeCTS, Src: uint32(t.rank), ID: r.SenderID, Aux: id}})
 		return
 	}
 	// The copy itself runs in the progress loop (or right here when we are it).
-	r.addr = addr
 	t.jobMu.Lock()
 	t.jobs = append(t.jobs, r)
 	t.jobMu.Unlock()
 	t.own.ringDoorbell()
 }
 
+// Push implements core.Link: stream the message through the ring.
+func (p *peer) Push(s *sendReq, recvID uint64) {
+	p.outMu.Lock()
+	s.X.stream = stream{send: s, recvID: recvID}
+	p.streams = append(p.streams, &s.X.stream)
+	p.outMu.Unlock()
+	p.t.own.ringDoorbell()
+}
+
+// Notify implements core.Link.
+func (p *peer) Notify(id, code uint64, reason string) { p.notify(id, code, reason) }
+
+// Drop implements core.Link.
+func (p *peer) Drop(fn func(*sendReq)) {
+	p.outMu.Lock()
+	pend := p.pending
+	p.pending = nil
+	p.streams = nil // their sends are in the Engine's table
+	p.outMu.Unlock()
+	for _, f := range pend {
+		if f.eager {
+			fn(f.send)
+		}
+	}
+}
+
+// Fail implements core.Link: a cancelled transfer outlived its grace period. The
+// progress lock keeps the ring's consumer out while the peer's receives complete.
+func (p *peer) Fail(err error) {
+	p.t.drv.Mu.Lock()
+	p.fail(err)
+	p.t.drv.Mu.Unlock()
+}
+
 // copyAcross reads a matched message from the sender's memory and tells it.
-func (t *Transport) copyAcross(r *recvReq) {
-	p := r.p
-	if err := cmaRead(p.pid, r.buf[:r.total], r.addr, &t.liov, &t.riov); err != nil {
-		r.Complete(0, &transport.PeerError{Rank: p.rank, Op: "recv", Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, p.rank, err)})
+func (t *Transport) copyAcross(p *peer, r *recvReq) {
+	if err := cmaRead(p.pid, r.Buf[:r.Total], r.Cookie, &t.liov, &t.riov); err != nil {
+		t.eng.Pulled(r, &transport.PeerError{Rank: p.rank, Op: "recv", Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, p.rank, err)})
 		return
 	}
-	t.cmaBytes.Add(uint64(r.total))
-	p.send(outFrame{h: wire.Header{Type: wire.TypeCTS, Src: uint32(t.rank), ID: r.senderID, Aux: 0}})
-	t.handoff(r.Complete(r.total, nil))
+	t.cmaBytes.Add(uint64(r.Total))
+	p.send(outFrame{h: wire.Header{Type: wire.TypeCTS, Src: uint32(t.rank), ID: r.SenderID, Aux: 0}})
+	t.handoff(t.eng.Pulled(r, nil))
 }
 
 // cmaRead fills dst from address addr of process pid with process_vm_readv, using the
@@ -490,11 +498,11 @@ func (t *Transport) runJobs() bool {
 	t.jobMu.Unlock()
 	for i, r := range jobs {
 		jobs[i] = nil
-		if r.p.isDead() {
-			r.Complete(0, r.p.peerErr("recv"))
+		if r.P.Dead() != nil {
+			r.Complete(0, t.eng.PeerErr(r.P, "recv"))
 			continue
 		}
-		t.copyAcross(r)
+		t.copyAcross(t.peers[r.P.Rank], r)
 	}
 	t.jobMu.Lock()
 	t.spare = jobs[:0] // double buffering: no allocation per job in steady state
@@ -519,136 +527,17 @@ func (p *peer) notify(id, code uint64, reason string) {
 	p.send(outFrame{h: wire.Header{Type: wire.TypeAbort, Src: uint32(p.t.rank), ID: id, Aux: code}, payload: []byte(reason)})
 }
 
-// notice handles a per-message notice from the peer.
-func (p *peer) notice(id, code uint64, reason string) {
-	t := p.t
-	switch code {
-	case core.NoticeTruncated, core.NoticeMismatch:
-		s := t.sends.Get(id)
-		if s == nil || s.p != p {
-			return
-		}
-		p.mu.Lock()
-		if s.state != ssAnnounced {
-			p.mu.Unlock()
-			return
-		}
-		s.state = ssDone
-		t.sends.Delete(id)
-		p.mu.Unlock()
-		s.Complete(0, core.Rejected(p.rank, code, reason))
-	case core.NoticeCanceled:
-		// Still unmatched: forget it and give the buffer back. Otherwise a copy (or the
-		// stream) is under way and its completion answers the sender.
-		p.mu.Lock()
-		for _, e := range p.unexp.Entries(0) {
-			if u := e.V; u.rts && u.senderID == id {
-				p.unexp.Remove(0, u)
-				p.mu.Unlock()
-				t.putUnexpected(u)
-				p.notify(id, core.NoticeCancelAck, "")
-				return
-			}
-		}
-		p.mu.Unlock()
-	case core.NoticeCancelAck:
-		s := t.sends.Get(id)
-		if s == nil || s.p != p {
-			return
-		}
-		p.mu.Lock()
-		if s.state != ssAnnounced {
-			p.mu.Unlock()
-			return
-		}
-		s.state = ssDone
-		t.sends.Delete(id)
-		p.mu.Unlock()
-		s.Complete(0, errWithdrawn)
-	}
-}
-
 // ---- failure ----
 
-func (p *peer) peerErr(op string) error {
-	p.mu.Lock()
-	dead := p.dead
-	p.mu.Unlock()
-	if dead == transport.ErrClosed && p.t.closed.Load() {
-		return transport.ErrClosed
-	}
-	return &transport.PeerError{Rank: p.rank, Op: op, Err: dead}
-}
+func (p *peer) isDead() bool { return p.c.Dead() != nil }
+
+func (p *peer) peerErr(op string) error { return p.t.eng.PeerErr(p.c, op) }
 
 // fail marks the peer gone and completes every operation pending with it. Messages it
 // sent before going stay deliverable.
 func (p *peer) fail(err error) {
-	t := p.t
-	p.mu.Lock()
-	if p.dead != nil {
-		p.mu.Unlock()
-		return
-	}
-	p.dead = err
-	var drop []*recvReq
-	p.posted.Drain(0, func(r *recvReq) { drop = append(drop, r) })
-	var keep []*unexpected
-	p.unexp.Drain(0, func(u *unexpected) {
-		if !u.rts && !t.closed.Load() {
-			keep = append(keep, u)
-		} else {
-			t.putUnexpected(u)
-		}
-	})
-	for _, u := range keep {
-		p.unexp.Push(0, u.tag.Key(), u)
-	}
-	p.mu.Unlock()
-	switch {
-	case err == transport.ErrClosed:
-	case errors.Is(err, transport.ErrPeerLeft): // its Close: every rank logs this at a clean end
-		t.log.Debug("moex shm: peer left", "rank", t.rank, "peer", p.rank)
-	default:
-		t.log.Info("moex shm: peer failed", "rank", t.rank, "peer", p.rank, "err", err)
-	}
-	recvErr, sendErr := p.peerErr("recv"), p.peerErr("send")
-	for _, r := range drop {
-		r.Complete(0, recvErr)
-	}
-	p.outMu.Lock()
-	pend := p.pending
-	p.pending = nil
-	p.streams = nil
-	p.outMu.Unlock()
-	for _, f := range pend {
-		if f.send != nil {
-			f.send.Complete(0, sendErr)
-		}
-	}
-	var sids, rids []uint64
-	var sreqs []*sendReq
-	var rreqs []*recvReq
-	t.sends.Each(func(id uint64, s *sendReq) {
-		if s.p == p {
-			sids, sreqs = append(sids, id), append(sreqs, s)
-		}
-	})
-	t.recvs.Each(func(id uint64, r *recvReq) {
-		if r.p == p {
-			rids, rreqs = append(rids, id), append(rreqs, r)
-		}
-	})
-	for _, id := range sids {
-		t.sends.Delete(id)
-	}
-	for _, id := range rids {
-		t.recvs.Delete(id)
-	}
-	for _, s := range sreqs {
-		s.Complete(0, sendErr)
-	}
-	for _, r := range rreqs {
-		r.Complete(0, recvErr)
+	if p.t.eng.MarkDead(p.c, err) {
+		p.t.eng.Reap(p.c)
 	}
 }
 
@@ -837,71 +726,6 @@ func (t *Transport) work(has func(*peer) bool) bool {
 
 // ---- requests ----
 
-type sendState uint8
-
-const (
-	ssEager sendState = iota + 1
-	ssAnnounced
-	ssStreaming
-	ssDone
-)
-
-type sendReq struct {
-	core.Req
-	addr      [8]byte // the RTS payload: this buffer's address
-	t         *Transport
-	p         *peer
-	tag       transport.Tag
-	buf       []byte
-	id        uint64
-	state     sendState // guarded by p.mu
-	canceling bool      // guarded by p.mu
-	stream    stream    // when streamed through the ring
-}
-
-type recvReq struct {
-	core.Req
-	t        *Transport
-	p        *peer
-	tag      transport.Tag
-	buf      []byte
-	id       uint64
-	senderID uint64
-	total    int
-	got      int
-	addr     uint64
-}
-
-func (t *Transport) getSend() *sendReq {
-	s, ok := t.freeSends.Get()
-	if !ok {
-		s = &sendReq{t: t}
-		s.Init()
-	}
-	return s
-}
-
-func (t *Transport) putSend(s *sendReq) {
-	s.Reset()
-	s.p, s.buf, s.id, s.state, s.canceling = nil, nil, 0, 0, false
-	t.freeSends.Put(s)
-}
-
-func (t *Transport) getRecv() *recvReq {
-	r, ok := t.freeRecvs.Get()
-	if !ok {
-		r = &recvReq{t: t}
-		r.Init()
-	}
-	return r
-}
-
-func (t *Transport) putRecv(r *recvReq) {
-	r.Reset()
-	r.p, r.buf, r.id, r.senderID, r.total, r.got, r.addr = nil, nil, 0, 0, 0, 0, 0
-	t.freeRecvs.Put(r)
-}
-
 func (t *Transport) peerFor(peer int) (*peer, error) {
 	if err := transport.CheckPeer(peer, t.size); err != nil {
 		return nil, err
@@ -927,31 +751,7 @@ func (t *Transport) Isend(peer int, tag transport.Tag, buf []byte) (transport.Re
 	if p == nil {
 		return t.self.Isend(0, tag, buf)
 	}
-	s := t.getSend()
-	s.p, s.tag, s.buf = p, tag, buf
-	h := wire.Header{Comm: tag.Comm, Src: uint32(t.rank), Seq: tag.Seq, Tag: tag.Tag, Sig: tag.Sig}
-	p.mu.Lock()
-	if p.dead != nil {
-		p.mu.Unlock()
-		s.Complete(0, p.peerErr("send"))
-		return s, nil
-	}
-	if len(buf) <= t.eager {
-		s.state = ssEager
-		p.mu.Unlock()
-		h.Type = wire.TypeEager
-		if p.send(outFrame{h: h, payload: buf, send: s}) {
-			s.Complete(len(buf), nil)
-		}
-		return s, nil
-	}
-	s.state = ssAnnounced
-	s.id = t.sends.Put(s)
-	p.mu.Unlock()
-	h.Type, h.ID, h.Aux = wire.TypeRTS, s.id, uint64(len(buf))
-	binary.LittleEndian.PutUint64(s.addr[:], uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf)))))
-	p.send(outFrame{h: h, payload: s.addr[:]})
-	return s, nil
+	return t.eng.Isend(p.c, tag, buf), nil
 }
 
 // Irecv implements transport.Transport.
@@ -965,128 +765,7 @@ func (t *Transport) Irecv(peer int, tag transport.Tag, buf []byte) (transport.Re
 	if p == nil {
 		return t.self.Irecv(0, tag, buf)
 	}
-	r := t.getRecv()
-	r.p, r.tag, r.buf = p, tag, buf
-	p.mu.Lock()
-	if u, ok := p.unexp.Take(0, tag.Key()); ok {
-		p.mu.Unlock()
-		if u.rts {
-			tag, id, n, addr := u.tag, u.senderID, u.length, u.addr
-			t.putUnexpected(u)
-			p.matchRTS(r, tag, id, n, addr)
-			return r, nil
-		}
-		n, err := matchCheck(peer, r, u.tag, u.eager.Len())
-		if err == nil {
-			copy(r.buf, u.eager.Bytes())
-		}
-		t.putUnexpected(u)
-		r.Complete(n, err)
-		return r, nil
-	}
-	if p.dead != nil {
-		p.mu.Unlock()
-		r.Complete(0, p.peerErr("recv"))
-		return r, nil
-	}
-	p.posted.Push(0, tag.Key(), r)
-	p.mu.Unlock()
-	return r, nil
-}
-
-// Wait implements transport.Request.
-func (s *sendReq) Wait(ctx context.Context) (int, error) {
-	t := s.t
-	if err := t.drv.Await(ctx, &s.Req); err != nil {
-		if s.cancel() {
-			t.putSend(s)
-			return 0, transport.CtxError(err)
-		}
-		s.awaitGrace()
-		if _, e := s.Result(); e == errWithdrawn {
-			t.putSend(s)
-			return 0, transport.CtxError(err)
-		}
-	}
-	n, err := s.Result()
-	t.putSend(s)
-	return n, err
-}
-
-// cancel withdraws a send that no receiver has matched.
-func (s *sendReq) cancel() bool {
-	p := s.p
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if s.Test() {
-		return false
-	}
-	switch s.state {
-	case ssEager:
-		p.outMu.Lock()
-		defer p.outMu.Unlock()
-		for i := range p.pending {
-			if p.pending[i].send == s {
-				p.pending = append(p.pending[:i], p.pending[i+1:]...)
-				s.state = ssDone
-				return true
-			}
-		}
-	case ssAnnounced:
-		// The receiver may be reading our buffer right now: ask it to give the
-		// announcement back; its answer (withdrawn, or the copy done) completes us.
-		if !s.canceling {
-			s.canceling = true
-			t := s.t
-			t.life.RLock()
-			if !t.closed.Load() {
-				p.notify(s.id, core.NoticeCanceled, "")
-			}
-			t.life.RUnlock()
-		}
-	}
-	return false
-}
-
-func (s *sendReq) awaitGrace() {
-	s.AwaitGrace(s.t.waitPoller, s.t.grace, "transfer", s.p.fail)
-}
-
-// Wait implements transport.Request.
-func (r *recvReq) Wait(ctx context.Context) (int, error) {
-	t := r.t
-	if err := t.drv.Await(ctx, &r.Req); err != nil {
-		if r.cancel() {
-			t.putRecv(r)
-			return 0, transport.CtxError(err)
-		}
-		r.AwaitGrace(t.waitPoller, t.grace, "receive", r.p.fail)
-	}
-	n, err := r.Result()
-	t.putRecv(r)
-	return n, err
-}
-
-func (r *recvReq) cancel() bool {
-	p := r.p
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.posted.Remove(0, r)
-}
-
-func (t *Transport) getUnexpected() *unexpected {
-	if u, ok := t.freeUnexp.Get(); ok {
-		return u
-	}
-	return &unexpected{}
-}
-
-func (t *Transport) putUnexpected(u *unexpected) {
-	if u.eager != nil {
-		u.eager.Release()
-	}
-	*u = unexpected{}
-	t.freeUnexp.Put(u)
+	return t.eng.Irecv(p.c, tag, buf), nil
 }
 
 func verify(h *wire.Header, pl payload) error {

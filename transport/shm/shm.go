@@ -150,16 +150,11 @@ type Transport struct {
 	own   *segment
 	peers []*peer
 	self  *inproc.Transport
-	sends core.Table[sendReq]
-	recvs core.Table[recvReq]
+	eng   core.Engine[sendX, recvX]
 
 	jobMu sync.Mutex
 	jobs  []*recvReq // matched announcements waiting for their copy
 	spare []*recvReq
-
-	freeSends core.FreeList[*sendReq]
-	freeRecvs core.FreeList[*recvReq]
-	freeUnexp core.FreeList[*unexpected]
 
 	liov [1]unix.Iovec // process_vm_readv vectors (progress loop only)
 	riov [1]unix.RemoteIovec
@@ -252,6 +247,8 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		t.log = slog.New(slog.DiscardHandler)
 	}
 	t.self = inproc.New(1, inproc.Config{Poller: t.waitPoller, Pool: t.pool})[0]
+	t.eng = core.Engine[sendX, recvX]{Rank: t.rank, Name: "shm", EagerMax: t.eager, Pool: t.pool, Closed: t.closed.Load,
+		Await: t.drv.Await, GracePoller: t.waitPoller, Grace: t.grace, Log: t.log}
 	local := cfg.Local
 	if local == nil {
 		local = make([]bool, cfg.Size)
@@ -312,8 +309,8 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		if err != nil {
 			return fail(err)
 		}
-		p := &peer{t: t, rank: q, seg: seg, pid: h.pid, in: own.ring(q), out: seg.ring(cfg.Rank), pidfd: -1, arena: peerArena{fd: -1},
-			posted: core.NewQueue[*recvReq](1), unexp: core.NewQueue[*unexpected](1)}
+		p := &peer{t: t, rank: q, seg: seg, pid: h.pid, in: own.ring(q), out: seg.ring(cfg.Rank), pidfd: -1, arena: peerArena{fd: -1}}
+		p.c = core.NewPeer[sendX, recvX](q, p)
 		t.peers[q] = p
 		if fd, err := unix.PidfdOpen(h.pid, 0); err == nil {
 			p.pidfd = fd

@@ -83,12 +83,14 @@ type stream struct {
 	rn     int
 	rerr   error
 	readFn func(uintptr) bool
-	woke   bool // the last frame completed a receive whose waiter was parked
+	woke   bool          // the last frame completed a receive whose waiter was parked
+	src    payloadSource // the payload of the frame being handled
 }
 
 func newStream(p *peer, idx int, c *net.TCPConn) *stream {
 	s := &stream{p: p, idx: idx, conn: c, wake: make(chan struct{}, 1), rbuf: make([]byte, rbufSize)}
 	s.raw, _ = c.SyscallConn()
+	s.src.s = s
 	s.readFn = s.doRead
 	s.writeFn = s.doWrite
 	s.tryFn = s.doTryWrite
@@ -381,14 +383,14 @@ func (s *stream) gather() bool {
 		j := &s.bulk[0]
 		n := min(j.end-j.off, p.t.chunk)
 		sr := j.send
-		h := wire.Header{Type: wire.TypeData, Comm: sr.tag.Comm, Src: uint32(p.t.rank), Seq: sr.tag.Seq,
-			Tag: sr.tag.Tag, Sig: sr.tag.Sig, Length: uint64(n), ID: sr.recvID, Aux: uint64(j.off)}
+		h := wire.Header{Type: wire.TypeData, Comm: sr.Tag.Comm, Src: uint32(p.t.rank), Seq: sr.Tag.Seq,
+			Tag: sr.Tag.Tag, Sig: sr.Tag.Sig, Length: uint64(n), ID: sr.X.recvID, Aux: uint64(j.off)}
 		if p.t.checksum {
-			h.SetChecksum(sr.buf[j.off : j.off+n])
+			h.SetChecksum(sr.Buf[j.off : j.off+n])
 		}
 		h.Encode(s.chunkHdr[:])
 		s.iov = appendIov(s.iov, s.chunkHdr[:])
-		s.iov = appendIov(s.iov, sr.buf[j.off:j.off+n])
+		s.iov = appendIov(s.iov, sr.Buf[j.off:j.off+n])
 		s.wtotal += wire.HeaderSize + n
 		s.chunkJob, s.chunkLen = 1, n
 	}
@@ -413,7 +415,7 @@ func (s *stream) finishBatch() {
 	t.framesOut.Add(uint64(s.nframes))
 	for i, sr := range s.batch {
 		s.batch[i] = nil
-		sr.Complete(len(sr.buf), nil)
+		sr.Complete(len(sr.Buf), nil)
 	}
 	if s.chunkJob != 0 {
 		t.framesOut.Add(1)
@@ -428,9 +430,8 @@ func (s *stream) finishBatch() {
 			s.bulk = s.bulk[:len(s.bulk)-1]
 		}
 		s.qmu.Unlock()
-		if finished != nil && finished.stripes.Add(-1) == 0 {
-			t.sends.Delete(finished.id)
-			finished.Complete(len(finished.buf), nil)
+		if finished != nil && finished.X.stripes.Add(-1) == 0 {
+			t.eng.Pushed(finished)
 		}
 	}
 }

@@ -124,12 +124,7 @@ type Transport struct {
 
 	peers []*peer
 	self  *inproc.Transport
-	sends core.Table[sendReq]
-	recvs core.Table[recvReq]
-
-	freeSends core.FreeList[*sendReq]
-	freeRecvs core.FreeList[*recvReq]
-	freeUnexp core.FreeList[*unexpected]
+	eng   core.Engine[sendX, recvX]
 
 	closed   atomic.Bool
 	wg       sync.WaitGroup
@@ -226,6 +221,8 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		busyUS = DefaultBusyPollUS
 	}
 	t.self = inproc.New(1, inproc.Config{Poller: t.waitPoller, Pool: t.pool})[0]
+	t.eng = core.Engine[sendX, recvX]{Rank: t.rank, Name: "tcp", EagerMax: t.eager, Pool: t.pool, Closed: t.closed.Load,
+		Await: t.await, GracePoller: t.waitPoller, Grace: t.grace, Log: t.log}
 	t.peers = make([]*peer, t.size)
 	if t.size == 1 {
 		t.busyPoll = "n/a (single rank)"
@@ -290,7 +287,8 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		if p == t.rank {
 			continue
 		}
-		pr := &peer{t: t, rank: p, posted: core.NewQueue[*recvReq](1), unexp: core.NewQueue[*unexpected](1)}
+		pr := &peer{t: t, rank: p}
+		pr.c = core.NewPeer[sendX, recvX](p, pr)
 		for s, c := range conns[p] {
 			st := newStream(pr, s, c)
 			t.busyPoll = st.setSockopts(busyUS)

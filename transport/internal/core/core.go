@@ -208,3 +208,19 @@ func (t *Table[T]) Each(f func(id uint64, v *T)) {
 		}
 	}
 }
+
+// Extract removes every live entry for which match reports true and appends it to dst,
+// under one hold of the table's lock: a concurrent Get or Delete sees each either before
+// or after, never both.
+func (t *Table[T]) Extract(match func(v *T) bool, dst []*T) []*T {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := range t.slots {
+		if v := t.slots[i].v; v != nil && match(v) {
+			dst = append(dst, v)
+			t.slots[i].v = nil
+			t.free = append(t.free, uint32(i))
+		}
+	}
+	return dst
+}
