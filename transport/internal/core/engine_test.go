@@ -71,8 +71,8 @@ func newFakeNet(t *testing.T) *fakeNet {
 	poll := busypoll.New(busypoll.Config{Mode: busypoll.Block})
 	for i := range 2 {
 		n.e[i] = &Engine[fakeX, fakeX]{Rank: i, Name: "fake", EagerMax: 64, Pool: obuf.Default,
-			Closed: func() bool { return n.close[i] },
-			Await:  func(ctx context.Context, r *Req) error { return r.Await(ctx, poll) },
+			Closed:      func() bool { return n.close[i] },
+			Await:       func(ctx context.Context, r *Req) error { return r.Await(ctx, poll) },
 			GracePoller: poll, Grace: 5 * time.Second, Log: slog.New(slog.DiscardHandler)}
 		n.link[i] = &fakeLink{net: n, from: i, to: 1 - i}
 		n.peer[i] = NewPeer[fakeX, fakeX](1-i, Link[fakeX, fakeX](n.link[i]))
