@@ -59,7 +59,7 @@ import (
 // Config tunes communicators. The zero value takes everything from defaults.
 type Config struct {
 	// Timeout bounds every operation: no progress for this long aborts the communicator
-	// (default transport.DefaultTimeout, MOEX_TIMEOUT).
+	// (default bootstrap.DefaultTimeout, MOEX_TIMEOUT).
 	Timeout time.Duration
 	// InitTimeout bounds Init: every rank of the job must have started and connected
 	// within it (default MOEX_INIT_TIMEOUT, else Timeout).
@@ -282,7 +282,7 @@ func defaultLogger() *slog.Logger {
 
 func (cfg *Config) fill() error {
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = transport.DefaultTimeout
+		cfg.Timeout = bootstrap.DefaultTimeout
 		if v := os.Getenv("MOEX_TIMEOUT"); v != "" {
 			d, err := time.ParseDuration(v)
 			if err != nil || d <= 0 {
@@ -962,7 +962,7 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	env, err := transport.FromEnv()
+	env, err := bootstrap.FromEnv()
 	if err != nil {
 		return nil, err
 	}
@@ -973,17 +973,17 @@ func Init(ctx context.Context, cfg Config) (*Comm, error) {
 }
 
 // InitEnv is Init with the job description given.
-func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) {
+func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
 	log := cfg.Logger
 	// Start-up is an operation like any other: one deadline (MOEX_INIT_TIMEOUT, else the
 	// communicator's timeout), and on failure every rank says which ranks it never heard
-	// from and how far each got (*transport.StartupError).
+	// from and how far each got (*bootstrap.StartupError).
 	ictx, cancelInit := context.WithTimeout(ctx, cfg.InitTimeout)
 	defer cancelInit()
-	rv, err := transport.Join(ictx, env, log)
+	rv, err := bootstrap.Join(ictx, env, log)
 	if err != nil {
 		return nil, err
 	}
@@ -993,7 +993,7 @@ func InitEnv(ctx context.Context, env transport.Env, cfg Config) (*Comm, error) 
 	sctx, stopWatch := rv.Watch(ictx) // ends as soon as the store learns the start-up failed
 	fail := func(err error) (*Comm, error) {
 		stopWatch()
-		var se *transport.StartupError
+		var se *bootstrap.StartupError
 		switch cause := context.Cause(sctx); {
 		case errors.As(cause, &se):
 			err = se // a rank left or was claimed twice: the root, not its symptom here

@@ -14,7 +14,7 @@ import (
 
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/internal/race"
-	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/bootstrap"
 )
 
 // helperLauncher: one AllReduce of the ranks' numbers, checked, and a line that says
@@ -28,7 +28,7 @@ func helperLauncher(ctx context.Context, c *Comm) error {
 	if x[0] != p*(p-1)/2 {
 		return fmt.Errorf("allreduce gave %d, want %d", x[0], p*(p-1)/2)
 	}
-	env, _ := transport.FromEnv()
+	env, _ := bootstrap.FromEnv()
 	fmt.Printf("launched rank %d of %d by %s: allreduce ok\n", c.Rank(), c.Size(), env.Launcher)
 	return nil
 }

@@ -25,7 +25,7 @@ import (
 
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/obuf"
-	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/bootstrap"
 	"github.com/moex-ai/moex/transport/shm"
 )
 
@@ -43,9 +43,9 @@ func TestHelperCollRank(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if scenario == "joinanddie" { // claims its rank at the store, then dies mid start-up
-		env, err := transport.FromEnv()
+		env, err := bootstrap.FromEnv()
 		if err == nil {
-			_, err = transport.Join(ctx, env, nil)
+			_, err = bootstrap.Join(ctx, env, nil)
 		}
 		time.Sleep(300 * time.Millisecond) // the others wait for it now
 		fmt.Println("joined, dying:", err)
@@ -54,7 +54,7 @@ func TestHelperCollRank(t *testing.T) {
 	start := time.Now()
 	c, err := Init(ctx, Config{})
 	if scenario == "startup" {
-		var se *transport.StartupError
+		var se *bootstrap.StartupError
 		var pe *PeerError
 		if !errors.As(err, &se) {
 			fmt.Printf("rank %s: init: %v (want a StartupError)\n", os.Getenv("MOEX_RANK"), err)
@@ -65,7 +65,7 @@ func TestHelperCollRank(t *testing.T) {
 			peer = pe.Rank
 		}
 		fmt.Printf("rank %s startup failed: missing=%v timeout=%v dup=%v peer=%d after=%v\n", os.Getenv("MOEX_RANK"), se.Missing(),
-			errors.Is(err, ErrTimeout), errors.Is(err, transport.ErrDuplicateRank), peer, time.Since(start).Round(10*time.Millisecond))
+			errors.Is(err, ErrTimeout), errors.Is(err, bootstrap.ErrDuplicateRank), peer, time.Since(start).Round(10*time.Millisecond))
 		os.Exit(0)
 	}
 	if err != nil {

@@ -1,6 +1,7 @@
-// Package transport defines moex's point-to-point contract and the bootstrap that connects
-// the ranks of a job: reading the launcher's environment, the rendezvous store, the job
-// secret check, and host identity.
+// Package transport defines moex's point-to-point contract, with what every transport
+// shares: its errors, the Mux that routes peers to transports, the job-secret handshake
+// that every connection proves, and host identity. Reading the launcher's environment,
+// the rendezvous store and the choice of transport are package bootstrap's.
 //
 // The contract is tagged, non-blocking send and receive between the ranks of one job.
 // Posting never blocks; a Request completes when the send's buffer may be reused or the

@@ -19,7 +19,7 @@ import (
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/internal/launch"
 	"github.com/moex-ai/moex/obuf"
-	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/bootstrap"
 	"github.com/moex-ai/moex/transport/shm"
 	"github.com/moex-ai/moex/transport/topo"
 	"github.com/moex-ai/moex/transport/ucx"
@@ -57,7 +57,7 @@ func cmdDoctor(ctx context.Context, args []string) error {
 	if *ranks > MaxRanks {
 		return &usageError{fmt.Sprintf("--ranks %d: want 2 to %d", *ranks, MaxRanks)}
 	}
-	env, err := transport.FromEnv()
+	env, err := bootstrap.FromEnv()
 	if err != nil {
 		return err
 	}
@@ -393,7 +393,7 @@ func hostOf(ls []doctorLink, rank int) int {
 	return -1
 }
 
-func (r *doctorReport) print(w io.Writer, size int, env transport.Env) {
+func (r *doctorReport) print(w io.Writer, size int, env bootstrap.Env) {
 	fmt.Fprintf(w, "# moex doctor: %d ranks, launcher %s, MOEX_TRANSPORT=%s\n\n", size, env.Launcher, orDefault(env.Transport, "auto"))
 	fmt.Fprintln(w, "this host (rank 0)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)

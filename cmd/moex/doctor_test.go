@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/moex-ai/moex/coll"
-	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/bootstrap"
 )
 
 // Every rank's links reach rank 0, each with its transport and path; rank 0's own links
@@ -45,7 +45,7 @@ func TestDiagnoseGathersEveryLink(t *testing.T) {
 		t.Fatalf("duplicate links: %v", seen)
 	}
 	var out bytes.Buffer
-	rep.print(&out, 3, transport.Env{Launcher: "none"})
+	rep.print(&out, 3, bootstrap.Env{Launcher: "none"})
 	for _, want := range []string{"cpus", "cpu idle", "shared buffers  obuf.Shared works", "RDMA devices", "UCX", "links", "why", "collectives", "hosts      1 (ranks per host: 3)", "allreduce  8 B "} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("report lacks %q:\n%s", want, out.String())
@@ -64,7 +64,7 @@ func TestDoctorCollectivesTwoHosts(t *testing.T) {
 	var rep doctorReport
 	rep.collectives(cs[0])
 	var out bytes.Buffer
-	rep.print(&out, 4, transport.Env{Launcher: "none"})
+	rep.print(&out, 4, bootstrap.Env{Launcher: "none"})
 	for _, want := range []string{"hosts      2 (ranks per host: 2, 2)", "64 MiB hier (buffer)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("report lacks %q:\n%s", want, out.String())

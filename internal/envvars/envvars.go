@@ -11,7 +11,7 @@ import (
 
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/coll"
-	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/bootstrap"
 	"github.com/moex-ai/moex/transport/shm"
 	"github.com/moex-ai/moex/transport/tcp"
 )
@@ -41,16 +41,16 @@ func us(d time.Duration) string { return strconv.FormatInt(d.Microseconds(), 10)
 
 // Vars lists every variable, user ones first, in the order a reader meets them.
 var Vars = []Var{
-	{"MOEX_RANK", "RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID", "this process's rank", "transport", User},
-	{"MOEX_WORLD_SIZE", "WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS", "number of ranks", "transport", User},
-	{"MOEX_LOCAL_RANK", "LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID", "rank among the ranks of this host", "transport", User},
-	{"MOEX_LOCAL_SIZE", "LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE", "ranks on this host", "transport", User},
-	{"MOEX_ADDR", "MASTER_ADDR:MASTER_PORT", "rendezvous store host:port, served by rank 0", "transport", User},
-	{"MOEX_JOB_TOKEN", "none (required when ranks > 1)", "job secret; every connection proves it with an HMAC challenge", "transport", User},
-	{"MOEX_BIND", "the local address that reaches MOEX_ADDR", "host or IP that listeners bind", "transport", User},
-	{"MOEX_IFACE", "unset", "network interface whose first address listeners bind", "transport", User},
-	{"MOEX_TRANSPORT", "auto", "auto (shm on one host; between hosts UCX when built and RDMA is there, else tcp), tcp, shm or ucx", "transport", User},
-	{"MOEX_TIMEOUT", transport.DefaultTimeout.String(), "no-progress deadline of every operation, a Go duration; after 30 s without progress a warning names the ranks waited for", "coll", User},
+	{"MOEX_RANK", "RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID", "this process's rank", "bootstrap", User},
+	{"MOEX_WORLD_SIZE", "WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS", "number of ranks", "bootstrap", User},
+	{"MOEX_LOCAL_RANK", "LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID", "rank among the ranks of this host", "bootstrap", User},
+	{"MOEX_LOCAL_SIZE", "LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE", "ranks on this host", "bootstrap", User},
+	{"MOEX_ADDR", "MASTER_ADDR:MASTER_PORT", "rendezvous store host:port, served by rank 0", "bootstrap", User},
+	{"MOEX_JOB_TOKEN", "none (required when ranks > 1)", "job secret; every connection proves it with an HMAC challenge", "bootstrap", User},
+	{"MOEX_BIND", "the local address that reaches MOEX_ADDR", "host or IP that listeners bind", "bootstrap", User},
+	{"MOEX_IFACE", "unset", "network interface whose first address listeners bind", "bootstrap", User},
+	{"MOEX_TRANSPORT", "auto", "auto (shm on one host; between hosts UCX when built and RDMA is there, else tcp), tcp, shm or ucx", "bootstrap", User},
+	{"MOEX_TIMEOUT", bootstrap.DefaultTimeout.String(), "no-progress deadline of every operation, a Go duration; after 30 s without progress a warning names the ranks waited for", "coll", User},
 	{"MOEX_INIT_TIMEOUT", "MOEX_TIMEOUT", "deadline of start-up (coll.Init): every rank must have started and connected within it", "coll", User},
 	{"MOEX_POLL", "adaptive", "how receivers wait: adaptive, spin or block", "busypoll", User},
 	{"MOEX_SPIN_US", us(busypoll.DefaultMaxSpin), "longest adaptive spin before yielding, in microseconds (0: never spin)", "busypoll", User},

@@ -1,5 +1,7 @@
-// Package bootstrap sets a rank up from its launcher's environment once it has joined the
-// rendezvous (transport.Join): it learns which ranks share a host, binds the rank to CPUs
+// Package bootstrap sets a rank up from its launcher's environment: it reads the job
+// description that torchrun, mpirun, Slurm or moex run set (FromEnv), joins the job's
+// rendezvous store, which checks the job secret (Join), learns which ranks share a host,
+// binds the rank to CPUs
 // when asked (MOEX_CPU_BIND), finds the network's speed, and opens the transport to every
 // peer, choosing per peer and saying why: inproc in one process, shm on one host, and
 // across hosts UCX when built and every rank reaches its remote peers over RDMA, else tcp
@@ -54,7 +56,7 @@ type ArgError = transport.ArgError
 
 // Open sets this rank up (see the package doc). Every rank of the job calls it: the
 // exchanges inside are collective through rv. poll is the waiting policy to start from.
-func Open(ctx context.Context, env transport.Env, rv *transport.Rendezvous, poll busypoll.Config, log *slog.Logger) (*Result, error) {
+func Open(ctx context.Context, env Env, rv *Rendezvous, poll busypoll.Config, log *slog.Logger) (*Result, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -112,7 +114,7 @@ func Open(ctx context.Context, env transport.Env, rv *transport.Rendezvous, poll
 // bindCPUs binds this rank as MOEX_CPU_BIND says: none (the default for a library: the
 // launcher's policy), auto or core (a core of its own when the host has enough; moex run
 // and moex bench set it), numa (the CPUs and memory of the NUMA node of its GPU or NIC).
-func bindCPUs(env transport.Env, localRank, localSize int, log *slog.Logger) error {
+func bindCPUs(env Env, localRank, localSize int, log *slog.Logger) error {
 	switch bind := os.Getenv("MOEX_CPU_BIND"); bind {
 	case "", "none":
 	case "auto", "core":
@@ -153,7 +155,7 @@ func Local(n int, poller *busypoll.Poller, pool *obuf.Pool) []transport.Transpor
 
 // openTransport picks and connects the transport (see the package doc). MOEX_TRANSPORT
 // forces a choice.
-func openTransport(ctx context.Context, env transport.Env, rv *transport.Rendezvous, hosts []int, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, Class, error) {
+func openTransport(ctx context.Context, env Env, rv *Rendezvous, hosts []int, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, Class, error) {
 	if env.Size == 1 {
 		return inproc.New(1, inproc.Config{})[0], "inproc: single rank", Inproc, nil
 	}
@@ -268,7 +270,7 @@ func closeIf(t *shm.Transport) {
 // (nil: all). With force it must succeed; otherwise it returns a nil transport and the
 // reason tcp is used instead when UCX is missing or offers no RDMA to some rank. Every
 // rank calls it with the same force, so the exchanges inside stay collective.
-var openOptional = func(ctx context.Context, env transport.Env, rv *transport.Rendezvous, peers []bool, force bool, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, error) {
+var openOptional = func(ctx context.Context, env Env, rv *Rendezvous, peers []bool, force bool, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, error) {
 	if force {
 		return nil, "", &ArgError{Arg: "MOEX_TRANSPORT", Reason: "ucx: this binary was not built with -tags ucx"}
 	}

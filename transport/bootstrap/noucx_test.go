@@ -9,13 +9,12 @@ import (
 	"testing"
 
 	"github.com/moex-ai/moex/busypoll"
-	"github.com/moex-ai/moex/transport"
 )
 
 // Without -tags ucx, MOEX_TRANSPORT=ucx is an ArgError that says how to get UCX, and the
 // automatic choice says why tcp carries traffic between hosts.
 func TestUCXNotBuilt(t *testing.T) {
-	env := transport.Env{Rank: 0, Size: 2, Transport: "ucx"}
+	env := Env{Rank: 0, Size: 2, Transport: "ucx"}
 	_, _, err := openOptional(context.Background(), env, nil, nil, true, busypoll.Config{}, nil)
 	var ae *ArgError
 	if !errors.As(err, &ae) || ae.Arg != "MOEX_TRANSPORT" || !strings.Contains(err.Error(), "-tags ucx") {

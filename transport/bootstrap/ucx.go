@@ -18,7 +18,7 @@ func init() { openOptional = openUCX }
 // openUCX opens UCX for peers (nil: every rank). Forced (MOEX_TRANSPORT=ucx) it is used
 // whatever its lanes; otherwise only when every rank reaches its remote peers over RDMA:
 // UCX over TCP is no better than moex's own tcp, which is tuned for this traffic.
-func openUCX(ctx context.Context, env transport.Env, rv *transport.Rendezvous, peers []bool, force bool, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, error) {
+func openUCX(ctx context.Context, env Env, rv *Rendezvous, peers []bool, force bool, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, error) {
 	u, err := ucx.New(ctx, ucx.Config{Rank: env.Rank, Size: env.Size, Exchange: rv.AllGather, Peers: peers, Poll: poll, Logger: log})
 	if err != nil {
 		if force {

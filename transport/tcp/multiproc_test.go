@@ -13,7 +13,7 @@ import (
 
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/internal/launch"
-	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/bootstrap"
 	"github.com/moex-ai/moex/transport/tcp"
 	"github.com/moex-ai/moex/transport/transporttest"
 )
@@ -34,11 +34,11 @@ func TestHelperRank(t *testing.T) {
 func helperRank(iters int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	env, err := transport.FromEnv()
+	env, err := bootstrap.FromEnv()
 	if err != nil {
 		return err
 	}
-	rv, err := transport.Join(ctx, env, nil)
+	rv, err := bootstrap.Join(ctx, env, nil)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package transport
+package bootstrap
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/moex-ai/moex/transport"
 )
 
 // Rendezvous is a rank's membership in a starting job: rank 0 serves the store at
@@ -41,7 +43,7 @@ func Join(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, error) {
 	if env.Rank == 0 {
 		host, port, err := net.SplitHostPort(env.Addr)
 		if err != nil {
-			return nil, &EnvError{Var: "MOEX_ADDR", Value: env.Addr, Reason: "want host:port"}
+			return nil, &transport.EnvError{Var: "MOEX_ADDR", Value: env.Addr, Reason: "want host:port"}
 		}
 		bind, err := storeBind(env, host)
 		if err != nil {
@@ -121,7 +123,7 @@ func joinByFile(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, er
 		if err == nil {
 			f := strings.Fields(string(b))
 			if len(f) != 2 {
-				return nil, &StartupError{Expected: env.Size, Rank: 0, Err: fmt.Errorf("%w: rendezvous file %s: want \"host:port secret\"", ErrProtocol, env.AddrFile)}
+				return nil, &StartupError{Expected: env.Size, Rank: 0, Err: fmt.Errorf("%w: rendezvous file %s: want \"host:port secret\"", transport.ErrProtocol, env.AddrFile)}
 			}
 			env.Addr, env.Token, env.AddrFile = f[0], f[1], ""
 			return joinAt(ctx, env, nil)

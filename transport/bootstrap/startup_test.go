@@ -1,4 +1,4 @@
-package transport
+package bootstrap
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/moex-ai/moex/transport"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -75,10 +77,10 @@ func TestStoreRankLeftDuringStartup(t *testing.T) {
 	start := time.Now()
 	one.Close() // rank 1 dies during start-up
 	err = <-waiting
-	var pe *PeerError
+	var pe *transport.PeerError
 	require.ErrorAs(t, err, &pe)
 	assert.Equal(t, 1, pe.Rank)
-	assert.ErrorIs(t, err, ErrPeerClosed)
+	assert.ErrorIs(t, err, transport.ErrPeerClosed)
 	assert.Less(t, time.Since(start), 5*time.Second)
 }
 
@@ -93,7 +95,7 @@ func TestStoreStatusAndSize(t *testing.T) {
 	st, err := zero.Status(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, []string{"transport", "", StageConnected, ""}, st)
-	se := &StartupError{Expected: 4, Stages: st, Rank: -1, Err: ErrTimeout}
+	se := &StartupError{Expected: 4, Stages: st, Rank: -1, Err: transport.ErrTimeout}
 	assert.Equal(t, []int{1, 3}, se.Missing())
 	assert.Equal(t, 2, se.Arrived())
 	assert.Contains(t, se.Error(), "not heard from: ranks [1 3]")
@@ -141,5 +143,5 @@ func TestStoreAcceptSurvives(t *testing.T) {
 	vals, err := st.AllGather(ctx, "ag/1", 0, 1, []byte("v"))
 	require.NoError(t, err)
 	assert.Equal(t, "v", string(vals[0]))
-	assert.False(t, errors.Is(err, ErrClosed))
+	assert.False(t, errors.Is(err, transport.ErrClosed))
 }

@@ -1,4 +1,4 @@
-package transport
+package bootstrap
 
 import (
 	"bufio"
@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/moex-ai/moex/transport"
 )
 
 // The rendezvous store is a small key-value service that rank 0 runs while a job starts:
@@ -205,7 +207,7 @@ func (s *StoreServer) serve(c net.Conn) {
 		_ = c.Close()
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	_, err := Handshake(ctx, c, s.token, RoleAcceptor, []byte("store"))
+	_, err := transport.Handshake(ctx, c, s.token, transport.RoleAcceptor, []byte("store"))
 	cancel()
 	if err != nil {
 		s.refusedWarn(c.RemoteAddr().String(), err)
@@ -312,7 +314,7 @@ func readRequest(r *bufio.Reader) (request, error) {
 		}
 		n := binary.LittleEndian.Uint32(nb[:])
 		if n > maxGetKeys {
-			return req, fmt.Errorf("%w: a get of %d keys (limit %d)", ErrProtocol, n, maxGetKeys)
+			return req, fmt.Errorf("%w: a get of %d keys (limit %d)", transport.ErrProtocol, n, maxGetKeys)
 		}
 		req.keys = make([]string, 0, min(n, 64))
 		for range n {
@@ -334,7 +336,7 @@ func readRequest(r *bufio.Reader) (request, error) {
 		req.rank, req.size, req.nonce = int(int32(binary.LittleEndian.Uint32(hdr[:4]))), int(int32(binary.LittleEndian.Uint32(hdr[4:]))), string(nonce)
 	case opStatus:
 	default:
-		return req, fmt.Errorf("%w: unknown store request %q", ErrProtocol, op)
+		return req, fmt.Errorf("%w: unknown store request %q", transport.ErrProtocol, op)
 	}
 	return req, nil
 }
@@ -448,7 +450,7 @@ func readBlob(r io.Reader, max int) ([]byte, error) {
 	}
 	n := int(binary.LittleEndian.Uint32(nb[:]))
 	if n > max {
-		return nil, fmt.Errorf("%w: store blob of %d bytes (limit %d)", ErrProtocol, n, max)
+		return nil, fmt.Errorf("%w: store blob of %d bytes (limit %d)", transport.ErrProtocol, n, max)
 	}
 	b := make([]byte, n)
 	_, err := io.ReadFull(r, b)
@@ -489,17 +491,17 @@ func DialStore(ctx context.Context, addr string, token []byte) (*Store, error) {
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
-			if _, err = Handshake(ctx, c, token, RoleDialer, []byte("store")); err == nil {
+			if _, err = transport.Handshake(ctx, c, token, transport.RoleDialer, []byte("store")); err == nil {
 				return &Store{c: c, r: bufio.NewReader(c)}, nil
 			}
 			_ = c.Close()
-			if errors.Is(err, ErrAuth) {
+			if errors.Is(err, transport.ErrAuth) {
 				return nil, fmt.Errorf("transport: store %s: %w", addr, err)
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("transport: connecting to the rendezvous store %s: %w (last error: %v)", addr, CtxError(ctx.Err()), err)
+			return nil, fmt.Errorf("transport: connecting to the rendezvous store %s: %w (last error: %v)", addr, transport.CtxError(ctx.Err()), err)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
@@ -520,9 +522,9 @@ func (s *Store) call(ctx context.Context, req []byte) ([][]byte, error) {
 	fail := func(err error) ([][]byte, error) {
 		var ne net.Error
 		if ctx.Err() != nil {
-			err = CtxError(ctx.Err())
+			err = transport.CtxError(ctx.Err())
 		} else if _, has := ctx.Deadline(); has && errors.As(err, &ne) && ne.Timeout() {
-			err = CtxError(context.DeadlineExceeded) // the socket deadline fired first
+			err = transport.CtxError(context.DeadlineExceeded) // the socket deadline fired first
 		}
 		s.broken = fmt.Errorf("transport: store: %w", err)
 		return nil, s.broken
@@ -546,8 +548,8 @@ func (s *Store) call(ctx context.Context, req []byte) ([][]byte, error) {
 		if st == stDup {
 			s.broken = &StartupError{Rank: rank, Err: fmt.Errorf("%w: rank %d", ErrDuplicateRank, rank)}
 		} else {
-			s.broken = &StartupError{Rank: rank, Err: &PeerError{Rank: rank, Op: "start-up",
-				Err: fmt.Errorf("%w during start-up (it had reached %q)", ErrPeerClosed, stage)}}
+			s.broken = &StartupError{Rank: rank, Err: &transport.PeerError{Rank: rank, Op: "start-up",
+				Err: fmt.Errorf("%w during start-up (it had reached %q)", transport.ErrPeerClosed, stage)}}
 		}
 		return nil, s.broken
 	}
@@ -571,7 +573,7 @@ func readReply(r *bufio.Reader) (byte, [][]byte, error) {
 	}
 	n := binary.LittleEndian.Uint32(nb[:])
 	if n > maxGetKeys {
-		return 0, nil, fmt.Errorf("%w: reply with %d values", ErrProtocol, n)
+		return 0, nil, fmt.Errorf("%w: reply with %d values", transport.ErrProtocol, n)
 	}
 	vals := make([][]byte, 0, min(n, 64))
 	for range n {
