@@ -13,6 +13,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/internal/long"
 	"github.com/moex-ai/moex/internal/race"
 )
 
@@ -177,14 +178,23 @@ func sizesFor(dt dtype.Type, big bool) []int {
 	return s
 }
 
-// bigFor says whether the 1 MiB size runs for dt: for every type in a plain run (CI runs
-// the matrix so); f32 alone with -short or -race (the race detector makes 1 MiB
-// reductions slow, and the schedules depend only on the size, which f32 covers).
+// bigFor says whether the 1 MiB size runs for dt: for every type with -long; f32 alone
+// in the quick cut (the schedules depend only on the size, which f32 covers).
 func bigFor(dt dtype.Type) bool {
-	if testing.Short() || race.Enabled {
+	if !long.Enabled() {
 		return dt == dtype.F32
 	}
 	return true
+}
+
+// matrixPs are the rank counts of the matrices: all of testPs with -long; in the quick cut
+// one rank, the powers of two 2 and 8, and the non-powers 3 and 5 (4 and 7 add no schedule
+// that these lack).
+func matrixPs() []int {
+	if long.Enabled() {
+		return testPs
+	}
+	return []int{1, 2, 3, 5, 8}
 }
 
 // oneOfItsSize says whether dt stands for its element size at 1 MiB: the schedules and
@@ -217,7 +227,7 @@ func algoSets() []map[OpKind]Algo {
 
 func TestAllReduceMatrix(t *testing.T) {
 	ctx := context.Background()
-	for _, p := range testPs {
+	for _, p := range matrixPs() {
 		for si, algos := range algoSets() {
 			if si > 0 && algos[OpAllReduce] == algoSets()[0][OpAllReduce] {
 				continue
@@ -228,7 +238,7 @@ func TestAllReduceMatrix(t *testing.T) {
 				for _, dt := range dtype.Types {
 					for _, op := range dtype.Ops {
 						sizes := sizesFor(dt, bigFor(dt) && op == dtype.Sum && oneOfItsSize(dt))
-						if op == dtype.Sum && !testing.Short() && !race.Enabled {
+						if op == dtype.Sum && long.Enabled() {
 							sizes = append(sizes, (64<<10)/dt.Size()) // every type's kernel beyond the small sizes
 						}
 						for _, n := range sizes {
@@ -282,15 +292,14 @@ func TestDataMovementMatrix(t *testing.T) {
 		}
 		return s
 	}
-	if testing.Short() || race.Enabled {
-		// One type of each element size, and 64 KiB in place of 1 MiB: data movement
-		// depends on the element size alone, the race detector on the schedules, not on
-		// how long the copies are; the plain run (CI runs the matrix so) takes every type,
-		// and 1 MiB.
+	if !long.Enabled() {
+		// The quick cut: one type of each element size, and 64 KiB in place of 1 MiB:
+		// data movement depends on the element size alone, the race detector on the
+		// schedules, not on how long the copies are; -long takes every type, and 1 MiB.
 		types = []dtype.Type{dtype.U8, dtype.BF16, dtype.F32, dtype.F64}
 		sizes = func(dt dtype.Type) []int { return []int{0, 1, 13, (64 << 10) / dt.Size()} }
 	}
-	for _, p := range testPs {
+	for _, p := range matrixPs() {
 		seen := map[string]bool{}
 		for _, algos := range algoSets() {
 			name := fmt.Sprintf("P=%d/bcast=%v,ag=%v,a2a=%v,rs=%v,red=%v", p, algos[OpBroadcast], algos[OpAllGather], algos[OpAlltoAll], algos[OpReduceScatter], algos[OpReduce])

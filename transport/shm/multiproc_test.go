@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moex-ai/moex/internal/long"
+
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/internal/launch"
 	"github.com/moex-ai/moex/obuf"
@@ -138,7 +140,11 @@ func runProcs(t testing.TB, n, iters, size int, env ...string) (string, error) {
 // Eight processes on two cores exchange all-to-all through shared memory, every byte
 // checked, under each receive policy and both large-message paths.
 func TestMultiProcessAllToAll(t *testing.T) {
-	for _, env := range [][]string{{"MOEX_POLL=adaptive"}, {"MOEX_POLL=block"}, {"MOEX_SHM_CMA=0"}} {
+	envs := [][]string{{"MOEX_POLL=adaptive"}}
+	if long.Enabled() {
+		envs = append(envs, []string{"MOEX_POLL=block"}, []string{"MOEX_SHM_CMA=0"}) // the ring copies are also in TestConformanceRingCopies
+	}
+	for _, env := range envs {
 		for _, size := range []int{100, 20000, 300000} {
 			out, err := runProcs(t, 8, 10, size, env...)
 			if err != nil {

@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moex-ai/moex/internal/long"
+
 	"github.com/moex-ai/moex/internal/race"
 	"github.com/moex-ai/moex/internal/wire"
 	"github.com/moex-ai/moex/transport"
@@ -166,7 +168,11 @@ func exchange(t *testing.T, w *World, a, b int, tg transport.Tag, msg []byte, re
 
 func testSizes(t *testing.T, f Factory, opt Options) {
 	w := f(t, 2)
-	for _, size := range []int{0, 1, 4095, 64 << 10, 1 << 20, 64 << 20} {
+	sizes := []int{0, 1, 4095, 64 << 10, 1 << 20, 8 << 20}
+	if long.Enabled() {
+		sizes = append(sizes, 64<<20) // many chunks and stripes; slow to pattern and check
+	}
+	for _, size := range sizes {
 		if size > opt.MaxSize {
 			continue
 		}
