@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -17,7 +18,20 @@ import (
 	"github.com/moex-ai/moex/internal/race"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(testMain{m})
+}
+
+// testMain removes the moex commands the tests built once they have run.
+type testMain struct{ m *testing.M }
+
+func (tm testMain) Run() int {
+	code := tm.m.Run()
+	if builtDir != "" {
+		_ = os.RemoveAll(builtDir)
+	}
+	return code
+}
 
 var testPs = []int{1, 2, 3, 4, 5, 7, 8}
 

@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moex-ai/moex/internal/long"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -824,6 +826,7 @@ func TestStartupDuplicateRank(t *testing.T) {
 // chain of waits, the stopped rank; moex run blames it too (its exit code: killed by
 // the launcher), not a survivor.
 func TestStuckRankBlamed(t *testing.T) {
+	t.Parallel() // most of it is the wait for the timeout
 	moex := buildMoex(t)
 	out, err := moexRunKeepGoing(moex, false, 4, "stuck", "MOEX_TIMEOUT=2s")
 	var ee *exec.ExitError
@@ -838,7 +841,11 @@ func TestStuckRankBlamed(t *testing.T) {
 // survivor to exit.
 func TestKilledRankBlamed(t *testing.T) {
 	moex := buildMoex(t)
-	for i := 0; i < 5; i++ {
+	runs := 2
+	if long.Enabled() {
+		runs = 5
+	}
+	for i := 0; i < runs; i++ {
 		out, err := moexRunKeepGoing(moex, false, 4, "death", "MOEX_DEATH_SIGNAL=1")
 		var ee *exec.ExitError
 		require.ErrorAs(t, err, &ee, out)
@@ -848,16 +855,36 @@ func TestKilledRankBlamed(t *testing.T) {
 }
 
 // buildMoex builds the moex command once per test binary run.
+// buildMoex builds the moex command with flags, once per set of flags for the test
+// binary (linking it again for every test cost a second or two each).
 func buildMoex(t *testing.T, flags ...string) string {
 	t.Helper()
-	exe := filepath.Join(t.TempDir(), "moex")
+	key := strings.Join(flags, " ")
+	builtMu.Lock()
+	defer builtMu.Unlock()
+	if exe, ok := built[key]; ok {
+		return exe
+	}
+	if builtDir == "" {
+		dir, err := os.MkdirTemp("", "moex-coll-test-")
+		require.NoError(t, err)
+		builtDir = dir
+	}
+	exe := filepath.Join(builtDir, fmt.Sprintf("moex%d", len(built)))
 	args := append([]string{"build", "-o", exe}, flags...)
 	cmd := exec.Command("go", append(args, "github.com/moex-ai/moex/cmd/moex")...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("building moex: %v\n%s", err, out)
 	}
+	built[key] = exe
 	return exe
 }
+
+var (
+	builtMu  sync.Mutex
+	built    = map[string]string{}
+	builtDir string // removed by TestMain
+)
 
 func moexRun(t *testing.T, moex string, n int, scenario string, env ...string) string {
 	t.Helper()
@@ -931,14 +958,22 @@ func TestMultiProcessDeadPeer(t *testing.T) {
 // The subset over shared memory, and AlltoAll through the shared areas (shm.Direct):
 // 3 ranks (not a power of two) and 4; with the default areas and with small ones (so
 // that 1 MiB blocks are read across, and the boundary moves).
+//
+// The quick cut runs the subset and the default areas with 3 ranks and the small areas
+// with 4; -long runs every combination.
 func TestMultiProcessShm(t *testing.T) {
 	moex := buildMoex(t)
 	for _, n := range []int{3, 4} {
-		out := moexRun(t, moex, n, "subset", "MOEX_TRANSPORT=shm")
-		if c := strings.Count(out, " ok transport=shm"); c != n {
-			t.Fatalf("subset, %d ranks, %d reported ok over shm:\n%s", n, c, out)
+		if n == 3 || long.Enabled() {
+			out := moexRun(t, moex, n, "subset", "MOEX_TRANSPORT=shm")
+			if c := strings.Count(out, " ok transport=shm"); c != n {
+				t.Fatalf("subset, %d ranks, %d reported ok over shm:\n%s", n, c, out)
+			}
 		}
 		for _, area := range []string{"", "16"} {
+			if (n == 3) != (area == "") && !long.Enabled() {
+				continue
+			}
 			out := moexRun(t, moex, n, "shared", "MOEX_TRANSPORT=shm", "MOEX_SHM_AREA="+area)
 			if c := strings.Count(out, " ok transport=shm"); c != n {
 				t.Fatalf("shared, %d ranks, MOEX_SHM_AREA=%q: %d reported ok:\n%s", n, area, c, out)

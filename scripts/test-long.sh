@@ -7,5 +7,5 @@
 # several times as long; CI runs this after the race run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-go test -count=1 -timeout 15m -run 'Matrix|Hier|Conformance|MultiProcessAllToAll' "$@" \
+go test -count=1 -timeout 15m -run 'Matrix|Hier|Conformance|MultiProcessAllToAll|MultiProcessShm$|KilledRankBlamed' "$@" \
 	./coll/ ./transport/inproc/ ./transport/shm/ ./transport/tcp/ -args -long
