@@ -25,6 +25,7 @@ import (
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/internal/memx"
 	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/transport"
 )
 
 // CollOpts selects what to measure.
@@ -295,7 +296,7 @@ func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResul
 		DType: o.DType.String(), Root: o.Root, Buffers: "obuf", InPlaceWrong: -1}
 	switch {
 	case o.Heap && o.Shared:
-		return res, fmt.Errorf("bench: buffers from the heap or shared, not both")
+		return res, &transport.ArgError{Arg: "Heap", Reason: "buffers from the heap or shared, not both"}
 	case o.Heap:
 		res.Buffers = "heap"
 	case o.Shared:

@@ -12,6 +12,9 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/transport"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // With profiling, a straggler shows up as wait, and is named.
@@ -141,7 +144,8 @@ func TestCollBuffers(t *testing.T) {
 	}
 	defer cs[0].Close()
 	o := CollOpts{Op: coll.OpAlltoAll, MinBytes: 64 << 10, MaxBytes: 64 << 10, Iters: 5, Heap: true, Shared: true}
-	if _, err := Coll(context.Background(), cs[0], o); err == nil || !strings.Contains(err.Error(), "not both") {
-		t.Fatalf("heap and shared: %v", err)
-	}
+	_, err = Coll(context.Background(), cs[0], o)
+	var ae *transport.ArgError
+	require.ErrorAs(t, err, &ae, "heap and shared")
+	assert.Equal(t, "Heap", ae.Arg)
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/transporttest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -122,17 +123,9 @@ func TestBindHost(t *testing.T) {
 	}
 }
 
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) { l.mu.Lock(); defer l.mu.Unlock(); return l.b.Write(p) }
-func (l *logBuf) String() string              { l.mu.Lock(); defer l.mu.Unlock(); return l.b.String() }
-
 func TestStoreAllGatherAndIntruder(t *testing.T) {
-	var logs logBuf
-	srv, err := ServeStore("127.0.0.1:0", []byte("job"), slog.New(slog.NewTextHandler(&logs, nil)))
+	var logs transporttest.Recorder
+	srv, err := ServeStore("127.0.0.1:0", []byte("job"), logs.Logger())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,9 +167,11 @@ func TestStoreAllGatherAndIntruder(t *testing.T) {
 			}
 		}
 	}
-	if srv.Refused() != 1 || !bytes.Contains([]byte(logs.String()), []byte("refused")) {
-		t.Fatalf("refused=%d, log: %s", srv.Refused(), logs.String())
+	assert.Equal(t, 1, srv.Refused())
+	refused := func(r transporttest.Record) bool {
+		return transporttest.Logged(slog.LevelWarn, "moex store: refused connection")(r) && errors.Is(r.Err("err"), transport.ErrAuth)
 	}
+	assert.Equal(t, 1, logs.Count(refused), "warnings of the refused intruder: %+v", logs.Records())
 }
 
 func TestStoreGetHonoursContext(t *testing.T) {
