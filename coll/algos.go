@@ -6,7 +6,10 @@ package coll
 // transfer is posted even when empty, so that every pair of ranks that talks in an op
 // checks the op's signature; tags are step numbers.
 
-import "github.com/moex-ai/moex/transport"
+import (
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/transport"
+)
 
 // ---- AllReduce ----
 
@@ -330,17 +333,6 @@ func planReduceLinear(sh shape) *plan {
 }
 
 // ---- AllGather (count = elements per rank) ----
-
-// planAllGather is the AllGather (and AllGatherv) planner of algo.
-func planAllGather(algo Algo, sh shape, t topology) *plan {
-	return entryOf(OpAllGatherv, algo).plan(sh, t, planKey{})
-}
-
-// planReduceScatter is the ReduceScatter (and ReduceScatterv) planner of algo, but for
-// the shared areas' (planReduceShared).
-func planReduceScatter(algo Algo, sh shape, t topology) *plan {
-	return entryOf(OpReduceScatterv, algo).plan(sh, t, planKey{})
-}
 
 // planAllGatherShared: every rank publishes its block (in place in recv) in its shared
 // area, or for the others to read across, and takes everyone else's (transport.SharedAreas).
@@ -754,4 +746,11 @@ func planReduceScatterHier(sh shape, t topology) *plan {
 	out := region{bRecv, 0, work(sh.rank).n}
 	pl.add(step{post: []local{{kind: lCopy, dst: out, src: work(sh.rank)}, {kind: lFinish, dst: out}}})
 	return pl
+}
+
+// planReduceShared plans an AllReduce or a ReduceScatter through the shared areas: no
+// steps, only the reduction that execShared hands the shared areas.
+func planReduceShared(op OpKind, k planKey) *plan {
+	dt, redop := k.dt, k.redop
+	return &plan{op: op, algo: Shared, reduce: func(dst, src []byte) { dtype.Reduce(dt, redop, dst, src) }}
 }

@@ -5,46 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 )
-
-// planKey identifies a cached plan.
-type planKey struct {
-	op    OpKind
-	algo  Algo
-	dt    dtype.Type
-	redop dtype.Op
-	es    int
-	count int
-	root  int
-}
-
-// execState is the scratch of one running operation (pooled: operations allocate nothing
-// in steady state).
-type execState struct {
-	reqs  []transport.Request
-	wants []int // expected length of each receive in reqs (-1 for sends)
-	xs    []xfer
-}
-
-// call describes one invocation.
-type call struct {
-	op    OpKind
-	dt    dtype.Type
-	redop dtype.Op
-	count int // elements, as the planner expects
-	root  int
-	send  []byte
-	recv  []byte
-	turn  uint64 // Shared: the operation's place in the shared areas' order
-	// verify: the operation starts with the all-gather of Config.Verify (or of the
-	// rooted operations' automatic check, VerifyRootedMin).
-	verify bool
-}
 
 // VerifyRootedMin is the size from which Broadcast, Reduce, Gather and Scatter start
 // with the agreement of Config.Verify on their own (Config.NoRootedVerify turns that
@@ -121,47 +86,6 @@ func (c *Comm) fail(err error) error {
 	}
 	c.abortLocal(err)
 	return err
-}
-
-// noticeGrace is how long an error from a peer that said goodbye waits for an abort
-// notice that explains it.
-const noticeGrace = 500 * time.Millisecond
-
-// mismatchGrace is how long a mismatched message waits for a notice that explains it.
-const mismatchGrace = 100 * time.Millisecond
-
-// awaitNotice: a peer that closed its end in the middle of an operation has usually seen
-// the communicator abort (another rank died, or failed); that abort's notice is on its
-// way on another connection. Wait for it a moment, so that every rank's error names the
-// cause rather than the rank that left because of it.
-//
-// A message of another operation than the one posted (transport.ErrMismatch) is often a
-// peer's step of an operation this rank never entered, sent before that peer aborted:
-// its notice is on the way too, and is waited for a shorter moment.
-func (c *Comm) awaitNotice(err error) {
-	grace := noticeGrace
-	switch {
-	case c.actx.Err() != nil:
-		return
-	case errors.Is(err, transport.ErrPeerLeft):
-	case errors.Is(err, transport.ErrMismatch):
-		grace = mismatchGrace
-	default:
-		return
-	}
-	t := time.NewTimer(grace)
-	select {
-	case <-c.actx.Done():
-	case <-t.C:
-	}
-	t.Stop()
-}
-
-// planReduceShared plans an AllReduce or a ReduceScatter through the shared areas: no
-// steps, only the reduction that execShared hands the shared areas.
-func planReduceShared(op OpKind, k planKey) *plan {
-	dt, redop := k.dt, k.redop
-	return &plan{op: op, algo: Shared, reduce: func(dst, src []byte) { dtype.Reduce(dt, redop, dst, src) }}
 }
 
 // execShared runs an AlltoAll, an AllGather, a planned AlltoAllv, an AllReduce or a
@@ -329,10 +253,4 @@ func (c *Comm) verify(cl *call, pl *plan, seq uint32) error {
 		}
 	}
 	return nil
-}
-
-// verifyScratch is one verification's buffer and call.
-type verifyScratch struct {
-	all []int64
-	cl  call
 }

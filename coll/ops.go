@@ -3,7 +3,6 @@ package coll
 import (
 	"context"
 	"fmt"
-	"time"
 	"unsafe"
 
 	"github.com/moex-ai/moex/coll/dtype"
@@ -57,49 +56,6 @@ func (c *Comm) start(ctx context.Context, verify bool) (uint32, error) {
 		c.nextSeq()
 	}
 	return seq, nil
-}
-
-// nextOf is the sequence number after seq.
-func nextOf(seq uint32) uint32 {
-	if seq++; seq > seqMax {
-		seq = 1
-	}
-	return seq
-}
-
-func (c *Comm) exec(pl *plan, seq uint32, cl *call) error {
-	defer c.end()
-	var entered, arrived time.Time
-	var last int
-	var skew time.Duration
-	if c.cfg.Profile {
-		entered = time.Now()
-		var err error
-		if last, skew, err = c.arrive(seq, entered); err != nil {
-			return err
-		}
-		arrived = time.Now()
-		seq = nextOf(seq)
-	}
-	if cl.verify {
-		if err := c.verify(cl, pl, seq); err != nil {
-			return err
-		}
-		seq = nextOf(seq)
-	}
-	if err := c.execute(pl, seq, cl); err != nil {
-		return err
-	}
-	if c.cfg.Profile {
-		wait, move := arrived.Sub(entered), time.Since(arrived)
-		c.record(pl.op, wait, move, skew, last)
-		if c.cfg.TraceDir != "" {
-			c.traceOp(pl, entered, wait, move, skew, last)
-		}
-	}
-	c.stats.Ops.Add(1)
-	c.stats.BytesSent.Add(uint64(pl.bytes))
-	return nil
 }
 
 // submit runs the call now, or in the background when async (returning its handle).

@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/transport"
 )
 
@@ -242,3 +243,25 @@ func signature(op OpKind, algo Algo, es int, fields ...int) uint32 {
 }
 
 type stringsBuilder = strings.Builder
+
+// planKey identifies a cached plan.
+type planKey struct {
+	op    OpKind
+	algo  Algo
+	dt    dtype.Type
+	redop dtype.Op
+	es    int
+	count int
+	root  int
+}
+
+// vkey identifies a cached variable-size plan: the operation, and a hash of its blocks.
+type vkey struct {
+	planKey
+	h uint64
+}
+
+type vcached struct {
+	pl *plan
+	bl *blocks
+}

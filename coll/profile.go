@@ -2,7 +2,6 @@ package coll
 
 import (
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/moex-ai/moex/coll/dtype"
@@ -15,22 +14,6 @@ import (
 // until it completes is the wait for the last rank to arrive, the time after it is the
 // operation itself, and the entry times name the rank that arrived last and by how much.
 // The all-gather costs a few round trips per operation, so profiling is off by default.
-
-// OpProfile is what profiling measured for one kind of operation on this rank.
-type OpProfile struct {
-	Op    OpKind
-	Count int
-	// Wait is the time from entering operations until every rank had entered them (as
-	// the arrival all-gather saw it, its own latency included); Move is the time of the
-	// operations after that.
-	Wait, Move time.Duration
-	// Skew sums, over the operations, the spread of the ranks' entry times (latest
-	// minus earliest), read from their clocks: exact between ranks of one host, as good
-	// as the clocks' synchronisation between hosts.
-	Skew time.Duration
-	// Last[q] counts the operations that rank q entered last.
-	Last []int
-}
 
 func (p OpProfile) String() string {
 	if p.Count == 0 {
@@ -45,14 +28,6 @@ func (p OpProfile) String() string {
 	}
 	return fmt.Sprintf("%v: %d ops, wait %v, move %v, skew %v per op; last to arrive most often: rank %d (%d of %d)",
 		p.Op, p.Count, p.Wait/n, p.Move/n, p.Skew/n, q, most, p.Count)
-}
-
-type profiler struct {
-	mu      sync.Mutex
-	ops     [opKindEnd]OpProfile
-	plan    *plan        // the arrival all-gather
-	events  []traceEvent // with Config.TraceDir
-	dropped int          // operations not recorded (beyond maxTraceEvents)
 }
 
 // arrive runs the arrival all-gather under seq and returns the last rank to enter and the

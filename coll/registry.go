@@ -1,6 +1,10 @@
 package coll
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+	"time"
+)
 
 // An algorithm is an entry of the registry: the operation it runs, the planner that
 // makes a rank's schedule, the link model's cost, and when it can run at all. The
@@ -252,4 +256,68 @@ func planAlltoAllOf(algo Algo) func(sh shape, t topology, k planKey) *plan {
 		}
 		return pl
 	}
+}
+
+// Estimate predicts the time of op with algo on p ranks for n bytes (per rank input for
+// AllReduce/Broadcast/Reduce; per block for AllGather, ReduceScatter and AlltoAll).
+func (c LinkCost) Estimate(op OpKind, algo Algo, p, n int) time.Duration {
+	e, ok := entries[op][algo]
+	if p <= 1 || !ok || e.cost == nil {
+		return 0
+	}
+	a := c.Alpha.Seconds()
+	fn := float64(n)
+	pof2 := floorPow2(p)
+	x := costIn{a: a, fp: float64(p), fn: fn, lg: float64(ceilLog2(p)), pof2: pof2, p: p, beta: c.Beta, gamma: c.Gamma}
+	if pof2 != p { // non-power-of-two fold: two more full-size steps
+		x.extra = 2 * (a + fn*c.Beta)
+	}
+	return time.Duration(e.cost(x) * 1e9)
+}
+
+// ParseAlgoOverrides parses MOEX_ALGO: "op:algo[,op:algo...]".
+func ParseAlgoOverrides(s string) (map[OpKind]Algo, error) {
+	m := map[OpKind]Algo{}
+	if strings.TrimSpace(s) == "" {
+		return m, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		op, al, ok := strings.Cut(strings.TrimSpace(part), ":")
+		if !ok {
+			return nil, &ArgError{Arg: "MOEX_ALGO", Reason: fmt.Sprintf("%q: want op:algo", part)}
+		}
+		o, err := ParseOpKind(op)
+		if err != nil {
+			return nil, &ArgError{Arg: "MOEX_ALGO", Reason: err.Error()}
+		}
+		a, err := ParseAlgo(al)
+		if err != nil {
+			return nil, &ArgError{Arg: "MOEX_ALGO", Reason: err.Error()}
+		}
+		if a != AlgoAuto && !supports(o, a) {
+			return nil, &ArgError{Arg: "MOEX_ALGO", Reason: fmt.Sprintf("%v has no algorithm %v (have %v)", o, a, Algorithms[o])}
+		}
+		m[o] = a
+	}
+	return m, nil
+}
+
+func supports(op OpKind, a Algo) bool {
+	for _, x := range Algorithms[op] {
+		if x == a {
+			return true
+		}
+	}
+	return false
+}
+
+// planAllGather is the AllGather (and AllGatherv) planner of algo.
+func planAllGather(algo Algo, sh shape, t topology) *plan {
+	return entryOf(OpAllGatherv, algo).plan(sh, t, planKey{})
+}
+
+// planReduceScatter is the ReduceScatter (and ReduceScatterv) planner of algo, but for
+// the shared areas' (planReduceShared).
+func planReduceScatter(algo Algo, sh shape, t topology) *plan {
+	return entryOf(OpReduceScatterv, algo).plan(sh, t, planKey{})
 }

@@ -19,16 +19,6 @@ import (
 // counted, not recorded.
 const maxTraceEvents = 1 << 20
 
-type traceEvent struct {
-	op         OpKind
-	algo       Algo
-	bytes      int
-	start      int64 // unix ns when this rank entered
-	wait, move time.Duration
-	skew       time.Duration
-	last       int
-}
-
 func (c *Comm) traceOp(pl *plan, entered time.Time, wait, move, skew time.Duration, last int) {
 	c.prof.mu.Lock()
 	defer c.prof.mu.Unlock()

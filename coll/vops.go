@@ -196,17 +196,6 @@ func (c *Comm) blocksOf(buf string, counts, displs []int, size, es int) (*blocks
 	return bl, nil
 }
 
-// vkey identifies a cached variable-size plan: the operation, and a hash of its blocks.
-type vkey struct {
-	planKey
-	h uint64
-}
-
-type vcached struct {
-	pl *plan
-	bl *blocks
-}
-
 // maxVPlans bounds the cache of variable-size plans (it is emptied when full).
 const maxVPlans = 64
 

@@ -1,0 +1,134 @@
+package coll
+
+// The choice of an algorithm for an operation on a communicator: the registry's
+// candidates, weighed by the link model.
+
+import "time"
+
+// choose picks the algorithm for op: the override if configured, else the cheapest by the
+// model (ties go to the first listed).
+func (c *Comm) choose(op OpKind, n int) Algo { return c.chooseFit(op, n, c.sharedFits(op, n)) }
+
+// chooseFit is choose, told whether the operation fits the shared areas.
+func (c *Comm) chooseFit(op OpKind, n int, fits bool) Algo {
+	if a, ok := c.cfg.Algo[op]; ok && a != AlgoAuto {
+		if a == Shared && !fits {
+			return Algorithms[op][0] // not on one host over shm, or too large for the area
+		}
+		return a
+	}
+	algos := Algorithms[op]
+	best, bestT := algos[0], time.Duration(1<<62)
+	for _, a := range algos {
+		// Hier needs several hosts (and for all but AlltoAll(v), as many ranks on each);
+		// Shared, the operation within the shared areas.
+		if e := entries[op][a]; e.usable != nil && !e.usable(c.topo, fits) {
+			continue
+		}
+		if t := c.estimate(op, a, n); t < bestT {
+			best, bestT = a, t
+		}
+	}
+	return best
+}
+
+// sharedFits reports whether op on n bytes (per block) can run through the shared areas.
+// An AlltoAllv can only when every rank knows the whole count matrix (a VPlan, which
+// asks chooseFit itself).
+func (c *Comm) sharedFits(op OpKind, n int) bool {
+	switch {
+	case c.direct == nil:
+		return false
+	case op == OpAlltoAll:
+		return c.direct.Fits(n * c.size)
+	case op == OpAllGather, op == OpAllGatherv:
+		return c.direct.Fits(n)
+	case op == OpAllReduce: // the buffer through the area, never read across
+		return n <= c.direct.Cap()
+	case op == OpReduceScatter:
+		return n*c.size <= c.direct.Cap()
+	}
+	return false
+}
+
+// Algorithm returns the algorithm this communicator runs op with for bytes (AllReduce,
+// Broadcast, Reduce: the whole buffer; AllGather, ReduceScatter, AlltoAll: one rank's
+// block): the MOEX_ALGO override if there is one, else the cost model's choice.
+func (c *Comm) Algorithm(op OpKind, bytes int) Algo { return c.choose(op, bytes) }
+
+// estimate is the model's time for op with algo on this communicator. Ranks on several
+// hosts: flat algorithms pay the network for every step, and when several ranks of a
+// host send across at once (a ring whose order alternates hosts, the far steps of
+// recursive doubling) they share the host's link; the hierarchical algorithms
+// (AllReduce, AllGather, ReduceScatter) pay the host-local cost within hosts and the
+// network only between them.
+func (c *Comm) estimate(op OpKind, algo Algo, n int) time.Duration {
+	op = fixedOf(op) // n is then a block of average size
+	t := c.topo
+	if (op == OpAlltoAll || op == OpAlltoAllv) && t.hosts > 1 {
+		return c.estimateAlltoAllHosts(algo, n)
+	}
+	if algo == Hier && t.uniform {
+		m, h := len(t.members[0]), len(t.members)
+		net := c.link
+		net.Beta *= float64(m) // a host's m ranks cross at once
+		switch op {
+		case OpAllGather, OpReduceScatter:
+			// n is one rank's block: H blocks per message within the host, one across.
+			grp := c.intra
+			grp.Alpha *= time.Duration(h) // a message per block of the group
+			return grp.Estimate(op, Ring, m, h*n) + net.Estimate(op, Ring, h, n)
+		}
+		chunk := n / m
+		return c.intra.Estimate(OpReduceScatter, Ring, m, chunk) + net.Estimate(OpAllReduce, Ring, h, chunk) +
+			c.intra.Estimate(OpAllGather, Ring, m, chunk)
+	}
+	l := c.link
+	switch op {
+	case OpAllReduce, OpAllGather, OpReduceScatter:
+		if t.hosts > 1 {
+			l.Beta *= float64(t.sharing(algo))
+		}
+	}
+	return l.Estimate(op, algo, c.size, n)
+}
+
+// MessageShare is the part of a link's latency (Alpha) that every message on it costs
+// apart from the others, when many are in flight at once: framing, system calls, the
+// receiver's wake-ups. It makes the cost model count messages per link.
+const MessageShare = 0.25
+
+// estimateAlltoAllHosts is the model of an AlltoAll(v) of n-byte blocks on ranks that
+// span hosts. Every host's link carries the blocks its m ranks send to the P-m ranks
+// elsewhere, whatever the algorithm; the algorithms differ in how many messages carry
+// them: flat, a message per block (m(P-m) on the link; Bruck's log2(P) rounds, each of
+// a message per rank); two-level (Hier), one per rank and remote host (m(H-1)), then the
+// relays hand each rank of their host its blocks over the host's transport.
+func (c *Comm) estimateAlltoAllHosts(algo Algo, n int) time.Duration {
+	t := c.topo
+	p, h := c.size, t.hosts
+	m := 0
+	for _, ms := range t.members {
+		m = max(m, len(ms))
+	}
+	net, intra := c.link, c.intra
+	msg := func(l LinkCost, k int) float64 { return l.Alpha.Seconds() * (1 + MessageShare*float64(max(k-1, 0))) }
+	fn := float64(n)
+	wire := float64(m*(p-m)) * fn * net.Beta // the blocks on a host's link
+	local := float64(m-1) * fn * intra.Beta  // to the ranks of this host, directly
+	var sec float64
+	switch algo {
+	case Linear:
+		sec = msg(net, m*(p-m)) + wire + local
+	case Pairwise:
+		sec = float64(p-1)*net.Alpha.Seconds() + wire + local
+	case Bruck:
+		sec = float64(ceilLog2(p))*msg(net, m) + wire*float64(ceilLog2(p))/2 + 3*float64(p)*fn/20e9
+	case Hier:
+		relayed := (h - 1) * (m - 1) // blocks a relay hands on
+		sec = msg(net, m*(h-1)) + wire + local + msg(intra, m-1+relayed) + float64(relayed)*fn*intra.Beta
+	default:
+		return time.Duration(1 << 62)
+	}
+	return time.Duration(sec * 1e9)
+}
