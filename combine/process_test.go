@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moex-ai/moex/internal/long"
+
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/coll"
@@ -91,7 +93,11 @@ func TestMoEProcesses(t *testing.T) {
 	exe := filepath.Join(t.TempDir(), "moex")
 	out, err := exec.Command("go", "build", "-o", exe, "github.com/moex-ai/moex/cmd/moex").CombinedOutput()
 	require.NoError(t, err, "building moex: %s", out)
-	for _, tr := range []string{"shm", "tcp"} {
+	transports := []string{"shm"}
+	if long.Enabled() {
+		transports = append(transports, "tcp") // the quick cut has tcp in TestServingSurvivesKill
+	}
+	for _, tr := range transports {
 		t.Run(tr, func(t *testing.T) {
 			cmd := exec.Command(exe, "run", "-n", "4", "--", os.Args[0], "-test.run=^TestHelperMoERank$")
 			cmd.Env = append(os.Environ(), "MOEX_COMBINE_HELPER="+tr, "MOEX_TRANSPORT="+tr)
