@@ -127,12 +127,15 @@ func (p *peer) Eager(h wire.Header, s *sendReq) bool {
 }
 
 // Announce implements core.Link.
-func (p *peer) Announce(h wire.Header, s *sendReq) {
+func (p *peer) Announce(h wire.Header, s *sendReq) bool {
 	f := &s.X.frame
 	f.kind, f.payload, f.send = fkRTS, nil, s
 	h.Encode(f.hdr[:])
-	p.streams[0].send(f)
+	return p.streams[0].send(f)
 }
+
+// Wake implements core.Link: a frame left queued has woken its stream's writer already.
+func (p *peer) Wake(bool) {}
 
 // Withdraw implements core.Link.
 func (p *peer) Withdraw(s *sendReq) bool { return p.streams[0].removeCtl(&s.X.frame) }
