@@ -652,8 +652,3 @@ func (e *Engine[X, Y]) putUnexpected(u *unexpected) {
 	*u = unexpected{}
 	e.freeUnexp.Put(u)
 }
-
-// DropPools releases what the pools hold (at Close).
-func (e *Engine[X, Y]) DropPools() {
-	e.freeUnexp.Drain(func(*unexpected) {})
-}
