@@ -797,6 +797,7 @@ func startRanks(t *testing.T, addr string, ranks []int, size int, scenario strin
 // A rank that never comes: every rank that did fails at the start-up deadline with a
 // StartupError that names it.
 func TestStartupMissingRank(t *testing.T) {
+	t.Parallel() // most of it is the wait for the timeout
 	out := startRanks(t, freeAddr(t), []int{0, 1, 2}, 4, "startup", "MOEX_TIMEOUT=2s")
 	assert.Equal(t, 3, strings.Count(out, "startup failed: missing=[3] timeout=true"), out)
 }
