@@ -132,31 +132,18 @@ func (p *peer) publishLocked(h *wire.Header, payload []byte) bool {
 // send publishes a frame now, or queues it behind earlier ones; it reports whether it
 // went out now. Frames queued are flushed by the progress loop.
 func (p *peer) send(f outFrame) bool {
-	ok := p.post(f)
-	p.wake(ok)
-	return ok
-}
-
-// post publishes a frame now, or queues it behind earlier ones; it reports whether it
-// went out now. The caller then calls wake.
-func (p *peer) post(f outFrame) bool {
 	p.outMu.Lock()
 	ok := len(p.pending) == 0 && p.publishLocked(&f.h, f.payload)
 	if !ok {
 		p.pending = append(p.pending, f)
 	}
 	p.outMu.Unlock()
-	return ok
-}
-
-// wake rings the peer's doorbell for a frame published, or ours for one queued (our
-// progress loop flushes the queue).
-func (p *peer) wake(published bool) {
-	if published {
+	if ok {
 		p.seg.ringDoorbell()
 	} else {
-		p.t.own.ringDoorbell()
+		p.t.own.ringDoorbell() // our progress loop flushes the queue
 	}
+	return ok
 }
 
 // flushOut publishes queued frames and streams as room allows; it reports progress.
@@ -399,17 +386,14 @@ func (t *Transport) handoff(woke bool) {
 
 // Eager implements core.Link.
 func (p *peer) Eager(h wire.Header, s *sendReq) bool {
-	return p.post(outFrame{h: h, payload: s.Buf, send: s, eager: true})
+	return p.send(outFrame{h: h, payload: s.Buf, send: s, eager: true})
 }
-
-// Wake implements core.Link.
-func (p *peer) Wake(published bool) { p.wake(published) }
 
 // Announce implements core.Link: the payload is the buffer's address, for a receiver
 // that copies across.
-func (p *peer) Announce(h wire.Header, s *sendReq) bool {
+func (p *peer) Announce(h wire.Header, s *sendReq) {
 	binary.LittleEndian.PutUint64(s.X.addr[:], uint64(uintptr(unsafe.Pointer(unsafe.SliceData(s.Buf)))))
-	return p.post(outFrame{h: h, payload: s.X.addr[:], send: s})
+	p.send(outFrame{h: h, payload: s.X.addr[:], send: s})
 }
 
 // Withdraw implements core.Link.

@@ -127,15 +127,12 @@ func (p *peer) Eager(h wire.Header, s *sendReq) bool {
 }
 
 // Announce implements core.Link.
-func (p *peer) Announce(h wire.Header, s *sendReq) bool {
+func (p *peer) Announce(h wire.Header, s *sendReq) {
 	f := &s.X.frame
 	f.kind, f.payload, f.send = fkRTS, nil, s
 	h.Encode(f.hdr[:])
-	return p.streams[0].send(f)
+	p.streams[0].send(f)
 }
-
-// Wake implements core.Link: a frame left queued has woken its stream's writer already.
-func (p *peer) Wake(bool) {}
 
 // Withdraw implements core.Link.
 func (p *peer) Withdraw(s *sendReq) bool { return p.streams[0].removeCtl(&s.X.frame) }

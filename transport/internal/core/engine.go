@@ -65,13 +65,9 @@ type Link[X, Y any] interface {
 	// message left s.Buf now; otherwise the link completes s (Complete(len(s.Buf), nil))
 	// once it has. Under the peer's lock.
 	Eager(h wire.Header, s *Send[X, Y]) bool
-	// Announce sends the frame h (TypeRTS, the length in Aux, s.ID in ID), and reports
-	// whether it left now. Under the peer's lock.
-	Announce(h wire.Header, s *Send[X, Y]) bool
-	// Wake follows Eager and Announce, outside the peer's lock, with what they reported:
-	// the link wakes whoever must act on the frame (the peer, or its own progress for a
-	// frame left queued), keeping system calls out of the lock.
-	Wake(sent bool)
+	// Announce sends the frame h (TypeRTS, the length in Aux, s.ID in ID). Under the
+	// peer's lock.
+	Announce(h wire.Header, s *Send[X, Y])
 	// Withdraw removes s's frame if it is still queued, unsent, and reports whether it was.
 	// Under the peer's lock.
 	Withdraw(s *Send[X, Y]) bool
@@ -192,7 +188,6 @@ func (e *Engine[X, Y]) Isend(p *Peer[X, Y], tag transport.Tag, buf []byte) *Send
 		h.Type, h.Length = wire.TypeEager, uint64(len(buf))
 		done := p.Link.Eager(h, s)
 		p.mu.Unlock()
-		p.Link.Wake(done)
 		if done {
 			s.Complete(len(buf), nil)
 		}
@@ -201,9 +196,8 @@ func (e *Engine[X, Y]) Isend(p *Peer[X, Y], tag transport.Tag, buf []byte) *Send
 	s.state = ssAnnounced
 	s.ID = e.sends.Put(s)
 	h.Type, h.ID, h.Aux = wire.TypeRTS, s.ID, uint64(len(buf))
-	sent := p.Link.Announce(h, s)
+	p.Link.Announce(h, s)
 	p.mu.Unlock()
-	p.Link.Wake(sent)
 	return s
 }
 

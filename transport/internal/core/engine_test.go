@@ -95,12 +95,7 @@ func (l *fakeLink) Eager(h wire.Header, s *fsend) bool {
 	return true
 }
 
-func (l *fakeLink) Announce(h wire.Header, s *fsend) bool {
-	l.push(fframe{kind: fRTS, h: h})
-	return true
-}
-
-func (l *fakeLink) Wake(bool) {}
+func (l *fakeLink) Announce(h wire.Header, s *fsend) { l.push(fframe{kind: fRTS, h: h}) }
 
 func (l *fakeLink) Withdraw(s *fsend) bool {
 	l.mu.Lock()
