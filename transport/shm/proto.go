@@ -345,10 +345,7 @@ func (p *peer) frame(h *wire.Header, pl payload) error {
 		if len(pl.a) != 8 {
 			return fmt.Errorf("%w: RTS without an address", transport.ErrProtocol)
 		}
-		if h.Aux > wire.MaxLength {
-			return fmt.Errorf("%w: RTS announces %d bytes", transport.ErrProtocol, h.Aux)
-		}
-		return e.Announced(p.c, tag, h.ID, int(h.Aux), binary.LittleEndian.Uint64(pl.a))
+		return e.Announced(p.c, tag, h.ID, h.Aux, binary.LittleEndian.Uint64(pl.a))
 
 	case wire.TypeCTS:
 		if h.Aux == 0 { // FIN: the receiver copied our buffer
@@ -434,8 +431,18 @@ func (p *peer) Push(s *sendReq, recvID uint64) {
 	p.t.own.ringDoorbell()
 }
 
-// Notify implements core.Link.
-func (p *peer) Notify(id, code uint64, reason string) { p.notify(id, code, reason) }
+// Notify implements core.Link. A waiter that cancels its send calls it outside Isend and
+// Irecv, so it takes the lock that keeps the peer's segment mapped; it never waits for
+// it: while Close waits to unmap, the notice is dropped (the peer sees this rank close).
+func (p *peer) Notify(id, code uint64, reason string) {
+	if !p.t.life.TryRLock() {
+		return
+	}
+	defer p.t.life.RUnlock()
+	if !p.t.closed.Load() {
+		p.notify(id, code, reason)
+	}
+}
 
 // Drop implements core.Link.
 func (p *peer) Drop(fn func(*sendReq)) {

@@ -233,10 +233,7 @@ func (p *peer) handle(s *stream, h *wire.Header) (bye bool, err error) {
 		if n != 0 {
 			return false, fmt.Errorf("%w: RTS with payload", transport.ErrProtocol)
 		}
-		if h.Aux > wire.MaxLength {
-			return false, fmt.Errorf("%w: RTS announces %d bytes", transport.ErrProtocol, h.Aux)
-		}
-		return false, e.Announced(p.c, tag, h.ID, int(h.Aux), 0)
+		return false, e.Announced(p.c, tag, h.ID, h.Aux, 0)
 
 	case wire.TypeCTS:
 		if n != 0 {

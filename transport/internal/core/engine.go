@@ -370,12 +370,14 @@ func (e *Engine[X, Y]) deliver(p *Peer[X, Y], r *Recv[X, Y], tag transport.Tag, 
 	return r.Complete(k, nil), nil
 }
 
-// Announced handles the announcement of a message of length bytes, the peer's send
-// senderID, with what it carried besides (cookie).
-func (e *Engine[X, Y]) Announced(p *Peer[X, Y], tag transport.Tag, senderID uint64, length int, cookie uint64) error {
-	if length < 0 || uint64(length) > wire.MaxLength {
-		return fmt.Errorf("%w: RTS announces %d bytes", transport.ErrProtocol, length)
+// Announced handles the announcement of a message of size bytes (as the wire says it;
+// more than wire.MaxLength is a protocol error), the peer's send senderID, with what it
+// carried besides (cookie).
+func (e *Engine[X, Y]) Announced(p *Peer[X, Y], tag transport.Tag, senderID, size, cookie uint64) error {
+	if size > wire.MaxLength {
+		return fmt.Errorf("%w: RTS announces %d bytes", transport.ErrProtocol, size)
 	}
+	length := int(size)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if r, ok := p.posted.Take(0, tag.Key()); ok {

@@ -195,7 +195,7 @@ func (n *fakeNet) step(i int) (bool, error) {
 		}
 		return true, err
 	case fRTS:
-		return true, to.Announced(p, tag, f.h.ID, int(f.h.Aux), 0)
+		return true, to.Announced(p, tag, f.h.ID, f.h.Aux, 0)
 	case fCTS:
 		to.ClearToSend(p, f.h.ID, f.h.Aux)
 	case fFIN:
@@ -504,7 +504,7 @@ func TestEngineBadFrames(t *testing.T) {
 	n.link[1].mu.Unlock()
 	_, err = n.e[1].Data(n.peer[1], cts.h.Aux, 400, 200, &bytesSource{b: make([]byte, 200)})
 	require.ErrorIs(t, err, transport.ErrProtocol, "data past the message's end")
-	require.ErrorIs(t, n.e[1].Announced(n.peer[1], tagOf(3), 1, -1, 0), transport.ErrProtocol)
+	require.ErrorIs(t, n.e[1].Announced(n.peer[1], tagOf(3), 1, wire.MaxLength+1, 0), transport.ErrProtocol)
 
 	broken := errors.New("stream broke")
 	r2 := n.e[1].Irecv(n.peer[1], tagOf(4), make([]byte, 8))
