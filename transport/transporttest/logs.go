@@ -111,9 +111,10 @@ func addAttr(m map[string]any, prefix string, a slog.Attr) {
 
 func (h *recordHandler) WithAttrs(as []slog.Attr) slog.Handler {
 	n := *h
+	n.attrs = append([]slog.Attr(nil), h.attrs...)
 	for _, a := range as {
 		a.Key = h.prefix + a.Key
-		n.attrs = append(append([]slog.Attr(nil), h.attrs...), a)
+		n.attrs = append(n.attrs, a)
 	}
 	return &n
 }
