@@ -1,8 +1,6 @@
 package coll
 
-import (
-	"time"
-)
+import "time"
 
 // LinkCost is the alpha-beta(-gamma) model of one class of link.
 type LinkCost struct {
