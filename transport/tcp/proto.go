@@ -272,11 +272,11 @@ func (p *peer) handle(s *stream, h *wire.Header) (bye bool, err error) {
 // Isend implements transport.Transport.
 func (t *Transport) Isend(peer int, tag transport.Tag, buf []byte) (transport.Request, error) {
 	p, err := t.peerFor(peer)
-	if err != nil || p == nil {
-		if err == nil {
-			return t.self.Isend(0, tag, buf)
-		}
+	switch {
+	case err != nil:
 		return nil, err
+	case p == nil:
+		return t.self.Isend(0, tag, buf)
 	}
 	return t.eng.Isend(p.c, tag, buf), nil
 }
@@ -284,11 +284,11 @@ func (t *Transport) Isend(peer int, tag transport.Tag, buf []byte) (transport.Re
 // Irecv implements transport.Transport.
 func (t *Transport) Irecv(peer int, tag transport.Tag, buf []byte) (transport.Request, error) {
 	p, err := t.peerFor(peer)
-	if err != nil || p == nil {
-		if err == nil {
-			return t.self.Irecv(0, tag, buf)
-		}
+	switch {
+	case err != nil:
 		return nil, err
+	case p == nil:
+		return t.self.Irecv(0, tag, buf)
 	}
 	return t.eng.Irecv(p.c, tag, buf), nil
 }
