@@ -367,7 +367,7 @@ func Coalesce(ctx context.Context, c *coll.Comm, o CoalesceOpts, procRank bool) 
 			return nil, err
 		}
 		res.Model, res.Hidden, res.TopK, res.Experts = cfg.Name, cfg.Hidden, cfg.TopK, cfg.Experts
-		layer, err := models.NewLayer(cfg, o.Seed, []int{}, 0) // the router only: identity experts
+		layer, err := models.NewRoutedLayer(cfg, o.Seed, []int{}, 0) // the router only: identity experts
 		if err != nil {
 			return nil, err
 		}

@@ -31,7 +31,7 @@ func PlanMoE(o MoEOpts, p int) (*dispatch.Plan, models.Config, error) {
 	if err != nil {
 		return nil, cfg, err
 	}
-	layer, err := models.NewLayer(cfg, o.Seed, []int{}, 0) // the router only
+	layer, err := models.NewRoutedLayer(cfg, o.Seed, []int{}, 0) // the router only
 	if err != nil {
 		return nil, cfg, err
 	}

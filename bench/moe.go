@@ -194,7 +194,7 @@ func setup[T combine.Act](ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSe
 		return nil, fmt.Errorf("bench: --compute %q (want none or ffn)", o.Compute)
 	}
 	budget := memTotal() * 6 / 10 / int64(max(o.LocalRanks, 1))
-	layer, err := models.NewLayer(cfg, o.Seed, experts, budget)
+	layer, err := models.NewRoutedLayer(cfg, o.Seed, experts, budget)
 	if err != nil {
 		return nil, fmt.Errorf("%w (use --compute none, a smaller model or fewer ranks per process)", err)
 	}

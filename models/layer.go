@@ -34,13 +34,28 @@ type Layer struct {
 // plus the shared experts, refusing when they would need more than maxBytes (0: no
 // limit).
 func NewLayer(cfg Config, seed uint64, experts []int, maxBytes int64) (*Layer, error) {
+	return newLayer(cfg, seed, experts, maxBytes, true)
+}
+
+// NewRoutedLayer is NewLayer without the shared experts, for a rank that runs only the
+// routed part of the layer (Layer.SharedForward then adds nothing): the router and the
+// routed experts listed in experts (nil: all; empty: the router alone).
+func NewRoutedLayer(cfg Config, seed uint64, experts []int, maxBytes int64) (*Layer, error) {
+	return newLayer(cfg, seed, experts, maxBytes, false)
+}
+
+func newLayer(cfg Config, seed uint64, experts []int, maxBytes int64, shared bool) (*Layer, error) {
 	if experts == nil {
 		experts = make([]int, cfg.Experts)
 		for i := range experts {
 			experts[i] = i
 		}
 	}
-	need := 4 * (int64(len(experts))*cfg.ExpertParams() + int64(cfg.Shared)*3*int64(cfg.Hidden)*int64(cfg.SharedSize()) +
+	nShared := 0
+	if shared {
+		nShared = cfg.Shared
+	}
+	need := 4 * (int64(len(experts))*cfg.ExpertParams() + int64(nShared)*3*int64(cfg.Hidden)*int64(cfg.SharedSize()) +
 		int64(cfg.Experts)*int64(cfg.Hidden))
 	if maxBytes > 0 && need > maxBytes {
 		return nil, fmt.Errorf("%w: %s needs %.1f GiB of float32 weights for %d experts, the budget is %.1f GiB",
@@ -58,7 +73,7 @@ func NewLayer(cfg Config, seed uint64, experts []int, maxBytes int64) (*Layer, e
 		}
 		l.W1[e], l.W3[e], l.W2[e] = ffn(seed, 1+e, cfg.Hidden, cfg.ExpertFFN)
 	}
-	for s := 0; s < cfg.Shared; s++ {
+	for s := 0; s < nShared; s++ {
 		w1, w3, w2 := ffn(seed, 1+cfg.Experts+s, cfg.Hidden, cfg.SharedSize())
 		l.S1, l.S3, l.S2 = append(l.S1, w1), append(l.S3, w3), append(l.S2, w2)
 	}
@@ -125,7 +140,7 @@ func swiglu(w1, w3, w2 []float32, hid, f int, in []float32, rows int, out, scrat
 
 // SharedForward adds the shared experts' outputs for rows tokens to out.
 func (l *Layer) SharedForward(in []float32, rows int, out []float32) {
-	if l.Cfg.Shared == 0 || rows == 0 {
+	if len(l.S1) == 0 || rows == 0 {
 		return
 	}
 	tmp := make([]float32, rows*l.Cfg.Hidden)

@@ -53,6 +53,41 @@ func TestConfigs(t *testing.T) {
 	}
 }
 
+// TestRoutedLayer: NewRoutedLayer builds the same router and routed experts as NewLayer
+// and no shared experts, so SharedForward adds nothing, and its budget leaves them out.
+func TestRoutedLayer(t *testing.T) {
+	cfg, err := Get("tiny-deepseek")
+	require.NoError(t, err)
+	require.Positive(t, cfg.Shared)
+	full, err := NewLayer(cfg, 5, []int{1, 3}, 0)
+	require.NoError(t, err)
+	routed, err := NewRoutedLayer(cfg, 5, []int{1, 3}, 0)
+	require.NoError(t, err)
+	assert.Equal(t, full.Gate, routed.Gate)
+	assert.Equal(t, full.Router.Bias, routed.Router.Bias)
+	assert.Equal(t, full.W1, routed.W1)
+	assert.Equal(t, full.W2, routed.W2)
+	assert.Equal(t, full.W3, routed.W3)
+	assert.Len(t, full.S1, cfg.Shared)
+	assert.Empty(t, routed.S1)
+
+	x := Floats(cfg.Tokens(5, 0, 3))
+	out := make([]float32, len(x))
+	routed.SharedForward(x, 3, out)
+	assert.Equal(t, make([]float32, len(x)), out)
+	full.SharedForward(x, 3, out)
+	assert.NotEqual(t, make([]float32, len(x)), out)
+
+	// The router alone of DeepSeek-V3 fits where the shared expert does not.
+	ds, err := Get("deepseek-v3")
+	require.NoError(t, err)
+	budget := 4 * int64(ds.Experts*ds.Hidden) * 2
+	_, err = NewLayer(ds, 1, []int{}, budget)
+	require.ErrorIs(t, err, ErrTooLarge)
+	_, err = NewRoutedLayer(ds, 1, []int{}, budget)
+	require.NoError(t, err)
+}
+
 // maxRowAbs is the largest magnitude in each row.
 func maxRowAbs(x []float32, hid int) []float64 {
 	m := make([]float64, len(x)/hid)
