@@ -129,8 +129,13 @@ func e4m3(v float32) uint8 {
 func QuantizeFP8[T Activation](dst []byte, scales []float32, src []T, pow2 bool) {
 	dst = dst[:len(src)]
 	scales = scales[:FP8Scales(len(src))]
+	quantizeFP8Blocks(dst, scales, src, pow2, quantizeFP8Fast(dst, scales, src, pow2))
+}
+
+// quantizeFP8Blocks is QuantizeFP8 one block at a time, from block first on.
+func quantizeFP8Blocks[T Activation](dst []byte, scales []float32, src []T, pow2 bool, first int) {
 	var buf block
-	for b := range scales {
+	for b := first; b < len(scales); b++ {
 		lo, hi := b*FP8Block, min((b+1)*FP8Block, len(src))
 		x := f32s(src[lo:hi], &buf)
 		m, _ := amax(x)

@@ -1,6 +1,7 @@
 package dtype
 
 import (
+	"math"
 	"unsafe"
 
 	"golang.org/x/sys/cpu"
@@ -23,6 +24,18 @@ func amaxAVX2(src *float32, n int) (fin, all uint32)
 
 //go:noescape
 func toE4M3AVX2(dst *byte, src *float32, n int, inv float32)
+
+//go:noescape
+func amaxBlocksBF16AVX2(src *uint16, nblocks int, out *uint32)
+
+//go:noescape
+func amaxBlocksF32AVX2(src *float32, nblocks int, out *uint32)
+
+//go:noescape
+func toE4M3BlocksBF16AVX2(dst *byte, src *uint16, nblocks int, invs *float32)
+
+//go:noescape
+func toE4M3BlocksF32AVX2(dst *byte, src *float32, nblocks int, invs *float32)
 
 //go:noescape
 func fromE4M3AVX2(dst *float32, src *byte, n int, scale float32)
@@ -117,4 +130,40 @@ func fromI8Fast(dst []float32, src []byte, scale float32) int {
 	}
 	fromI8AVX2(&dst[0], &src[0], n, scale)
 	return n
+}
+
+// quantizeFP8Fast quantises the whole blocks of src as QuantizeFP8 does, a run of blocks
+// per call into the kernels (the largest finite magnitude of each, then the codes), and
+// returns how many blocks it did.
+func quantizeFP8Fast[T Activation](dst []byte, scales []float32, src []T, pow2 bool) int {
+	nb := len(src) / FP8Block
+	if !haveFMA || nb == 0 {
+		return 0
+	}
+	const run = 64
+	var bits [run]uint32
+	var invs [run]float32
+	for b := 0; b < nb; b += run {
+		n := min(run, nb-b)
+		lo := b * FP8Block
+		if isF32[T]() {
+			amaxBlocksF32AVX2(&asF32(src)[lo], n, &bits[0])
+		} else {
+			amaxBlocksBF16AVX2((*uint16)(unsafe.Pointer(&asBF16(src)[lo])), n, &bits[0])
+		}
+		for i := 0; i < n; i++ {
+			sc := fp8Scale(math.Float32frombits(bits[i]), pow2)
+			scales[b+i] = sc
+			invs[i] = 0
+			if sc > 0 {
+				invs[i] = 1 / sc
+			}
+		}
+		if isF32[T]() {
+			toE4M3BlocksF32AVX2(&dst[lo], &asF32(src)[lo], n, &invs[0])
+		} else {
+			toE4M3BlocksBF16AVX2(&dst[lo], (*uint16)(unsafe.Pointer(&asBF16(src)[lo])), n, &invs[0])
+		}
+	}
+	return nb
 }

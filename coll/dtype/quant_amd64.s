@@ -315,3 +315,242 @@ scb:
 	JNZ       scb
 	VZEROUPPER
 	RET
+
+// func amaxBlocksBF16AVX2(src *uint16, nblocks int, out *uint32)
+// out[b] = the float32 bits of the largest finite magnitude among the 128 bfloat16
+// values of block b (0 for a block of zeros and non-finite values); nblocks > 0.
+TEXT ·amaxBlocksBF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ         src+0(FP), SI
+	MOVQ         nblocks+8(FP), CX
+	MOVQ         out+16(FP), DI
+	VPCMPEQW     Y15, Y15, Y15
+	VPSRLW       $1, Y15, Y14        // 0x7fff
+	MOVL         $0x7f80, AX
+	VMOVD        AX, X13
+	VPBROADCASTW X13, Y13            // 0x7f80: the bits of +Inf
+
+abb:
+	VPXOR        Y0, Y0, Y0
+	VPXOR        Y1, Y1, Y1
+	MOVQ         $4, DX
+
+abi:
+	VPAND        (SI), Y14, Y2       // |x|
+	VPAND        32(SI), Y14, Y4
+	VPCMPGTW     Y2, Y13, Y3         // Inf > |x|: finite (the words are non-negative)
+	VPCMPGTW     Y4, Y13, Y5
+	VPAND        Y3, Y2, Y2
+	VPAND        Y5, Y4, Y4
+	VPMAXUW      Y2, Y0, Y0
+	VPMAXUW      Y4, Y1, Y1
+	ADDQ         $64, SI
+	DECQ         DX
+	JNZ          abi
+	VPMAXUW      Y1, Y0, Y0
+	VEXTRACTI128 $1, Y0, X2
+	VPMAXUW      X2, X0, X0
+	VPSHUFD      $0x4e, X0, X2
+	VPMAXUW      X2, X0, X0
+	VPSHUFD      $0xb1, X0, X2
+	VPMAXUW      X2, X0, X0
+	VPSRLD       $16, X0, X2
+	VPMAXUW      X2, X0, X0
+	VMOVD        X0, AX
+	SHLL         $16, AX             // the word, as the high half of a float32
+	MOVL         AX, (DI)
+	ADDQ         $4, DI
+	DECQ         CX
+	JNZ          abb
+	VZEROUPPER
+	RET
+
+// func amaxBlocksF32AVX2(src *float32, nblocks int, out *uint32)
+// out[b] = the bits of the largest finite magnitude among the 128 values of block b;
+// nblocks > 0.
+TEXT ·amaxBlocksF32AVX2(SB), NOSPLIT, $0-24
+	MOVQ      src+0(FP), SI
+	MOVQ      nblocks+8(FP), CX
+	MOVQ      out+16(FP), DI
+	VPCMPEQD  Y15, Y15, Y15
+	VPSRLD    $1, Y15, Y14           // 0x7fffffff
+	VPSLLD    $24, Y15, Y13
+	VPSRLD    $1, Y13, Y13           // 0x7f800000
+
+afb:
+	VPXOR     Y0, Y0, Y0
+	VPXOR     Y1, Y1, Y1
+	MOVQ      $8, DX
+
+afi:
+	VPAND     (SI), Y14, Y2
+	VPAND     32(SI), Y14, Y4
+	VPCMPGTD  Y2, Y13, Y3
+	VPCMPGTD  Y4, Y13, Y5
+	VPAND     Y3, Y2, Y2
+	VPAND     Y5, Y4, Y4
+	VPMAXUD   Y2, Y0, Y0
+	VPMAXUD   Y4, Y1, Y1
+	ADDQ      $64, SI
+	DECQ      DX
+	JNZ       afi
+	VPMAXUD   Y1, Y0, Y0
+	VEXTRACTI128 $1, Y0, X2
+	VPMAXUD   X2, X0, X0
+	VPSHUFD   $0x4e, X0, X2
+	VPMAXUD   X2, X0, X0
+	VPSHUFD   $0xb1, X0, X2
+	VPMAXUD   X2, X0, X0
+	VMOVD     X0, AX
+	MOVL      AX, (DI)
+	ADDQ      $4, DI
+	DECQ      CX
+	JNZ       afb
+	VZEROUPPER
+	RET
+
+// Constants of the E4M3 kernels that take runs of blocks, read from memory.
+DATA c7ffff<>+0(SB)/8, $0x0007ffff0007ffff
+DATA c7ffff<>+8(SB)/8, $0x0007ffff0007ffff
+DATA c7ffff<>+16(SB)/8, $0x0007ffff0007ffff
+DATA c7ffff<>+24(SB)/8, $0x0007ffff0007ffff
+GLOBL c7ffff<>(SB), RODATA|NOPTR, $32
+DATA c960<>+0(SB)/8, $0x000003c0000003c0
+DATA c960<>+8(SB)/8, $0x000003c0000003c0
+DATA c960<>+16(SB)/8, $0x000003c0000003c0
+DATA c960<>+24(SB)/8, $0x000003c0000003c0
+GLOBL c960<>(SB), RODATA|NOPTR, $32
+DATA cone<>+0(SB)/8, $0x0000000100000001
+DATA cone<>+8(SB)/8, $0x0000000100000001
+DATA cone<>+16(SB)/8, $0x0000000100000001
+DATA cone<>+24(SB)/8, $0x0000000100000001
+GLOBL cone<>(SB), RODATA|NOPTR, $32
+// Dword order that undoes the lane interleaving of two rounds of packing.
+DATA packorder<>+0(SB)/8, $0x0000000400000000
+DATA packorder<>+8(SB)/8, $0x0000000500000001
+DATA packorder<>+16(SB)/8, $0x0000000600000002
+DATA packorder<>+24(SB)/8, $0x0000000700000003
+GLOBL packorder<>(SB), RODATA|NOPTR, $32
+
+// E4M3_SETUP loads the constants E4M3 uses: Y13 0x7fffffff, Y7 the bits of +Inf, Y8
+// of 448, Y9 of 2^-6, Y6 512.0, Y5 2^23.
+#define E4M3_SETUP \
+	VPCMPEQD     Y13, Y13, Y13; \
+	VPSRLD       $1, Y13, Y13; \
+	MOVL         $0x3c800000, AX; \
+	VMOVD        AX, X9; \
+	VPBROADCASTD X9, Y9; \
+	MOVL         $0x43e00000, AX; \
+	VMOVD        AX, X8; \
+	VPBROADCASTD X8, Y8; \
+	MOVL         $0x7f800000, AX; \
+	VMOVD        AX, X7; \
+	VPBROADCASTD X7, Y7; \
+	MOVL         $0x44000000, AX; \
+	VMOVD        AX, X6; \
+	VPBROADCASTD X6, Y6; \
+	MOVL         $0x4b000000, AX; \
+	VMOVD        AX, X5; \
+	VPBROADCASTD X5, Y5
+
+// E4M3(out) writes into out the E4M3 codes, one per dword, of the 8 float32s in Y0
+// multiplied by Y15, as toE4M3AVX2 computes them; Y0, Y1 and Y4 are scratch.
+#define E4M3(out) \
+	VMULPS      Y0, Y15, Y0; \
+	VPSRLD      $31, Y0, Y1; \
+	VPSLLD      $7, Y1, Y1; \
+	VPAND       Y13, Y0, Y0; \
+	VPCMPGTD    Y7, Y0, out; \
+	VPSRLD      $31, out, out; \
+	VPOR        out, Y1, Y1; \
+	VPMINUD     Y8, Y0, Y0; \
+	VPSRLD      $20, Y0, out; \
+	VPAND       cone<>(SB), out, out; \
+	VPADDD      out, Y0, out; \
+	VPADDD      c7ffff<>(SB), out, out; \
+	VPSRLD      $20, out, out; \
+	VPSUBD      c960<>(SB), out, out; \
+	VMULPS      Y6, Y0, Y4; \
+	VADDPS      Y5, Y4, Y4; \
+	VPSUBD      Y5, Y4, Y4; \
+	VPCMPGTD    Y0, Y9, Y0; \
+	VBLENDVPS   Y0, Y4, out, out; \
+	VPOR        Y1, out, out
+
+// PACK32 stores the 32 codes in Y10, Y11, Y12 and Y14 (8 each, in that order) at (DI).
+#define PACK32 \
+	VPACKUSDW   Y11, Y10, Y10; \
+	VPACKUSDW   Y14, Y12, Y12; \
+	VPACKUSWB   Y12, Y10, Y10; \
+	VMOVDQU     packorder<>(SB), Y1; \
+	VPERMD      Y10, Y1, Y10; \
+	VMOVDQU     Y10, (DI)
+
+// func toE4M3BlocksBF16AVX2(dst *byte, src *uint16, nblocks int, invs *float32)
+// Block b of 128 bfloat16 values, multiplied by invs[b], as E4M3 bytes (toE4M3AVX2).
+TEXT ·toE4M3BlocksBF16AVX2(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         nblocks+16(FP), CX
+	MOVQ         invs+24(FP), R8
+	E4M3_SETUP
+
+ebb:
+	VBROADCASTSS (R8), Y15
+	ADDQ         $4, R8
+	MOVQ         $4, DX
+
+ebi:
+	VPMOVZXWD    (SI), Y0
+	VPSLLD       $16, Y0, Y0
+	E4M3(Y10)
+	VPMOVZXWD    16(SI), Y0
+	VPSLLD       $16, Y0, Y0
+	E4M3(Y11)
+	VPMOVZXWD    32(SI), Y0
+	VPSLLD       $16, Y0, Y0
+	E4M3(Y12)
+	VPMOVZXWD    48(SI), Y0
+	VPSLLD       $16, Y0, Y0
+	E4M3(Y14)
+	PACK32
+	ADDQ         $64, SI
+	ADDQ         $32, DI
+	DECQ         DX
+	JNZ          ebi
+	DECQ         CX
+	JNZ          ebb
+	VZEROUPPER
+	RET
+
+// func toE4M3BlocksF32AVX2(dst *byte, src *float32, nblocks int, invs *float32)
+// Block b of 128 float32 values, multiplied by invs[b], as E4M3 bytes (toE4M3AVX2).
+TEXT ·toE4M3BlocksF32AVX2(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         nblocks+16(FP), CX
+	MOVQ         invs+24(FP), R8
+	E4M3_SETUP
+
+efb:
+	VBROADCASTSS (R8), Y15
+	ADDQ         $4, R8
+	MOVQ         $4, DX
+
+efi:
+	VMOVUPS      (SI), Y0
+	E4M3(Y10)
+	VMOVUPS      32(SI), Y0
+	E4M3(Y11)
+	VMOVUPS      64(SI), Y0
+	E4M3(Y12)
+	VMOVUPS      96(SI), Y0
+	E4M3(Y14)
+	PACK32
+	ADDQ         $128, SI
+	ADDQ         $32, DI
+	DECQ         DX
+	JNZ          efi
+	DECQ         CX
+	JNZ          efb
+	VZEROUPPER
+	RET

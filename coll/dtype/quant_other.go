@@ -11,3 +11,8 @@ func toE4M3Fast(dst []byte, x []float32, inv float32) int       { return 0 }
 func fromE4M3Fast(dst []float32, src []byte, scale float32) int { return 0 }
 func toI8Fast(dst []byte, x []float32, inv float32) int         { return 0 }
 func fromI8Fast(dst []float32, src []byte, scale float32) int   { return 0 }
+
+func quantizeFP8Fast[T Activation](dst []byte, scales []float32, src []T, pow2 bool) int { return 0 }
+
+// haveFMA is false off amd64: the portable loops are the only ones.
+var haveFMA = false

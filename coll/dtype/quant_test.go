@@ -99,6 +99,52 @@ func TestQuantizeFP8(t *testing.T) {
 	}
 }
 
+// The kernels that quantise runs of whole blocks give the very codes and scales of the
+// block-at-a-time path, for float32 and bfloat16 rows with zeros, subnormals, values
+// past FP8's range, infinities and NaNs, and for rows with a partial last block.
+func TestQuantizeFP8RunsMatchBlocks(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	special := []float32{0, float32(math.Copysign(0, -1)), 1e-30, -1e-42, 3e38, -3e38, float32(math.Inf(1)),
+		float32(math.Inf(-1)), float32(math.NaN()), 0x1p-6, 0x1p-10, 448, 449, -1e6}
+	for _, n := range []int{128, 256, 7168, 64*128 + 128, 7168 + 77, 2880} {
+		for _, pow2 := range []bool{false, true} {
+			x := randRow(r, n, 3)
+			for i := 0; i < n/16; i++ {
+				x[r.IntN(n)] = special[r.IntN(len(special))]
+			}
+			if n >= 256 {
+				clear(x[128:256]) // a block of zeros
+			}
+			xb := make([]BFloat16, n)
+			F32ToBF16(xb, x)
+			rows := map[string]func(q []byte, s []float32, fast bool){
+				"f32": func(q []byte, s []float32, fast bool) {
+					if fast {
+						QuantizeFP8(q, s, x, pow2)
+					} else {
+						quantizeFP8Blocks(q, s, x, pow2, 0)
+					}
+				},
+				"bf16": func(q []byte, s []float32, fast bool) {
+					if fast {
+						QuantizeFP8(q, s, xb, pow2)
+					} else {
+						quantizeFP8Blocks(q, s, xb, pow2, 0)
+					}
+				},
+			}
+			for name, quant := range rows {
+				want, wantS := make([]byte, n), make([]float32, FP8Scales(n))
+				got, gotS := make([]byte, n), make([]float32, FP8Scales(n))
+				quant(want, wantS, false)
+				quant(got, gotS, true)
+				require.Equal(t, wantS, gotS, "%s n=%d pow2=%v: scales", name, n, pow2)
+				require.Equal(t, want, got, "%s n=%d pow2=%v: codes", name, n, pow2)
+			}
+		}
+	}
+}
+
 func TestQuantizeFP8NonFinite(t *testing.T) {
 	x := []float32{1, -2, float32(math.NaN()), float32(math.Inf(1)), float32(math.Inf(-1)), 0.5}
 	q := make([]byte, len(x))
