@@ -643,7 +643,7 @@ func (d *Direct) wait(ctx context.Context, off int, target uint32, cond func() (
 				atomic.StoreUint32(sleeping, 1)
 				if v := atomic.LoadUint32(word); !reached(v, target) && ctx.Err() == nil {
 					t.directParks.Add(1)
-					if futexWaitOn(word, v, int64(2*time.Millisecond)) {
+					if t.park(word, v, int64(2*time.Millisecond)) {
 						t.directTimeouts.Add(1)
 					}
 				} else {

@@ -17,3 +17,13 @@ func BreakArena(t *Transport, peer int) error {
 	t.peers[peer].arena.fd = fd
 	return err
 }
+
+// RawParks reports whether t's goroutines sleep holding their Ps (see rawParks).
+func RawParks(t *Transport) bool { return t.rawParks() }
+
+// FutexPark and FutexWake are futexPark and futexWake.
+func FutexPark(addr *uint32, val uint32, timeout time.Duration) bool {
+	return futexPark(addr, val, int64(timeout))
+}
+
+func FutexWake(addr *uint32) { futexWake(addr) }

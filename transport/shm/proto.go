@@ -665,7 +665,11 @@ func (t *Transport) progress() {
 		}
 		if !t.anyWork() {
 			t.parks.Add(1)
-			futexWaitOn(doorbell, seq, int64(progressNap))
+			if t.rawParks() {
+				futexPark(doorbell, seq, int64(min(rawNap, progressNap)))
+			} else {
+				futexWaitOn(doorbell, seq, int64(progressNap))
+			}
 		}
 		t.quiet.Store(false)
 		atomic.StoreUint32(sleeping, 0)

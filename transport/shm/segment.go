@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -191,6 +193,44 @@ func futexWaitOn(addr *uint32, val uint32, timeoutNS int64) (timedOut bool) {
 	_, _, e := syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), opFutexWait, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
 	return e == syscall.ETIMEDOUT
 }
+
+// futexPark is futexWaitOn as a raw system call, which the Go runtime does not see: the
+// goroutine keeps its P while it sleeps, as it would while spinning, and the process does
+// not go idle. It ends at timeoutNS, at a wake-up, or at a signal (EINTR), so the
+// runtime's preemption requests (a garbage collection's, or the scheduler's after 10 ms on
+// a P) are met at once.
+func futexPark(addr *uint32, val uint32, timeoutNS int64) (timedOut bool) {
+	ts := unix.NsecToTimespec(timeoutNS)
+	_, _, e := syscall.RawSyscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(addr)), opFutexWait, uintptr(val), uintptr(unsafe.Pointer(&ts)), 0, 0)
+	return e == syscall.ETIMEDOUT
+}
+
+// openTransports counts this process's open transports.
+var openTransports atomic.Int32
+
+// rawParks reports whether this rank's goroutines sleep holding their Ps (futexPark):
+// where ranks outnumber CPUs, when this process has this one rank (whose wake-ups all come
+// from other processes; a rank of the same process would need a P to wake it) and two Ps
+// or more. A sleep through the runtime (Syscall) lets the runtime take the P away and the
+// process go idle, and each wake-up from idle sets the runtime's monitor thread (sysmon)
+// polling every 20 us again; where ranks outnumber CPUs those polls take the CPUs from
+// the ranks, many times a step. The cost of holding the P is that the process's other
+// goroutines get it only when the scheduler preempts the sleeper (within 10 ms).
+func (t *Transport) rawParks() bool {
+	return t.oversubscribed && openTransports.Load() == 1 && runtime.GOMAXPROCS(0) >= 2
+}
+
+// park sleeps as futexPark where rawParks allows, else as futexWaitOn.
+func (t *Transport) park(addr *uint32, val uint32, timeoutNS int64) (timedOut bool) {
+	if t.rawParks() {
+		return futexPark(addr, val, timeoutNS)
+	}
+	return futexWaitOn(addr, val, timeoutNS)
+}
+
+// rawNap bounds the progress loop's sleeps that hold a P, so that, even without
+// asynchronous preemption, nothing waits longer for the P.
+const rawNap = 10 * time.Millisecond
 
 // The wakes never block: raw system calls, which the Go runtime need not track (see
 // busypoll's osYield).

@@ -172,6 +172,7 @@ type Transport struct {
 	slotsOut, slotsIn, cmaBytes, ringBytes, parks, full, rewinds atomic.Uint64
 	directOps, directParks, directTimeouts, sharedBytes          atomic.Uint64
 	windows, winParks                                            atomic.Uint64
+	oversubscribed                                               bool // ranks outnumber CPUs (Config.Poll): see rawParks
 }
 
 var _ transport.Transport = (*Transport)(nil)
@@ -225,7 +226,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	t := &Transport{
 		rank: cfg.Rank, size: cfg.Size, slotSize: cfg.SlotSize,
 		eager:  min(MaxEager, cfg.Slots/2*cfg.SlotSize-hdrSize),
-		rewind: cfg.Rewind > 0 || (cfg.Rewind == 0 && cfg.Poll.Oversubscribed), stream: cfg.Stream,
+		rewind: cfg.Rewind > 0 || (cfg.Rewind == 0 && cfg.Poll.Oversubscribed), stream: cfg.Stream, oversubscribed: cfg.Poll.Oversubscribed,
 		grace: cfg.CancelGrace, poller: cfg.Poller, pool: cfg.Pool, log: cfg.Logger, stop: make(chan struct{}),
 	}
 	if t.grace <= 0 {
@@ -354,6 +355,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 }
 
 func (t *Transport) start() {
+	openTransports.Add(1)
 	t.wg.Add(2)
 	go t.progress()
 	go t.watchPeers()
@@ -447,6 +449,7 @@ func (t *Transport) Kill() {
 // shutdown marks the segment closed, stops the progress loop, fails what is pending and
 // unmaps everything (Close after its goodbyes, Kill without them).
 func (t *Transport) shutdown() error {
+	openTransports.Add(-1)
 	atomic.StoreUint32(t.own.u32(offState), stateClosed)
 	close(t.stop)
 	t.drv.Handoff() // the loop may sleep unannounced: wake it whatever its flag says

@@ -173,7 +173,7 @@ func (w *window) Wait(ctx context.Context, ready func() bool) error {
 			atomic.AddUint32(sleeping, 1)
 			if !ready() && ctx.Err() == nil {
 				t.winParks.Add(1)
-				futexWaitOn(bell, v, int64(2*time.Millisecond))
+				t.park(bell, v, int64(2*time.Millisecond))
 			}
 			atomic.AddUint32(sleeping, ^uint32(0))
 			break
