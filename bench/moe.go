@@ -67,6 +67,11 @@ type Stage struct {
 	Moved   int64   `json:"moved_bytes"`
 	FloorUS float64 `json:"copy_floor_us"`  // those bytes, each copied once, with every CPU
 	OverP50 float64 `json:"p50_over_floor"` // P50US / FloorUS
+	// StepFloorUS is the p50 of every rank copying its share of those bytes once in the
+	// cache state of a step, timed as the stage is (stepFloors); OverStepFloor is P50US
+	// over it.
+	StepFloorUS   float64 `json:"step_floor_us"`
+	OverStepFloor float64 `json:"p50_over_step_floor"`
 }
 
 // MoEResult is the outcome, the fields of `moex bench moe --json`.
@@ -255,6 +260,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		return nil
 	}
 	var combineBytes int
+	var lastOut *dispatch.Output[T] // the last timed step's, for the in-step floors
 	// A timed step starts each stage together (a barrier before it), so that a stage's
 	// time is its own, not the wait for a rank still busy with the stage before.
 	step := func(rec []float64) error {
@@ -287,6 +293,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 			rec[0], rec[1], rec[2] = t1.Sub(t0).Seconds(), t2.Sub(t1).Seconds(), t3.Sub(t2b).Seconds()
 		}
 		combineBytes = combineSent(h, ep.C.RowBytes(), p, me, o.Mode)
+		lastOut = dout
 		return nil
 	}
 	for i := 0; i < o.Warmup; i++ {
@@ -319,6 +326,11 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		}
 	}
 	prof := c.ProfileOf(coll.OpAlltoAllv)
+	dFloor, cFloor, err := stepFloors(ctx, c, lastOut, x, o.Tokens, cfg.Hidden, ep.Output, experts, min(iters, 30),
+		ep.D.Format().Payload, ep.D.Stats().BytesSent)
+	if err != nil {
+		return nil, err
+	}
 	if err := coll.AllReduce(ctx, c, nil, times, dtype.Max); err != nil {
 		return nil, err
 	}
@@ -338,6 +350,15 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	}
 	res.Dispatch = stageOf(times, 0, iters)
 	res.Combine = stageOf(times, 2, iters)
+	for _, sf := range []struct {
+		s     *Stage
+		floor float64
+	}{{&res.Dispatch, dFloor}, {&res.Combine, cFloor}} {
+		sf.s.StepFloorUS = sf.floor * 1e6
+		if sf.floor > 0 {
+			sf.s.OverStepFloor = sf.s.P50US / sf.s.StepFloorUS
+		}
+	}
 	comp := stageOf(times, 1, iters)
 	res.ComputeUS = comp.MeanUS
 	steps := make([]float64, iters)
@@ -580,6 +601,60 @@ func overlap[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[T],
 	return v[0], v[1], nil
 }
 
+// stepFloors times every rank copying once, in the cache state of a step, what its
+// stages move, each iteration as a stage is timed (every rank starting together, the
+// slowest rank's time) and returns the p50s over iters: after the experts have run (on
+// out, the last dispatch's output, as in a step), the sent bytes of the dispatch, taken
+// from the tokens x a payload (bytes of a row on the wire) at a time, into one buffer;
+// then the combine's reads, the expert outputs y(), row by row into another. What the
+// stages add to these copies is their protocol, their waiting for one another and their
+// writes into other ranks' memory. StageFloor is the same bytes copied with warm caches.
+func stepFloors[T combine.Act](ctx context.Context, c *coll.Comm, out *dispatch.Output[T], x []T, tokens, hid int,
+	y func() []T, experts func(*dispatch.Output[T]) error, iters, payload, sent int) (disp, comb float64, err error) {
+	if out == nil || iters <= 0 || tokens == 0 {
+		return 0, 0, nil
+	}
+	xb := dtype.Bytes(x)
+	rowB := len(xb) / tokens
+	pay := max(min(payload, rowB), 1)
+	dbuf := make([]byte, sent)
+	var cbuf []T
+	times := make([]float64, 2*iters)
+	for i := 0; i < iters; i++ {
+		if err := coll.Barrier(ctx, c); err != nil {
+			return 0, 0, err
+		}
+		t0 := time.Now()
+		for off, t := 0, 0; off < sent; t = (t + 1) % tokens {
+			off += copy(dbuf[off:min(off+pay, sent)], xb[t*rowB:])
+		}
+		times[2*i] = time.Since(t0).Seconds()
+		if err := experts(out); err != nil {
+			return 0, 0, err
+		}
+		if err := coll.Barrier(ctx, c); err != nil {
+			return 0, 0, err
+		}
+		ys := y()[:out.Rows()*hid]
+		if cbuf == nil {
+			cbuf = make([]T, len(ys))
+		}
+		t1 := time.Now()
+		for r := 0; r < len(ys); r += hid {
+			copy(cbuf[r:r+hid], ys[r:r+hid])
+		}
+		times[2*i+1] = time.Since(t1).Seconds()
+	}
+	if err := coll.AllReduce(ctx, c, nil, times, dtype.Max); err != nil {
+		return 0, 0, err
+	}
+	d, cm := make([]float64, iters), make([]float64, iters)
+	for i := range d {
+		d[i], cm[i] = times[2*i], times[2*i+1]
+	}
+	return percentile(d, 0.5), percentile(cm, 0.5), nil
+}
+
 // StageFloor is a lower bound for a stage in which rank q puts bytes[q] on the wire and
 // each byte moves once: the best time, over a few tries, of copying every rank's bytes
 // once into another buffer with as many threads as there are CPUs (at most one per
@@ -615,8 +690,8 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	stage := func(name string, s Stage) {
-		row(name, fmt.Sprintf("p50 %.1f us, p99 %.1f us, mean %.1f us; %s on the wire, copy floor %.1f us for %s (p50 %.2fx the floor)",
-			s.P50US, s.P99US, s.MeanUS, SizeOf(s.Bytes), s.FloorUS, SizeOf(s.Moved), s.OverP50))
+		row(name, fmt.Sprintf("p50 %.1f us, p99 %.1f us, mean %.1f us; %s on the wire, copy floor %.1f us for %s (p50 %.2fx the floor), %.1f us in a step's cache state (p50 %.2fx)",
+			s.P50US, s.P99US, s.MeanUS, SizeOf(s.Bytes), s.FloorUS, SizeOf(s.Moved), s.OverP50, s.StepFloorUS, s.OverStepFloor))
 	}
 	row("path", r.Path)
 	stage("dispatch", r.Dispatch)

@@ -75,6 +75,8 @@ func TestMoEBenchRuns(t *testing.T) {
 				assert.GreaterOrEqual(t, s.P99US, s.P50US)
 				assert.Positive(t, s.Bytes)
 				assert.Positive(t, s.FloorUS)
+				assert.Positive(t, s.StepFloorUS)
+				assert.InDelta(t, s.P50US/s.StepFloorUS, s.OverStepFloor, 1e-9)
 			}
 			assert.Positive(t, r.TokensPerS)
 			assert.Positive(t, r.PairUS)
