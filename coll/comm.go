@@ -221,6 +221,10 @@ func (cfg *Config) fill() error {
 // last step of building a communicator, since a watcher may abort it at once.
 func (c *Comm) listen() *Comm {
 	c.ctlBufs = make([][]byte, c.size)
+	c.lost = make([]chan struct{}, c.size)
+	for q := range c.lost {
+		c.lost[q] = make(chan struct{})
+	}
 	for q := 0; q < c.size; q++ {
 		if q == c.rank {
 			continue
@@ -249,7 +253,10 @@ func (c *Comm) watch(q int, req transport.Request) {
 			return
 		}
 		if err != nil {
-			c.awaitNotice(err)
+			close(c.lost[q])
+			if errors.Is(err, transport.ErrPeerLeft) {
+				c.awaitNotice(err) // a goodbye: the notice that explains it may come from another rank
+			}
 			if c.actx.Err() != nil {
 				return
 			}
@@ -701,21 +708,33 @@ const mismatchGrace = 100 * time.Millisecond
 // way on another connection. Wait for it a moment, so that every rank's error names the
 // cause rather than the rank that left because of it.
 //
-// A peer whose connection ended without a goodbye may have aborted and exited right after
-// sending its notice (a program that exits on the error): the notice is read before the
-// end of the connection, but the goroutine that acts on it may not have run yet. It is
-// waited for as long as a mismatch's.
+// A peer whose connection ended without a goodbye (it crashed, or exited on an error)
+// sent any notice before the end of the connection, on the same connection: the notice
+// completed that peer's watcher's receive before the transport failed this operation,
+// though the watcher may not have acted on it yet. Wait, as long as a mismatch's grace at
+// most, for the watcher to act (the communicator aborts with the notice's cause) or to
+// see the peer gone without one (lost): then nothing more is coming, and a crash is an
+// error at once.
 //
 // A message of another operation than the one posted (transport.ErrMismatch) is often a
 // peer's step of an operation this rank never entered, sent before that peer aborted:
 // its notice is on the way too, and is waited for a shorter moment.
 func (c *Comm) awaitNotice(err error) {
 	grace := noticeGrace
+	var lost <-chan struct{}
 	switch {
 	case c.actx.Err() != nil:
 		return
 	case errors.Is(err, transport.ErrPeerLeft):
-	case errors.Is(err, transport.ErrMismatch), errors.Is(err, transport.ErrPeerClosed):
+	case errors.Is(err, transport.ErrPeerClosed):
+		grace = mismatchGrace
+		var pe *transport.PeerError
+		if errors.As(err, &pe) {
+			if q := slices.Index(c.ranks, pe.Rank); q >= 0 && q != c.rank && c.lost != nil {
+				lost = c.lost[q]
+			}
+		}
+	case errors.Is(err, transport.ErrMismatch):
 		grace = mismatchGrace
 	default:
 		return
@@ -723,6 +742,7 @@ func (c *Comm) awaitNotice(err error) {
 	t := time.NewTimer(grace)
 	select {
 	case <-c.actx.Done():
+	case <-lost:
 	case <-t.C:
 	}
 	t.Stop()

@@ -105,8 +105,13 @@ type Comm struct {
 	abortOnce sync.Once
 	watchers  sync.WaitGroup
 	ctlBufs   [][]byte
-	probeMu   sync.Mutex
-	probeCh   chan probeReply // replies to this rank's stall probe, while one runs
+
+	// lost[q] is closed when peer q's watcher has seen the transport report q gone (and
+	// so that no abort notice came from q before it left: see awaitNotice).
+	lost []chan struct{}
+
+	probeMu sync.Mutex
+	probeCh chan probeReply // replies to this rank's stall probe, while one runs
 
 	timer    *time.Timer
 	armed    atomic.Bool // timer is set (it stays set across operations until it fires idle)
