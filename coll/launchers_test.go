@@ -3,6 +3,7 @@ package coll
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -68,8 +69,7 @@ func TestUnderTorchrun(t *testing.T) {
 				if form == "standalone" {
 					args = []string{"--standalone", "--nproc_per_node", fmt.Sprint(n)}
 				} else {
-					_, port, _ := strings.Cut(freeAddr(t), ":")
-					args = append(args, "--master_addr", "127.0.0.1", "--master_port", port)
+					args = append(args, "--master_addr", "127.0.0.1", "--master_port", fmt.Sprint(freePortPair(t)))
 				}
 				// -r 1 -t 1: torch 1.13's agent crashes on Python 3.11 without them.
 				args = append(args, "-r", "1", "-t", "1", "--no_python", os.Args[0], "-test.run=^TestHelperCollRank$")
@@ -104,4 +104,23 @@ func TestUnderMpirun(t *testing.T) {
 			assert.Equal(t, n, strings.Count(string(out), "by openmpi: allreduce ok"), "%s", out)
 		})
 	}
+}
+
+// freePortPair returns a loopback port that is free, and whose next port is free too, as
+// torchrun's static form needs (its agent's store takes the port, moex's the next one).
+func freePortPair(t *testing.T) int {
+	t.Helper()
+	for try := 0; try < 50; try++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		require.NoError(t, err)
+		port := ln.Addr().(*net.TCPAddr).Port
+		next, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+1))
+		ln.Close()
+		if err == nil {
+			next.Close()
+			return port
+		}
+	}
+	require.FailNow(t, "no two free loopback ports in a row in 50 tries")
+	return 0
 }
