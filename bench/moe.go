@@ -606,7 +606,8 @@ func overlap[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[T],
 // slowest rank's time) and returns the p50s over iters: after the experts have run (on
 // out, the last dispatch's output, as in a step), the sent bytes of the dispatch, taken
 // from the tokens x a payload (bytes of a row on the wire) at a time, into one buffer;
-// then the combine's reads, the expert outputs y(), row by row into another. What the
+// then the combine's reads, the expert outputs y(), row by row into another; where ranks
+// outnumber the host's CPUs, no less than all the ranks' copying shared among them. What the
 // stages add to these copies is their protocol, their waiting for one another and their
 // writes into other ranks' memory. StageFloor is the same bytes copied with warm caches.
 func stepFloors[T combine.Act](ctx context.Context, c *coll.Comm, out *dispatch.Output[T], x []T, tokens, hid int,
@@ -645,12 +646,19 @@ func stepFloors[T combine.Act](ctx context.Context, c *coll.Comm, out *dispatch.
 		}
 		times[2*i+1] = time.Since(t1).Seconds()
 	}
+	// The slowest rank's copy, or, where ranks outnumber CPUs and so copy in turns, every
+	// rank's copying shared among the CPUs, whichever is longer.
+	sum := append([]float64(nil), times...)
 	if err := coll.AllReduce(ctx, c, nil, times, dtype.Max); err != nil {
 		return 0, 0, err
 	}
+	if err := coll.AllReduce(ctx, c, nil, sum, dtype.Sum); err != nil {
+		return 0, 0, err
+	}
+	cpus := float64(min(c.Size(), runtime.NumCPU()))
 	d, cm := make([]float64, iters), make([]float64, iters)
 	for i := range d {
-		d[i], cm[i] = times[2*i], times[2*i+1]
+		d[i], cm[i] = max(times[2*i], sum[2*i]/cpus), max(times[2*i+1], sum[2*i+1]/cpus)
 	}
 	return percentile(d, 0.5), percentile(cm, 0.5), nil
 }
@@ -668,6 +676,9 @@ func StageFloor(bytes []int) time.Duration {
 	if p == 0 || total == 0 {
 		return 0
 	}
+	// Where ranks outnumber CPUs the shm transport's progress loop sleeps holding a P (see
+	// its rawParks): one P more, so that the copies still have a P per CPU.
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(runtime.GOMAXPROCS(0) + 1))
 	src, dst := make([]*obuf.Buf, p), make([]*obuf.Buf, p)
 	for q, n := range bytes {
 		src[q], dst[q] = obuf.Default.Get(max(n, 1)), obuf.Default.Get(max(n, 1))
