@@ -26,7 +26,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-3}
-if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
+# mpicc comes with openmpi-bin; its headers (mpi.h) only with libopenmpi-dev.
+if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null ||
+	! echo '#include <mpi.h>' | mpicc -E -x c - >/dev/null 2>&1; then
 	echo "# installing Open MPI (openmpi-bin, libopenmpi-dev)" >&2
 	apt-get update >/dev/null
 	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends openmpi-bin libopenmpi-dev >/dev/null
