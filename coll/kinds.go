@@ -6,6 +6,8 @@ package coll
 import (
 	"fmt"
 	"strings"
+
+	hostgroups "github.com/moex-ai/moex/internal/hosts"
 )
 
 // OpKind names a collective operation.
@@ -128,18 +130,8 @@ type topology struct {
 }
 
 func newTopology(hosts []int) topology {
-	t := topology{hostOf: make([]int, len(hosts)), local: make([]int, len(hosts))}
-	idx := map[int]int{}
-	for r, h := range hosts {
-		i, ok := idx[h]
-		if !ok {
-			i = len(t.members)
-			idx[h] = i
-			t.members = append(t.members, nil)
-		}
-		t.hostOf[r], t.local[r] = i, len(t.members[i])
-		t.members[i] = append(t.members[i], r)
-	}
+	var t topology
+	t.hostOf, t.local, t.members = hostgroups.Group(hosts)
 	t.hosts = len(t.members)
 	t.uniform = t.hosts > 1 && len(t.members[0]) > 1
 	for _, ms := range t.members {

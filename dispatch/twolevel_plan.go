@@ -7,6 +7,7 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	hostgroups "github.com/moex-ai/moex/internal/hosts"
 	"github.com/moex-ai/moex/router"
 )
 
@@ -28,18 +29,8 @@ func newTwoLevel(pl *router.Placement, hosts []int) (*twoLevel, error) {
 	if len(hosts) != pl.Ranks {
 		return nil, fmt.Errorf("%w: hosts of %d ranks for a placement of %d", ErrConfig, len(hosts), pl.Ranks)
 	}
-	tl := &twoLevel{hostIdx: make([]int, len(hosts)), local: make([]int, len(hosts))}
-	idx := map[int]int{}
-	for r, h := range hosts {
-		i, ok := idx[h]
-		if !ok {
-			i = len(tl.members)
-			idx[h] = i
-			tl.members = append(tl.members, nil)
-		}
-		tl.hostIdx[r], tl.local[r] = i, len(tl.members[i])
-		tl.members[i] = append(tl.members[i], r)
-	}
+	tl := &twoLevel{}
+	tl.hostIdx, tl.local, tl.members = hostgroups.Group(hosts)
 	for _, ms := range tl.members {
 		if len(ms) != len(tl.members[0]) {
 			return nil, fmt.Errorf("%w: a two-level dispatch needs hosts with equal numbers of ranks", ErrConfig)
