@@ -249,11 +249,13 @@ func (c *Comm) watch(q int, req transport.Request) {
 	defer c.watchers.Done()
 	for {
 		n, err := req.Wait(c.actx)
+		if errors.Is(err, transport.ErrPeerClosed) {
+			close(c.lost[q]) // whether or not the communicator has aborted meanwhile
+		}
 		if c.actx.Err() != nil {
 			return
 		}
 		if err != nil {
-			close(c.lost[q])
 			if errors.Is(err, transport.ErrPeerLeft) {
 				c.awaitNotice(err) // a goodbye: the notice that explains it may come from another rank
 			}

@@ -284,3 +284,32 @@ func TestAbortReachesSplit(t *testing.T) {
 		require.NoError(t, err, "rank %d", r)
 	}
 }
+
+// A crashed peer's watcher marks it lost (what an operation that saw the crash waits
+// for instead of the grace period), and only it; the survivors' next operation fails
+// naming the dead rank.
+func TestWatcherMarksCrashedPeerLost(t *testing.T) {
+	const p, victim = 3, 2
+	cs := newLocal(t, p, Config{Timeout: 10 * time.Second})
+	kill(cs[victim])
+	for r := 0; r < victim; r++ {
+		select {
+		case <-cs[r].lost[victim]:
+		case <-time.After(10 * time.Second):
+			require.FailNow(t, "the dead rank is not marked lost", "rank %d", r)
+		}
+		select {
+		case <-cs[r].lost[1-r]:
+			assert.Fail(t, "a live rank is marked lost", "rank %d marks rank %d", r, 1-r)
+		default:
+		}
+	}
+	errs := runOn(cs[:victim], func(c *Comm) error {
+		return AllReduce(context.Background(), c, nil, []int64{1}, dtype.Sum)
+	})
+	for r, err := range errs {
+		var pe *PeerError
+		require.ErrorAs(t, err, &pe, "rank %d", r)
+		assert.Equal(t, victim, pe.Rank, "rank %d", r)
+	}
+}
