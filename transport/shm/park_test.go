@@ -1,6 +1,7 @@
 package shm_test
 
 import (
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,6 +22,26 @@ func TestRawParksOnlyForALoneRank(t *testing.T) {
 			assert.False(t, shm.RawParks(tr), "oversubscribed=%v rank %d: a rank of a process with two", over, r)
 		}
 	}
+}
+
+// A rank alone in its process, where ranks outnumber CPUs, sleeps holding its P; it stops
+// while another rank shares the process, and starts again once that one has closed. (The
+// package's tests run one at a time: no other transport is open meanwhile.)
+func TestRawParksForALoneOversubscribedRank(t *testing.T) {
+	if runtime.GOMAXPROCS(0) < 2 {
+		t.Skip("GOMAXPROCS is 1: a rank never holds the process's only P")
+	}
+	over := func(c *shm.Config) { c.Poll = busypoll.Config{Oversubscribed: true} }
+	lone := start(t, 1, over)[0]
+	assert.True(t, shm.RawParks(lone), "alone and oversubscribed")
+	other := start(t, 1, nil)[0]
+	assert.False(t, shm.RawParks(lone), "two ranks in the process")
+	assert.False(t, shm.RawParks(other), "not oversubscribed, and two ranks")
+	require.NoError(t, other.Close())
+	assert.True(t, shm.RawParks(lone), "alone again")
+	quiet := start(t, 1, nil)
+	require.NoError(t, lone.Close())
+	assert.False(t, shm.RawParks(quiet[0]), "alone, with a CPU to itself")
 }
 
 // The raw sleep ends at a wake-up, at once when the word has moved on already, and at
