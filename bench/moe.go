@@ -32,11 +32,14 @@ type MoEOpts struct {
 	Mode      dispatch.Mode // normal or low-latency (buffers for Tokens per rank)
 	Quantized bool          // the experts take the fp8 or int8 rows and their scales (dispatch.Config.Quantized)
 	Compute   string        // "none" (identity experts) or "ffn" (the reference SwiGLU)
-	Placement string        // "contiguous" (default), "roundrobin"
-	Iters     int           // 0: about a second's worth, 3..200
-	Warmup    int
-	Seed      uint64
-	Naive     bool // also time the naive dispatch (one message per token-expert pair)
+	// SendPartials makes the low-latency combine send partial sums where it would read
+	// the expert outputs in place (dispatch.Config.SendPartials).
+	SendPartials bool
+	Placement    string // "contiguous" (default), "roundrobin"
+	Iters        int    // 0: about a second's worth, 3..200
+	Warmup       int
+	Seed         uint64
+	Naive        bool // also time the naive dispatch (one message per token-expert pair)
 	// Overlap also times the step as Chunks micro-batches (default 2) in a pipeline
 	// (combine.Pipeline: one chunk's rows move while another's experts compute) against
 	// the same micro-batches one after the other.
@@ -76,26 +79,29 @@ type Stage struct {
 
 // MoEResult is the outcome, the fields of `moex bench moe --json`.
 type MoEResult struct {
-	Model         string  `json:"model"`
-	Ranks         int     `json:"ranks"`
-	Transport     string  `json:"transport"`
-	Mode          string  `json:"mode"`
-	Path          string  `json:"path"` // how rows move: the AlltoAllv's algorithm, or the low-latency exchange's
-	TokensPerRank int     `json:"tokens_per_rank"`
-	Act           string  `json:"activations"`
-	Hidden        int     `json:"hidden"`
-	TopK          int     `json:"top_k"`
-	Experts       int     `json:"experts"`
-	Wire          string  `json:"wire_dtype"`
-	Quantized     bool    `json:"quantized,omitempty"` // the experts took the quantised rows
-	CombineWire   string  `json:"combine_dtype"`
-	Compute       string  `json:"compute"`
-	Dispatch      Stage   `json:"dispatch"`
-	Combine       Stage   `json:"combine"`
-	ComputeUS     float64 `json:"compute_us"`
-	StepUS        float64 `json:"step_us"`      // dispatch + compute + combine, the slowest rank per stage, mean
-	PairUS        float64 `json:"pair_us"`      // one dispatch-then-combine pair, back to back
-	TokensPerS    float64 `json:"tokens_per_s"` // every rank's tokens per step time
+	Model         string `json:"model"`
+	Ranks         int    `json:"ranks"`
+	Transport     string `json:"transport"`
+	Mode          string `json:"mode"`
+	Path          string `json:"path"` // how rows move: the AlltoAllv's algorithm, or the low-latency exchange's
+	TokensPerRank int    `json:"tokens_per_rank"`
+	Act           string `json:"activations"`
+	Hidden        int    `json:"hidden"`
+	TopK          int    `json:"top_k"`
+	Experts       int    `json:"experts"`
+	Wire          string `json:"wire_dtype"`
+	Quantized     bool   `json:"quantized,omitempty"` // the experts took the quantised rows
+	CombineWire   string `json:"combine_dtype"`
+	// CombineInPlace: the combine read the expert outputs where the experts wrote them
+	// (low-latency mode, every rank reading every rank's memory), not partial sums.
+	CombineInPlace bool    `json:"combine_in_place"`
+	Compute        string  `json:"compute"`
+	Dispatch       Stage   `json:"dispatch"`
+	Combine        Stage   `json:"combine"`
+	ComputeUS      float64 `json:"compute_us"`
+	StepUS         float64 `json:"step_us"`      // dispatch + compute + combine, the slowest rank per stage, mean
+	PairUS         float64 `json:"pair_us"`      // one dispatch-then-combine pair, back to back
+	TokensPerS     float64 `json:"tokens_per_s"` // every rank's tokens per step time
 	// DeepEP counts a dispatch's bytes per valid (token, expert) choice: for fp8 the
 	// payload, its scales and 16 bytes of routing, for bf16 the payload.
 	Choices        int64   `json:"choices"`
@@ -203,7 +209,7 @@ func setup[T combine.Act](ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSe
 	if err != nil {
 		return nil, fmt.Errorf("%w (use --compute none, a smaller model or fewer ranks per process)", err)
 	}
-	dcfg := dispatch.Config{WireDType: o.Wire, CombineDType: o.Combine, Placement: pl, Mode: o.Mode, MaxTokens: max(o.Tokens, 1), Quantized: o.Quantized}
+	dcfg := dispatch.Config{WireDType: o.Wire, CombineDType: o.Combine, Placement: pl, Mode: o.Mode, MaxTokens: max(o.Tokens, 1), Quantized: o.Quantized, SendPartials: o.SendPartials}
 	ep, err := models.NewEP[T](ctx, c, layer, dcfg)
 	if err != nil {
 		return nil, err
@@ -270,7 +276,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 			}
 		}
 		t0 := time.Now()
-		dout, h, err := ep.D.Dispatch(ctx, x, r)
+		dout, h, err := ep.Dispatch(ctx, x, r)
 		if err != nil {
 			return err
 		}
@@ -293,6 +299,9 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 			rec[0], rec[1], rec[2] = t1.Sub(t0).Seconds(), t2.Sub(t1).Seconds(), t3.Sub(t2b).Seconds()
 		}
 		combineBytes = combineSent(h, ep.C.RowBytes(), p, me, o.Mode)
+		if ep.C.InPlace() { // the expert outputs this rank read in other ranks' memory
+			combineBytes = ep.C.LastRead()
+		}
 		lastOut = dout
 		return nil
 	}
@@ -338,7 +347,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	res := &MoEResult{
 		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), TokensPerRank: o.Tokens,
 		Act: o.Act.String(), Hidden: cfg.Hidden, TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(), Quantized: o.Quantized,
-		CombineWire: ep.D.Config().CombineDType.String(), Compute: o.Compute, Iters: iters,
+		CombineWire: ep.D.Config().CombineDType.String(), CombineInPlace: ep.C.InPlace(), Compute: o.Compute, Iters: iters,
 	}
 	switch o.Mode {
 	case dispatch.LowLatency:
@@ -526,8 +535,8 @@ func percentile(v []float64, q float64) float64 {
 }
 
 // pairPeriod times n dispatch-then-combine pairs back to back (the expert outputs are a
-// fixed buffer: the pair moves the bytes, nothing computes) and returns the slowest
-// rank's time per pair, in microseconds.
+// fixed buffer, or the combine's where it reads them in place: the pair moves the bytes,
+// nothing computes) and returns the slowest rank's time per pair, in microseconds.
 func pairPeriod[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[T], x []T, r *router.Routing, out []T, n int) (float64, error) {
 	hid := ep.L.Cfg.Hidden
 	var y []T
@@ -540,10 +549,14 @@ func pairPeriod[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[
 		if err != nil {
 			return 0, err
 		}
-		if cap(y) < o.Rows()*hid {
-			y = make([]T, o.Rows()*hid)
+		ys := ep.C.Buffer(h)
+		if ys == nil {
+			if cap(y) < o.Rows()*hid {
+				y = make([]T, o.Rows()*hid)
+			}
+			ys = y[:o.Rows()*hid]
 		}
-		if err := ep.C.Combine(ctx, h, y[:o.Rows()*hid], out); err != nil {
+		if err := ep.C.Combine(ctx, h, ys, out); err != nil {
 			return 0, err
 		}
 	}
@@ -696,8 +709,12 @@ func StageFloor(bytes []int) time.Duration {
 
 // PrintMoE writes the result as a table.
 func PrintMoE(w io.Writer, r *MoEResult) {
-	fmt.Fprintf(w, "# moex bench moe: %s (hidden %d, %d experts, top-%d), %d ranks over %s, %s mode, %d tokens per rank, %s activations, %s on the wire, %s back, experts: %s\n",
-		r.Model, r.Hidden, r.Experts, r.TopK, r.Ranks, r.Transport, r.Mode, r.TokensPerRank, r.Act, r.Wire, r.CombineWire, r.Compute)
+	back := r.CombineWire + " back"
+	if r.CombineInPlace {
+		back = "expert outputs read in place"
+	}
+	fmt.Fprintf(w, "# moex bench moe: %s (hidden %d, %d experts, top-%d), %d ranks over %s, %s mode, %d tokens per rank, %s activations, %s on the wire, %s, experts: %s\n",
+		r.Model, r.Hidden, r.Experts, r.TopK, r.Ranks, r.Transport, r.Mode, r.TokensPerRank, r.Act, r.Wire, back, r.Compute)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	stage := func(name string, s Stage) {

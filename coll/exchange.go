@@ -154,70 +154,90 @@ func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, 
 func (x *Exchange) openWindows(ctx context.Context, data int) error {
 	c := x.c
 	p := c.size
-	const descMax = 256
-	var desc []byte
-	if wt, ok := c.tr.(transport.WindowTransport); ok && p > 1 && !c.cfg.NoWindows {
-		w, d, err := wt.NewWindow(x.ctl + data)
-		if err == nil && len(d) <= descMax {
-			x.win, desc = w, d
-		} else if err == nil {
-			w.Close()
-		}
-	}
-	// Every rank's signature (they must agree before anyone writes into another's
-	// memory with its own idea of the layout) and window descriptor.
-	rec := make([]byte, 6+descMax)
-	binary.LittleEndian.PutUint32(rec, x.sig)
-	if x.win != nil {
-		rec[4] = 1
-		rec[5] = byte(len(desc))
-		copy(rec[6:], desc)
-	}
-	all := make([]byte, p*len(rec))
-	if err := AllGather(ctx, c, rec, all); err != nil {
-		x.closeWindow()
+	win, maps, err := c.openWindow(ctx, x.sig, x.ctl+data, "an exchange")
+	if err != nil {
 		return err
 	}
-	for q := 0; q < p; q++ {
-		if sig := binary.LittleEndian.Uint32(all[q*len(rec):]); sig != x.sig {
-			x.closeWindow()
-			return fmt.Errorf("%w: rank %d makes an exchange of another shape (signature %#x, this rank's %#x)", ErrMismatch, q, sig, x.sig)
-		}
-	}
-	mapped := make([]byte, p)
-	if x.win != nil {
-		for q := 0; q < p; q++ {
-			r := all[q*len(rec) : (q+1)*len(rec)]
-			if q == c.rank || r[4] != 1 || int(r[5]) > descMax {
-				continue
-			}
-			if err := x.win.Map(c.ranks[q], r[6:6+int(r[5])]); err == nil {
-				mapped[q] = 1
-			} else if !errors.Is(err, transport.ErrNoWindow) {
-				c.log.Warn("moex: cannot map a rank's window; exchanging messages with it instead", "rank", c.rank, "peer", q, "err", err)
-			}
-		}
-	}
-	// Every rank's map of who it writes into; this all-gather is also the barrier after
-	// which no window is mapped again.
-	maps := make([]byte, p*p)
-	if err := AllGather(ctx, c, mapped, maps); err != nil {
-		x.closeWindow()
-		return err
-	}
+	x.win = win
 	any := false
 	for q := 0; q < p; q++ {
 		x.push[q] = maps[c.rank*p+q] == 1
 		x.from[q] = maps[q*p+c.rank] == 1
 		any = any || x.push[q] || x.from[q]
 	}
-	if x.win != nil {
-		x.win.Seal()
-		if !any {
-			x.closeWindow()
-		}
+	if x.win != nil && !any {
+		x.closeWindow()
 	}
 	return nil
+}
+
+// openWindow makes this rank's window of size bytes where the transport has windows
+// (nil where it has none), maps the peers' it can reach, and agrees with every rank on
+// sig (the layout every rank writes with: they must agree before anyone writes into
+// another's memory) and on who maps whom: maps[i*P+j] is 1 when rank i mapped rank j's
+// window. The window is sealed: nothing is mapped afterwards. It is collective.
+func (c *Comm) openWindow(ctx context.Context, sig uint32, size int, what string) (transport.Window, []byte, error) {
+	p := c.size
+	const descMax = 256
+	var win transport.Window
+	var desc []byte
+	if wt, ok := c.tr.(transport.WindowTransport); ok && p > 1 && !c.cfg.NoWindows {
+		w, d, err := wt.NewWindow(size)
+		if err == nil && len(d) <= descMax {
+			win, desc = w, d
+		} else if err == nil {
+			w.Close()
+		}
+	}
+	closeWin := func() {
+		if win != nil {
+			win.Close()
+		}
+	}
+	// Every rank's signature and window descriptor.
+	rec := make([]byte, 6+descMax)
+	binary.LittleEndian.PutUint32(rec, sig)
+	if win != nil {
+		rec[4] = 1
+		rec[5] = byte(len(desc))
+		copy(rec[6:], desc)
+	}
+	all := make([]byte, p*len(rec))
+	if err := AllGather(ctx, c, rec, all); err != nil {
+		closeWin()
+		return nil, nil, err
+	}
+	for q := 0; q < p; q++ {
+		if got := binary.LittleEndian.Uint32(all[q*len(rec):]); got != sig {
+			closeWin()
+			return nil, nil, fmt.Errorf("%w: rank %d makes %s of another shape (signature %#x, this rank's %#x)", ErrMismatch, q, what, got, sig)
+		}
+	}
+	mapped := make([]byte, p)
+	if win != nil {
+		for q := 0; q < p; q++ {
+			r := all[q*len(rec) : (q+1)*len(rec)]
+			if q == c.rank || r[4] != 1 || int(r[5]) > descMax {
+				continue
+			}
+			if err := win.Map(c.ranks[q], r[6:6+int(r[5])]); err == nil {
+				mapped[q] = 1
+			} else if !errors.Is(err, transport.ErrNoWindow) {
+				c.log.Warn("moex: cannot map a rank's window; exchanging messages with it instead", "rank", c.rank, "peer", q, "err", err)
+			}
+		}
+	}
+	// Every rank's map of whom it mapped; this all-gather is also the barrier after
+	// which no window is mapped again.
+	maps := make([]byte, p*p)
+	if err := AllGather(ctx, c, mapped, maps); err != nil {
+		closeWin()
+		return nil, nil, err
+	}
+	if win != nil {
+		win.Seal()
+	}
+	return win, maps, nil
 }
 
 func (x *Exchange) closeWindow() {

@@ -10,6 +10,13 @@
 // sums in ascending rank order: a fixed order, so the result is bitwise identical run to
 // run. The result goes into the caller's output.
 //
+// In the low-latency mode, where every rank can read every rank's memory (inproc; shm
+// with every rank on one host), nothing is summed on the expert side: the experts write
+// their outputs where Buffer says, and each origin reads its tokens' terms there in
+// place and adds them all in float32, rank by rank in ascending order, each rank's in
+// the order of the token's choices; the partial sums and their rounding to the combine's
+// wire type do not exist there (dispatch.Config.SendPartials restores them).
+//
 // What is guaranteed: for a fixed number of ranks, placement and wire types, the output
 // is bitwise reproducible whatever the timing. Across different rank counts the per-rank
 // grouping of a token's experts changes, and with it the rounding of the sum: results
@@ -65,6 +72,11 @@ type Combiner[T Act] struct {
 	x      *coll.Exchange
 	part   []float32 // one row of a partial sum
 	chunkR []router.Routing
+	// In place (low-latency, every rank reading every rank's memory): inplace.go.
+	board *coll.Board
+	rg    regions
+	views []view[T]
+	read  int
 }
 
 // slot is one combine in flight and its buffers.
@@ -118,9 +130,17 @@ func New[T Act](ctx context.Context, d Source) (*Combiner[T], error) {
 	}
 	cb.part = make([]float32, cfg.Hidden)
 	if cfg.Mode == dispatch.LowLatency {
+		if err := cb.openBoard(ctx); err != nil {
+			return nil, err
+		}
+		partials := cfg.MaxTokens * cb.f.Combined
+		if cb.board != nil {
+			partials = 0 // the header alone
+		}
 		x, err := cb.c.NewExchange(ctx, coll.ExchangeConfig{Slots: cfg.InFlight,
-			Fields: []int{dispatch.BlockHeader, cfg.MaxTokens * cb.f.Combined}})
+			Fields: []int{dispatch.BlockHeader, partials}})
 		if err != nil {
+			cb.closeBoard()
 			return nil, err
 		}
 		cb.x = x
@@ -147,10 +167,20 @@ func (cb *Combiner[T]) Close() error {
 		s.recvS.Release()
 		s.accS.Release()
 	}
+	err := cb.closeBoard()
 	if cb.x != nil {
-		return cb.x.Close()
+		err = errors.Join(cb.x.Close(), err)
 	}
-	return nil
+	return err
+}
+
+func (cb *Combiner[T]) closeBoard() error {
+	if cb.board == nil {
+		return nil
+	}
+	err := cb.board.Close()
+	cb.board = nil
+	return err
 }
 
 // Pending is a combine in flight: Wait completes it.
@@ -173,7 +203,9 @@ func (cb *Combiner[T]) Combine(ctx context.Context, h dispatch.Handle, y, out []
 }
 
 // Start is the send half of Combine: it sums this rank's experts' outputs per token and
-// sends them; y is not read after Start returns, out is written until Wait returns.
+// sends them; y is not read after Start returns, out is written until Wait returns. In
+// place (Buffer), Start only says that the outputs are there (copying y there first if
+// it is elsewhere), and Wait does the sums.
 func (cb *Combiner[T]) Start(ctx context.Context, h dispatch.Handle, y, out []T) (*Pending[T], error) {
 	return cb.start(ctx, h, y, out, false)
 }
@@ -218,15 +250,17 @@ func (cb *Combiner[T]) start(ctx context.Context, h dispatch.Handle, y, out []T,
 	if s.code == dispatch.CodeOK {
 		h.Pin()
 		s.pinned = true
-		if cb.cfg.Mode != dispatch.Gathered {
+		if cb.cfg.Mode != dispatch.Gathered && cb.board == nil {
 			s.ownTerms(y)
 		}
 	}
 	var err error
-	switch cb.cfg.Mode {
-	case dispatch.LowLatency:
+	switch {
+	case cb.board != nil:
+		err = s.startInPlace(ctx, y)
+	case cb.cfg.Mode == dispatch.LowLatency:
 		err = s.startLL(ctx, y)
-	case dispatch.Gathered:
+	case cb.cfg.Mode == dispatch.Gathered:
 		err = s.startGathered(ctx, y)
 	default:
 		err = s.startNormal(ctx, y)
@@ -270,6 +304,9 @@ func (p *Pending[T]) Wait(ctx context.Context) error {
 	}
 	if s.inErr != nil {
 		return s.inErr
+	}
+	if s.cb.board != nil {
+		return s.sumInPlace()
 	}
 	s.reduce()
 	return nil

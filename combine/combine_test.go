@@ -287,6 +287,13 @@ func checkRank[T combine.Act](c *coll.Comm, s scenario, cfg dispatch.Config, rou
 			}
 		}
 		y := toT[T](y32)
+		if b := cb.Buffer(h); b != nil && round%2 == 1 { // the experts write in place
+			if len(b) != len(y) {
+				return fmt.Errorf("Buffer: %d values for %d rows of %d", len(b), out.Rows(), s.hid)
+			}
+			copy(b, y)
+			y = b
+		}
 		got := make([]T, len(x))
 		if err := cb.Combine(ctx, h, y, got); err != nil {
 			return err
@@ -294,7 +301,7 @@ func checkRank[T combine.Act](c *coll.Comm, s scenario, cfg dispatch.Config, rou
 		if cfg.Mode == dispatch.Normal && algo != coll.AlgoAuto && (d.Stats().Algo != algo || cb.Plan().Algo != algo) {
 			return fmt.Errorf("dispatch ran %v, combine %v, want %v", d.Stats().Algo, cb.Plan().Algo, algo)
 		}
-		if err := checkCombined(toF32(got), r, seen[me], toF32(y), pl, me, s, cfg, act); err != nil {
+		if err := checkCombined(toF32(got), r, seen[me], pl, me, s, cfg, act, cb.InPlace()); err != nil {
 			return fmt.Errorf("round %d: %w", round, err)
 		}
 		// Redispatch with the same routing and new activations.
@@ -334,9 +341,10 @@ func sameRow(got, want []float32) error {
 
 // checkCombined compares the combined rows with the scenario's: this rank's own
 // experts' terms first (choice order), then each other serving rank's partial sum, in
-// the combine's wire type, in ascending rank order: bit for bit where exact, within a
-// relative 1e-5 of the terms' magnitudes otherwise.
-func checkCombined(got []float32, r *router.Routing, seen, y []float32, pl *router.Placement, me int, s scenario, cfg dispatch.Config, act dtype.Type) error {
+// the combine's wire type, in ascending rank order; or, in place, every term in float32,
+// rank by rank in ascending order, each rank's in choice order. Bit for bit where exact,
+// within a relative 1e-5 of the terms' magnitudes otherwise.
+func checkCombined(got []float32, r *router.Routing, seen []float32, pl *router.Placement, me int, s scenario, cfg dispatch.Config, act dtype.Type, inPlace bool) error {
 	for tok := 0; tok < r.T; tok++ {
 		for k := 0; k < s.hid; k++ {
 			term := func(j int) float32 {
@@ -350,13 +358,23 @@ func checkCombined(got []float32, r *router.Routing, seen, y []float32, pl *rout
 				}
 			}
 			want, mag := float32(0), 0.0
-			for j := 0; j < s.k; j++ {
+			if inPlace {
+				for q := 0; q < s.p; q++ {
+					for j := 0; j < s.k; j++ {
+						if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == q {
+							want += term(j)
+							mag += math.Abs(float64(term(j)))
+						}
+					}
+				}
+			}
+			for j := 0; j < s.k && !inPlace; j++ {
 				if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == me {
 					want += term(j)
 					mag += math.Abs(float64(term(j)))
 				}
 			}
-			for q := 0; q < s.p; q++ {
+			for q := 0; q < s.p && !inPlace; q++ {
 				if q == me {
 					continue
 				}
@@ -582,12 +600,18 @@ func TestReproducible(t *testing.T) {
 func TestModesAgree(t *testing.T) {
 	s := scenario{p: 5, hid: 24, k: 3, experts: 10, tokens: []int{20, 0, 31, 7, 16}, dropEvery: 5, seed: 11, maxTokens: 32}
 	pl := placement(t, "replicated", s.experts, s.p)
-	results := map[dispatch.Mode][][]float32{}
-	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+	type run struct {
+		mode     dispatch.Mode
+		partials bool
+	}
+	runs := []run{{dispatch.Normal, false}, {dispatch.LowLatency, true}, {dispatch.LowLatency, false}}
+	results := make([][][]float32, len(runs))
+	inPlace := make([]bool, len(runs))
+	for i, ru := range runs {
 		res := make([][]float32, s.p)
 		runRanks(t, s.p, coll.Config{}, func(c *coll.Comm) error {
 			ctx := context.Background()
-			d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens, WireDType: dtype.FP8E4M3})
+			d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: ru.mode, MaxTokens: s.maxTokens, WireDType: dtype.FP8E4M3, SendPartials: ru.partials})
 			if err != nil {
 				return err
 			}
@@ -597,6 +621,9 @@ func TestModesAgree(t *testing.T) {
 				return err
 			}
 			defer cb.Close()
+			if c.Rank() == 0 {
+				inPlace[i] = cb.InPlace()
+			}
 			r, x := s.routing(c.Rank())
 			rng := rand.New(rand.NewPCG(uint64(c.Rank()), 7))
 			for i := range x {
@@ -615,7 +642,17 @@ func TestModesAgree(t *testing.T) {
 			res[c.Rank()] = make([]float32, len(x))
 			return cb.Combine(ctx, h, y, res[c.Rank()])
 		})
-		results[mode] = res
+		results[i] = res
 	}
-	assert.Equal(t, results[dispatch.Normal], results[dispatch.LowLatency])
+	// The same partial sums in the same order: the same bits.
+	assert.Equal(t, results[0], results[1])
+	// In place every term is summed in float32 without the partial sums' rounding: the
+	// same to float32 precision.
+	require.Equal(t, []bool{false, false, true}, inPlace)
+	for q := range results[0] {
+		require.Len(t, results[2][q], len(results[0][q]))
+		for k, v := range results[0][q] {
+			assert.InDelta(t, v, results[2][q][k], 1e-5*(1+math.Abs(float64(v))), "rank %d value %d", q, k)
+		}
+	}
 }

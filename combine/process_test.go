@@ -17,6 +17,7 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/router"
 	"github.com/moex-ai/moex/transport/shm"
@@ -66,7 +67,7 @@ func TestHelperMoERank(t *testing.T) {
 		require.NotZero(t, st.Stats().SharedBytes, "rank %d: no bytes read in place from the dispatchers' shared buffers", c.Rank())
 	}
 	// The low-latency mode writes into every peer's memory over shm, and sends messages
-	// over tcp and ucx.
+	// over tcp and ucx; its combine reads in place over shm.
 	pl, err := router.NewPlacement(router.Contiguous, 2*p, p)
 	require.NoError(t, err)
 	d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: 16, TopK: 2, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: 4})
@@ -80,6 +81,11 @@ func TestHelperMoERank(t *testing.T) {
 		want = p - 1
 	}
 	require.Equal(t, want, d.Stats().Pushed, "ranks written into directly over %s", tr)
+	// Its combine reads the expert outputs in place over shm (every rank on this host).
+	cb, err := combine.New[float32](ctx, d)
+	require.NoError(t, err)
+	defer cb.Close()
+	require.Equal(t, tr == "shm", cb.InPlace(), "combine in place over %s", tr)
 	fmt.Printf("rank %d ok\n", c.Rank())
 }
 

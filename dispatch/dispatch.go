@@ -132,6 +132,10 @@ type Config struct {
 	// PowerOfTwoScales rounds fp8 scales up to powers of two (exact to apply; the
 	// UE8M0 scales some kernels want).
 	PowerOfTwoScales bool
+	// SendPartials makes the low-latency combine send partial sums even where every rank
+	// can read every rank's memory (inproc; shm on one host), where by default the ranks
+	// that sent the tokens read the expert outputs in place (combine.Combiner.Buffer).
+	SendPartials bool
 	// Pool provides the buffers: page aligned, reused across calls. Default: obuf.Shared
 	// when the communicator's collectives run through shared memory
 	// (coll.Comm.SharedMemory), where the other ranks then read the wire buffers in

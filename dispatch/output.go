@@ -122,6 +122,20 @@ func (h Handle) Contributions(i int) ([]int32, []float32) {
 	return st.entries[a:b], st.weights[a:b]
 }
 
+// Map returns Incoming and Contributions whole: originStart (P+1 values: rank s's rows
+// are [originStart[s], originStart[s+1])), start (IncomingRows()+1 values) and the
+// entries and weights of every incoming row i, [start[i], start[i+1]). Read-only.
+func (h Handle) Map() (originStart []int, start, entries []int32, weights []float32) {
+	st := h.s
+	n := st.originStart[len(st.originStart)-1]
+	c := st.start[n]
+	return st.originStart, st.start[:n+1], st.entries[:c], st.weights[:c]
+}
+
+// Slot is the index, in [0, InFlight), of the buffers h's dispatch holds: dispatches
+// InFlight apart share them.
+func (h Handle) Slot() int { return h.s.idx }
+
 // Dests lists the ranks token t of this rank went to, ascending (each once).
 func (h Handle) Dests(t int) []int32 { return h.s.layout.Dest[t] }
 

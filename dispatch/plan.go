@@ -82,7 +82,7 @@ func Fingerprint(cfg Config) uint64 {
 		}
 		h.Write(b[:])
 	}
-	for _, v := range []int{cfg.Hidden, cfg.TopK, int(cfg.WireDType), int(cfg.CombineDType), int(cfg.Mode), cfg.MaxTokens, cfg.InFlight} {
+	for _, v := range []int{cfg.Hidden, cfg.TopK, int(cfg.WireDType), int(cfg.CombineDType), int(cfg.Mode), cfg.MaxTokens, cfg.InFlight, b2i(cfg.SendPartials)} {
 		put(v)
 	}
 	put(int(PlacementFingerprint(cfg.Placement)))
@@ -247,4 +247,11 @@ func checkRouting(cfg Config, r *router.Routing) (int, error) {
 		}
 	}
 	return r.T, nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
