@@ -77,6 +77,8 @@ type Combiner[T Act] struct {
 	rg    regions
 	views []view[T]
 	read  int
+	ws    []float32 // a token's terms: weights and rows
+	rows  [][]T
 }
 
 // slot is one combine in flight and its buffers.

@@ -215,62 +215,38 @@ func (s *slot[T]) sumInPlace() error {
 	clear(s.cnt)
 	read := 0
 	for t := 0; t < h.Tokens(); t++ {
-		var dst []float32
-		if isF32[T]() {
-			dst = dtype.FromBytes[float32](dtype.Bytes(s.out[t*hid : (t+1)*hid]))
-		} else {
-			dst = cb.part
-		}
-		first := true
-		add := func(w float32, r []T) {
-			if isF32[T]() {
-				f := dtype.FromBytes[float32](dtype.Bytes(r))
-				if first {
-					dtype.Scale(dst, w, f)
-				} else {
-					dtype.Axpy(dst, w, f)
-				}
-			} else {
-				b := dtype.FromBytes[dtype.BFloat16](dtype.Bytes(r))
-				if first {
-					dtype.ScaleBF16(dst, w, b)
-				} else {
-					dtype.AxpyBF16(dst, w, b)
-				}
-			}
-			first = false
-		}
+		// The token's terms, rank by rank, each rank's in the order of its choices.
+		ws, rows := cb.ws[:0], cb.rows[:0]
 		for _, q := range h.Dests(t) {
 			v := &vs[q]
 			r := v.first + s.cnt[q]
 			s.cnt[q]++
+			n := len(rows)
 			if v.kind == kindRows {
-				add(1, v.y[r*hid:(r+1)*hid])
-				if int(q) != me {
-					read++
+				ws, rows = append(ws, 1), append(rows, v.y[r*hid:(r+1)*hid])
+			} else {
+				a, b := v.start[r], v.start[r+1]
+				if a < 0 || b < a || int(b) > len(v.entries) {
+					return fmt.Errorf("%w: rank %d's outputs in place: row %d's entries [%d,%d) of %d", dispatch.ErrMismatch, q, r, a, b, len(v.entries))
 				}
-				continue
+				for j := a; j < b; j++ {
+					e := int(v.entries[j])
+					if e < 0 || e >= v.rows {
+						return fmt.Errorf("%w: rank %d's outputs in place: entry %d of %d", dispatch.ErrMismatch, q, e, v.rows)
+					}
+					ws, rows = append(ws, v.wts[j]), append(rows, v.y[e*hid:(e+1)*hid])
+				}
 			}
-			a, b := v.start[r], v.start[r+1]
-			if a < 0 || b < a || int(b) > len(v.entries) {
-				return fmt.Errorf("%w: rank %d's outputs in place: row %d's entries [%d,%d) of %d", dispatch.ErrMismatch, q, r, a, b, len(v.entries))
-			}
-			for j := a; j < b; j++ {
-				e := int(v.entries[j])
-				if e < 0 || e >= v.rows {
-					return fmt.Errorf("%w: rank %d's outputs in place: entry %d of %d", dispatch.ErrMismatch, q, e, v.rows)
-				}
-				add(v.wts[j], v.y[e*hid:(e+1)*hid])
-				if int(q) != me {
-					read++
-				}
+			if int(q) != me {
+				read += len(rows) - n
 			}
 		}
-		if first {
-			clear(dst)
-		}
-		if !isF32[T]() {
-			dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](dtype.Bytes(s.out[t*hid:(t+1)*hid])), dst)
+		cb.ws, cb.rows = ws, rows
+		if isF32[T]() {
+			dtype.WeightedSum(dtype.FromBytes[float32](dtype.Bytes(s.out[t*hid:(t+1)*hid])), ws, rows, false)
+		} else {
+			dtype.WeightedSum(cb.part, ws, rows, false)
+			dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](dtype.Bytes(s.out[t*hid:(t+1)*hid])), cb.part)
 		}
 	}
 	cb.read = read * hid * int(unsafe.Sizeof(*new(T)))

@@ -46,7 +46,39 @@ func toI8AVX2(dst *byte, src *float32, n int, inv float32)
 //go:noescape
 func fromI8AVX2(dst *float32, src *byte, n int, scale float32)
 
+//go:noescape
+func sumBF16AVX2(dst *float32, rows **uint16, w *float32, k int, n int, add int)
+
+//go:noescape
+func sumF32AVX2(dst *float32, rows **float32, w *float32, k int, n int, add int)
+
 var haveFMA = cpu.X86.HasAVX2 && cpu.X86.HasFMA
+
+// weightedSumFast does WeightedSum's longest prefix of a multiple of 32 values, at most
+// 16 rows at a time, and returns its length.
+func weightedSumFast[T Activation](dst []float32, w []float32, rows [][]T, add bool) int {
+	n := len(dst) &^ 31
+	if !haveFMA || n == 0 || len(rows) == 0 {
+		return 0
+	}
+	var ptrs [16]unsafe.Pointer
+	for g := 0; g < len(rows); g += len(ptrs) {
+		k := min(len(rows)-g, len(ptrs))
+		for j := 0; j < k; j++ {
+			ptrs[j] = unsafe.Pointer(&rows[g+j][:n][0])
+		}
+		a := 0
+		if add || g > 0 {
+			a = 1
+		}
+		if isBF16[T]() {
+			sumBF16AVX2(&dst[0], (**uint16)(unsafe.Pointer(&ptrs[0])), &w[g], k, n, a)
+		} else {
+			sumF32AVX2(&dst[0], (**float32)(unsafe.Pointer(&ptrs[0])), &w[g], k, n, a)
+		}
+	}
+	return n
+}
 
 // The fast paths do the longest prefix they can and return its length (0 where the CPU
 // lacks AVX2 and FMA).

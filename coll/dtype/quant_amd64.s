@@ -554,3 +554,128 @@ efi:
 	JNZ          efb
 	VZEROUPPER
 	RET
+
+// func sumBF16AVX2(dst *float32, rows **uint16, w *float32, k int, n int, add int)
+// dst[i] = sum over j < k of w[j]*float32(rows[j][i]), added in order to dst[i] (add
+// != 0) or starting from the first product; n a multiple of 32, k at least 1.
+TEXT ·sumBF16AVX2(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ rows+8(FP), R8
+	MOVQ w+16(FP), R9
+	MOVQ k+24(FP), R10
+	MOVQ n+32(FP), CX
+	MOVQ add+40(FP), R11
+	XORQ SI, SI // byte offset in the rows
+
+sbchunk:
+	TESTQ R11, R11
+	JNZ   sbadd
+	MOVQ         (R8), AX
+	VBROADCASTSS (R9), Y15
+	VPMOVZXWD    (AX)(SI*1), Y0
+	VPMOVZXWD    16(AX)(SI*1), Y1
+	VPMOVZXWD    32(AX)(SI*1), Y2
+	VPMOVZXWD    48(AX)(SI*1), Y3
+	VPSLLD       $16, Y0, Y0
+	VPSLLD       $16, Y1, Y1
+	VPSLLD       $16, Y2, Y2
+	VPSLLD       $16, Y3, Y3
+	VMULPS       Y15, Y0, Y0
+	VMULPS       Y15, Y1, Y1
+	VMULPS       Y15, Y2, Y2
+	VMULPS       Y15, Y3, Y3
+	MOVQ         $1, DX
+	JMP          sbrows
+
+sbadd:
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	XORQ    DX, DX
+
+sbrows:
+	CMPQ         DX, R10
+	JGE          sbstore
+	MOVQ         (R8)(DX*8), AX
+	VBROADCASTSS (R9)(DX*4), Y15
+	VPMOVZXWD    (AX)(SI*1), Y4
+	VPMOVZXWD    16(AX)(SI*1), Y5
+	VPMOVZXWD    32(AX)(SI*1), Y6
+	VPMOVZXWD    48(AX)(SI*1), Y7
+	VPSLLD       $16, Y4, Y4
+	VPSLLD       $16, Y5, Y5
+	VPSLLD       $16, Y6, Y6
+	VPSLLD       $16, Y7, Y7
+	VFMADD231PS  Y15, Y4, Y0 // Y0 += Y4*Y15
+	VFMADD231PS  Y15, Y5, Y1
+	VFMADD231PS  Y15, Y6, Y2
+	VFMADD231PS  Y15, Y7, Y3
+	INCQ         DX
+	JMP          sbrows
+
+sbstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	ADDQ    $64, SI
+	ADDQ    $128, DI
+	SUBQ    $32, CX
+	JNZ     sbchunk
+	VZEROUPPER
+	RET
+
+// func sumF32AVX2(dst *float32, rows **float32, w *float32, k int, n int, add int)
+// sumBF16AVX2 with float32 rows.
+TEXT ·sumF32AVX2(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ rows+8(FP), R8
+	MOVQ w+16(FP), R9
+	MOVQ k+24(FP), R10
+	MOVQ n+32(FP), CX
+	MOVQ add+40(FP), R11
+	XORQ SI, SI // byte offset in the rows
+
+sfchunk:
+	TESTQ R11, R11
+	JNZ   sfadd
+	MOVQ         (R8), AX
+	VBROADCASTSS (R9), Y15
+	VMULPS       (AX)(SI*1), Y15, Y0
+	VMULPS       32(AX)(SI*1), Y15, Y1
+	VMULPS       64(AX)(SI*1), Y15, Y2
+	VMULPS       96(AX)(SI*1), Y15, Y3
+	MOVQ         $1, DX
+	JMP          sfrows
+
+sfadd:
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	XORQ    DX, DX
+
+sfrows:
+	CMPQ         DX, R10
+	JGE          sfstore
+	MOVQ         (R8)(DX*8), AX
+	VBROADCASTSS (R9)(DX*4), Y15
+	VFMADD231PS  (AX)(SI*1), Y15, Y0 // Y0 += row*Y15
+	VFMADD231PS  32(AX)(SI*1), Y15, Y1
+	VFMADD231PS  64(AX)(SI*1), Y15, Y2
+	VFMADD231PS  96(AX)(SI*1), Y15, Y3
+	INCQ         DX
+	JMP          sfrows
+
+sfstore:
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	ADDQ    $128, SI
+	ADDQ    $128, DI
+	SUBQ    $32, CX
+	JNZ     sfchunk
+	VZEROUPPER
+	RET

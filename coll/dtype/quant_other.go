@@ -12,6 +12,8 @@ func fromE4M3Fast(dst []float32, src []byte, scale float32) int { return 0 }
 func toI8Fast(dst []byte, x []float32, inv float32) int         { return 0 }
 func fromI8Fast(dst []float32, src []byte, scale float32) int   { return 0 }
 
+func weightedSumFast[T Activation](dst []float32, w []float32, rows [][]T, add bool) int { return 0 }
+
 func quantizeFP8Fast[T Activation](dst []byte, scales []float32, src []T, pow2 bool) int { return 0 }
 
 // haveFMA is false off amd64: the portable loops are the only ones.

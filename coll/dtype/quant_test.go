@@ -423,3 +423,88 @@ func BenchmarkAxpy(b *testing.B) {
 		}
 	})
 }
+
+// WeightedSum is, bit for bit, Scale with the first row and Axpy with each next (or Axpy
+// with every row, with add): for every length around the kernel's width, 0 to 20 rows
+// (more than one kernel call's 16), f32 and bf16 rows, the vector path and the portable
+// one.
+func TestWeightedSumMatchesAxpy(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	check := func(t *testing.T) {
+		for _, n := range []int{1, 15, 31, 32, 33, 64, 100, 7168} {
+			for _, k := range []int{0, 1, 2, 8, 16, 17, 20} {
+				w := make([]float32, k)
+				rows := make([][]float32, k)
+				rowsB := make([][]BFloat16, k)
+				for j := range rows {
+					w[j] = float32(r.NormFloat64())
+					rows[j] = randRow(r, n+j, 3) // rows may be longer than dst
+					rowsB[j] = make([]BFloat16, len(rows[j]))
+					F32ToBF16(rowsB[j], rows[j])
+				}
+				for _, add := range []bool{false, true} {
+					start := randRow(r, n, 1)
+					want, got := append([]float32(nil), start...), append([]float32(nil), start...)
+					wantB, gotB := append([]float32(nil), start...), append([]float32(nil), start...)
+					if k == 0 && !add {
+						clear(want)
+						clear(wantB)
+					}
+					for j := 0; j < k; j++ {
+						if j == 0 && !add {
+							Scale(want, w[j], rows[j][:n])
+							ScaleBF16(wantB, w[j], rowsB[j][:n])
+						} else {
+							Axpy(want, w[j], rows[j][:n])
+							AxpyBF16(wantB, w[j], rowsB[j][:n])
+						}
+					}
+					WeightedSum(got, w, rows, add)
+					WeightedSum(gotB, w, rowsB, add)
+					require.Equal(t, want, got, "f32: n %d, %d rows, add %v", n, k, add)
+					require.Equal(t, wantB, gotB, "bf16: n %d, %d rows, add %v", n, k, add)
+				}
+			}
+		}
+	}
+	t.Run("vector", check)
+	if haveFMA {
+		defer func() { haveFMA = true }()
+		haveFMA = false
+		t.Run("portable", check)
+	}
+}
+
+// A token's eight expert rows summed, one pass (WeightedSum) against eight (ScaleBF16,
+// AxpyBF16), rows out of the caches (a new set each time, from 64 MiB).
+func BenchmarkWeightedSum(b *testing.B) {
+	const n, k = 7168, 8
+	sets := (64 << 20) / (2 * n * k)
+	r := rand.New(rand.NewPCG(1, 1))
+	pool := make([][]BFloat16, sets*k)
+	for i := range pool {
+		pool[i] = make([]BFloat16, n)
+		F32ToBF16(pool[i], randRow(r, n, 1))
+	}
+	w := []float32{0.1, 0.2, 0.3, 0.1, 0.05, 0.05, 0.1, 0.1}
+	acc := make([]float32, n)
+	i := 0
+	b.Run("fused", func(b *testing.B) {
+		b.SetBytes(2 * n * k)
+		for b.Loop() {
+			WeightedSum(acc, w, pool[i*k:(i+1)*k], false)
+			i = (i + 1) % sets
+		}
+	})
+	b.Run("axpy", func(b *testing.B) {
+		b.SetBytes(2 * n * k)
+		for b.Loop() {
+			rows := pool[i*k : (i+1)*k]
+			ScaleBF16(acc, w[0], rows[0])
+			for j := 1; j < k; j++ {
+				AxpyBF16(acc, w[j], rows[j])
+			}
+			i = (i + 1) % sets
+		}
+	})
+}
