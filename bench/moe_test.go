@@ -70,6 +70,15 @@ func TestMoEBenchRuns(t *testing.T) {
 			}
 			require.NotNil(t, r)
 			assert.Equal(t, mode.String(), r.Mode)
+			// Ranks of one process read each other's memory: the low-latency combine reads
+			// the expert outputs in place, unless told to send partial sums.
+			assert.Equal(t, mode == dispatch.LowLatency, r.CombineInPlace)
+			if mode == dispatch.LowLatency {
+				sp := runMoE(t, 3, MoEOpts{Model: "tiny-deepseek", Tokens: 64, Wire: wire, Mode: mode, SendPartials: true, Iters: 2, Pairs: 2, LocalRanks: 3})
+				require.NotNil(t, sp)
+				assert.False(t, sp.CombineInPlace)
+				assert.Positive(t, sp.Combine.Bytes)
+			}
 			for _, s := range []Stage{r.Dispatch, r.Combine} {
 				assert.Positive(t, s.P50US)
 				assert.GreaterOrEqual(t, s.P99US, s.P50US)

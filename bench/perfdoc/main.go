@@ -190,7 +190,10 @@ func (r *runner) moe(w io.Writer) error {
 	fmt.Fprintf(w, "a few tries with the buffers in the caches; and over its floor in a step, every rank copying\n")
 	fmt.Fprintf(w, "its share of those bytes once right after the experts ran, timed as the stage is (the\n")
 	fmt.Fprintf(w, "slowest rank, p50): the cost of the bytes alone where the stage runs, so that the rest is\n")
-	fmt.Fprintf(w, "the stage's protocol, its waiting and its writes into other ranks' memory.\n\n")
+	fmt.Fprintf(w, "the stage's protocol, its waiting and its writes into other ranks' memory. Over shm the\n")
+	fmt.Fprintf(w, "low-latency combine reads the expert outputs in place (the experts write them where\n")
+	fmt.Fprintf(w, "combine.Combiner.Buffer says; its bytes are those read in other ranks' memory); the normal\n")
+	fmt.Fprintf(w, "mode, and every mode over tcp, sends partial sums.\n\n")
 	type key struct {
 		model, transport string
 		tokens           int
@@ -256,7 +259,40 @@ func (r *runner) moe(w io.Writer) error {
 			pr["normal"]/pr["low-latency"], pr["normal/sum"]/pr["low-latency/sum"], ratio)
 	}
 	fmt.Fprintln(w)
+	if err := r.inPlace(w); err != nil {
+		return err
+	}
 	return r.fewRanks(w)
+}
+
+// inPlace runs the low-latency combine reading the expert outputs in place against the
+// same mode sending partial sums (--send-partials), at 128 tokens, 8 ranks over shm.
+func (r *runner) inPlace(w io.Writer) error {
+	fmt.Fprintf(w, "### The low-latency combine in place against partial sums\n\n")
+	fmt.Fprintf(w, "`moex bench moe --model deepseek-v3 --ranks 8 --transport shm --tokens 128 --mode low-latency\n")
+	fmt.Fprintf(w, "--wire-dtype W --act A --iters I --pairs I [--send-partials] --json`: the expert outputs read where the\n")
+	fmt.Fprintf(w, "experts wrote them, each token summed in one pass by the rank that needs it, against partial sums\n")
+	fmt.Fprintf(w, "written into the origins' memory and summed there. Combine p50 and its ratios to the floors\n")
+	fmt.Fprintf(w, "(as above), and the pair (us).\n\n")
+	fmt.Fprintf(w, "| wire | combine | combine p50 | combine / floor | combine / step floor | pair |\n| --- | --- | --- | --- | --- | --- |\n")
+	for _, wi := range wires[:2] {
+		for _, partials := range []bool{false, true} {
+			it := fmt.Sprint(r.iters(128))
+			args := []string{"--model", "deepseek-v3", "--ranks", "8", "--transport", "shm", "--tokens", "128", "--mode", "low-latency",
+				"--wire-dtype", wi.wire, "--act", wi.act, "--iters", it, "--pairs", it}
+			how := "in place"
+			if partials {
+				args, how = append(args, "--send-partials"), "partial sums"
+			}
+			res, _, err := r.bench(args...)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "| %s | %s | %.0f | %.2fx | %.2fx | %.0f |\n", wi.wire, how, res.Combine.P50US, res.Combine.OverP50, res.Combine.OverStepFloor, res.PairUS)
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
 }
 
 // fewRanks runs the low-latency and normal modes at 128 tokens with no more ranks than

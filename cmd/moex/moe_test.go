@@ -30,6 +30,23 @@ func TestBenchMoEEPLBFlagsRefused(t *testing.T) {
 	}
 }
 
+// --send-partials is for the plain low-latency run only: elsewhere it would be ignored,
+// so it is a usage error.
+func TestBenchMoESendPartialsRefused(t *testing.T) {
+	for _, args := range [][]string{
+		{"--send-partials"},
+		{"--send-partials", "--mode", "gathered"},
+		{"--send-partials", "--mode", "low-latency", "--eplb", "4"},
+		{"--send-partials", "--mode", "low-latency", "--kill", "1"},
+		{"--send-partials", "--mode", "low-latency", "--levels", "two"},
+	} {
+		err := benchMoE(context.Background(), append([]string{"--model", "tiny-qwen", "--ranks", "4"}, args...))
+		var ue *usageError
+		require.ErrorAs(t, err, &ue, "%v", args)
+		assert.Equal(t, 2, exitCode(err), "%v", args)
+	}
+}
+
 // Flags of --kill out of their bounds, or given without it, are usage errors.
 func TestBenchMoEKillFlagsRefused(t *testing.T) {
 	for _, args := range [][]string{
