@@ -276,7 +276,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 			}
 		}
 		t0 := time.Now()
-		dout, h, err := ep.Dispatch(ctx, x, r)
+		dout, h, err := ep.D.Dispatch(ctx, x, r)
 		if err != nil {
 			return err
 		}

@@ -69,12 +69,24 @@ func TestInPlaceBuffer(t *testing.T) {
 				if err := cb.Combine(ctx, h, y, res); err != nil {
 					return err
 				}
-				// The next dispatch into the same buffers (InFlight 1) makes h stale.
-				if _, _, err := d.Dispatch(ctx, x, r); err != nil {
+				// The next dispatch into the same buffers (InFlight 1) makes h stale; while it
+				// is under way its Output has no buffer, then the new dispatch's.
+				pd, err := d.Start(ctx, x, r)
+				if err != nil {
+					return err
+				}
+				if b := cb.Buffer(out.Handle()); b != nil {
+					return fmt.Errorf("Buffer of an Output whose buffers a dispatch under way reuses: %d values", len(b))
+				}
+				out2, h2, err := pd.Wait(ctx)
+				if err != nil {
 					return err
 				}
 				if b := cb.Buffer(h); b != nil {
 					return fmt.Errorf("Buffer of a stale handle: %d values", len(b))
+				}
+				if out2 != out || out.Handle() != h2 || (tc.inPlace && len(cb.Buffer(out.Handle())) != out2.Rows()*s.hid) {
+					return fmt.Errorf("the Output's handle is not the new dispatch's (Buffer of %d values)", len(cb.Buffer(out.Handle())))
 				}
 				return nil
 			})

@@ -10,7 +10,8 @@ import (
 
 // Experts computes one chunk's expert outputs: one row of Hidden values per entry of o,
 // in entry order. The returned slice is read by the combine's Start, before Pipeline
-// calls Experts again, so one buffer can serve every chunk.
+// calls Experts again, so one buffer can serve every chunk; or it is
+// Combiner.Buffer(o.Handle()), where the combine then reads the outputs in place.
 type Experts[T Act] func(o *dispatch.Output[T]) ([]T, error)
 
 // Pipeline runs one MoE layer over this rank's tokens x (routed by r) in chunks of

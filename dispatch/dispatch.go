@@ -318,6 +318,7 @@ func New[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*Dispatcher[T], 
 		}
 		co.cores = append(co.cores, sc)
 		s := &slot[T]{d: d, sc: sc}
+		s.out.co, s.out.sc = co, sc
 		s.sendS.Pool, s.recvS.Pool, s.xS.Pool = cfg.Pool, cfg.Pool, cfg.Pool
 		s.hdr = make([]int64, hdrLen+p)
 		s.all = make([]int64, (hdrLen+p)*p)

@@ -35,6 +35,17 @@ type Output[T Act] struct {
 	ExpertMajor bool
 	hidden      int
 	format      *Format
+	co          *core
+	sc          *slotCore
+}
+
+// Handle is the handle of the dispatch o holds: the one Dispatch returned with o, not
+// Valid once a later dispatch into the same buffers has begun.
+func (o *Output[T]) Handle() Handle {
+	if o.sc == nil {
+		return Handle{}
+	}
+	return Handle{d: o.co, s: o.sc, gen: o.sc.gen}
 }
 
 // Rows returns the number of entries (expert-major rows, padding included): the expert

@@ -19,20 +19,16 @@ import (
 // rows are widened for them and their outputs rounded back), combines, and adds the
 // shared experts for its own tokens.
 type EP[T combine.Act] struct {
-	L  *Layer
-	D  *dispatch.Dispatcher[T]
-	C  *combine.Combiner[T]
-	pl *router.Placement
-	y  []T // the last Experts' or Identity's outputs: own, or bound
-	// The outputs of the dispatch Dispatch made last go where the combine reads them in
-	// place (combine.Combiner.Buffer), when it does.
-	bound *dispatch.Output[T]
-	by    []T
-	own   []T
-	sc    []float32
-	xs    []T       // an expert's rows gathered (low-latency mode)
-	xf    []float32 // an expert's rows in float32 (bf16 activations)
-	yf    []float32
+	L   *Layer
+	D   *dispatch.Dispatcher[T]
+	C   *combine.Combiner[T]
+	pl  *router.Placement
+	y   []T // the last Experts' or Identity's outputs: the combine's Buffer, or own
+	own []T
+	sc  []float32
+	xs  []T       // an expert's rows gathered (low-latency mode)
+	xf  []float32 // an expert's rows in float32 (bf16 activations)
+	yf  []float32
 }
 
 // NewEP prepares the expert-parallel form of l on c, with the dispatch configured by
@@ -85,7 +81,7 @@ func (ep *EP[T]) Forward(ctx context.Context, x *tensor.Dense) (*tensor.Dense, e
 // ForwardRouted dispatches in with routing r, runs the local experts, and combines into
 // out (rows x hidden), without the shared experts.
 func (ep *EP[T]) ForwardRouted(ctx context.Context, in []T, r *router.Routing, out []T) error {
-	o, h, err := ep.Dispatch(ctx, in, r)
+	o, h, err := ep.D.Dispatch(ctx, in, r)
 	if err != nil {
 		return err
 	}
@@ -95,23 +91,12 @@ func (ep *EP[T]) ForwardRouted(ctx context.Context, in []T, r *router.Routing, o
 	return ep.C.Combine(ctx, h, ep.y, out)
 }
 
-// Dispatch is D.Dispatch; the next Experts or Identity on its Output then write where
-// the combine reads them in place, when it does (combine.Combiner.Buffer).
-func (ep *EP[T]) Dispatch(ctx context.Context, x []T, r *router.Routing) (*dispatch.Output[T], dispatch.Handle, error) {
-	o, h, err := ep.D.Dispatch(ctx, x, r)
-	if err != nil {
-		return nil, h, err
-	}
-	ep.bound, ep.by = o, ep.C.Buffer(h)
-	return o, h, nil
-}
-
-// outputs points ep.y at the memory for o's expert outputs: the combine's, where
-// Dispatch bound it, else ep's own.
+// outputs points ep.y at the memory for o's expert outputs: where the combine reads
+// them in place (combine.Combiner.Buffer), if it does, else ep's own.
 func (ep *EP[T]) outputs(o *dispatch.Output[T]) {
 	n := o.Rows() * ep.L.Cfg.Hidden
-	if o == ep.bound && ep.by != nil && len(ep.by) == n {
-		ep.y = ep.by
+	if b := ep.C.Buffer(o.Handle()); len(b) == n {
+		ep.y = b
 		return
 	}
 	ep.own = grow(ep.own, n)
@@ -119,7 +104,7 @@ func (ep *EP[T]) outputs(o *dispatch.Output[T]) {
 }
 
 // Experts runs every local expert on its rows of o, into ep's output buffer (one row
-// per entry of o).
+// per entry of o): where the combine reads them in place, when it does.
 func (ep *EP[T]) Experts(o *dispatch.Output[T]) error {
 	hid, f := ep.L.Cfg.Hidden, ep.L.Cfg.ExpertFFN
 	ep.outputs(o)
