@@ -64,7 +64,7 @@ func (t *Transport) NewWindow(size int) (transport.Window, []byte, error) {
 		os.Remove(path)
 		return nil, nil, fmt.Errorf("shm: sizing window %s to %d bytes: %w", path, total, err)
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, total, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	mem, err := unix.Mmap(int(f.Fd()), 0, total, unix.PROT_READ|unix.PROT_WRITE, mapFlags(total))
 	if err != nil {
 		os.Remove(path)
 		return nil, nil, fmt.Errorf("shm: mapping window %s: %w", path, err)
@@ -79,6 +79,18 @@ func (t *Transport) NewWindow(size int) (transport.Window, []byte, error) {
 	binary.LittleEndian.PutUint64(desc, uint64(total))
 	copy(desc[8:], name)
 	return w, desc, nil
+}
+
+// populateMax is the largest window whose pages are made when it is mapped (no page
+// faults in its first exchanges). A larger one (a coll.Board sized for the worst case,
+// say) fills as it is touched, so that it takes the memory its users write, not its size.
+const populateMax = 64 << 20
+
+func mapFlags(total int) int {
+	if total <= populateMax {
+		return unix.MAP_SHARED | unix.MAP_POPULATE
+	}
+	return unix.MAP_SHARED
 }
 
 func (w *window) Local() []byte { return w.own[winHdr:] }
@@ -114,7 +126,7 @@ func (w *window) Map(peer int, desc []byte) error {
 	if st.Size() != int64(total) {
 		return fmt.Errorf("%w: rank %d's window %s has %d bytes, its descriptor says %d", transport.ErrProtocol, peer, path, st.Size(), total)
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, total, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	mem, err := unix.Mmap(int(f.Fd()), 0, total, unix.PROT_READ|unix.PROT_WRITE, mapFlags(total))
 	if err != nil {
 		return fmt.Errorf("shm: mapping rank %d's window %s: %w", peer, path, err)
 	}
