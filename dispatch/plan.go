@@ -213,6 +213,14 @@ func (pl *Plan) CombineBytes() [][]int {
 	return pl.bytes(func(i, j int) int { return BlockHeader + pl.Rows[j][i]*f.Combined })
 }
 
+// InPlaceBytes[i][j] is what rank j reads in rank i's memory in a low-latency combine
+// that reads the expert outputs in place (every rank on one host; combine.Combiner
+// .Buffer): an output row of actBytes per value for every choice of j's tokens that i's
+// experts took.
+func (pl *Plan) InPlaceBytes(actBytes int) [][]int {
+	return pl.bytes(func(i, j int) int { return pl.Choices[j][i] * pl.Cfg.Hidden * actBytes })
+}
+
 // bytes is the matrix of per(i, j) off the diagonal.
 func (pl *Plan) bytes(per func(i, j int) int) [][]int {
 	p := len(pl.Rows)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/moex-ai/moex/bench"
 	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/models"
 )
@@ -27,6 +28,7 @@ func cmdFlow(ctx context.Context, args []string) error {
 	check := moeFlags(fs, &o)
 	hostsFlag := fs.String("hosts", "", "host of each rank, comma separated (for example 0,0,1,1; default: one host)")
 	plans := fs.Bool("plans", false, "also print each rank's AlltoAllv schedules (normal mode)")
+	fs.BoolVar(&o.SendPartials, "send-partials", false, "low-latency mode: the combine sends partial sums even where ranks can read the expert outputs in each other's memory")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -35,6 +37,9 @@ func cmdFlow(ctx context.Context, args []string) error {
 	}
 	if err := check(); err != nil {
 		return err
+	}
+	if o.SendPartials && o.Mode != dispatch.LowLatency {
+		return &usageError{"--send-partials: only with --mode low-latency"}
 	}
 	var hosts []int
 	if *hostsFlag != "" {
@@ -74,6 +79,7 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 	}
 	dispatchB, combineB := pl.DispatchBytes(), pl.CombineBytes()
 	step := 2
+	inPlace := cfg.Mode == dispatch.LowLatency && m.Hosts() == 1 && p > 1 && !o.SendPartials
 	switch cfg.Mode {
 	case dispatch.Normal:
 		ints := 2 + p
@@ -115,7 +121,11 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 		fmt.Fprintf(w, "     rank %d: %s\n", r, strings.Join(parts, " "))
 	}
 	step++
-	switch cfg.Mode {
+	mode := cfg.Mode
+	if inPlace {
+		mode = -1
+	}
+	switch mode {
 	case dispatch.Normal:
 		algo, _, err := m.AlltoAllv(0, combineB, 1)
 		if err != nil {
@@ -123,6 +133,14 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 		}
 		fmt.Fprintf(w, "\n%d. combine (AlltoAllv, %v): each rank sums its experts' outputs per token, weighted, and sends one partial sum of %d B back per (token, rank), after a %d B status header: the dispatch matrix transposed\n",
 			step, algo, f.Combined, dispatch.BlockHeader)
+	case -1:
+		es := 4 // the activations: f32 unless --act bf16
+		if o.Act == dtype.BF16 {
+			es = 2
+		}
+		fmt.Fprintf(w, "\n%d. combine (in place, every rank on one host): the expert outputs stay where the experts wrote them (combine.Combiner.Buffer); each rank reads its tokens' terms there, a row of %d B per (token, expert) choice, and sums them; an Exchange carries only every rank's %d B status header. Read in other ranks' memory:\n",
+			step, mc.Hidden*es, dispatch.BlockHeader)
+		combineB = pl.InPlaceBytes(es)
 	case dispatch.LowLatency:
 		fmt.Fprintf(w, "\n%d. combine (Exchange): each rank sums its experts' outputs per token, weighted, and writes one partial sum of %d B per (token, rank) into its origin's buffer, after a %d B status header\n",
 			step, f.Combined, dispatch.BlockHeader)
@@ -135,7 +153,11 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 	if cfg.Mode == dispatch.Gathered {
 		fmt.Fprintf(w, "\n%d. sum: the reduce-scatter's, in its order\n", step)
 	} else {
-		fmt.Fprintf(w, "\n%d. sum (every rank, local): its own experts' terms first, then the other ranks' partial sums in rank order (bitwise reproducible)\n", step)
+		if inPlace {
+			fmt.Fprintf(w, "\n%d. sum (every rank, as it reads): each token's terms in one pass, in float32, rank by rank in ascending order, each rank's in the order of the token's choices (bitwise reproducible)\n", step)
+		} else {
+			fmt.Fprintf(w, "\n%d. sum (every rank, local): its own experts' terms first, then the other ranks' partial sums in rank order (bitwise reproducible)\n", step)
+		}
 	}
 	if m.Hosts() > 1 && cfg.Mode != dispatch.Gathered {
 		hosts := make([]int, p)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"strings"
 	"testing"
 
@@ -55,6 +56,26 @@ func TestFlow(t *testing.T) {
 			assert.Contains(t, out.String(), "the cost model chooses", "%v", mode)
 		}
 	}
+	// On one host the low-latency combine reads the expert outputs in place: a row per
+	// (token, expert) choice read in the memory of the rank that holds the expert; with
+	// --send-partials (or across hosts, above) it sends partial sums.
+	one, err := coll.NewModel(4, nil, coll.Config{})
+	require.NoError(t, err)
+	for _, partials := range []bool{false, true} {
+		o := bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40, Mode: dispatch.LowLatency, SendPartials: partials}
+		pl, mc, err := bench.PlanMoE(o, 4)
+		require.NoError(t, err)
+		var out bytes.Buffer
+		require.NoError(t, printFlow(&out, o, mc, pl, one, false))
+		if partials {
+			assert.Contains(t, out.String(), "4. combine (Exchange")
+			assert.NotContains(t, out.String(), "in place")
+		} else {
+			assert.Contains(t, out.String(), "4. combine (in place")
+			assert.Equal(t, pl.Choices[1][0]*mc.Hidden*4, pl.InPlaceBytes(4)[0][1], "rank 1 reads a row for each choice of its tokens that rank 0 took")
+		}
+	}
+	require.ErrorAs(t, cmdFlow(context.Background(), []string{"--send-partials", "--mode", "normal"}), new(*usageError))
 	// Planned bytes agree with the format: the dispatch matrix is blocks of rows.
 	pl, _, err := bench.PlanMoE(bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40}, 4)
 	require.NoError(t, err)
