@@ -97,8 +97,8 @@ func (cb *Combiner[T]) InPlace() bool { return cb.board != nil }
 // Buffer returns where this rank's experts should write their outputs for the dispatch
 // that h belongs to (Output.Rows() x Hidden values, in entry order) for the combine to
 // read them in place; nil where it does not (the normal and gathered modes, ranks that
-// cannot all read one another's memory, Config.SendPartials), or for a handle that is
-// not valid. The memory is this dispatch's until the next dispatch into the same buffers
+// cannot all read one another's memory, Config.SendPartials, outputs of more than 8 GiB
+// per rank for InFlight dispatches at MaxTokens), or for a handle that is not valid. The memory is this dispatch's until the next dispatch into the same buffers
 // (Handle.Slot). Combine with y anywhere else copies y there first; CombineRows takes
 // the first IncomingRows() x Hidden values of it the same way.
 func (cb *Combiner[T]) Buffer(h dispatch.Handle) []T {
