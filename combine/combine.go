@@ -257,12 +257,10 @@ func (cb *Combiner[T]) start(ctx context.Context, h dispatch.Handle, y, out []T,
 		}
 	}
 	var err error
-	switch {
-	case cb.board != nil:
-		err = s.startInPlace(ctx, y)
-	case cb.cfg.Mode == dispatch.LowLatency:
+	switch cb.cfg.Mode {
+	case dispatch.LowLatency:
 		err = s.startLL(ctx, y)
-	case cb.cfg.Mode == dispatch.Gathered:
+	case dispatch.Gathered:
 		err = s.startGathered(ctx, y)
 	default:
 		err = s.startNormal(ctx, y)

@@ -81,7 +81,7 @@ func (cb *Combiner[T]) openBoard(ctx context.Context) error {
 	switch {
 	case err == nil:
 		cb.board = b
-	case !isNoBoard(err):
+	case !errors.Is(err, coll.ErrNoBoard):
 		return err
 	}
 	return nil
@@ -256,39 +256,3 @@ func (s *slot[T]) sumInPlace() error {
 // LastRead is the bytes of other ranks' memory the last in-place combine read (0 where
 // the combine does not read in place).
 func (cb *Combiner[T]) LastRead() int { return cb.read }
-
-// startInPlace publishes this rank's outputs and sends every rank the header that says
-// so.
-func (s *slot[T]) startInPlace(ctx context.Context, y []T) error {
-	cb := s.cb
-	h := s.h
-	me := cb.c.Rank()
-	if s.code == dispatch.CodeOK {
-		s.publish(y)
-	}
-	op, err := cb.x.Begin(ctx)
-	if err != nil {
-		return err
-	}
-	s.op = op
-	for {
-		q, dst, err := op.NextDest(ctx)
-		if err != nil {
-			return err
-		}
-		if q < 0 {
-			return nil
-		}
-		n := 0
-		if s.code == dispatch.CodeOK && q != me {
-			a, b := h.Incoming(q)
-			n = b - a
-		}
-		dispatch.PutHeader(dst[0], s.code, n, h.Fingerprint(), h.Generation())
-		if err := op.Send(q, dispatch.BlockHeader, 0); err != nil {
-			return err
-		}
-	}
-}
-
-func isNoBoard(err error) bool { return errors.Is(err, coll.ErrNoBoard) }

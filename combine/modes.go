@@ -93,13 +93,17 @@ func (s *slot[T]) waitNormal(ctx context.Context) error {
 	return nil
 }
 
-// The low-latency mode: one exchange of two fields, the header and the partial sums.
+// The low-latency mode: one exchange of two fields, the header and the partial sums; in
+// place (inplace.go), the header alone, once this rank's outputs are published.
 
 func (s *slot[T]) startLL(ctx context.Context, y []T) error {
 	cb := s.cb
 	me := cb.c.Rank()
 	h := s.h
 	rb := cb.f.Combined
+	if cb.board != nil && s.code == dispatch.CodeOK {
+		s.publish(y)
+	}
 	op, err := cb.x.Begin(ctx)
 	if err != nil {
 		return err
@@ -113,16 +117,19 @@ func (s *slot[T]) startLL(ctx context.Context, y []T) error {
 		if q < 0 {
 			return nil
 		}
-		n := 0
+		n, sums := 0, 0
 		if s.code == dispatch.CodeOK && q != me {
 			a, b := h.Incoming(q)
 			n = b - a
-			for i := a; i < b; i++ {
-				s.partial(dst[1][(i-a)*rb:(i-a+1)*rb], y, i)
+			if cb.board == nil {
+				for i := a; i < b; i++ {
+					s.partial(dst[1][(i-a)*rb:(i-a+1)*rb], y, i)
+				}
+				sums = n
 			}
 		}
 		dispatch.PutHeader(dst[0], s.code, n, h.Fingerprint(), h.Generation())
-		if err := op.Send(q, dispatch.BlockHeader, n*rb); err != nil {
+		if err := op.Send(q, dispatch.BlockHeader, sums*rb); err != nil {
 			return err
 		}
 	}
