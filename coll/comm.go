@@ -347,6 +347,13 @@ func parseProbeReply(body []byte, max int) probeReply {
 // sendCtl sends a control message to peer q without waiting for it: a watcher waits for
 // its completion, or for the communicator's end.
 func (c *Comm) sendCtl(q int, msg []byte) {
+	// The watchdog's timer goroutine sends probes too, and Close does not wait for it:
+	// once Close has begun waiting for the watchers, nothing is sent and none is added.
+	c.watchMu.Lock()
+	defer c.watchMu.Unlock()
+	if c.closed.Load() {
+		return
+	}
 	r, err := c.tr.Isend(c.ranks[q], c.ctlTag(), msg)
 	if err != nil {
 		return

@@ -465,3 +465,31 @@ func TestCloseWaitsForNonBlockingOps(t *testing.T) {
 		require.NoError(t, goleak.Find(before), "run %d", run)
 	}
 }
+
+// The watchdog's timer goroutine sends stall probes, and Close does not wait for it: a
+// probe sent while Close waits for the watchers must neither race with that wait nor
+// leave a goroutine behind (goleak checks the second at the end of the package).
+func TestProbeDuringClose(t *testing.T) {
+	for i := 0; i < 20; i++ {
+		cs, err := Local(2, Config{Timeout: time.Second})
+		require.NoError(t, err)
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				cs[0].sendCtl(1, []byte{kindProbe, 0, 0, 0, 0, 0, 0, 0, 0})
+			}
+		}()
+		time.Sleep(time.Millisecond)
+		assert.NoError(t, cs[0].Close())
+		close(stop)
+		<-done
+		assert.NoError(t, cs[1].Close())
+	}
+}

@@ -104,6 +104,7 @@ type Comm struct {
 	acancel   context.CancelCauseFunc
 	abortOnce sync.Once
 	watchers  sync.WaitGroup
+	watchMu   sync.Mutex // orders sendCtl's Add against Close's Wait (closed set first)
 	ctlBufs   [][]byte
 
 	// lost[q] is closed when peer q's watcher has seen the transport report q gone (and

@@ -93,6 +93,8 @@ func (c *Comm) Close() error {
 		c.stopCtx()
 	}
 	c.ctxMu.Unlock()
+	c.watchMu.Lock() // a sendCtl under way has added its watcher; later ones see closed
+	c.watchMu.Unlock()
 	c.watchers.Wait()
 	close(c.async.stop)
 	c.async.wg.Wait()
