@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"os"
 )
 
 // WindowTransport is implemented by transports whose ranks can write straight into one
@@ -52,4 +53,32 @@ type Window interface {
 	Wait(ctx context.Context, ready func() bool) error
 	// Close unmaps everything; the window must not be used afterwards.
 	Close() error
+}
+
+// SpanTransport is implemented by window transports that can also map a set of windows
+// side by side (shm; inproc on Linux): a reader then sees every rank's window as one
+// slice, each at a fixed stride, and can hand out one view of rows that live in many
+// ranks' memory (a dispatch whose experts read the tokens where their origins wrote them).
+type SpanTransport interface {
+	WindowTransport
+	// NewSpanWindow is NewWindow for a window that Span can map. Windows are made and
+	// mapped as NewWindow's are; Span comes after every Map and before Seal.
+	NewSpanWindow(size int) (SpanWindow, []byte, error)
+}
+
+// SpanWindow is a Window that can be mapped side by side with its peers'.
+type SpanWindow interface {
+	Window
+	// Span maps the windows of peers (transport ranks, this rank's own included, each
+	// one mapped), in that order, into one range of addresses: peers[i]'s window starts
+	// at i*SpanStride(size). Writes through the span and through Local or Remote reach
+	// the same memory. The span lives until Close; a second call returns the first span.
+	Span(peers []int) ([]byte, error)
+}
+
+// SpanStride is the distance between two windows of size bytes in a span: size rounded
+// up to the page size.
+func SpanStride(size int) int {
+	pg := os.Getpagesize()
+	return (size + pg - 1) / pg * pg
 }

@@ -19,6 +19,18 @@ type winMem struct {
 	mem      []byte
 	sleeping atomic.Int32
 	bell     chan struct{}
+	// A window that can be spanned lives in a memory file (fd >= 0), mapped once here
+	// and released when the last window that mapped it closes.
+	fd   int
+	file []byte // the file's whole mapping
+	refs atomic.Int32
+}
+
+// unref drops one window's hold on m.
+func (m *winMem) unref() {
+	if m.fd >= 0 && m.refs.Add(-1) == 0 {
+		releaseFile(m)
+	}
 }
 
 type windows struct {
@@ -32,6 +44,7 @@ type window struct {
 	id     uint64
 	own    *winMem
 	peers  []*winMem
+	span   []byte
 	closed atomic.Bool
 }
 
@@ -43,7 +56,11 @@ func (t *Transport) NewWindow(size int) (transport.Window, []byte, error) {
 	if t.closed.Load() {
 		return nil, nil, transport.ErrClosed
 	}
-	m := &winMem{mem: make([]byte, size), bell: make(chan struct{}, 1)}
+	return t.newWindow(&winMem{mem: make([]byte, size), bell: make(chan struct{}, 1), fd: -1})
+}
+
+func (t *Transport) newWindow(m *winMem) (*window, []byte, error) {
+	m.refs.Store(1)
 	ws := &t.w.windows
 	ws.mu.Lock()
 	if ws.all == nil {
@@ -74,6 +91,12 @@ func (w *window) Map(peer int, desc []byte) error {
 	ws.mu.Unlock()
 	if m == nil {
 		return fmt.Errorf("%w: rank %d's window is not (or no longer) in this process", transport.ErrProtocol, peer)
+	}
+	if old := w.peers[peer]; old != nil && old != w.own {
+		old.unref()
+	}
+	if m != w.own {
+		m.refs.Add(1)
 	}
 	w.peers[peer] = m
 	return nil
@@ -153,6 +176,16 @@ func (w *window) Close() error {
 		return nil
 	}
 	w.Seal()
-	clear(w.peers)
+	if w.span != nil {
+		unmapSpan(w.span)
+		w.span = nil
+	}
+	for q, m := range w.peers {
+		if m != nil && m != w.own {
+			m.unref()
+		}
+		w.peers[q] = nil
+	}
+	w.own.unref()
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/internal/core"
 )
 
 // A window is a file in DevShm that its rank and every peer on this host map read-write
@@ -27,7 +28,16 @@ const (
 	winSleeping = 64
 )
 
-var _ transport.WindowTransport = (*Transport)(nil)
+var _ transport.SpanTransport = (*Transport)(nil)
+
+// NewSpanWindow implements transport.SpanTransport: every shm window can be spanned.
+func (t *Transport) NewSpanWindow(size int) (transport.SpanWindow, []byte, error) {
+	w, desc, err := t.NewWindow(size)
+	if err != nil {
+		return nil, nil, err
+	}
+	return w.(*window), desc, nil
+}
 
 // window is one rank's view of a set of shm windows.
 type window struct {
@@ -35,6 +45,8 @@ type window struct {
 	name   string // the file, until Seal
 	own    []byte // the whole mapping, header included
 	peers  [][]byte
+	names  []string // the peers' files, for Span (until Seal)
+	span   []byte
 	procs  bool // the peers are other processes: waiters yield to the kernel only
 	sealed atomic.Bool
 	closed atomic.Bool
@@ -69,7 +81,7 @@ func (t *Transport) NewWindow(size int) (transport.Window, []byte, error) {
 		os.Remove(path)
 		return nil, nil, fmt.Errorf("shm: mapping window %s: %w", path, err)
 	}
-	w := &window{t: t, name: name, own: mem, peers: make([][]byte, t.size), procs: true}
+	w := &window{t: t, name: name, own: mem, peers: make([][]byte, t.size), names: make([]string, t.size), procs: true}
 	for _, p := range t.peers {
 		if p != nil && p.pid == os.Getpid() {
 			w.procs = false // ranks as goroutines of one process (tests)
@@ -134,7 +146,56 @@ func (w *window) Map(peer int, desc []byte) error {
 		_ = unix.Munmap(old)
 	}
 	w.peers[peer] = mem
+	w.names[peer] = name
 	return nil
+}
+
+// Span implements transport.SpanWindow: each window's file is mapped again, past its
+// header page, at its place in the span.
+func (w *window) Span(peers []int) ([]byte, error) {
+	if w.span != nil {
+		return w.span, nil
+	}
+	if w.sealed.Load() || w.closed.Load() {
+		return nil, fmt.Errorf("%w: span of a sealed window", transport.ErrClosed)
+	}
+	size := len(w.own) - winHdr
+	stride := transport.SpanStride(size)
+	fds := make([]int, len(peers))
+	offs := make([]int64, len(peers))
+	for i := range fds {
+		fds[i] = -1
+	}
+	defer func() {
+		for _, fd := range fds {
+			if fd >= 0 {
+				unix.Close(fd)
+			}
+		}
+	}()
+	for i, q := range peers {
+		name := w.name
+		if q != w.t.rank {
+			if q < 0 || q >= len(w.peers) || w.peers[q] == nil {
+				return nil, &transport.ArgError{Arg: "peers", Reason: fmt.Sprintf("rank %d's window is not mapped", q)}
+			}
+			if len(w.peers[q]) != len(w.own) {
+				return nil, fmt.Errorf("%w: rank %d's window has %d bytes, this rank's %d", transport.ErrProtocol, q, len(w.peers[q])-winHdr, size)
+			}
+			name = w.names[q]
+		}
+		fd, err := unix.Open(filepath.Join(DevShm, name), unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return nil, fmt.Errorf("shm: opening rank %d's window for a span: %w", q, err)
+		}
+		fds[i], offs[i] = fd, winHdr
+	}
+	span, err := core.MapSpan(fds, offs, stride)
+	if err != nil {
+		return nil, err
+	}
+	w.span = span
+	return span, nil
 }
 
 func (w *window) Remote(peer int) []byte {
@@ -208,6 +269,10 @@ func (w *window) Close() error {
 		return nil
 	}
 	w.Seal()
+	if w.span != nil {
+		_ = core.UnmapSpan(w.span)
+		w.span = nil
+	}
 	for q, m := range w.peers {
 		if m != nil && q != w.t.rank {
 			_ = unix.Munmap(m)

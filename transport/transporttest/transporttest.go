@@ -80,6 +80,7 @@ func Run(t *testing.T, f Factory, opt Options) {
 	t.Run("Garbage", func(t *testing.T) { testGarbage(t, f) })
 	t.Run("TruncatedFrame", func(t *testing.T) { testTruncatedFrame(t, f) })
 	t.Run("Windows", func(t *testing.T) { testWindows(t, f) })
+	t.Run("Spans", func(t *testing.T) { testSpans(t, f) })
 	t.Run("AllocsSteadyState", func(t *testing.T) {
 		if opt.SkipAllocs != "" {
 			t.Skip(opt.SkipAllocs)

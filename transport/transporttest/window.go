@@ -113,3 +113,65 @@ func testWindows(t *testing.T, f Factory) {
 	err = wins[1].Wait(short, func() bool { return false })
 	assert.Error(t, err)
 }
+
+// testSpans checks transport.SpanTransport where the transport has it: every rank's
+// span shows every window (its own included) at its stride, in the order asked, aliasing
+// the memory that Local and Remote give; spans and windows close without a trace.
+func testSpans(t *testing.T, f Factory) {
+	const n = 3
+	const size = 3*4096 + 100 // not a whole number of pages
+	w := f(t, n)
+	st, ok := w.T[0].(transport.SpanTransport)
+	if !ok {
+		t.Skipf("%s cannot map windows side by side (transport.SpanTransport)", w.T[0].Name())
+	}
+	_, _, err := st.NewSpanWindow(-1)
+	var ae *transport.ArgError
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, "size", ae.Arg)
+
+	wins := make([]transport.SpanWindow, n)
+	descs := make([][]byte, n)
+	for r := range wins {
+		wins[r], descs[r], err = w.T[r].(transport.SpanTransport).NewSpanWindow(size)
+		require.NoError(t, err)
+		require.Len(t, wins[r].Local(), size)
+	}
+	defer func() {
+		for _, win := range wins {
+			assert.NoError(t, win.Close())
+		}
+	}()
+	for r, win := range wins {
+		for q := range wins {
+			require.NoError(t, win.Map(q, descs[q]), "rank %d maps rank %d", r, q)
+		}
+	}
+	for r := range wins {
+		Pattern(wins[r].Local(), uint64(r)+1)
+	}
+	stride := transport.SpanStride(size)
+	require.Zero(t, stride%4096)
+	require.GreaterOrEqual(t, stride, size)
+	order := []int{2, 0, 1}
+	spans := make([][]byte, n)
+	for r, win := range wins {
+		spans[r], err = win.Span(order)
+		require.NoError(t, err, "rank %d", r)
+		require.Len(t, spans[r], n*stride)
+		again, err := win.Span(order)
+		require.NoError(t, err)
+		assert.Same(t, &spans[r][0], &again[0], "a second Span returns the first")
+		for i, q := range order {
+			require.NoError(t, Check(spans[r][i*stride:i*stride+size], uint64(q)+1), "rank %d's span, window of rank %d", r, q)
+		}
+	}
+	for _, win := range wins {
+		win.Seal()
+	}
+	// A write through one rank's span reaches the owner's Local and another rank's Remote.
+	spans[1][0*stride+5] = 0xAB // window of rank 2
+	assert.Equal(t, byte(0xAB), wins[2].Local()[5])
+	assert.Equal(t, byte(0xAB), wins[0].Remote(2)[5])
+	assert.Equal(t, byte(0xAB), spans[0][5])
+}

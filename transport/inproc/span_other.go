@@ -1,0 +1,7 @@
+//go:build !linux
+
+package inproc
+
+func unmapSpan([]byte) {}
+
+func releaseFile(*winMem) {}
