@@ -22,6 +22,7 @@ type Board struct {
 	c    *Comm
 	win  transport.Window
 	size int
+	span []byte
 }
 
 // ErrNoBoard: some pair of ranks cannot map each other's memory (ranks on other hosts,
@@ -32,6 +33,17 @@ var ErrNoBoard = errors.New("coll: not every rank can read every rank's memory")
 // rank calls it with the same size, and every rank returns ErrNoBoard (errors.Is) alike
 // when some pair of ranks cannot reach each other's memory.
 func (c *Comm) NewBoard(ctx context.Context, size int) (*Board, error) {
+	return c.newBoard(ctx, size, false)
+}
+
+// NewSpanBoard is NewBoard for a Board whose parts every rank also sees side by side,
+// as one slice (Span): rank q's part starts at q*Stride(). Where some rank cannot map
+// them so (a transport without transport.SpanTransport), every rank returns ErrNoBoard.
+func (c *Comm) NewSpanBoard(ctx context.Context, size int) (*Board, error) {
+	return c.newBoard(ctx, size, true)
+}
+
+func (c *Comm) newBoard(ctx context.Context, size int, span bool) (*Board, error) {
 	if size < 1 || size > transport.MaxWindow {
 		return nil, &ArgError{Arg: "size", Reason: fmt.Sprintf("%d bytes (want 1..%d)", size, transport.MaxWindow)}
 	}
@@ -39,22 +51,38 @@ func (c *Comm) NewBoard(ctx context.Context, size int) (*Board, error) {
 		return nil, fmt.Errorf("%w: a single rank", ErrNoBoard)
 	}
 	sig := signature(OpExchange, AlgoAuto, 1, -1, size)
-	win, maps, err := c.openWindow(ctx, sig, size, "a board")
+	if span {
+		sig ^= 0x5a5a0000 // a span board is not a plain one: both sides must ask for it
+	}
+	win, maps, mem, err := c.openWindowSpan(ctx, sig, size, "a board", span)
 	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Board, error) {
+		if win != nil {
+			win.Close()
+		}
 		return nil, err
 	}
 	for i := 0; i < c.size; i++ {
 		for j := 0; j < c.size; j++ {
 			if i != j && maps[i*c.size+j] != 1 {
-				if win != nil {
-					win.Close()
-				}
-				return nil, fmt.Errorf("%w: rank %d cannot map rank %d's", ErrNoBoard, i, j)
+				return fail(fmt.Errorf("%w: rank %d cannot map rank %d's", ErrNoBoard, i, j))
 			}
 		}
 	}
-	return &Board{c: c, win: win, size: size}, nil
+	if span && mem == nil {
+		return fail(fmt.Errorf("%w: not every rank can map the parts side by side", ErrNoBoard))
+	}
+	return &Board{c: c, win: win, size: size, span: mem}, nil
 }
+
+// Span is every rank's part side by side, rank q's at q*Stride() (NewSpanBoard), to be
+// read in place; nil for a Board from NewBoard.
+func (b *Board) Span() []byte { return b.span }
+
+// Stride is the distance between two ranks' parts in Span: Size rounded up to the page.
+func (b *Board) Stride() int { return transport.SpanStride(b.size) }
 
 // Size is the bytes of each rank's part.
 func (b *Board) Size() int { return b.size }
@@ -77,6 +105,6 @@ func (b *Board) Close() error {
 		return nil
 	}
 	err := b.win.Close()
-	b.win = nil
+	b.win, b.span = nil, nil
 	return err
 }

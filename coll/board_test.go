@@ -86,3 +86,66 @@ func TestBoardErrors(t *testing.T) {
 	})
 	assert.ErrorIs(t, errs[0], ErrNoBoard, "a single rank")
 }
+
+// A span board shows every rank's part side by side, at the page-rounded stride, the
+// same memory as Local and Peer; a plain board has no span; a rank that asks for a plain
+// board while the others ask for a span fails every rank alike.
+func TestSpanBoard(t *testing.T) {
+	const p, size = 3, 2*4096 + 24
+	ctx := context.Background()
+	errs := world(t, p, Config{}, func(c *Comm) error {
+		b, err := c.NewSpanBoard(ctx, size)
+		if err != nil {
+			return err
+		}
+		defer b.Close()
+		stride := b.Stride()
+		if stride%4096 != 0 || stride < size || len(b.Span()) != p*stride {
+			return fmt.Errorf("stride %d, span %d bytes", stride, len(b.Span()))
+		}
+		for i := 0; i < size; i++ {
+			b.Local()[i] = byte(c.Rank()*7 + i)
+		}
+		if err := Barrier(ctx, c); err != nil {
+			return err
+		}
+		for q := 0; q < p; q++ {
+			part := b.Span()[q*stride : q*stride+size]
+			for i := range part {
+				if part[i] != byte(q*7+i) {
+					return fmt.Errorf("rank %d's part in the span, byte %d: %d", q, i, part[i])
+				}
+			}
+		}
+		plain, err := c.NewBoard(ctx, size)
+		if err != nil {
+			return err
+		}
+		defer plain.Close()
+		if plain.Span() != nil {
+			return errors.New("a plain board has a span")
+		}
+		return nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	errs = world(t, p, Config{NoWindows: true}, func(c *Comm) error {
+		_, err := c.NewSpanBoard(ctx, size)
+		return err
+	})
+	for r, err := range errs {
+		assert.ErrorIs(t, err, ErrNoBoard, "rank %d", r)
+	}
+	errs = world(t, p, Config{}, func(c *Comm) error {
+		if c.Rank() == 1 {
+			_, err := c.NewBoard(ctx, size)
+			return err
+		}
+		_, err := c.NewSpanBoard(ctx, size)
+		return err
+	})
+	for r, err := range errs {
+		assert.ErrorIs(t, err, ErrMismatch, "rank %d", r)
+	}
+}

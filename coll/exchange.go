@@ -177,12 +177,24 @@ func (x *Exchange) openWindows(ctx context.Context, data int) error {
 // another's memory) and on who maps whom: maps[i*P+j] is 1 when rank i mapped rank j's
 // window. The window is sealed: nothing is mapped afterwards. It is collective.
 func (c *Comm) openWindow(ctx context.Context, sig uint32, size int, what string) (transport.Window, []byte, error) {
+	win, maps, _, err := c.openWindowSpan(ctx, sig, size, what, false)
+	return win, maps, err
+}
+
+// openWindowSpan is openWindow that, with span, also maps every rank's window side by
+// side (transport.SpanWindow) where every rank can: the span is non-nil on every rank
+// or on none.
+func (c *Comm) openWindowSpan(ctx context.Context, sig uint32, size int, what string, span bool) (transport.Window, []byte, []byte, error) {
 	p := c.size
 	const descMax = 256
 	var win transport.Window
 	var desc []byte
 	if wt, ok := c.tr.(transport.WindowTransport); ok && p > 1 && !c.cfg.NoWindows {
-		w, d, err := wt.NewWindow(size)
+		newWindow := wt.NewWindow
+		if st, ok := c.tr.(transport.SpanTransport); ok && span {
+			newWindow = func(size int) (transport.Window, []byte, error) { return st.NewSpanWindow(size) }
+		}
+		w, d, err := newWindow(size)
 		if err == nil && len(d) <= descMax {
 			win, desc = w, d
 		} else if err == nil {
@@ -205,12 +217,12 @@ func (c *Comm) openWindow(ctx context.Context, sig uint32, size int, what string
 	all := make([]byte, p*len(rec))
 	if err := AllGather(ctx, c, rec, all); err != nil {
 		closeWin()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	for q := 0; q < p; q++ {
 		if got := binary.LittleEndian.Uint32(all[q*len(rec):]); got != sig {
 			closeWin()
-			return nil, nil, fmt.Errorf("%w: rank %d makes %s of another shape (signature %#x, this rank's %#x)", ErrMismatch, q, what, got, sig)
+			return nil, nil, nil, fmt.Errorf("%w: rank %d makes %s of another shape (signature %#x, this rank's %#x)", ErrMismatch, q, what, got, sig)
 		}
 	}
 	mapped := make([]byte, p)
@@ -232,12 +244,47 @@ func (c *Comm) openWindow(ctx context.Context, sig uint32, size int, what string
 	maps := make([]byte, p*p)
 	if err := AllGather(ctx, c, mapped, maps); err != nil {
 		closeWin()
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	var mem []byte
+	if span {
+		// Every window is mapped everywhere: map them side by side, then agree that every
+		// rank did before any file goes (Seal).
+		ok := []byte{0}
+		if sw, isSpan := win.(transport.SpanWindow); isSpan && mapsAll(maps, p) {
+			if m, err := sw.Span(c.ranks); err == nil {
+				mem, ok[0] = m, 1
+			} else {
+				c.log.Warn("moex: cannot map the ranks' windows side by side", "rank", c.rank, "err", err)
+			}
+		}
+		oks := make([]byte, p)
+		if err := AllGather(ctx, c, ok, oks); err != nil {
+			closeWin()
+			return nil, nil, nil, err
+		}
+		for _, o := range oks {
+			if o == 0 {
+				mem = nil
+			}
+		}
 	}
 	if win != nil {
 		win.Seal()
 	}
-	return win, maps, nil
+	return win, maps, mem, nil
+}
+
+// mapsAll reports whether every rank of p mapped every other rank's window.
+func mapsAll(maps []byte, p int) bool {
+	for i := 0; i < p; i++ {
+		for j := 0; j < p; j++ {
+			if i != j && maps[i*p+j] != 1 {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func (x *Exchange) closeWindow() {
