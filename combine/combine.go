@@ -305,6 +305,9 @@ func (p *Pending[T]) Wait(ctx context.Context) error {
 	if s.inErr != nil {
 		return s.inErr
 	}
+	// Every rank has started this combine, so its experts read no more of the
+	// dispatch's rows: this rank may write its staging again.
+	s.h.Done()
 	if s.cb.board != nil {
 		return s.sumInPlace()
 	}

@@ -603,15 +603,18 @@ func TestModesAgree(t *testing.T) {
 	type run struct {
 		mode     dispatch.Mode
 		partials bool
+		push     bool
 	}
-	runs := []run{{dispatch.Normal, false}, {dispatch.LowLatency, true}, {dispatch.LowLatency, false}}
+	runs := []run{{dispatch.Normal, false, false}, {dispatch.LowLatency, true, false}, {dispatch.LowLatency, false, false},
+		{dispatch.LowLatency, true, true}}
 	results := make([][][]float32, len(runs))
 	inPlace := make([]bool, len(runs))
+	rowsInPlace := make([]bool, len(runs))
 	for i, ru := range runs {
 		res := make([][]float32, s.p)
 		runRanks(t, s.p, coll.Config{}, func(c *coll.Comm) error {
 			ctx := context.Background()
-			d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: ru.mode, MaxTokens: s.maxTokens, WireDType: dtype.FP8E4M3, SendPartials: ru.partials})
+			d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: ru.mode, MaxTokens: s.maxTokens, WireDType: dtype.FP8E4M3, SendPartials: ru.partials, PushRows: ru.push})
 			if err != nil {
 				return err
 			}
@@ -622,7 +625,7 @@ func TestModesAgree(t *testing.T) {
 			}
 			defer cb.Close()
 			if c.Rank() == 0 {
-				inPlace[i] = cb.InPlace()
+				inPlace[i], rowsInPlace[i] = cb.InPlace(), d.RowsInPlace()
 			}
 			r, x := s.routing(c.Rank())
 			rng := rand.New(rand.NewPCG(uint64(c.Rank()), 7))
@@ -644,11 +647,14 @@ func TestModesAgree(t *testing.T) {
 		})
 		results[i] = res
 	}
-	// The same partial sums in the same order: the same bits.
+	// The same partial sums in the same order: the same bits, whether the experts read
+	// the tokens in place or each rank pushed them.
 	assert.Equal(t, results[0], results[1])
+	assert.Equal(t, results[0], results[3])
+	assert.Equal(t, []bool{false, true, true, false}, rowsInPlace)
 	// In place every term is summed in float32 without the partial sums' rounding: the
 	// same to float32 precision.
-	require.Equal(t, []bool{false, false, true}, inPlace)
+	require.Equal(t, []bool{false, false, true, false}, inPlace)
 	for q := range results[0] {
 		require.Len(t, results[2][q], len(results[0][q]))
 		for k, v := range results[0][q] {

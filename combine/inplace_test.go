@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/router"
@@ -285,4 +287,146 @@ func TestInPlaceBadCall(t *testing.T) {
 		assert.NoError(t, err, "rank %d", q)
 	}
 	require.Len(t, errs, s.p)
+}
+
+// The low-latency dispatch writes each rank's tokens once into its own staging and the
+// experts read them there. Its staging is written again only once the combine of the
+// dispatch that last used it has completed: with ranks out of step and new activations
+// every step, every expert sees each token as its origin sent it in that step. A step
+// without a combine makes the next dispatch into its slot push its rows (the experts
+// may still read the staging), and the one after it is in place again.
+func TestDispatchInPlaceReuse(t *testing.T) {
+	s := scenario{p: 4, hid: 24, k: 3, experts: 8, tokens: []int{9, 3, 12, 0}, seed: 6, maxTokens: 12}
+	pl := placement(t, "roundrobin", s.experts, s.p)
+	for _, inFlight := range []int{1, 2} {
+		t.Run(fmt.Sprintf("InFlight=%d", inFlight), func(t *testing.T) {
+			runRanks(t, s.p, coll.Config{}, func(c *coll.Comm) error {
+				ctx := context.Background()
+				me := c.Rank()
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: s.maxTokens, InFlight: inFlight})
+				if err != nil {
+					return err
+				}
+				defer d.Close()
+				defer cb.Close()
+				if !d.RowsInPlace() {
+					return errors.New("the dispatch does not read the rows in place over inproc")
+				}
+				// Every rank's activations at a step: its scenario's, plus the step.
+				xs := make([][]float32, s.p)
+				r, _ := s.routing(me)
+				for q := range xs {
+					_, xs[q] = s.routing(q)
+				}
+				at := func(q, step int) []float32 {
+					x := slices.Clone(xs[q])
+					for i := range x {
+						x[i] += float32(step * 1000)
+					}
+					return x
+				}
+				rng := rand.New(rand.NewPCG(uint64(me), 2))
+				res := make([]float32, len(xs[me]))
+				skipped := -1 // the last step without a combine
+				for step := 0; step < 30; step++ {
+					out, h, err := d.Dispatch(ctx, at(me, step), r)
+					if err != nil {
+						return err
+					}
+					// In place unless the slot's last dispatch had no combine.
+					wantInPlace := skipped < 0 || step-skipped != inFlight
+					if got := d.Stats().InPlace; got != wantInPlace && s.tokens[me] > 0 {
+						return fmt.Errorf("step %d: in place %v, want %v", step, got, wantInPlace)
+					}
+					time.Sleep(time.Duration(rng.IntN(300)) * time.Microsecond)
+					for j := 0; j < out.Rows(); j++ {
+						if out.Origin[j] < 0 {
+							continue
+						}
+						q, src := int(out.Origin[j]), int(out.Source[j])
+						want := at(q, step)[src*s.hid : (src+1)*s.hid]
+						if !slices.Equal(out.Entry(j), want) {
+							return fmt.Errorf("step %d: entry %d (rank %d's token %d): %v, want %v", step, j, q, src, out.Entry(j), want)
+						}
+					}
+					if step%7 == 3 {
+						skipped = step // no combine: the experts of this step may read on
+						continue
+					}
+					y := cb.Buffer(h)
+					for j := 0; j < out.Rows(); j++ {
+						row := y[j*s.hid : (j+1)*s.hid]
+						if out.Origin[j] < 0 {
+							clear(row)
+							continue
+						}
+						for k, v := range out.Entry(j) {
+							row[k] = expert(out.Expert[j], v)
+						}
+					}
+					if err := cb.Combine(ctx, h, y, res); err != nil {
+						return err
+					}
+					if err := checkSums(res, at(me, step), r, s, 0); err != nil {
+						return fmt.Errorf("step %d: %w", step, err)
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// Ranks that disagree on whether a slot's staging is free (one marked its dispatch done
+// without a combine) still deliver every row: the rows of those in place are copied in
+// beside the pushed ones.
+func TestDispatchInPlaceMixed(t *testing.T) {
+	s := scenario{p: 3, hid: 16, k: 2, experts: 6, tokens: []int{5, 7, 4}, seed: 9, maxTokens: 8}
+	pl := placement(t, "contiguous", s.experts, s.p)
+	for _, wire := range []dtype.Type{dtype.F32, dtype.FP8E4M3} {
+		t.Run(wire.String(), func(t *testing.T) {
+			runRanks(t, s.p, coll.Config{}, func(c *coll.Comm) error {
+				ctx := context.Background()
+				me := c.Rank()
+				d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: s.maxTokens, InFlight: 1, WireDType: wire})
+				if err != nil {
+					return err
+				}
+				defer d.Close()
+				r, x := s.routing(me)
+				_, h, err := d.Dispatch(ctx, x, r)
+				if err != nil {
+					return err
+				}
+				if me == 0 {
+					h.Done() // rank 0 alone: its next dispatch is in place, the others push
+				}
+				out, _, err := d.Dispatch(ctx, x, r)
+				if err != nil {
+					return err
+				}
+				if d.Stats().InPlace != (me == 0) {
+					return fmt.Errorf("in place %v", d.Stats().InPlace)
+				}
+				for j := 0; j < out.Rows(); j++ {
+					if out.Origin[j] < 0 {
+						continue
+					}
+					q, src := int(out.Origin[j]), int(out.Source[j])
+					_, xq := s.routing(q)
+					want := xq[src*s.hid : (src+1)*s.hid]
+					if wire == dtype.FP8E4M3 { // the wire's rounding, as the origin made it
+						want = slices.Clone(want)
+						q8, sc := make([]byte, s.hid), make([]float32, dtype.FP8Scales(s.hid))
+						dtype.QuantizeFP8(q8, sc, xq[src*s.hid:(src+1)*s.hid], false)
+						dtype.DequantizeFP8(want, q8, sc)
+					}
+					if !slices.Equal(out.Entry(j), want) {
+						return fmt.Errorf("entry %d (rank %d's token %d): %v, want %v", j, q, src, out.Entry(j), want)
+					}
+				}
+				return nil
+			})
+		})
+	}
 }

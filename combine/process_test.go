@@ -13,6 +13,7 @@ import (
 
 	"github.com/moex-ai/moex/internal/long"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/coll"
@@ -66,21 +67,29 @@ func TestHelperMoERank(t *testing.T) {
 		require.True(t, ok, "transport %T", c.Transport())
 		require.NotZero(t, st.Stats().SharedBytes, "rank %d: no bytes read in place from the dispatchers' shared buffers", c.Rank())
 	}
-	// The low-latency mode writes into every peer's memory over shm, and sends messages
+	// The low-latency mode's experts read the tokens in their origins' memory over shm
+	// (PushRows: each rank writes them into every peer's memory), and it sends messages
 	// over tcp and ucx; its combine reads in place over shm.
 	pl, err := router.NewPlacement(router.Contiguous, 2*p, p)
 	require.NoError(t, err)
+	r := &router.Routing{T: 2, K: 2, E: 2 * p, Experts: []int32{0, int32(2*p - 1), 1, 2}, Weights: []float32{1, 1, 1, 1}}
+	for _, push := range []bool{true, false} {
+		d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: 16, TopK: 2, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: 4, PushRows: push})
+		require.NoError(t, err)
+		_, _, err = d.Dispatch(ctx, make([]float32, 32), r)
+		require.NoError(t, err)
+		want := 0
+		if tr == "shm" && push {
+			want = p - 1
+		}
+		assert.Equal(t, want, d.Stats().Pushed, "ranks written into directly over %s, PushRows %v", tr, push)
+		assert.Equal(t, tr == "shm" && !push, d.RowsInPlace(), "rows read in place over %s, PushRows %v", tr, push)
+		assert.Equal(t, tr == "shm" && !push, d.Stats().InPlace)
+		require.NoError(t, d.Close())
+	}
 	d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: 16, TopK: 2, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: 4})
 	require.NoError(t, err)
 	defer d.Close()
-	r := &router.Routing{T: 2, K: 2, E: 2 * p, Experts: []int32{0, int32(2*p - 1), 1, 2}, Weights: []float32{1, 1, 1, 1}}
-	_, _, err = d.Dispatch(ctx, make([]float32, 32), r)
-	require.NoError(t, err)
-	want := 0
-	if tr == "shm" {
-		want = p - 1
-	}
-	require.Equal(t, want, d.Stats().Pushed, "ranks written into directly over %s", tr)
 	// Its combine reads the expert outputs in place over shm (every rank on this host).
 	cb, err := combine.New[float32](ctx, d)
 	require.NoError(t, err)

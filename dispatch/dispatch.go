@@ -15,9 +15,12 @@
 //   - LowLatency (decode): buffers sized once for Config.MaxTokens tokens per rank; no
 //     counts round trip, the counts travel with the rows in one coll.Exchange; the
 //     receive buffer is indexed by source rank (its size grows with ranks, not with
-//     local experts), and where ranks share memory each sender writes its rows straight
-//     into the receiver's buffer. The experts see the rows through an expert-major view
-//     (Output.Row) with a count per expert; nothing is allocated from call to call.
+//     local experts). Where every rank can map every rank's memory (inproc; shm on one
+//     host) each rank writes its tokens once into its own staging and the experts read
+//     them there, so that no row is copied to another rank (Config.PushRows: each sender
+//     writes its rows straight into the receivers' buffers instead). The experts see the
+//     rows through an expert-major view (Output.Row) with a count per expert; nothing is
+//     allocated from call to call.
 //   - Gathered (data-parallel attention with expert parallelism): every rank's tokens
 //     all-gathered (coll.AllGatherv), each rank's experts take the ones that chose them,
 //     and package combine reduce-scatters the sums back (coll.ReduceScatterv).
@@ -45,6 +48,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
@@ -136,6 +140,12 @@ type Config struct {
 	// can read every rank's memory (inproc; shm on one host), where by default the ranks
 	// that sent the tokens read the expert outputs in place (combine.Combiner.Buffer).
 	SendPartials bool
+	// PushRows makes the low-latency dispatch write each token's row into every
+	// destination's memory even where every rank can map every rank's memory side by
+	// side (inproc on Linux; shm on one host), where by default each rank writes its
+	// tokens once into its own staging and the experts read them there in place
+	// (Output.X then spans the ranks' staging).
+	PushRows bool
 	// Pool provides the buffers: page aligned, reused across calls. Default: obuf.Shared
 	// when the communicator's collectives run through shared memory
 	// (coll.Comm.SharedMemory), where the other ranks then read the wire buffers in
@@ -204,21 +214,28 @@ type Stats struct {
 	// mode, says how many ranks this rank wrote its rows into directly.
 	Algo   coll.Algo
 	Pushed int
+	// InPlace, in the low-latency mode: this rank wrote its tokens once into its own
+	// staging and the other ranks read them there (the bytes above count those reads).
+	InPlace bool
 }
 
 // core is the part of a dispatcher that does not depend on the activation type: what
 // package combine reads through a Handle.
 type core struct {
-	c      *coll.Comm
-	cfg    Config
-	f      Format
-	fp     uint64
-	gen    uint64 // dispatches begun
-	cores  []*slotCore
-	x      *coll.Exchange // low-latency
-	llc    int            // the host's last-level cache, bytes (0: unknown)
-	stats  Stats
-	closed bool
+	c     *coll.Comm
+	cfg   Config
+	f     Format
+	fp    uint64
+	gen   uint64 // dispatches begun
+	cores []*slotCore
+	x     *coll.Exchange // low-latency
+	// rowsPer is, when the low-latency dispatch's rows are read in place, the rows of
+	// each source rank's part of the view (MaxTokens rounded up so that a part is whole
+	// pages); 0 when they are pushed.
+	rowsPer int
+	llc     int // the host's last-level cache, bytes (0: unknown)
+	stats   Stats
+	closed  bool
 	// arrival (the normal mode, set by TwoLevel for its up stage): the rows stay in
 	// arrival order, one per incoming row (X row i is incoming row i), and the entries
 	// point at them, instead of a copy per entry in expert-major blocks.
@@ -253,6 +270,12 @@ type slotCore struct {
 	matrix, back [][]int
 	// Low-latency mode: rows received from each rank.
 	from []int
+	// In place (rowsPer > 0): this rank's staging for the slot, the rows' payloads and
+	// their scales (nil without scales), and whether the staging is free to write: no
+	// rank reads what this rank last wrote there (its combine has completed since).
+	stage     [2]*coll.Board
+	stageFree bool
+	inPlace   bool // this dispatch's rows were written in place
 }
 
 // Dispatcher moves tokens to experts over one communicator.
@@ -333,9 +356,82 @@ func New[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*Dispatcher[T], 
 			return nil, err
 		}
 		co.x = x
+		if !cfg.PushRows && p > 1 {
+			if err := co.openStaging(ctx); err != nil {
+				x.Close()
+				return nil, err
+			}
+		}
 	}
 	return d, nil
 }
+
+// maxStaging bounds the staging of one slot (every rank's part) for the rows read in
+// place; above it the rows are pushed.
+const maxStaging = 4 << 30
+
+// openStaging makes each slot's staging where every rank can map every rank's side by
+// side (coll.Comm.NewSpanBoard), so that the experts read the rows in place; where some
+// rank cannot, every rank pushes its rows instead.
+func (d *core) openStaging(ctx context.Context) error {
+	f := &d.f
+	pg := os.Getpagesize()
+	// Rows per source: MaxTokens, rounded up so that the payloads (and the scales) of a
+	// source fill whole pages: the parts then lie side by side as one array of rows.
+	unit := pg / gcd(f.Payload, pg)
+	if sb := f.ScaleBytes(); sb > 0 {
+		u := pg / gcd(sb, pg)
+		unit = unit / gcd(unit, u) * u
+	}
+	rows := (d.cfg.MaxTokens + unit - 1) / unit * unit
+	if rows*(f.Payload+f.ScaleBytes())*d.c.Size() > maxStaging {
+		return nil
+	}
+	for _, sc := range d.cores {
+		for i, size := range []int{rows * f.Payload, rows * f.ScaleBytes()} {
+			if size == 0 {
+				continue
+			}
+			b, err := d.c.NewSpanBoard(ctx, size)
+			if errors.Is(err, coll.ErrNoBoard) {
+				d.closeStaging()
+				return nil
+			}
+			if err != nil {
+				d.closeStaging()
+				return err
+			}
+			sc.stage[i] = b
+		}
+		sc.stageFree = true
+	}
+	d.rowsPer = rows
+	return nil
+}
+
+func (d *core) closeStaging() {
+	for _, sc := range d.cores {
+		for i, b := range sc.stage {
+			if b != nil {
+				b.Close()
+				sc.stage[i] = nil
+			}
+		}
+	}
+	d.rowsPer = 0
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// RowsInPlace reports whether the low-latency dispatch writes each token once into
+// its origin's staging, where the experts read it (Config.PushRows unset, and every rank
+// can map every rank's staging side by side).
+func (d *core) RowsInPlace() bool { return d.rowsPer > 0 }
 
 // fill checks cfg and fills its defaults (the wire and combine types are set).
 func (cfg *Config) fill() error {
@@ -571,6 +667,7 @@ func (d *Dispatcher[T]) Close() error {
 		s.release()
 	}
 	d.stage.Release()
+	d.closeStaging()
 	if d.x != nil {
 		return d.x.Close()
 	}

@@ -47,7 +47,14 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 		}
 	}
 	s.x, s.code, s.inErr = x, code, inErr
-	if code == CodeOK {
+	// In place: this rank's tokens go once into its staging, where the experts read
+	// them, if no rank still reads what it last wrote there.
+	inPlace := d.rowsPer > 0 && sc.stageFree && code == CodeOK
+	sc.inPlace = inPlace
+	if inPlace {
+		sc.stageFree = false
+		d.stageTokens(x, sc)
+	} else if code == CodeOK {
 		d.beginPack(x, sc.tokens)
 	}
 	op, err := d.x.Begin(ctx)
@@ -58,7 +65,7 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 	f := &d.f
 	sb := f.ScaleBytes()
 	st := &s.stats
-	st.RowsSent, st.BytesSent, st.Pushed, st.Assignments = 0, 0, 0, 0
+	st.RowsSent, st.BytesSent, st.Pushed, st.Assignments, st.InPlace = 0, 0, 0, 0, inPlace
 	if code == CodeOK {
 		st.Assignments = sc.layout.Assignments
 	}
@@ -66,7 +73,7 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 	// arrived, go past the caches (non-temporal stores) when the exchange touches more
 	// than the last-level cache holds: each line would go to memory anyway.
 	stream := false
-	if code == CodeOK && d.llc > 0 {
+	if code == CodeOK && d.llc > 0 && !inPlace {
 		sent := 0
 		for q, rows := range sc.layout.Rows {
 			if q != me {
@@ -90,22 +97,51 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 		n := len(rows)
 		PutHeader(dst[0], code, n, d.fp, sc.gen)
 		mo := BlockHeader // the metadata, packed: each row's as long as its choices need
-		for i, t := range rows {
-			mo += d.putMeta(dst[0][mo:], sc.r, int(t), q)
-			d.put(int(t), dst[1][i*f.Payload:(i+1)*f.Payload], dtype.FromBytes[float32](dst[2][i*sb:(i+1)*sb]), stream && q != me && d.x.Pushes(q))
+		pay, scb := n*f.Payload, n*sb
+		if inPlace {
+			dst[0][24] = flagInPlace
+			for _, t := range rows {
+				mo += d.putMeta(dst[0][mo:], sc.r, int(t), q)
+			}
+			pay, scb = 0, 0
+		} else {
+			for i, t := range rows {
+				mo += d.putMeta(dst[0][mo:], sc.r, int(t), q)
+				d.put(int(t), dst[1][i*f.Payload:(i+1)*f.Payload], dtype.FromBytes[float32](dst[2][i*sb:(i+1)*sb]), stream && q != me && d.x.Pushes(q))
+			}
 		}
-		if err := op.Send(q, mo, n*f.Payload, n*sb); err != nil {
+		if err := op.Send(q, mo, pay, scb); err != nil {
 			return err
 		}
 		if q != me {
 			st.RowsSent += n
-			st.BytesSent += mo + n*(f.Payload+sb)
-			if d.x.Pushes(q) {
+			st.BytesSent += mo + n*(f.Payload+sb) // in place: read by q where they are
+			if d.x.Pushes(q) && !inPlace {
 				st.Pushed++
 			}
 		}
 	}
 	return nil
+}
+
+// flagInPlace, in a block header's reserved word: the block's rows are in its sender's
+// staging, at their token indices, to be read in place.
+const flagInPlace = 1
+
+// stageTokens writes this rank's tokens into the slot's staging, in the wire format, at
+// their token indices: each token once, whatever ranks it goes to.
+func (d *Dispatcher[T]) stageTokens(x []T, sc *slotCore) {
+	f := &d.f
+	hid := d.cfg.Hidden
+	pay := sc.stage[0].Local()
+	var sca []float32
+	if sc.stage[1] != nil {
+		sca = dtype.FromBytes[float32](sc.stage[1].Local())
+	}
+	for t := 0; t < sc.tokens; t++ {
+		src := dtype.Bytes(x[t*hid : (t+1)*hid])
+		encode(f, pay[t*f.Payload:(t+1)*f.Payload], sca[t*f.Scales:(t+1)*f.Scales], src, d.act, d.cfg.PowerOfTwoScales)
+	}
 }
 
 func (s *slot[T]) waitLL(ctx context.Context) error {
@@ -142,7 +178,11 @@ func (s *slot[T]) waitLL(ctx context.Context) error {
 		if status != CodeOK {
 			return &PeerInputError{Rank: q, Code: status}
 		}
-		if n > d.cfg.MaxTokens || len(h) < BlockHeader+n*f.MetaBytes(0) || len(h) > BlockHeader+n*f.Meta || len(op.Recv(q, 1)) != n*f.Payload || len(op.Recv(q, 2)) != n*sb {
+		pay, scb := n*f.Payload, n*sb
+		if h[24]&flagInPlace != 0 {
+			pay, scb = 0, 0
+		}
+		if n > d.cfg.MaxTokens || len(h) < BlockHeader+n*f.MetaBytes(0) || len(h) > BlockHeader+n*f.Meta || len(op.Recv(q, 1)) != pay || len(op.Recv(q, 2)) != scb || (pay == 0 && n > 0 && d.rowsPer == 0) {
 			return fmt.Errorf("%w: rank %d's block says %d rows but carries %d, %d and %d bytes", ErrMismatch, q, n, len(h), len(op.Recv(q, 1)), len(op.Recv(q, 2)))
 		}
 		sc.from[q] = n
@@ -184,13 +224,44 @@ func (s *slot[T]) viewLL(op interface {
 	o.Counts = growInts(o.Counts, nLocal)
 	clear(o.Counts)
 	o.Offsets = growInts(o.Offsets, nLocal+1)
+	// Where the rows are: all in their senders' staging, the view then spanning every
+	// rank's (in place), or all here. A mix (ranks that disagree on whether their last
+	// combine completed) is made all here: the rows in place are copied in.
+	nIn, nAll := 0, 0
+	for q := 0; q < p; q++ {
+		if sc.from[q] > 0 {
+			nAll++
+			if op.Recv(q, 0)[24]&flagInPlace != 0 {
+				nIn++
+			}
+		}
+	}
+	inPlace, mixed := nIn > 0 && nIn == nAll, nIn > 0 && nIn < nAll
+	var span, spanSca []byte
+	if nIn > 0 {
+		if d.rowsPer == 0 {
+			return fmt.Errorf("%w: a rank's rows are in place, and this rank cannot read them there", ErrMismatch)
+		}
+		span = sc.stage[0].Span()
+		if sc.stage[1] != nil {
+			spanSca = sc.stage[1].Span()
+		}
+	}
+	R := d.rowsPer
+	sb := f.ScaleBytes()
 	incomingRows, contribs := 0, 0
 	for q := 0; q < p; q++ {
 		meta := op.Recv(q, 0)[BlockHeader:]
+		copyIn := mixed && sc.from[q] > 0 && op.Recv(q, 0)[24]&flagInPlace != 0
 		for i := 0; i < sc.from[q]; i++ {
-			_, cs, n, ok := getMeta(meta, k, nLocal, d.cs[:0])
-			if !ok {
+			src, cs, n, ok := getMeta(meta, k, nLocal, d.cs[:0])
+			if !ok || (nIn > 0 && src >= mt) {
 				return fmt.Errorf("%w: rank %d sent a row whose metadata is out of bounds", ErrMismatch, q)
+			}
+			if copyIn {
+				from, to := q*R+src, q*mt+i
+				copy(op.Field(1)[to*f.Payload:(to+1)*f.Payload], span[from*f.Payload:(from+1)*f.Payload])
+				copy(op.Field(2)[to*sb:(to+1)*sb], spanSca[from*sb:(from+1)*sb])
 			}
 			meta = meta[n:]
 			incomingRows++
@@ -205,21 +276,22 @@ func (s *slot[T]) viewLL(op interface {
 	}
 	total := layoutEntries(o, d.cfg.Align)
 	s.allocEntries(total, incomingRows, contribs)
+	pay, sca := op.Field(1), op.Field(2)
+	perSrc := mt
+	if inPlace {
+		pay, sca, perSrc = span, spanSca, R
+	}
+	decoding := false
 	switch {
 	case d.cfg.Quantized:
-		o.X, o.Q, o.Scales = nil, op.Field(1), dtype.FromBytes[float32](op.Field(2))
+		o.X, o.Q, o.Scales = nil, pay, dtype.FromBytes[float32](sca)
 	case f.Wire == d.act:
-		o.X, o.Q, o.Scales = dtype.FromBytes[T](op.Field(1)), nil, nil // where the rows arrived
+		o.X, o.Q, o.Scales = dtype.FromBytes[T](pay), nil, nil // where the rows are
 	default:
-		o.X, o.Q, o.Scales = dtype.FromBytes[T](s.xS.Bytes(p*mt*hid*int(sizeOf[T]()))), nil, nil
-		pay, sca := op.Field(1), dtype.FromBytes[float32](op.Field(2))
-		for q := 0; q < p; q++ {
-			for i := 0; i < sc.from[q]; i++ {
-				r := q*mt + i
-				decode(f, dtype.Bytes(o.X[r*hid:(r+1)*hid]), d.act, pay[r*f.Payload:(r+1)*f.Payload], sca[r*f.Scales:(r+1)*f.Scales])
-			}
-		}
+		o.X, o.Q, o.Scales = dtype.FromBytes[T](s.xS.Bytes(p*perSrc*hid*int(sizeOf[T]()))), nil, nil
+		decoding = true
 	}
+	scales := dtype.FromBytes[float32](sca)
 	s.padEntries(false)
 	fill := d.fillScratch(nLocal)
 	row, ci := 0, 0
@@ -229,11 +301,18 @@ func (s *slot[T]) viewLL(op interface {
 		for i := 0; i < sc.from[q]; i++ {
 			src, cs, n, _ := getMeta(meta, k, nLocal, d.cs[:0])
 			meta = meta[n:]
+			r := q*perSrc + i
+			if inPlace {
+				r = q*perSrc + src
+			}
+			if decoding {
+				decode(f, dtype.Bytes(o.X[r*hid:(r+1)*hid]), d.act, pay[r*f.Payload:(r+1)*f.Payload], scales[r*f.Scales:(r+1)*f.Scales])
+			}
 			sc.start[row] = int32(ci)
 			for _, x := range cs {
 				dst := o.Offsets[x.le] + fill[x.le]
 				fill[x.le]++
-				o.Row[dst] = int32(q*mt + i)
+				o.Row[dst] = int32(r)
 				o.Origin[dst], o.Source[dst], o.Weight[dst] = int32(q), int32(src), x.w
 				o.Expert[dst] = int32(pl.Local[me][x.le])
 				sc.entries[ci], sc.weights[ci] = int32(dst), x.w

@@ -10,7 +10,11 @@ import (
 // them real (the rest padding, Config.Align); entry j is row Row[j] of X (or of Q). In
 // the normal mode the rows themselves are expert-major (Row[j] == j); in the
 // low-latency mode they stay where they arrived, MaxTokens rows per source rank, and
-// nothing is copied.
+// nothing is copied. Where the low-latency rows are read in place
+// (Dispatcher.RowsInPlace), X (or Q and Scales) spans every rank's staging, at least
+// MaxTokens rows per source rank, and entry j's row is its token's index at its origin
+// in that rank's part: the rows are the origins' memory, to be read until the combine of
+// this dispatch starts and not written.
 //
 // Package combine takes one expert output row per entry, in entry order.
 type Output[T Act] struct {
@@ -160,6 +164,18 @@ func (h Handle) Back() [][]int { return h.s.back }
 // Rows is the number of entries (expert-major rows, padding included) the dispatch
 // delivered to this rank: the expert outputs passed to combine have this many rows.
 func (h Handle) Rows() int { return h.s.rowsOut }
+
+// Done tells the dispatcher that every rank has finished reading the rows of h's
+// dispatch, so that this rank may write its staging again (the rows read in place,
+// Dispatcher.RowsInPlace). Package combine calls it when its Wait succeeds: every rank
+// has then started its combine of h, and experts read no row of a dispatch after the
+// combine of it starts. A dispatch into a slot whose last rows were never marked done
+// pushes its rows instead.
+func (h Handle) Done() {
+	if h.Valid() {
+		h.s.stageFree = true
+	}
+}
 
 // Pin keeps the dispatch's buffers and layout from being reused until Unpin: a
 // dispatch that would reuse them returns ErrBusy. Package combine pins its handle while

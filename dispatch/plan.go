@@ -82,7 +82,7 @@ func Fingerprint(cfg Config) uint64 {
 		}
 		h.Write(b[:])
 	}
-	for _, v := range []int{cfg.Hidden, cfg.TopK, int(cfg.WireDType), int(cfg.CombineDType), int(cfg.Mode), cfg.MaxTokens, cfg.InFlight, b2i(cfg.SendPartials)} {
+	for _, v := range []int{cfg.Hidden, cfg.TopK, int(cfg.WireDType), int(cfg.CombineDType), int(cfg.Mode), cfg.MaxTokens, cfg.InFlight, b2i(cfg.SendPartials), b2i(cfg.PushRows)} {
 		put(v)
 	}
 	put(int(PlacementFingerprint(cfg.Placement)))
