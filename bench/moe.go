@@ -35,11 +35,14 @@ type MoEOpts struct {
 	// SendPartials makes the low-latency combine send partial sums where it would read
 	// the expert outputs in place (dispatch.Config.SendPartials).
 	SendPartials bool
-	Placement    string // "contiguous" (default), "roundrobin"
-	Iters        int    // 0: about a second's worth, 3..200
-	Warmup       int
-	Seed         uint64
-	Naive        bool // also time the naive dispatch (one message per token-expert pair)
+	// PushRows makes the low-latency dispatch write each token into every destination's
+	// memory where the experts would read it in place (dispatch.Config.PushRows).
+	PushRows  bool
+	Placement string // "contiguous" (default), "roundrobin"
+	Iters     int    // 0: about a second's worth, 3..200
+	Warmup    int
+	Seed      uint64
+	Naive     bool // also time the naive dispatch (one message per token-expert pair)
 	// Overlap also times the step as Chunks micro-batches (default 2) in a pipeline
 	// (combine.Pipeline: one chunk's rows move while another's experts compute) against
 	// the same micro-batches one after the other.
@@ -94,14 +97,17 @@ type MoEResult struct {
 	CombineWire   string `json:"combine_dtype"`
 	// CombineInPlace: the combine read the expert outputs where the experts wrote them
 	// (low-latency mode, every rank reading every rank's memory), not partial sums.
-	CombineInPlace bool    `json:"combine_in_place"`
-	Compute        string  `json:"compute"`
-	Dispatch       Stage   `json:"dispatch"`
-	Combine        Stage   `json:"combine"`
-	ComputeUS      float64 `json:"compute_us"`
-	StepUS         float64 `json:"step_us"`      // dispatch + compute + combine, the slowest rank per stage, mean
-	PairUS         float64 `json:"pair_us"`      // one dispatch-then-combine pair, back to back
-	TokensPerS     float64 `json:"tokens_per_s"` // every rank's tokens per step time
+	CombineInPlace bool `json:"combine_in_place"`
+	// DispatchInPlace: the experts read the tokens where their origins wrote them
+	// (dispatch.Dispatcher.RowsInPlace).
+	DispatchInPlace bool    `json:"dispatch_in_place"`
+	Compute         string  `json:"compute"`
+	Dispatch        Stage   `json:"dispatch"`
+	Combine         Stage   `json:"combine"`
+	ComputeUS       float64 `json:"compute_us"`
+	StepUS          float64 `json:"step_us"`      // dispatch + compute + combine, the slowest rank per stage, mean
+	PairUS          float64 `json:"pair_us"`      // one dispatch-then-combine pair, back to back
+	TokensPerS      float64 `json:"tokens_per_s"` // every rank's tokens per step time
 	// DeepEP counts a dispatch's bytes per valid (token, expert) choice: for fp8 the
 	// payload, its scales and 16 bytes of routing, for bf16 the payload.
 	Choices        int64   `json:"choices"`
@@ -209,7 +215,7 @@ func setup[T combine.Act](ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSe
 	if err != nil {
 		return nil, fmt.Errorf("%w (use --compute none, a smaller model or fewer ranks per process)", err)
 	}
-	dcfg := dispatch.Config{WireDType: o.Wire, CombineDType: o.Combine, Placement: pl, Mode: o.Mode, MaxTokens: max(o.Tokens, 1), Quantized: o.Quantized, SendPartials: o.SendPartials}
+	dcfg := dispatch.Config{WireDType: o.Wire, CombineDType: o.Combine, Placement: pl, Mode: o.Mode, MaxTokens: max(o.Tokens, 1), Quantized: o.Quantized, SendPartials: o.SendPartials, PushRows: o.PushRows}
 	ep, err := models.NewEP[T](ctx, c, layer, dcfg)
 	if err != nil {
 		return nil, err
@@ -347,11 +353,14 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	res := &MoEResult{
 		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), TokensPerRank: o.Tokens,
 		Act: o.Act.String(), Hidden: cfg.Hidden, TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(), Quantized: o.Quantized,
-		CombineWire: ep.D.Config().CombineDType.String(), CombineInPlace: ep.C.InPlace(), Compute: o.Compute, Iters: iters,
+		CombineWire: ep.D.Config().CombineDType.String(), CombineInPlace: ep.C.InPlace(), DispatchInPlace: ep.D.RowsInPlace(), Compute: o.Compute, Iters: iters,
 	}
 	switch o.Mode {
 	case dispatch.LowLatency:
 		res.Path = fmt.Sprintf("exchange, written into %d of %d peers' memory", st.Pushed, p-1)
+		if ep.D.RowsInPlace() {
+			res.Path = fmt.Sprintf("exchange of headers; the experts read the tokens in their origins' memory (%d peers)", p-1)
+		}
 	case dispatch.Gathered:
 		res.Path = fmt.Sprintf("allgatherv %v, reducescatterv %v", c.Algorithm(coll.OpAllGatherv, st.BytesSent/max(p-1, 1)), c.Algorithm(coll.OpReduceScatterv, st.BytesSent/max(p-1, 1)))
 	default:

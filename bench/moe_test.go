@@ -73,11 +73,15 @@ func TestMoEBenchRuns(t *testing.T) {
 			// Ranks of one process read each other's memory: the low-latency combine reads
 			// the expert outputs in place, unless told to send partial sums.
 			assert.Equal(t, mode == dispatch.LowLatency, r.CombineInPlace)
+			// and its experts read the tokens in their origins' memory, unless told to push.
+			assert.Equal(t, mode == dispatch.LowLatency, r.DispatchInPlace)
 			if mode == dispatch.LowLatency {
-				sp := runMoE(t, 3, MoEOpts{Model: "tiny-deepseek", Tokens: 64, Wire: wire, Mode: mode, SendPartials: true, Iters: 2, Pairs: 2, LocalRanks: 3})
+				sp := runMoE(t, 3, MoEOpts{Model: "tiny-deepseek", Tokens: 64, Wire: wire, Mode: mode, SendPartials: true, PushRows: true, Iters: 2, Pairs: 2, LocalRanks: 3})
 				require.NotNil(t, sp)
 				assert.False(t, sp.CombineInPlace)
+				assert.False(t, sp.DispatchInPlace)
 				assert.Positive(t, sp.Combine.Bytes)
+				assert.Equal(t, r.Dispatch.Bytes, sp.Dispatch.Bytes, "the same rows, read in place or pushed")
 			}
 			for _, s := range []Stage{r.Dispatch, r.Combine} {
 				assert.Positive(t, s.P50US)

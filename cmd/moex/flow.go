@@ -29,6 +29,7 @@ func cmdFlow(ctx context.Context, args []string) error {
 	hostsFlag := fs.String("hosts", "", "host of each rank, comma separated (for example 0,0,1,1; default: one host)")
 	plans := fs.Bool("plans", false, "also print each rank's AlltoAllv schedules (normal mode)")
 	fs.BoolVar(&o.SendPartials, "send-partials", false, "low-latency mode: the combine sends partial sums even where ranks can read the expert outputs in each other's memory")
+	fs.BoolVar(&o.PushRows, "push-rows", false, "low-latency mode: the dispatch writes each token into every destination's memory even where the experts could read it in its origin's")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -40,6 +41,9 @@ func cmdFlow(ctx context.Context, args []string) error {
 	}
 	if o.SendPartials && o.Mode != dispatch.LowLatency {
 		return &usageError{"--send-partials: only with --mode low-latency"}
+	}
+	if o.PushRows && o.Mode != dispatch.LowLatency {
+		return &usageError{"--push-rows: only with --mode low-latency"}
 	}
 	var hosts []int
 	if *hostsFlag != "" {
@@ -93,6 +97,11 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 		fmt.Fprintf(w, "\n%d. dispatch (AlltoAllv, %v): one message per destination rank, a 16 B status header and rows of %d B plus 8 B per choice they carry (activations %d B, scales %d B, source index and choice count 8 B, then the (local expert, weight) of each choice the destination holds), each token once per rank however many of its experts it chose there\n",
 			step, algo, f.RowBytes(0), f.Payload, f.ScaleBytes())
 	case dispatch.LowLatency:
+		if rowsInPlace := m.Hosts() == 1 && p > 1 && !o.PushRows; rowsInPlace {
+			fmt.Fprintf(w, "\n%d. dispatch (in place, every rank on one host, no counts round trip): each rank writes each of its tokens once into its own staging, %d B of activations and %d B of scales (sized for %d tokens per rank); one block per destination rank carries a %d B header (status, rows, fingerprint) and per row %d B of metadata plus 8 B per choice it carries; the experts read the rows in their origins' memory, every rank's staging mapped side by side. Read in other ranks' memory:\n",
+				step, f.Payload, f.ScaleBytes(), cfg.MaxTokens, dispatch.BlockHeader, f.MetaBytes(0))
+			break
+		}
 		fmt.Fprintf(w, "\n%d. dispatch (Exchange, no counts round trip): one block per destination rank, a %d B header (status, rows, fingerprint), then per row %d B of activations, %d B of scales and %d B of metadata plus 8 B per choice it carries, into buffers sized for %d tokens per rank; written straight into the memory of ranks on the same host (windows), sent as messages to the others\n",
 			step, dispatch.BlockHeader, f.Payload, f.ScaleBytes(), f.MetaBytes(0), cfg.MaxTokens)
 	case dispatch.Gathered:

@@ -61,21 +61,25 @@ func TestFlow(t *testing.T) {
 	// --send-partials (or across hosts, above) it sends partial sums.
 	one, err := coll.NewModel(4, nil, coll.Config{})
 	require.NoError(t, err)
+	// Likewise its experts read the tokens in their origins' memory, unless --push-rows.
 	for _, partials := range []bool{false, true} {
-		o := bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40, Mode: dispatch.LowLatency, SendPartials: partials}
+		o := bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40, Mode: dispatch.LowLatency, SendPartials: partials, PushRows: partials}
 		pl, mc, err := bench.PlanMoE(o, 4)
 		require.NoError(t, err)
 		var out bytes.Buffer
 		require.NoError(t, printFlow(&out, o, mc, pl, one, false))
 		if partials {
 			assert.Contains(t, out.String(), "4. combine (Exchange")
+			assert.Contains(t, out.String(), "2. dispatch (Exchange")
 			assert.NotContains(t, out.String(), "in place")
 		} else {
+			assert.Contains(t, out.String(), "2. dispatch (in place")
 			assert.Contains(t, out.String(), "4. combine (in place")
 			assert.Equal(t, pl.Choices[1][0]*mc.Hidden*4, pl.InPlaceBytes(4)[0][1], "rank 1 reads a row for each choice of its tokens that rank 0 took")
 		}
 	}
 	require.ErrorAs(t, cmdFlow(context.Background(), []string{"--send-partials", "--mode", "normal"}), new(*usageError))
+	require.ErrorAs(t, cmdFlow(context.Background(), []string{"--push-rows", "--mode", "normal"}), new(*usageError))
 	// Planned bytes agree with the format: the dispatch matrix is blocks of rows.
 	pl, _, err := bench.PlanMoE(bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40}, 4)
 	require.NoError(t, err)

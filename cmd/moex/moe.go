@@ -24,6 +24,7 @@ func benchMoE(ctx context.Context, args []string) error {
 	fs.IntVar(&o.Iters, "iters", 0, "timed steps (0: about a second's worth)")
 	fs.BoolVar(&o.Quantized, "quantized", false, "the experts take the fp8 or int8 rows and their scales, not rows dequantised for them (needs --wire-dtype fp8 or int8)")
 	fs.BoolVar(&o.SendPartials, "send-partials", false, "low-latency mode: the combine sends partial sums even where ranks can read the expert outputs in each other's memory")
+	fs.BoolVar(&o.PushRows, "push-rows", false, "low-latency mode: the dispatch writes each token into every destination's memory even where the experts could read it in its origin's")
 	fs.BoolVar(&o.Naive, "naive", false, "also time a naive dispatch (one message per token-expert pair)")
 	fs.BoolVar(&o.Overlap, "overlap", false, "also time the step as micro-batches in a pipeline (one's rows move while another's experts compute) against one after the other")
 	fs.IntVar(&o.Chunks, "chunks", 2, "micro-batches of --overlap")
@@ -68,6 +69,8 @@ func benchMoE(ctx context.Context, args []string) error {
 		return &usageError{"--quantized: needs --wire-dtype fp8 or int8"}
 	case o.SendPartials && o.Mode != dispatch.LowLatency:
 		return &usageError{"--send-partials: only with --mode low-latency"}
+	case o.PushRows && o.Mode != dispatch.LowLatency:
+		return &usageError{"--push-rows: only with --mode low-latency"}
 	case o.Overlap && o.Tokens < o.Chunks:
 		return &usageError{fmt.Sprintf("--overlap: %d tokens cannot make %d micro-batches", o.Tokens, o.Chunks)}
 	}
@@ -76,6 +79,9 @@ func benchMoE(ctx context.Context, args []string) error {
 	}
 	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && o.SendPartials {
 		return &usageError{"--send-partials: only for the plain run (not with --eplb, --kill or --levels)"}
+	}
+	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && o.PushRows {
+		return &usageError{"--push-rows: only for the plain run (not with --eplb, --kill or --levels)"}
 	}
 	if eo.Every != 0 {
 		if ro.Victim >= 0 {

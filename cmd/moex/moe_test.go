@@ -30,10 +30,14 @@ func TestBenchMoEEPLBFlagsRefused(t *testing.T) {
 	}
 }
 
-// --send-partials is for the plain low-latency run only: elsewhere it would be ignored,
-// so it is a usage error.
+// --send-partials and --push-rows are for the plain low-latency run only: elsewhere they
+// would be ignored, so they are usage errors.
 func TestBenchMoESendPartialsRefused(t *testing.T) {
 	for _, args := range [][]string{
+		{"--push-rows"},
+		{"--push-rows", "--mode", "gathered"},
+		{"--push-rows", "--mode", "low-latency", "--eplb", "4"},
+		{"--push-rows", "--mode", "low-latency", "--kill", "1"},
 		{"--send-partials"},
 		{"--send-partials", "--mode", "gathered"},
 		{"--send-partials", "--mode", "low-latency", "--eplb", "4"},
