@@ -37,12 +37,16 @@ type MoEOpts struct {
 	SendPartials bool
 	// PushRows makes the low-latency dispatch write each token into every destination's
 	// memory where the experts would read it in place (dispatch.Config.PushRows).
-	PushRows  bool
-	Placement string // "contiguous" (default), "roundrobin"
-	Iters     int    // 0: about a second's worth, 3..200
-	Warmup    int
-	Seed      uint64
-	Naive     bool // also time the naive dispatch (one message per token-expert pair)
+	PushRows bool
+	// TokensInBuffer writes each timed step's tokens where dispatch.Dispatcher.Buffer
+	// says (as the layer before the MoE would write them), outside the timed dispatch,
+	// which then stages none of them (the pairs still pass them in a buffer of their own).
+	TokensInBuffer bool
+	Placement      string // "contiguous" (default), "roundrobin"
+	Iters          int    // 0: about a second's worth, 3..200
+	Warmup         int
+	Seed           uint64
+	Naive          bool // also time the naive dispatch (one message per token-expert pair)
 	// Overlap also times the step as Chunks micro-batches (default 2) in a pipeline
 	// (combine.Pipeline: one chunk's rows move while another's experts compute) against
 	// the same micro-batches one after the other.
@@ -100,14 +104,16 @@ type MoEResult struct {
 	CombineInPlace bool `json:"combine_in_place"`
 	// DispatchInPlace: the experts read the tokens where their origins wrote them
 	// (dispatch.Dispatcher.RowsInPlace).
-	DispatchInPlace bool    `json:"dispatch_in_place"`
-	Compute         string  `json:"compute"`
-	Dispatch        Stage   `json:"dispatch"`
-	Combine         Stage   `json:"combine"`
-	ComputeUS       float64 `json:"compute_us"`
-	StepUS          float64 `json:"step_us"`      // dispatch + compute + combine, the slowest rank per stage, mean
-	PairUS          float64 `json:"pair_us"`      // one dispatch-then-combine pair, back to back
-	TokensPerS      float64 `json:"tokens_per_s"` // every rank's tokens per step time
+	DispatchInPlace bool `json:"dispatch_in_place"`
+	// TokensInBuffer: the timed steps' tokens were written where Dispatcher.Buffer says.
+	TokensInBuffer bool    `json:"tokens_in_buffer"`
+	Compute        string  `json:"compute"`
+	Dispatch       Stage   `json:"dispatch"`
+	Combine        Stage   `json:"combine"`
+	ComputeUS      float64 `json:"compute_us"`
+	StepUS         float64 `json:"step_us"`      // dispatch + compute + combine, the slowest rank per stage, mean
+	PairUS         float64 `json:"pair_us"`      // one dispatch-then-combine pair, back to back
+	TokensPerS     float64 `json:"tokens_per_s"` // every rank's tokens per step time
 	// DeepEP counts a dispatch's bytes per valid (token, expert) choice: for fp8 the
 	// payload, its scales and 16 bytes of routing, for bf16 the payload.
 	Choices        int64   `json:"choices"`
@@ -275,14 +281,19 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	var lastOut *dispatch.Output[T] // the last timed step's, for the in-step floors
 	// A timed step starts each stage together (a barrier before it), so that a stage's
 	// time is its own, not the wait for a rank still busy with the stage before.
+	inBuffer := false
 	step := func(rec []float64) error {
+		xs := x
+		if b := ep.D.Buffer(); b != nil && o.TokensInBuffer {
+			xs, inBuffer = b[:copy(b, x)], true // the layer before writes them there
+		}
 		if rec != nil {
 			if err := coll.Barrier(ctx, c); err != nil {
 				return err
 			}
 		}
 		t0 := time.Now()
-		dout, h, err := ep.D.Dispatch(ctx, x, r)
+		dout, h, err := ep.D.Dispatch(ctx, xs, r)
 		if err != nil {
 			return err
 		}
@@ -353,13 +364,16 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	res := &MoEResult{
 		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), TokensPerRank: o.Tokens,
 		Act: o.Act.String(), Hidden: cfg.Hidden, TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(), Quantized: o.Quantized,
-		CombineWire: ep.D.Config().CombineDType.String(), CombineInPlace: ep.C.InPlace(), DispatchInPlace: ep.D.RowsInPlace(), Compute: o.Compute, Iters: iters,
+		CombineWire: ep.D.Config().CombineDType.String(), CombineInPlace: ep.C.InPlace(), DispatchInPlace: ep.D.RowsInPlace(), TokensInBuffer: inBuffer, Compute: o.Compute, Iters: iters,
 	}
 	switch o.Mode {
 	case dispatch.LowLatency:
 		res.Path = fmt.Sprintf("exchange, written into %d of %d peers' memory", st.Pushed, p-1)
 		if ep.D.RowsInPlace() {
 			res.Path = fmt.Sprintf("exchange of headers; the experts read the tokens in their origins' memory (%d peers)", p-1)
+			if inBuffer {
+				res.Path += "; the tokens written where Dispatcher.Buffer says, outside the timed dispatch"
+			}
 		}
 	case dispatch.Gathered:
 		res.Path = fmt.Sprintf("allgatherv %v, reducescatterv %v", c.Algorithm(coll.OpAllGatherv, st.BytesSent/max(p-1, 1)), c.Algorithm(coll.OpReduceScatterv, st.BytesSent/max(p-1, 1)))

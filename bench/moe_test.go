@@ -82,6 +82,14 @@ func TestMoEBenchRuns(t *testing.T) {
 				assert.False(t, sp.DispatchInPlace)
 				assert.Positive(t, sp.Combine.Bytes)
 				assert.Equal(t, r.Dispatch.Bytes, sp.Dispatch.Bytes, "the same rows, read in place or pushed")
+				// The tokens written where the dispatcher says, with a wire of the
+				// activations' type; with another wire the dispatch encodes them anyway.
+				for _, w := range []dtype.Type{dtype.F32, wire} {
+					ib := runMoE(t, 3, MoEOpts{Model: "tiny-deepseek", Tokens: 64, Wire: w, Mode: mode, TokensInBuffer: true, Iters: 2, Pairs: 2, LocalRanks: 3})
+					require.NotNil(t, ib)
+					assert.Equal(t, w == dtype.F32, ib.TokensInBuffer, "%v", w)
+					assert.True(t, ib.DispatchInPlace)
+				}
 			}
 			for _, s := range []Stage{r.Dispatch, r.Combine} {
 				assert.Positive(t, s.P50US)

@@ -329,12 +329,19 @@ func TestDispatchInPlaceReuse(t *testing.T) {
 				res := make([]float32, len(xs[me]))
 				skipped := -1 // the last step without a combine
 				for step := 0; step < 30; step++ {
-					out, h, err := d.Dispatch(ctx, at(me, step), r)
+					// In place unless the slot's last dispatch had no combine; then Buffer
+					// is where the tokens may go (every other step they are written there).
+					wantInPlace := skipped < 0 || step-skipped != inFlight
+					x := at(me, step)
+					if buf := d.Buffer(); (buf != nil) != wantInPlace {
+						return fmt.Errorf("step %d: Buffer %d values, want one: %v", step, len(buf), wantInPlace)
+					} else if buf != nil && step%2 == 0 {
+						x = buf[:copy(buf, x)]
+					}
+					out, h, err := d.Dispatch(ctx, x, r)
 					if err != nil {
 						return err
 					}
-					// In place unless the slot's last dispatch had no combine.
-					wantInPlace := skipped < 0 || step-skipped != inFlight
 					if got := d.Stats().InPlace; got != wantInPlace && s.tokens[me] > 0 {
 						return fmt.Errorf("step %d: in place %v, want %v", step, got, wantInPlace)
 					}
@@ -393,6 +400,9 @@ func TestDispatchInPlaceMixed(t *testing.T) {
 					return err
 				}
 				defer d.Close()
+				if (d.Buffer() != nil) != (wire == dtype.F32) {
+					return fmt.Errorf("Buffer of %d values with a %v wire", len(d.Buffer()), wire)
+				}
 				r, x := s.routing(me)
 				_, h, err := d.Dispatch(ctx, x, r)
 				if err != nil {

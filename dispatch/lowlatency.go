@@ -128,6 +128,24 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 // staging, at their token indices, to be read in place.
 const flagInPlace = 1
 
+// Buffer is where this rank may write the tokens of its next Start (Hidden values per
+// token, at most MaxTokens tokens) so that the dispatch copies nothing of them: the
+// staging the experts read in place. It is nil unless the rows are read in place
+// (RowsInPlace) in the activation type (the wire type is the activation type) and the
+// staging is free (the combine of the last dispatch into it has completed). A Start
+// whose x is Buffer()[:T*Hidden] stages nothing; the memory is the other ranks' to read
+// until the combine of that dispatch completes, and must not be written meanwhile.
+func (d *Dispatcher[T]) Buffer() []T {
+	if d.rowsPer == 0 || d.f.Wire != d.act || d.closed {
+		return nil
+	}
+	sc := d.slots[int(d.gen%uint64(len(d.slots)))].sc
+	if !sc.stageFree || sc.state == slotStarted || sc.pins > 0 {
+		return nil
+	}
+	return dtype.FromBytes[T](sc.stage[0].Local())[: d.cfg.MaxTokens*d.cfg.Hidden : d.cfg.MaxTokens*d.cfg.Hidden]
+}
+
 // stageTokens writes this rank's tokens into the slot's staging, in the wire format, at
 // their token indices: each token once, whatever ranks it goes to.
 func (d *Dispatcher[T]) stageTokens(x []T, sc *slotCore) {
@@ -137,6 +155,9 @@ func (d *Dispatcher[T]) stageTokens(x []T, sc *slotCore) {
 	var sca []float32
 	if sc.stage[1] != nil {
 		sca = dtype.FromBytes[float32](sc.stage[1].Local())
+	}
+	if f.Wire == d.act && len(x) > 0 && len(pay) > 0 && &dtype.Bytes(x)[0] == &pay[0] {
+		return // the tokens were written there (Buffer)
 	}
 	for t := 0; t < sc.tokens; t++ {
 		src := dtype.Bytes(x[t*hid : (t+1)*hid])

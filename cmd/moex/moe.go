@@ -24,6 +24,7 @@ func benchMoE(ctx context.Context, args []string) error {
 	fs.IntVar(&o.Iters, "iters", 0, "timed steps (0: about a second's worth)")
 	fs.BoolVar(&o.Quantized, "quantized", false, "the experts take the fp8 or int8 rows and their scales, not rows dequantised for them (needs --wire-dtype fp8 or int8)")
 	fs.BoolVar(&o.SendPartials, "send-partials", false, "low-latency mode: the combine sends partial sums even where ranks can read the expert outputs in each other's memory")
+	fs.BoolVar(&o.TokensInBuffer, "tokens-in-buffer", false, "low-latency mode: each timed step's tokens are written where the dispatcher's Buffer says, as the layer before would write them, so that the dispatch stages none (not where it pushes rows, nor with an fp8 or int8 wire)")
 	fs.BoolVar(&o.PushRows, "push-rows", false, "low-latency mode: the dispatch writes each token into every destination's memory even where the experts could read it in its origin's")
 	fs.BoolVar(&o.Naive, "naive", false, "also time a naive dispatch (one message per token-expert pair)")
 	fs.BoolVar(&o.Overlap, "overlap", false, "also time the step as micro-batches in a pipeline (one's rows move while another's experts compute) against one after the other")
@@ -71,6 +72,8 @@ func benchMoE(ctx context.Context, args []string) error {
 		return &usageError{"--send-partials: only with --mode low-latency"}
 	case o.PushRows && o.Mode != dispatch.LowLatency:
 		return &usageError{"--push-rows: only with --mode low-latency"}
+	case o.TokensInBuffer && (o.Mode != dispatch.LowLatency || o.PushRows || o.Wire != o.Act):
+		return &usageError{"--tokens-in-buffer: only with --mode low-latency, without --push-rows, and with the wire type of the activations"}
 	case o.Overlap && o.Tokens < o.Chunks:
 		return &usageError{fmt.Sprintf("--overlap: %d tokens cannot make %d micro-batches", o.Tokens, o.Chunks)}
 	}
@@ -80,8 +83,8 @@ func benchMoE(ctx context.Context, args []string) error {
 	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && o.SendPartials {
 		return &usageError{"--send-partials: only for the plain run (not with --eplb, --kill or --levels)"}
 	}
-	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && o.PushRows {
-		return &usageError{"--push-rows: only for the plain run (not with --eplb, --kill or --levels)"}
+	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && (o.PushRows || o.TokensInBuffer) {
+		return &usageError{"--push-rows, --tokens-in-buffer: only for the plain run (not with --eplb, --kill or --levels)"}
 	}
 	if eo.Every != 0 {
 		if ro.Victim >= 0 {
