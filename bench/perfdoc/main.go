@@ -191,9 +191,10 @@ func (r *runner) moe(w io.Writer) error {
 	fmt.Fprintf(w, "its share of those bytes once right after the experts ran, timed as the stage is (the\n")
 	fmt.Fprintf(w, "slowest rank, p50): the cost of the bytes alone where the stage runs, so that the rest is\n")
 	fmt.Fprintf(w, "the stage's protocol, its waiting and its writes into other ranks' memory. Over shm the\n")
-	fmt.Fprintf(w, "low-latency combine reads the expert outputs in place (the experts write them where\n")
-	fmt.Fprintf(w, "combine.Combiner.Buffer says; its bytes are those read in other ranks' memory); the normal\n")
-	fmt.Fprintf(w, "mode, and every mode over tcp, sends partial sums.\n\n")
+	fmt.Fprintf(w, "low-latency dispatch stages each token once in its origin's memory and the experts read it\n")
+	fmt.Fprintf(w, "there, and its combine reads the expert outputs in place (the experts write them where\n")
+	fmt.Fprintf(w, "combine.Combiner.Buffer says); their bytes are those read in other ranks' memory. The normal\n")
+	fmt.Fprintf(w, "mode, and every mode over tcp, sends the rows and the partial sums.\n\n")
 	type key struct {
 		model, transport string
 		tokens           int
@@ -262,6 +263,9 @@ func (r *runner) moe(w io.Writer) error {
 	if err := r.inPlace(w); err != nil {
 		return err
 	}
+	if err := r.dispatchInPlace(w); err != nil {
+		return err
+	}
 	return r.fewRanks(w)
 }
 
@@ -289,6 +293,44 @@ func (r *runner) inPlace(w io.Writer) error {
 				return err
 			}
 			fmt.Fprintf(w, "| %s | %s | %.0f | %.2fx | %.2fx | %.0f |\n", wi.wire, how, res.Combine.P50US, res.Combine.OverP50, res.Combine.OverStepFloor, res.PairUS)
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+// dispatchInPlace runs the low-latency dispatch three ways at 128 tokens, bf16, over shm:
+// each rank writing its rows into every destination's memory (--push-rows), its tokens
+// staged once in its own memory and read there by the experts (the default), and the
+// tokens written into that staging beforehand (--tokens-in-buffer); with 8 ranks, and
+// with no more ranks than CPUs.
+func (r *runner) dispatchInPlace(w io.Writer) error {
+	few := min(8, max(2, runtime.NumCPU()))
+	fmt.Fprintf(w, "### The low-latency dispatch: rows pushed, staged in place, or written in place\n\n")
+	fmt.Fprintf(w, "`moex bench moe --model deepseek-v3 --ranks P --transport shm --tokens 128 --mode low-latency\n")
+	fmt.Fprintf(w, "--wire-dtype bf16 --act bf16 --iters I --pairs I [--push-rows | --tokens-in-buffer] --json`: each rank\n")
+	fmt.Fprintf(w, "writing each token into the memory of every rank it goes to (pushed); each rank writing each token\n")
+	fmt.Fprintf(w, "once into its own staging, where the experts read it (staged, the default); the tokens written\n")
+	fmt.Fprintf(w, "into that staging before the timed dispatch, as the layer before the MoE would write them\n")
+	fmt.Fprintf(w, "(Dispatcher.Buffer), so that the dispatch moves headers only. The pair always passes the tokens in\n")
+	fmt.Fprintf(w, "a buffer of their own. Dispatch p50 and its ratios to the floors (as above), and the pair (us).\n\n")
+	fmt.Fprintf(w, "| ranks | rows | dispatch p50 | p99 | dispatch / floor | dispatch / step floor | pair |\n| --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, ranks := range []int{8, few} {
+		for _, how := range []string{"pushed", "staged", "written in place"} {
+			it := fmt.Sprint(r.iters(128))
+			args := []string{"--model", "deepseek-v3", "--ranks", fmt.Sprint(ranks), "--transport", "shm", "--tokens", "128", "--mode", "low-latency",
+				"--wire-dtype", "bf16", "--act", "bf16", "--iters", it, "--pairs", it}
+			switch how {
+			case "pushed":
+				args = append(args, "--push-rows")
+			case "written in place":
+				args = append(args, "--tokens-in-buffer")
+			}
+			res, _, err := r.bench(args...)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "| %d | %s | %.0f | %.0f | %.2fx | %.2fx | %.0f |\n", ranks, how, res.Dispatch.P50US, res.Dispatch.P99US, res.Dispatch.OverP50, res.Dispatch.OverStepFloor, res.PairUS)
 		}
 	}
 	fmt.Fprintln(w)
