@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -296,6 +297,14 @@ func TestInPlaceBadCall(t *testing.T) {
 // without a combine makes the next dispatch into its slot push its rows (the experts
 // may still read the staging), and the one after it is in place again.
 func TestDispatchInPlaceReuse(t *testing.T) {
+	// The staging lives in memory files (inproc) or /dev/shm: none is left open.
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		require.NoError(t, err)
+		return len(ents)
+	}
+	before := fds()
+	t.Cleanup(func() { assert.Equal(t, before, fds(), "file descriptors left open") })
 	s := scenario{p: 4, hid: 24, k: 3, experts: 8, tokens: []int{9, 3, 12, 0}, seed: 6, maxTokens: 12}
 	pl := placement(t, "roundrobin", s.experts, s.p)
 	for _, inFlight := range []int{1, 2} {
