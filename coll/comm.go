@@ -351,7 +351,7 @@ func (c *Comm) sendCtl(q int, msg []byte) {
 	// once Close has begun waiting for the watchers, nothing is sent and none is added.
 	c.watchMu.Lock()
 	defer c.watchMu.Unlock()
-	if c.closed.Load() {
+	if c.ctlStopped {
 		return
 	}
 	r, err := c.tr.Isend(c.ranks[q], c.ctlTag(), msg)

@@ -100,12 +100,13 @@ type Comm struct {
 	vmu      sync.Mutex        // held while a variable-size op is planned
 	vscratch blocks            // its blocks
 
-	actx      context.Context // cancelled on abort or close; every wait uses it
-	acancel   context.CancelCauseFunc
-	abortOnce sync.Once
-	watchers  sync.WaitGroup
-	watchMu   sync.Mutex // orders sendCtl's Add against Close's Wait (closed set first)
-	ctlBufs   [][]byte
+	actx       context.Context // cancelled on abort or close; every wait uses it
+	acancel    context.CancelCauseFunc
+	abortOnce  sync.Once
+	watchers   sync.WaitGroup
+	watchMu    sync.Mutex // orders sendCtl's Add against Close's Wait
+	ctlStopped bool       // under watchMu: Close waits for the watchers, sendCtl sends nothing
+	ctlBufs    [][]byte
 
 	// lost[q] is closed when peer q's watcher has seen the transport report q gone (and
 	// so that no abort notice came from q before it left: see awaitNotice).

@@ -93,7 +93,10 @@ func (c *Comm) Close() error {
 		c.stopCtx()
 	}
 	c.ctxMu.Unlock()
-	c.watchMu.Lock() // a sendCtl under way has added its watcher; later ones see closed
+	// A sendCtl under way has added its watcher once this lock is taken; later ones send
+	// nothing and add none.
+	c.watchMu.Lock()
+	c.ctlStopped = true
 	c.watchMu.Unlock()
 	c.watchers.Wait()
 	close(c.async.stop)
