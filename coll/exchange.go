@@ -349,7 +349,7 @@ type XOp struct {
 	lens    []int // [peer][field]: what each rank sent this one (after Wait), or this rank sent itself
 	dests   [][]byte
 	reqs    []transport.Request
-	reqPeer []int32 // per request: peer, or -1-peer for a send
+	reqPeer []int32 // per request: peer*MaxExchangeFields + field for a receive, -1 for a send
 
 	waitQ   int         // the peer Dest waits for
 	readyQ  func() bool // o.Ready(o.waitQ), made once: a closure per wait would allocate
@@ -382,13 +382,16 @@ func (x *Exchange) Begin(ctx context.Context) (*XOp, error) {
 		if q == c.rank || x.from[q] {
 			continue
 		}
-		for f := range x.fields {
+		for f, capacity := range x.fields {
+			if capacity == 0 {
+				continue // always empty: no message (the scales of an unscaled wire, say)
+			}
 			tag.Tag = uint32(f)
 			r, err := c.tr.Irecv(c.ranks[q], tag, x.field(x.recv, s, f, q))
 			if err != nil {
 				return o, o.abort(err)
 			}
-			o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, int32(q))
+			o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, int32(q*MaxExchangeFields+f))
 		}
 	}
 	if x.win != nil {
@@ -551,12 +554,15 @@ func (o *XOp) Send(q int, lens ...int) error {
 	default:
 		tag := transport.Tag{Comm: c.id, Seq: o.seq, Sig: x.sig}
 		for f, n := range lens {
+			if x.fields[f] == 0 {
+				continue
+			}
 			tag.Tag = uint32(f)
 			r, err := c.tr.Isend(c.ranks[q], tag, x.field(x.send, o.slot, f, q)[:n])
 			if err != nil {
 				return o.abort(err)
 			}
-			o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, int32(-1-q))
+			o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, -1)
 		}
 	}
 	c.progress.Store(nanotime())
@@ -590,8 +596,8 @@ func (o *XOp) Wait(ctx context.Context) error {
 		if err != nil {
 			return o.abort(err)
 		}
-		if q := o.reqPeer[i]; q >= 0 {
-			o.lens[int(q)*nf+i%nf] = n
+		if v := int(o.reqPeer[i]); v >= 0 {
+			o.lens[v/MaxExchangeFields*nf+v%MaxExchangeFields] = n
 		}
 	}
 	if x.win != nil {
