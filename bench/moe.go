@@ -280,7 +280,9 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	var combineBytes int
 	var lastOut *dispatch.Output[T] // the last timed step's, for the in-step floors
 	// A timed step starts each stage together (a barrier before it), so that a stage's
-	// time is its own, not the wait for a rank still busy with the stage before.
+	// time is its own: not the wait for a rank still busy with the stage before, nor,
+	// where ranks outnumber CPUs, the wait for a CPU that a rank already in the next
+	// stage holds.
 	inBuffer := false
 	step := func(rec []float64) error {
 		xs := x
@@ -298,6 +300,12 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 			return err
 		}
 		t1 := time.Now()
+		if rec != nil {
+			if err := coll.Barrier(ctx, c); err != nil {
+				return err
+			}
+		}
+		t1b := time.Now()
 		if err := experts(dout); err != nil {
 			return err
 		}
@@ -313,7 +321,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		}
 		t3 := time.Now()
 		if rec != nil {
-			rec[0], rec[1], rec[2] = t1.Sub(t0).Seconds(), t2.Sub(t1).Seconds(), t3.Sub(t2b).Seconds()
+			rec[0], rec[1], rec[2] = t1.Sub(t0).Seconds(), t2.Sub(t1b).Seconds(), t3.Sub(t2b).Seconds()
 		}
 		combineBytes = combineSent(h, ep.C.RowBytes(), p, me, o.Mode)
 		if ep.C.InPlace() { // the expert outputs this rank read in other ranks' memory
