@@ -64,12 +64,8 @@ func (c *Comm) newBoard(ctx context.Context, size int, span bool) (*Board, error
 		}
 		return nil, err
 	}
-	for i := 0; i < c.size; i++ {
-		for j := 0; j < c.size; j++ {
-			if i != j && maps[i*c.size+j] != 1 {
-				return fail(fmt.Errorf("%w: rank %d cannot map rank %d's", ErrNoBoard, i, j))
-			}
-		}
+	if i, j, some := unmapped(maps, c.size); some {
+		return fail(fmt.Errorf("%w: rank %d cannot map rank %d's", ErrNoBoard, i, j))
 	}
 	if span && mem == nil {
 		return fail(fmt.Errorf("%w: not every rank can map the parts side by side", ErrNoBoard))

@@ -251,7 +251,8 @@ func (c *Comm) openWindowSpan(ctx context.Context, sig uint32, size int, what st
 		// Every window is mapped everywhere: map them side by side, then agree that every
 		// rank did before any file goes (Seal).
 		ok := []byte{0}
-		if sw, isSpan := win.(transport.SpanWindow); isSpan && mapsAll(maps, p) {
+		sw, isSpan := win.(transport.SpanWindow)
+		if _, _, some := unmapped(maps, p); isSpan && !some {
 			if m, err := sw.Span(c.ranks); err == nil {
 				mem, ok[0] = m, 1
 			} else {
@@ -275,16 +276,17 @@ func (c *Comm) openWindowSpan(ctx context.Context, sig uint32, size int, what st
 	return win, maps, mem, nil
 }
 
-// mapsAll reports whether every rank of p mapped every other rank's window.
-func mapsAll(maps []byte, p int) bool {
+// unmapped returns a rank i of p that did not map rank j's window, if there is one (ok
+// false: every rank mapped every other rank's).
+func unmapped(maps []byte, p int) (i, j int, ok bool) {
 	for i := 0; i < p; i++ {
 		for j := 0; j < p; j++ {
 			if i != j && maps[i*p+j] != 1 {
-				return false
+				return i, j, true
 			}
 		}
 	}
-	return true
+	return 0, 0, false
 }
 
 func (x *Exchange) closeWindow() {

@@ -128,16 +128,7 @@ func TestInPlaceReuse(t *testing.T) {
 					}
 					time.Sleep(time.Duration(rng.IntN(300)) * time.Microsecond)
 					y := cb.Buffer(h)
-					for j := 0; j < out.Rows(); j++ {
-						row := y[j*s.hid : (j+1)*s.hid]
-						if out.Origin[j] < 0 {
-							clear(row)
-							continue
-						}
-						for k, v := range out.Entry(j) {
-							row[k] = expert(out.Expert[j], v) + float32(step)
-						}
-					}
+					runExperts(y, out, s.hid, float32(step))
 					if err := cb.Combine(ctx, h, y, res); err != nil {
 						return err
 					}
@@ -148,6 +139,20 @@ func TestInPlaceReuse(t *testing.T) {
 				return nil
 			})
 		})
+	}
+}
+
+// runExperts writes into y each entry's output, expert(e, x) + off, zeros for padding.
+func runExperts(y []float32, out *dispatch.Output[float32], hid int, off float32) {
+	for j := 0; j < out.Rows(); j++ {
+		row := y[j*hid : (j+1)*hid]
+		if out.Origin[j] < 0 {
+			clear(row)
+			continue
+		}
+		for k, v := range out.Entry(j) {
+			row[k] = expert(out.Expert[j], v) + off
+		}
 	}
 }
 
@@ -370,16 +375,7 @@ func TestDispatchInPlaceReuse(t *testing.T) {
 						continue
 					}
 					y := cb.Buffer(h)
-					for j := 0; j < out.Rows(); j++ {
-						row := y[j*s.hid : (j+1)*s.hid]
-						if out.Origin[j] < 0 {
-							clear(row)
-							continue
-						}
-						for k, v := range out.Entry(j) {
-							row[k] = expert(out.Expert[j], v)
-						}
-					}
+					runExperts(y, out, s.hid, 0)
 					if err := cb.Combine(ctx, h, y, res); err != nil {
 						return err
 					}

@@ -275,7 +275,6 @@ type slotCore struct {
 	// rank reads what this rank last wrote there (its combine has completed since).
 	stage     [2]*coll.Board
 	stageFree bool
-	inPlace   bool // this dispatch's rows were written in place
 }
 
 // Dispatcher moves tokens to experts over one communicator.

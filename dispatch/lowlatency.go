@@ -50,7 +50,6 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 	// In place: this rank's tokens go once into its staging, where the experts read
 	// them, if no rank still reads what it last wrote there.
 	inPlace := d.rowsPer > 0 && sc.stageFree && code == CodeOK
-	sc.inPlace = inPlace
 	if inPlace {
 		sc.stageFree = false
 		d.stageTokens(x, sc)
@@ -128,6 +127,9 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 // staging, at their token indices, to be read in place.
 const flagInPlace = 1
 
+// rowsInPlace reports whether the block whose header starts h has its rows in place.
+func rowsInPlace(h []byte) bool { return h[24]&flagInPlace != 0 }
+
 // Buffer is where this rank may write the tokens of its next Start (Hidden values per
 // token, at most MaxTokens tokens) so that the dispatch copies nothing of them: the
 // staging the experts read in place. It is nil unless the rows are read in place
@@ -200,7 +202,7 @@ func (s *slot[T]) waitLL(ctx context.Context) error {
 			return &PeerInputError{Rank: q, Code: status}
 		}
 		pay, scb := n*f.Payload, n*sb
-		if h[24]&flagInPlace != 0 {
+		if rowsInPlace(h) {
 			pay, scb = 0, 0
 		}
 		if n > d.cfg.MaxTokens || len(h) < BlockHeader+n*f.MetaBytes(0) || len(h) > BlockHeader+n*f.Meta || len(op.Recv(q, 1)) != pay || len(op.Recv(q, 2)) != scb || (pay == 0 && n > 0 && d.rowsPer == 0) {
@@ -252,17 +254,14 @@ func (s *slot[T]) viewLL(op interface {
 	for q := 0; q < p; q++ {
 		if sc.from[q] > 0 {
 			nAll++
-			if op.Recv(q, 0)[24]&flagInPlace != 0 {
+			if rowsInPlace(op.Recv(q, 0)) {
 				nIn++
 			}
 		}
 	}
 	inPlace, mixed := nIn > 0 && nIn == nAll, nIn > 0 && nIn < nAll
 	var span, spanSca []byte
-	if nIn > 0 {
-		if d.rowsPer == 0 {
-			return fmt.Errorf("%w: a rank's rows are in place, and this rank cannot read them there", ErrMismatch)
-		}
+	if nIn > 0 { // waitLL refused rows in place where this rank has no staging
 		span = sc.stage[0].Span()
 		if sc.stage[1] != nil {
 			spanSca = sc.stage[1].Span()
@@ -273,7 +272,7 @@ func (s *slot[T]) viewLL(op interface {
 	incomingRows, contribs := 0, 0
 	for q := 0; q < p; q++ {
 		meta := op.Recv(q, 0)[BlockHeader:]
-		copyIn := mixed && sc.from[q] > 0 && op.Recv(q, 0)[24]&flagInPlace != 0
+		copyIn := mixed && sc.from[q] > 0 && rowsInPlace(op.Recv(q, 0))
 		for i := 0; i < sc.from[q]; i++ {
 			src, cs, n, ok := getMeta(meta, k, nLocal, d.cs[:0])
 			if !ok || (nIn > 0 && src >= mt) {

@@ -28,8 +28,6 @@ func cmdFlow(ctx context.Context, args []string) error {
 	check := moeFlags(fs, &o)
 	hostsFlag := fs.String("hosts", "", "host of each rank, comma separated (for example 0,0,1,1; default: one host)")
 	plans := fs.Bool("plans", false, "also print each rank's AlltoAllv schedules (normal mode)")
-	fs.BoolVar(&o.SendPartials, "send-partials", false, "low-latency mode: the combine sends partial sums even where ranks can read the expert outputs in each other's memory")
-	fs.BoolVar(&o.PushRows, "push-rows", false, "low-latency mode: the dispatch writes each token into every destination's memory even where the experts could read it in its origin's")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -38,12 +36,6 @@ func cmdFlow(ctx context.Context, args []string) error {
 	}
 	if err := check(); err != nil {
 		return err
-	}
-	if o.SendPartials && o.Mode != dispatch.LowLatency {
-		return &usageError{"--send-partials: only with --mode low-latency"}
-	}
-	if o.PushRows && o.Mode != dispatch.LowLatency {
-		return &usageError{"--push-rows: only with --mode low-latency"}
 	}
 	var hosts []int
 	if *hostsFlag != "" {
@@ -83,7 +75,9 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 	}
 	dispatchB, combineB := pl.DispatchBytes(), pl.CombineBytes()
 	step := 2
-	inPlace := cfg.Mode == dispatch.LowLatency && m.Hosts() == 1 && p > 1 && !o.SendPartials
+	// On one host the low-latency mode reads in place unless told otherwise.
+	shared := cfg.Mode == dispatch.LowLatency && m.Hosts() == 1 && p > 1
+	inPlace, rowsInPlace := shared && !o.SendPartials, shared && !o.PushRows
 	switch cfg.Mode {
 	case dispatch.Normal:
 		ints := 2 + p
@@ -97,7 +91,7 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 		fmt.Fprintf(w, "\n%d. dispatch (AlltoAllv, %v): one message per destination rank, a 16 B status header and rows of %d B plus 8 B per choice they carry (activations %d B, scales %d B, source index and choice count 8 B, then the (local expert, weight) of each choice the destination holds), each token once per rank however many of its experts it chose there\n",
 			step, algo, f.RowBytes(0), f.Payload, f.ScaleBytes())
 	case dispatch.LowLatency:
-		if rowsInPlace := m.Hosts() == 1 && p > 1 && !o.PushRows; rowsInPlace {
+		if rowsInPlace {
 			fmt.Fprintf(w, "\n%d. dispatch (in place, every rank on one host, no counts round trip): each rank writes each of its tokens once into its own staging, %d B of activations and %d B of scales (sized for %d tokens per rank); one block per destination rank carries a %d B header (status, rows, fingerprint) and per row %d B of metadata plus 8 B per choice it carries; the experts read the rows in their origins' memory, every rank's staging mapped side by side. Read in other ranks' memory:\n",
 				step, f.Payload, f.ScaleBytes(), cfg.MaxTokens, dispatch.BlockHeader, f.MetaBytes(0))
 			break
@@ -130,19 +124,8 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 		fmt.Fprintf(w, "     rank %d: %s\n", r, strings.Join(parts, " "))
 	}
 	step++
-	mode := cfg.Mode
-	if inPlace {
-		mode = -1
-	}
-	switch mode {
-	case dispatch.Normal:
-		algo, _, err := m.AlltoAllv(0, combineB, 1)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(w, "\n%d. combine (AlltoAllv, %v): each rank sums its experts' outputs per token, weighted, and sends one partial sum of %d B back per (token, rank), after a %d B status header: the dispatch matrix transposed\n",
-			step, algo, f.Combined, dispatch.BlockHeader)
-	case -1:
+	switch {
+	case inPlace:
 		es := 4 // the activations: f32 unless --act bf16
 		if o.Act == dtype.BF16 {
 			es = 2
@@ -150,10 +133,17 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 		fmt.Fprintf(w, "\n%d. combine (in place, every rank on one host): the expert outputs stay where the experts wrote them (combine.Combiner.Buffer); each rank reads its tokens' terms there, a row of %d B per (token, expert) choice, and sums them; an Exchange carries only every rank's %d B status header. Read in other ranks' memory:\n",
 			step, mc.Hidden*es, dispatch.BlockHeader)
 		combineB = pl.InPlaceBytes(es)
-	case dispatch.LowLatency:
+	case cfg.Mode == dispatch.Normal:
+		algo, _, err := m.AlltoAllv(0, combineB, 1)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "\n%d. combine (AlltoAllv, %v): each rank sums its experts' outputs per token, weighted, and sends one partial sum of %d B back per (token, rank), after a %d B status header: the dispatch matrix transposed\n",
+			step, algo, f.Combined, dispatch.BlockHeader)
+	case cfg.Mode == dispatch.LowLatency:
 		fmt.Fprintf(w, "\n%d. combine (Exchange): each rank sums its experts' outputs per token, weighted, and writes one partial sum of %d B per (token, rank) into its origin's buffer, after a %d B status header\n",
 			step, f.Combined, dispatch.BlockHeader)
-	case dispatch.Gathered:
+	case cfg.Mode == dispatch.Gathered:
 		fmt.Fprintf(w, "\n%d. combine (ReduceScatterv, %v): each rank sums its experts' outputs for every token (zeros for the ones none of them took), %d B per token, and the reduce-scatter sums them into each token's rank\n",
 			step, m.Algorithm(coll.OpReduceScatterv, o.Tokens*f.Combined), f.Combined)
 	}

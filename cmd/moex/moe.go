@@ -23,9 +23,7 @@ func benchMoE(ctx context.Context, args []string) error {
 	fs.StringVar(&o.Compute, "compute", "none", "experts: none (identity) or ffn (the reference SwiGLU at the model's sizes)")
 	fs.IntVar(&o.Iters, "iters", 0, "timed steps (0: about a second's worth)")
 	fs.BoolVar(&o.Quantized, "quantized", false, "the experts take the fp8 or int8 rows and their scales, not rows dequantised for them (needs --wire-dtype fp8 or int8)")
-	fs.BoolVar(&o.SendPartials, "send-partials", false, "low-latency mode: the combine sends partial sums even where ranks can read the expert outputs in each other's memory")
 	fs.BoolVar(&o.TokensInBuffer, "tokens-in-buffer", false, "low-latency mode: each timed step's tokens are written where the dispatcher's Buffer says, as the layer before would write them, so that the dispatch stages none (not where it pushes rows, nor with an fp8 or int8 wire)")
-	fs.BoolVar(&o.PushRows, "push-rows", false, "low-latency mode: the dispatch writes each token into every destination's memory even where the experts could read it in its origin's")
 	fs.BoolVar(&o.Naive, "naive", false, "also time a naive dispatch (one message per token-expert pair)")
 	fs.BoolVar(&o.Overlap, "overlap", false, "also time the step as micro-batches in a pipeline (one's rows move while another's experts compute) against one after the other")
 	fs.IntVar(&o.Chunks, "chunks", 2, "micro-batches of --overlap")
@@ -68,10 +66,6 @@ func benchMoE(ctx context.Context, args []string) error {
 		return &usageError{fmt.Sprintf("--pairs %d: want 1 to 1000000", o.Pairs)}
 	case o.Quantized && o.Wire != dtype.FP8E4M3 && o.Wire != dtype.I8:
 		return &usageError{"--quantized: needs --wire-dtype fp8 or int8"}
-	case o.SendPartials && o.Mode != dispatch.LowLatency:
-		return &usageError{"--send-partials: only with --mode low-latency"}
-	case o.PushRows && o.Mode != dispatch.LowLatency:
-		return &usageError{"--push-rows: only with --mode low-latency"}
 	case o.TokensInBuffer && (o.Mode != dispatch.LowLatency || o.PushRows || o.Wire != o.Act):
 		return &usageError{"--tokens-in-buffer: only with --mode low-latency, without --push-rows, and with the wire type of the activations"}
 	case o.Overlap && o.Tokens < o.Chunks:
@@ -80,11 +74,8 @@ func benchMoE(ctx context.Context, args []string) error {
 	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && *plot != "" {
 		return &usageError{"--plot: only for the plain run (not with --eplb, --kill or --levels)"}
 	}
-	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && o.SendPartials {
-		return &usageError{"--send-partials: only for the plain run (not with --eplb, --kill or --levels)"}
-	}
-	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && (o.PushRows || o.TokensInBuffer) {
-		return &usageError{"--push-rows, --tokens-in-buffer: only for the plain run (not with --eplb, --kill or --levels)"}
+	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && (o.SendPartials || o.PushRows || o.TokensInBuffer) {
+		return &usageError{"--send-partials, --push-rows, --tokens-in-buffer: only for the plain run (not with --eplb, --kill or --levels)"}
 	}
 	if eo.Every != 0 {
 		if ro.Victim >= 0 {
@@ -146,6 +137,8 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 	back := fs.String("combine-dtype", "", "partial sums on the way back: f32 or bf16 (default: f32 with an f32 wire, else bf16)")
 	mode := fs.String("mode", "normal", "normal (counts all-gather, then an exact-size AlltoAllv), low-latency (buffers sized for --tokens, counts travel with the rows) or gathered (every token all-gathered, the sums reduce-scattered back)")
 	fs.StringVar(&o.Placement, "placement", "contiguous", "expert placement: contiguous or roundrobin")
+	fs.BoolVar(&o.SendPartials, "send-partials", false, "low-latency mode: the combine sends partial sums even where ranks can read the expert outputs in each other's memory")
+	fs.BoolVar(&o.PushRows, "push-rows", false, "low-latency mode: the dispatch writes each token into every destination's memory even where the experts could read it in its origin's")
 	return func() error {
 		if _, err := models.Get(o.Model); err != nil {
 			return &usageError{err.Error()}
@@ -191,6 +184,12 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 		}
 		if o.Tokens < 0 || o.Tokens > dispatch.MaxLowLatencyTokens {
 			return &usageError{fmt.Sprintf("--tokens %d: want 0 to %d", o.Tokens, dispatch.MaxLowLatencyTokens)}
+		}
+		if o.SendPartials && o.Mode != dispatch.LowLatency {
+			return &usageError{"--send-partials: only with --mode low-latency"}
+		}
+		if o.PushRows && o.Mode != dispatch.LowLatency {
+			return &usageError{"--push-rows: only with --mode low-latency"}
 		}
 		return nil
 	}
