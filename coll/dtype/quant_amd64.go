@@ -178,9 +178,12 @@ func quantizeFP8Fast[T Activation](dst []byte, scales []float32, src []T, pow2 b
 	for b := 0; b < nb; b += run {
 		n := min(run, nb-b)
 		lo := b * FP8Block
-		if isF32[T]() {
+		switch {
+		case isF32[T]():
 			amaxBlocksF32AVX2(&asF32(src)[lo], n, &bits[0])
-		} else {
+		case haveAVX512:
+			amaxBlocksBF16AVX512((*uint16)(unsafe.Pointer(&asBF16(src)[lo])), n, &bits[0])
+		default:
 			amaxBlocksBF16AVX2((*uint16)(unsafe.Pointer(&asBF16(src)[lo])), n, &bits[0])
 		}
 		for i := 0; i < n; i++ {
@@ -191,11 +194,29 @@ func quantizeFP8Fast[T Activation](dst []byte, scales []float32, src []T, pow2 b
 				invs[i] = 1 / sc
 			}
 		}
-		if isF32[T]() {
+		switch {
+		case isF32[T]() && haveAVX512:
+			toE4M3BlocksF32AVX512(&dst[lo], &asF32(src)[lo], n, &invs[0])
+		case isF32[T]():
 			toE4M3BlocksF32AVX2(&dst[lo], &asF32(src)[lo], n, &invs[0])
-		} else {
+		case haveAVX512:
+			toE4M3BlocksBF16AVX512(&dst[lo], (*uint16)(unsafe.Pointer(&asBF16(src)[lo])), n, &invs[0])
+		default:
 			toE4M3BlocksBF16AVX2(&dst[lo], (*uint16)(unsafe.Pointer(&asBF16(src)[lo])), n, &invs[0])
 		}
 	}
 	return nb
 }
+
+//go:noescape
+func amaxBlocksBF16AVX512(src *uint16, nblocks int, out *uint32)
+
+//go:noescape
+func toE4M3BlocksBF16AVX512(dst *byte, src *uint16, nblocks int, invs *float32)
+
+//go:noescape
+func toE4M3BlocksF32AVX512(dst *byte, src *float32, nblocks int, invs *float32)
+
+// haveAVX512 selects the AVX-512 FP8 block kernels (16 values per instruction where the
+// AVX2 ones take 8; the same bytes).
+var haveAVX512 = haveFMA && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW

@@ -259,6 +259,16 @@ func BenchmarkQuantize(b *testing.B) {
 			QuantizeFP8(q, s, xb, false)
 		}
 	})
+	if haveAVX512 { // the AVX2 kernels on the same CPU
+		b.Run("fp8-from-bf16-avx2", func(b *testing.B) {
+			b.SetBytes(2 * n)
+			haveAVX512 = false
+			defer func() { haveAVX512 = true }()
+			for b.Loop() {
+				QuantizeFP8(q, s, xb, false)
+			}
+		})
+	}
 	b.Run("fp8-to-bf16", func(b *testing.B) {
 		b.SetBytes(2 * n)
 		for b.Loop() {

@@ -1,0 +1,167 @@
+#include "textflag.h"
+
+// The FP8 block kernels with AVX-512 (F and BW): 16 values per vector where the AVX2
+// kernels of quant_amd64.s take 8, the same arithmetic and so the same bytes.
+
+// E4M3_SETUP512 loads the constants E4M3_512 uses: Z13 0x7fffffff, Z12 1, Z11 0x7ffff,
+// Z10 120<<3, Z9 the bits of 2^-6, Z8 of 448, Z7 of +Inf, Z6 512.0, Z5 2^23.
+#define E4M3_SETUP512 \
+	VPTERNLOGD   $0xff, Z13, Z13, Z13; \
+	VPSRLD       $31, Z13, Z12; \
+	VPSRLD       $1, Z13, Z13; \
+	MOVL         $0x7ffff, AX; \
+	VPBROADCASTD AX, Z11; \
+	MOVL         $960, AX; \
+	VPBROADCASTD AX, Z10; \
+	MOVL         $0x3c800000, AX; \
+	VPBROADCASTD AX, Z9; \
+	MOVL         $0x43e00000, AX; \
+	VPBROADCASTD AX, Z8; \
+	MOVL         $0x7f800000, AX; \
+	VPBROADCASTD AX, Z7; \
+	MOVL         $0x44000000, AX; \
+	VPBROADCASTD AX, Z6; \
+	MOVL         $0x4b000000, AX; \
+	VPBROADCASTD AX, Z5
+
+// E4M3_512(off) stores at off(DI) the 16 E4M3 codes of the float32s in Z0 multiplied by
+// Z15, as toE4M3AVX2 computes them: the sign; magnitudes clamped to 448; the normal
+// rounding, or below 2^-6 the subnormal one by the float adder; 1 more where NaN. Z0, Z1,
+// Z2, Z4, K1 and K2 are scratch.
+#define E4M3_512(off) \
+	VMULPS    Z15, Z0, Z0; \
+	VPSRLD    $31, Z0, Z1; \
+	VPSLLD    $7, Z1, Z1; \
+	VPANDD    Z13, Z0, Z0; \
+	VPCMPUD   $6, Z7, Z0, K1; \
+	VPMINUD   Z8, Z0, Z0; \
+	VPSRLD    $20, Z0, Z2; \
+	VPANDD    Z12, Z2, Z2; \
+	VPADDD    Z2, Z0, Z2; \
+	VPADDD    Z11, Z2, Z2; \
+	VPSRLD    $20, Z2, Z2; \
+	VPSUBD    Z10, Z2, Z2; \
+	VPCMPUD   $1, Z9, Z0, K2; \
+	VMULPS    Z6, Z0, Z4; \
+	VADDPS    Z5, Z4, Z4; \
+	VPSUBD    Z5, Z4, Z4; \
+	VMOVDQA32 Z4, K2, Z2; \
+	VPORD     Z1, Z2, Z2; \
+	VPORD     Z12, Z2, K1, Z2; \
+	VPMOVDB   Z2, off(DI)
+
+// func toE4M3BlocksBF16AVX512(dst *byte, src *uint16, nblocks int, invs *float32)
+// Block b of 128 bfloat16 values, multiplied by invs[b], as E4M3 bytes.
+TEXT ·toE4M3BlocksBF16AVX512(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ nblocks+16(FP), CX
+	MOVQ invs+24(FP), R8
+	E4M3_SETUP512
+
+xbb:
+	VBROADCASTSS (R8), Z15
+	ADDQ         $4, R8
+	MOVQ         $2, DX
+
+xbi:
+	VPMOVZXWD (SI), Z0
+	VPSLLD    $16, Z0, Z0
+	E4M3_512(0)
+	VPMOVZXWD 32(SI), Z0
+	VPSLLD    $16, Z0, Z0
+	E4M3_512(16)
+	VPMOVZXWD 64(SI), Z0
+	VPSLLD    $16, Z0, Z0
+	E4M3_512(32)
+	VPMOVZXWD 96(SI), Z0
+	VPSLLD    $16, Z0, Z0
+	E4M3_512(48)
+	ADDQ      $128, SI
+	ADDQ      $64, DI
+	DECQ      DX
+	JNZ       xbi
+	DECQ      CX
+	JNZ       xbb
+	VZEROUPPER
+	RET
+
+// func toE4M3BlocksF32AVX512(dst *byte, src *float32, nblocks int, invs *float32)
+// Block b of 128 float32 values, multiplied by invs[b], as E4M3 bytes.
+TEXT ·toE4M3BlocksF32AVX512(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ nblocks+16(FP), CX
+	MOVQ invs+24(FP), R8
+	E4M3_SETUP512
+
+xfb:
+	VBROADCASTSS (R8), Z15
+	ADDQ         $4, R8
+	MOVQ         $2, DX
+
+xfi:
+	VMOVUPS (SI), Z0
+	E4M3_512(0)
+	VMOVUPS 64(SI), Z0
+	E4M3_512(16)
+	VMOVUPS 128(SI), Z0
+	E4M3_512(32)
+	VMOVUPS 192(SI), Z0
+	E4M3_512(48)
+	ADDQ    $256, SI
+	ADDQ    $64, DI
+	DECQ    DX
+	JNZ     xfi
+	DECQ    CX
+	JNZ     xfb
+	VZEROUPPER
+	RET
+
+// func amaxBlocksBF16AVX512(src *uint16, nblocks int, out *uint32)
+// As amaxBlocksBF16AVX2: out[b] = the float32 bits of the largest finite magnitude among
+// the 128 bfloat16 values of block b; nblocks > 0.
+TEXT ·amaxBlocksBF16AVX512(SB), NOSPLIT, $0-24
+	MOVQ         src+0(FP), SI
+	MOVQ         nblocks+8(FP), CX
+	MOVQ         out+16(FP), DI
+	MOVL         $0x7fff, AX
+	VPBROADCASTW AX, Z14
+	MOVL         $0x7f80, AX
+	VPBROADCASTW AX, Z13 // the bits of +Inf
+
+ybb:
+	VPANDD       (SI), Z14, Z0
+	VPANDD       64(SI), Z14, Z1
+	VPANDD       128(SI), Z14, Z2
+	VPANDD       192(SI), Z14, Z3
+	VPCMPUW      $1, Z13, Z0, K1 // finite
+	VPCMPUW      $1, Z13, Z1, K2
+	VPCMPUW      $1, Z13, Z2, K3
+	VPCMPUW      $1, Z13, Z3, K4
+	VMOVDQU16.Z  Z0, K1, Z0 // zero where not finite
+	VMOVDQU16.Z  Z1, K2, Z1
+	VMOVDQU16.Z  Z2, K3, Z2
+	VMOVDQU16.Z  Z3, K4, Z3
+	VPMAXUW      Z1, Z0, Z0
+	VPMAXUW      Z3, Z2, Z2
+	VPMAXUW      Z2, Z0, Z0
+	VEXTRACTI64X4 $1, Z0, Y1
+	VPMAXUW      Y1, Y0, Y0
+	VEXTRACTI128 $1, Y0, X1
+	VPMAXUW      X1, X0, X0
+	VPSHUFD      $0x4e, X0, X1
+	VPMAXUW      X1, X0, X0
+	VPSHUFD      $0xb1, X0, X1
+	VPMAXUW      X1, X0, X0
+	VPSRLD       $16, X0, X1
+	VPMAXUW      X1, X0, X0
+	VMOVD        X0, AX
+	SHLL         $16, AX
+	MOVL         AX, (DI)
+	ADDQ         $256, SI
+	ADDQ         $4, DI
+	DECQ         CX
+	JNZ          ybb
+	VZEROUPPER
+	RET

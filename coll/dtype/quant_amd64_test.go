@@ -1,0 +1,75 @@
+package dtype
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+)
+
+// The FP8 block kernels, AVX2 and AVX-512, give e4m3's byte for every bfloat16 value
+// (all 65536 bit patterns, NaNs and infinities included) under scales that move them
+// across E4M3's whole range, subnormals and saturation included; and for float32 rows
+// of random and special values. Their largest finite magnitudes are amax's.
+func TestFP8BlockKernels(t *testing.T) {
+	if !haveFMA {
+		t.Skip("this CPU has no AVX2 and FMA: only the portable loops run, and the other tests check them")
+	}
+	type kernels struct {
+		name   string
+		toBF16 func(dst *byte, src *uint16, nblocks int, invs *float32)
+		toF32  func(dst *byte, src *float32, nblocks int, invs *float32)
+		amaxB  func(src *uint16, nblocks int, out *uint32)
+	}
+	ks := []kernels{{"avx2", toE4M3BlocksBF16AVX2, toE4M3BlocksF32AVX2, amaxBlocksBF16AVX2}}
+	if haveAVX512 {
+		ks = append(ks, kernels{"avx512", toE4M3BlocksBF16AVX512, toE4M3BlocksF32AVX512, amaxBlocksBF16AVX512})
+	} else {
+		t.Log("this CPU has no AVX-512 (F and BW): only the AVX2 kernels are checked")
+	}
+	all := make([]uint16, 1<<16)
+	for i := range all {
+		all[i] = uint16(i)
+	}
+	nb := len(all) / FP8Block
+	invs := []float32{1, 0x1p-8, 0x1p-120, 0x1p+12, 1.7, 0.3, 1e-30, 0}
+	r := rand.New(rand.NewPCG(11, 12))
+	x := randRow(r, 64*FP8Block, 4)
+	for i := 0; i < len(x); i += 7 {
+		x[i] = []float32{0, float32(math.Copysign(0, -1)), 448, -464, float32(math.Inf(1)), float32(math.NaN()), 0x1p-9, -0x1p-7, 0x1.fffffep-7}[i%9]
+	}
+	xb := unsafe.Slice((*uint16)(unsafe.Pointer(&x[0])), 2*len(x)) // each float32 as two bfloat16s: more patterns
+	for _, k := range ks {
+		for _, inv := range invs {
+			bi := make([]float32, nb)
+			for i := range bi {
+				bi[i] = inv * float32(1+i%3) // a scale per block, differing
+			}
+			got := make([]byte, len(all))
+			k.toBF16(&got[0], &all[0], nb, &bi[0])
+			for i, h := range all {
+				v := math.Float32frombits(uint32(h) << 16)
+				require.Equal(t, e4m3(v*bi[i/FP8Block]), got[i], "%s, bf16 %#04x times %v", k.name, h, bi[i/FP8Block])
+			}
+			fi := bi[:len(x)/FP8Block]
+			gotF := make([]byte, len(x))
+			k.toF32(&gotF[0], &x[0], len(fi), &fi[0])
+			for i, v := range x {
+				require.Equal(t, e4m3(v*fi[i/FP8Block]), gotF[i], "%s, f32 %v times %v", k.name, v, fi[i/FP8Block])
+			}
+		}
+		for _, src := range [][]uint16{all, xb} {
+			n := len(src) / FP8Block
+			bits := make([]uint32, n)
+			k.amaxB(&src[0], n, &bits[0])
+			for b := range bits {
+				blk := make([]float32, FP8Block)
+				BF16ToF32(blk, unsafe.Slice((*BFloat16)(unsafe.Pointer(&src[b*FP8Block])), FP8Block))
+				m, _ := amax(blk)
+				require.Equal(t, math.Float32bits(m), bits[b], "%s, amax of block %d", k.name, b)
+			}
+		}
+	}
+}
