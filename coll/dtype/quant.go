@@ -179,9 +179,11 @@ func toE4M3(dst []byte, x []float32, inv float32) {
 // into dst.
 func DequantizeFP8[T Activation](dst []T, src []byte, scales []float32) {
 	dst = dst[:len(src)]
+	scales = scales[:FP8Scales(len(src))]
 	t := fp8Table
 	var buf block
-	for b, s := range scales[:FP8Scales(len(src))] {
+	for b := dequantizeFP8Fast(dst, src, scales); b < len(scales); b++ {
+		s := scales[b]
 		lo, hi := b*FP8Block, min((b+1)*FP8Block, len(src))
 		in := src[lo:hi]
 		out := buf[:len(in)]

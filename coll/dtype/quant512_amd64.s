@@ -165,3 +165,72 @@ ybb:
 	JNZ          ybb
 	VZEROUPPER
 	RET
+
+// func fromE4M3BlocksBF16AVX512(dst *uint16, src *byte, nblocks int, scales *float32)
+// Block b of 128 E4M3 bytes as bfloat16s: each value's float32 (as fromE4M3AVX2) times
+// scales[b], rounded to nearest even (as F32ToBF16, a NaN quiet with its sign).
+TEXT ·fromE4M3BlocksBF16AVX512(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         nblocks+16(FP), CX
+	MOVQ         scales+24(FP), R8
+	MOVL         $0x7f, AX
+	VPBROADCASTD AX, Z14
+	MOVL         $0x80, AX
+	VPBROADCASTD AX, Z13
+	MOVL         $0x3c000000, AX // 120<<23
+	VPBROADCASTD AX, Z12
+	MOVL         $8, AX
+	VPBROADCASTD AX, Z11
+	MOVL         $0x3b000000, AX // 2^-9
+	VPBROADCASTD AX, Z10
+	MOVL         $0x7fc00000, AX
+	VPBROADCASTD AX, Z9
+	MOVL         $1, AX
+	VPBROADCASTD AX, Z8
+	MOVL         $0x7fff, AX
+	VPBROADCASTD AX, Z7
+	MOVL         $0x7fffffff, AX
+	VPBROADCASTD AX, Z6
+	MOVL         $0x7f800000, AX
+	VPBROADCASTD AX, Z16
+	MOVL         $0x40, AX
+	VPBROADCASTD AX, Z17
+
+dbb:
+	VBROADCASTSS (R8), Z15
+	ADDQ         $4, R8
+	MOVQ         $8, DX
+
+dbi:
+	VPMOVZXBD (SI), Z0
+	VPANDD    Z14, Z0, Z1     // x & 0x7f
+	VPANDD    Z13, Z0, Z0
+	VPSLLD    $24, Z0, Z0     // sign
+	VPSLLD    $20, Z1, Z2
+	VPADDD    Z12, Z2, Z2     // normal bits
+	VCVTDQ2PS Z1, Z3
+	VMULPS    Z10, Z3, Z3     // subnormal value
+	VPCMPUD   $1, Z11, Z1, K1 // x < 8
+	VMOVDQA32 Z3, K1, Z2
+	VPCMPEQD  Z14, Z1, K2     // x == 0x7f: NaN
+	VMOVDQA32 Z9, K2, Z2
+	VPORD     Z0, Z2, Z2
+	VMULPS    Z15, Z2, Z2     // the float32 value
+	VPSRLD    $16, Z2, Z3
+	VPANDD    Z8, Z3, Z4
+	VPADDD    Z7, Z2, Z5
+	VPADDD    Z4, Z5, Z5
+	VPSRLD    $16, Z5, Z5     // rounded to nearest even
+	VPANDD    Z6, Z2, Z4
+	VPCMPUD   $6, Z16, Z4, K3 // NaN
+	VPORD     Z17, Z3, K3, Z5 // the high half, quiet
+	VPMOVDW   Z5, (DI)
+	ADDQ      $16, SI
+	ADDQ      $32, DI
+	DECQ      DX
+	JNZ       dbi
+	DECQ      CX
+	JNZ       dbb
+	VZEROUPPER
+	RET

@@ -220,3 +220,18 @@ func toE4M3BlocksF32AVX512(dst *byte, src *float32, nblocks int, invs *float32)
 // haveAVX512 selects the AVX-512 FP8 block kernels (16 values per instruction where the
 // AVX2 ones take 8; the same bytes).
 var haveAVX512 = haveFMA && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW
+
+//go:noescape
+func fromE4M3BlocksBF16AVX512(dst *uint16, src *byte, nblocks int, scales *float32)
+
+// dequantizeFP8Fast dequantises the whole blocks of src into bfloat16s as DequantizeFP8
+// does, and returns how many blocks it did (none unless T is BFloat16 and the CPU has
+// AVX-512).
+func dequantizeFP8Fast[T Activation](dst []T, src []byte, scales []float32) int {
+	nb := len(src) / FP8Block
+	if !haveAVX512 || isF32[T]() || nb == 0 {
+		return 0
+	}
+	fromE4M3BlocksBF16AVX512((*uint16)(unsafe.Pointer(&asBF16(dst)[0])), &src[0], nb, &scales[0])
+	return nb
+}
