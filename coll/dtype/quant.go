@@ -125,7 +125,8 @@ func e4m3(v float32) uint8 {
 // QuantizeFP8 writes src as E4M3 bytes into dst (len(src) of them) with one scale per
 // FP8Block elements into scales (FP8Scales(len(src)) of them): each block's largest
 // finite magnitude maps to 448. With pow2 the scales are rounded up to powers of two
-// (exact to apply, as UE8M0 scales).
+// (exact to apply, as UE8M0 scales). On amd64 it runs AVX-512 or AVX2 kernels where the
+// CPU has them; every CPU gives the same bytes and scales.
 func QuantizeFP8[T Activation](dst []byte, scales []float32, src []T, pow2 bool) {
 	dst = dst[:len(src)]
 	scales = scales[:FP8Scales(len(src))]
@@ -176,7 +177,8 @@ func toE4M3(dst []byte, x []float32, inv float32) {
 }
 
 // DequantizeFP8 writes the values of src (E4M3 bytes with FP8Scales(len(src)) scales)
-// into dst.
+// into dst: each code's value times its block's scale, in float32, rounded as ToBF16
+// rounds for bfloat16. Vector kernels give the same values on every CPU.
 func DequantizeFP8[T Activation](dst []T, src []byte, scales []float32) {
 	dst = dst[:len(src)]
 	scales = scales[:FP8Scales(len(src))]
