@@ -206,6 +206,12 @@ func DequantizeFP8[T Activation](dst []T, src []byte, scales []float32) {
 // scale: the largest finite magnitude maps to 127, values round to nearest even.
 func QuantizeI8[T Activation](dst []byte, src []T) float32 {
 	dst = dst[:len(src)]
+	if s, ok := quantizeI8Fast(dst, src); ok {
+		if s != s {
+			clear(dst)
+		}
+		return s
+	}
 	var buf block
 	var m float32
 	for lo := 0; lo < len(src); lo += FP8Block {
@@ -223,22 +229,26 @@ func QuantizeI8[T Activation](dst []byte, src []T) float32 {
 	}
 	for lo := 0; lo < len(src); lo += FP8Block {
 		hi := min(lo+FP8Block, len(src))
-		out := dst[lo:hi]
-		x := f32s(src[lo:hi], &buf)
-		k := toI8Fast(out, x, inv)
-		for i, v := range x[k:] {
-			f := min(max(v*inv, -I8Max), I8Max) // infinities saturate
-			out[k+i] = byte(math.Float32bits(f+12582912) - 0x4b400000)
-		}
+		toI8(dst[lo:hi], f32s(src[lo:hi], &buf), inv)
 	}
 	return s
+}
+
+// toI8 writes x[i]*inv into out as int8, clamped to ±127 (infinities saturate) and
+// rounded to nearest even; x holds no NaN.
+func toI8(out []byte, x []float32, inv float32) {
+	k := toI8Fast(out, x, inv)
+	for i, v := range x[k:] {
+		f := min(max(v*inv, -I8Max), I8Max)
+		out[k+i] = byte(math.Float32bits(f+12582912) - 0x4b400000)
+	}
 }
 
 // DequantizeI8 writes the values of src (int8 with scale) into dst.
 func DequantizeI8[T Activation](dst []T, src []byte, scale float32) {
 	dst = dst[:len(src)]
 	var buf block
-	for lo := 0; lo < len(src); lo += FP8Block {
+	for lo := dequantizeI8Fast(dst, src, scale); lo < len(src); lo += FP8Block {
 		hi := min(lo+FP8Block, len(src))
 		in := src[lo:hi]
 		out := buf[:len(in)]

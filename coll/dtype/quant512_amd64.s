@@ -234,3 +234,115 @@ dbi:
 	JNZ       dbb
 	VZEROUPPER
 	RET
+
+// func amaxBF16AVX512(src *uint16, n int) (fin, all uint32)
+// As amaxAVX2 on bfloat16 values: the float32 bits of the largest finite magnitude, and
+// of the largest of all (above those of +Inf: a NaN); n a multiple of 32.
+TEXT ·amaxBF16AVX512(SB), NOSPLIT, $0-24
+	MOVQ         src+0(FP), SI
+	MOVQ         n+8(FP), CX
+	MOVL         $0x7fff, AX
+	VPBROADCASTW AX, Z14
+	MOVL         $0x7f80, AX
+	VPBROADCASTW AX, Z13
+	VPXORD       Z0, Z0, Z0 // finite
+	VPXORD       Z1, Z1, Z1 // all
+
+zbi:
+	VPANDD      (SI), Z14, Z2
+	VPMAXUW     Z2, Z1, Z1
+	VPCMPUW     $1, Z13, Z2, K1
+	VMOVDQU16.Z Z2, K1, Z2
+	VPMAXUW     Z2, Z0, Z0
+	ADDQ        $64, SI
+	SUBQ        $32, CX
+	JNZ         zbi
+	VEXTRACTI64X4 $1, Z0, Y2
+	VPMAXUW      Y2, Y0, Y0
+	VEXTRACTI64X4 $1, Z1, Y2
+	VPMAXUW      Y2, Y1, Y1
+	VPERM2I128   $0x20, Y1, Y0, Y2 // low halves: finite, all
+	VPERM2I128   $0x31, Y1, Y0, Y3 // high halves
+	VPMAXUW      Y3, Y2, Y2        // X: finite's 8 words; high lane: all's
+	VPSHUFD      $0x4e, Y2, Y3
+	VPMAXUW      Y3, Y2, Y2
+	VPSHUFD      $0xb1, Y2, Y3
+	VPMAXUW      Y3, Y2, Y2
+	VPSRLD       $16, Y2, Y3
+	VPMAXUW      Y3, Y2, Y2
+	VMOVD        X2, AX
+	SHLL         $16, AX
+	MOVL         AX, fin+16(FP)
+	VEXTRACTI128 $1, Y2, X2
+	VMOVD        X2, AX
+	SHLL         $16, AX
+	MOVL         AX, all+20(FP)
+	VZEROUPPER
+	RET
+
+// func toI8BF16AVX512(dst *byte, src *uint16, n int, inv float32)
+// dst[i] = int8 of src[i]*inv clamped to ±127, rounded to nearest even (as toI8AVX2);
+// n a multiple of 16. The values are not NaN.
+TEXT ·toI8BF16AVX512(SB), NOSPLIT, $0-28
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS inv+24(FP), Z15
+	MOVL         $0x42fe0000, AX // 127.0
+	VPBROADCASTD AX, Z14
+	MOVL         $0xc2fe0000, AX // -127.0
+	VPBROADCASTD AX, Z13
+
+ibi:
+	VPMOVZXWD (SI), Z0
+	VPSLLD    $16, Z0, Z0
+	VMULPS    Z15, Z0, Z0
+	VMAXPS    Z13, Z0, Z0
+	VMINPS    Z14, Z0, Z0
+	VCVTPS2DQ Z0, Z0
+	VPMOVDB   Z0, (DI)
+	ADDQ      $32, SI
+	ADDQ      $16, DI
+	SUBQ      $16, CX
+	JNZ       ibi
+	VZEROUPPER
+	RET
+
+// func fromI8BF16AVX512(dst *uint16, src *byte, n int, scale float32)
+// dst[i] = float32(int8(src[i]))*scale rounded to bfloat16 as F32ToBF16 rounds; n a
+// multiple of 16.
+TEXT ·fromI8BF16AVX512(SB), NOSPLIT, $0-28
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Z15
+	MOVL         $1, AX
+	VPBROADCASTD AX, Z8
+	MOVL         $0x7fff, AX
+	VPBROADCASTD AX, Z7
+	MOVL         $0x7fffffff, AX
+	VPBROADCASTD AX, Z6
+	MOVL         $0x7f800000, AX
+	VPBROADCASTD AX, Z16
+	MOVL         $0x40, AX
+	VPBROADCASTD AX, Z17
+
+jbi:
+	VPMOVSXBD (SI), Z0
+	VCVTDQ2PS Z0, Z2
+	VMULPS    Z15, Z2, Z2
+	VPSRLD    $16, Z2, Z3
+	VPANDD    Z8, Z3, Z4
+	VPADDD    Z7, Z2, Z5
+	VPADDD    Z4, Z5, Z5
+	VPSRLD    $16, Z5, Z5
+	VPANDD    Z6, Z2, Z4
+	VPCMPUD   $6, Z16, Z4, K3
+	VPORD     Z17, Z3, K3, Z5
+	VPMOVDW   Z5, (DI)
+	ADDQ      $16, SI
+	ADDQ      $32, DI
+	SUBQ      $16, CX
+	JNZ       jbi
+	VZEROUPPER
+	RET

@@ -235,3 +235,49 @@ func dequantizeFP8Fast[T Activation](dst []T, src []byte, scales []float32) int 
 	fromE4M3BlocksBF16AVX512((*uint16)(unsafe.Pointer(&asBF16(dst)[0])), &src[0], nb, &scales[0])
 	return nb
 }
+
+//go:noescape
+func amaxBF16AVX512(src *uint16, n int) (fin, all uint32)
+
+//go:noescape
+func toI8BF16AVX512(dst *byte, src *uint16, n int, inv float32)
+
+//go:noescape
+func fromI8BF16AVX512(dst *uint16, src *byte, n int, scale float32)
+
+// quantizeI8Fast is QuantizeI8 for bfloat16 rows with AVX-512, on the longest prefix of
+// a multiple of 32 values; ok is false (nothing done) for other rows or CPUs. With a NaN
+// in the row it returns a NaN scale and leaves dst to the caller.
+func quantizeI8Fast[T Activation](dst []byte, src []T) (s float32, ok bool) {
+	n := len(src) &^ 31
+	if !haveAVX512 || isF32[T]() || n == 0 {
+		return 0, false
+	}
+	b := (*uint16)(unsafe.Pointer(&asBF16(src)[0]))
+	fin, all := amaxBF16AVX512(b, n)
+	var tail block
+	m, nan := amax(f32s(src[n:], &tail))
+	if nan || all > 0x7f800000 {
+		return float32(math.NaN()), true
+	}
+	m = max(m, math.Float32frombits(fin))
+	s = m / I8Max
+	inv := float32(0)
+	if s > 0 {
+		inv = 1 / s
+	}
+	toI8BF16AVX512(&dst[0], b, n, inv)
+	toI8(dst[n:], f32s(src[n:], &tail), inv)
+	return s, true
+}
+
+// dequantizeI8Fast is DequantizeI8 into bfloat16s with AVX-512, on the longest prefix of
+// a multiple of 16 values, whose length it returns (0 for other types or CPUs).
+func dequantizeI8Fast[T Activation](dst []T, src []byte, scale float32) int {
+	n := len(src) &^ 15
+	if !haveAVX512 || isF32[T]() || n == 0 {
+		return 0
+	}
+	fromI8BF16AVX512((*uint16)(unsafe.Pointer(&asBF16(dst)[0])), &src[0], n, scale)
+	return n
+}

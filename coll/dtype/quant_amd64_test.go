@@ -109,3 +109,66 @@ func TestDequantizeFP8BF16(t *testing.T) {
 	DequantizeFP8(slow, q, qs)
 	require.Equal(t, slow, fast)
 }
+
+// QuantizeI8 and DequantizeI8 on bfloat16s give with AVX-512 what they give without it:
+// every length around the kernels' widths, rows of random, zero, saturating, infinite
+// and NaN values, and every code under scales with normal, subnormal and overflowing
+// products.
+func TestI8BF16(t *testing.T) {
+	if !haveAVX512 {
+		t.Skip("this CPU has no AVX-512 (F and BW): the other tests check the only paths it runs")
+	}
+	r := rand.New(rand.NewPCG(15, 16))
+	special := []float32{0, 1e30, float32(math.Inf(1)), float32(math.Inf(-1)), -3e-39, 7}
+	both := func(f func()) {
+		f()
+		haveAVX512 = false
+		defer func() { haveAVX512 = true }()
+		f()
+	}
+	lengths := []int{7168, 7168 + 5, 4096 + 31}
+	for n := 0; n <= 100; n++ {
+		lengths = append(lengths, n)
+	}
+	for _, n := range lengths {
+		for _, kind := range []string{"random", "specials", "NaN", "zeros"} {
+			x := make([]BFloat16, n)
+			for i := range x {
+				switch {
+				case kind == "zeros":
+				case kind != "random" && r.IntN(5) == 0:
+					x[i] = ToBF16(special[r.IntN(len(special))])
+				default:
+					x[i] = ToBF16(float32(math.Ldexp(r.NormFloat64(), r.IntN(20)-10)))
+				}
+			}
+			if kind == "NaN" && n > 0 {
+				x[r.IntN(n)] = ToBF16(float32(math.NaN()))
+			}
+			var q [2][]byte
+			var s [2]float32
+			i := 0
+			both(func() {
+				q[i] = make([]byte, n)
+				s[i] = QuantizeI8(q[i], x)
+				i++
+			})
+			require.Equal(t, math.Float32bits(s[1]), math.Float32bits(s[0]), "n=%d %s: scale", n, kind)
+			require.Equal(t, q[1], q[0], "n=%d %s", n, kind)
+		}
+	}
+	codes := make([]byte, 256+13)
+	for i := range codes {
+		codes[i] = byte(i)
+	}
+	for _, sc := range []float32{1, 0x1.01p0, 0.0123, 1e-40, 3e36, 0} { // 1+2^-8: products halfway between bfloat16s
+		var y [2][]BFloat16
+		i := 0
+		both(func() {
+			y[i] = make([]BFloat16, len(codes))
+			DequantizeI8(y[i], codes, sc)
+			i++
+		})
+		require.Equal(t, y[1], y[0], "scale %v", sc)
+	}
+}

@@ -20,3 +20,6 @@ func quantizeFP8Fast[T Activation](dst []byte, scales []float32, src []T, pow2 b
 var haveFMA = false
 
 func dequantizeFP8Fast[T Activation](dst []T, src []byte, scales []float32) int { return 0 }
+
+func quantizeI8Fast[T Activation](dst []byte, src []T) (float32, bool)      { return 0, false }
+func dequantizeI8Fast[T Activation](dst []T, src []byte, scale float32) int { return 0 }
