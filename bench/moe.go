@@ -86,11 +86,13 @@ type Stage struct {
 
 // MoEResult is the outcome, the fields of `moex bench moe --json`.
 type MoEResult struct {
-	Model         string `json:"model"`
-	Ranks         int    `json:"ranks"`
-	Transport     string `json:"transport"`
-	Mode          string `json:"mode"`
-	Path          string `json:"path"` // how rows move: the AlltoAllv's algorithm, or the low-latency exchange's
+	Model     string `json:"model"`
+	Ranks     int    `json:"ranks"`
+	Transport string `json:"transport"`
+	Mode      string `json:"mode"`
+	Path      string `json:"path"` // how rows move: the AlltoAllv's algorithm, or the low-latency exchange's
+	// Kernels: the vector kernels that encode, decode and sum the rows (dtype.Kernels).
+	Kernels       string `json:"kernels"`
 	TokensPerRank int    `json:"tokens_per_rank"`
 	Act           string `json:"activations"`
 	Hidden        int    `json:"hidden"`
@@ -388,6 +390,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	default:
 		res.Path = st.Algo.String()
 	}
+	res.Kernels = dtype.Kernels()
 	res.Dispatch = stageOf(times, 0, iters)
 	res.Combine = stageOf(times, 2, iters)
 	for _, sf := range []struct {
@@ -753,6 +756,7 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 			s.P50US, s.P99US, s.MeanUS, SizeOf(s.Bytes), s.FloorUS, SizeOf(s.Moved), s.OverP50, s.StepFloorUS, s.OverStepFloor))
 	}
 	row("path", r.Path)
+	row("kernels", r.Kernels)
 	stage("dispatch", r.Dispatch)
 	row("expert compute", fmt.Sprintf("%.1f us", r.ComputeUS))
 	stage("combine", r.Combine)

@@ -70,6 +70,7 @@ func TestMoEBenchRuns(t *testing.T) {
 			}
 			require.NotNil(t, r)
 			assert.Equal(t, mode.String(), r.Mode)
+			assert.Equal(t, dtype.Kernels(), r.Kernels, "the kernels named are the ones this CPU runs")
 			// Ranks of one process read each other's memory: the low-latency combine reads
 			// the expert outputs in place, unless told to send partial sums.
 			assert.Equal(t, mode == dispatch.LowLatency, r.CombineInPlace)

@@ -281,3 +281,16 @@ func dequantizeI8Fast[T Activation](dst []T, src []byte, scale float32) int {
 	fromI8BF16AVX512((*uint16)(unsafe.Pointer(&asBF16(dst)[0])), &src[0], n, scale)
 	return n
 }
+
+// Kernels names the vector kernels the conversions, quantisation and weighted sums run
+// on this CPU: "avx512" (the FP8 and int8 kernels with AVX-512, the others with AVX2),
+// "avx2", or "portable" (Go loops).
+func Kernels() string {
+	switch {
+	case haveAVX512:
+		return "avx512"
+	case haveFMA:
+		return "avx2"
+	}
+	return "portable"
+}

@@ -172,3 +172,20 @@ func TestI8BF16(t *testing.T) {
 		require.Equal(t, y[1], y[0], "scale %v", sc)
 	}
 }
+
+// Kernels names the kernel set that the feature checks select.
+func TestKernelsName(t *testing.T) {
+	want := "portable"
+	if haveFMA {
+		want = "avx2"
+	}
+	if haveAVX512 {
+		want = "avx512"
+	}
+	require.Equal(t, want, Kernels())
+	if haveAVX512 {
+		haveAVX512 = false
+		defer func() { haveAVX512 = true }()
+		require.Equal(t, "avx2", Kernels())
+	}
+}

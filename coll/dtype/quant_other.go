@@ -23,3 +23,6 @@ func dequantizeFP8Fast[T Activation](dst []T, src []byte, scales []float32) int 
 
 func quantizeI8Fast[T Activation](dst []byte, src []T) (float32, bool)      { return 0, false }
 func dequantizeI8Fast[T Activation](dst []T, src []byte, scale float32) int { return 0 }
+
+// Kernels names the kernels in use: "portable" (Go loops) off amd64.
+func Kernels() string { return "portable" }
