@@ -460,9 +460,31 @@ func (c *Comm) abortWith(ae *AbortError, fwd []byte) {
 		if !c.closed.Load() {
 			c.reportBlame(ae) // before anything wakes: a rank may exit on the error at once
 		}
+		// The notices go out before this rank's operations wake, for the same reason: a
+		// rank that exits on the error the moment it gets it would otherwise leave its
+		// peers an ended connection where it meant to leave them its reason.
+		var reqs []transport.Request
+		if !c.closed.Load() {
+			c.log.Warn("moex: communicator aborted", "comm", c.id, "rank", c.rank, "by", ae.Rank, "err", ae.Err)
+			msg := fwd
+			if msg == nil {
+				msg = noticeOf(ae)
+			}
+			for q := 0; q < c.size; q++ {
+				if q == c.rank {
+					continue
+				}
+				if r, err := c.tr.Isend(c.ranks[q], c.ctlTag(), msg); err == nil {
+					reqs = append(reqs, r)
+				}
+			}
+		}
 		c.acancel(ae)
 		if c.direct != nil {
 			c.direct.Wake() // a rank waiting in the shared area looks at actx again
+		}
+		if abortTestHook != nil {
+			abortTestHook(c)
 		}
 		// What was split from an aborted communicator is aborted too: a rank that gave up
 		// on the parent must not leave its peers waiting in a child.
@@ -475,44 +497,41 @@ func (c *Comm) abortWith(ae *AbortError, fwd []byte) {
 		for _, k := range kids {
 			k.abortLocal(fmt.Errorf("%w: the communicator it was split from (comm %d) aborted: %v", ErrAborted, c.id, ae))
 		}
-		if c.closed.Load() {
-			return
+		if len(reqs) > 0 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_ = transport.WaitAll(ctx, reqs...)
 		}
-		c.log.Warn("moex: communicator aborted", "comm", c.id, "rank", c.rank, "by", ae.Rank, "err", ae.Err)
-		msg := fwd
-		if msg == nil {
-			peer := -1
-			var pe *PeerError
-			var te *TimeoutError
-			switch {
-			case errors.As(ae.Err, &pe):
-				peer = pe.Rank
-			case errors.As(ae.Err, &te):
-				peer = te.blame()
-			}
-			reason := ae.Err.Error()
-			if len(reason) > 900 {
-				reason = reason[:900]
-			}
-			msg = make([]byte, noticeHeader+len(reason))
-			msg[0] = kindOf(ae.Err)
-			binary.LittleEndian.PutUint32(msg[1:], uint32(int32(peer)))
-			binary.LittleEndian.PutUint32(msg[5:], uint32(int32(ae.Rank)))
-			copy(msg[noticeHeader:], reason)
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		var reqs []transport.Request
-		for q := 0; q < c.size; q++ {
-			if q == c.rank {
-				continue
-			}
-			if r, err := c.tr.Isend(c.ranks[q], c.ctlTag(), msg); err == nil {
-				reqs = append(reqs, r)
-			}
-		}
-		_ = transport.WaitAll(ctx, reqs...)
 	})
+}
+
+// abortTestHook, when set (by tests, before the ranks start), runs in abortWith once the
+// rank's operations are woken, before anything else: as if the rank exited there.
+var abortTestHook func(c *Comm)
+
+// noticeOf is the abort notice that tells the other ranks of ae: its kind, the peer it
+// blames (a dead one, or the one a timeout waited for; -1: none), the rank that aborted,
+// then the reason.
+func noticeOf(ae *AbortError) []byte {
+	peer := -1
+	var pe *PeerError
+	var te *TimeoutError
+	switch {
+	case errors.As(ae.Err, &pe):
+		peer = pe.Rank
+	case errors.As(ae.Err, &te):
+		peer = te.blame()
+	}
+	reason := ae.Err.Error()
+	if len(reason) > 900 {
+		reason = reason[:900]
+	}
+	msg := make([]byte, noticeHeader+len(reason))
+	msg[0] = kindOf(ae.Err)
+	binary.LittleEndian.PutUint32(msg[1:], uint32(int32(peer)))
+	binary.LittleEndian.PutUint32(msg[5:], uint32(int32(ae.Rank)))
+	copy(msg[noticeHeader:], reason)
+	return msg
 }
 
 // blameOnce makes a process report one root cause to its launcher: the first abort's.

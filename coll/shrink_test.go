@@ -320,3 +320,34 @@ func TestWatcherMarksCrashedPeerLost(t *testing.T) {
 		assert.Equal(t, victim, pe.Rank, "rank %d", r)
 	}
 }
+
+// A rank that exits the moment its operation fails (here its transport killed then)
+// has told the others why first: a survivor still waiting gets that rank's timeout,
+// naming the rank it waited for, not a dead peer in its place.
+func TestTimeoutNoticeBeforeExit(t *testing.T) {
+	const stuck = 2
+	cs := newLocal(t, 3, Config{Timeout: 300 * time.Millisecond})
+	// Rank 0's transport dies the moment its operation is woken with the error, before
+	// its abort goes on: as a process that exits on the error at once.
+	abortTestHook = func(c *Comm) {
+		if c == cs[0] {
+			kill(c)
+		}
+	}
+	defer func() { abortTestHook = nil }()
+	errs := runOn(cs[:stuck], func(c *Comm) error {
+		if c.Rank() == 1 {
+			time.Sleep(100 * time.Millisecond) // rank 0 times out first
+		}
+		return AllReduce(context.Background(), c, nil, make([]float32, 64), dtype.Sum)
+	})
+	var te *TimeoutError
+	require.ErrorAs(t, errs[0], &te, "rank 0")
+	assert.Equal(t, stuck, te.blame(), "rank 0: %v", errs[0])
+	var ae *AbortError
+	require.ErrorAs(t, errs[1], &ae, "rank 1")
+	require.ErrorAs(t, errs[1], &te, "rank 1 gets rank 0's timeout: %v", errs[1])
+	assert.Equal(t, stuck, te.blame(), "rank 1: %v", errs[1])
+	var pe *PeerError
+	assert.False(t, errors.As(errs[1], &pe), "rank 1 blames the rank that exited: %v", errs[1])
+}
