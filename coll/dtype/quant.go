@@ -15,7 +15,8 @@ import (
 //     saturates to the largest magnitude FP8 holds (±448 times the scale).
 //   - int8 has no NaN: a row with a NaN gets a NaN scale and comes back all NaN; ±Inf
 //     saturates to ±127 times the scale (from the largest finite magnitude).
-//   - A block or row of zeros has scale 0 and comes back zeros.
+//   - A block or row without a finite non-zero value has scale 0, codes 0, and comes back
+//     zeros: its infinities saturate to the scale times the largest code, 0.
 
 // Activation is the element type of MoE activations: float32 or bfloat16.
 type Activation interface{ float32 | BFloat16 }
@@ -142,11 +143,11 @@ func quantizeFP8Blocks[T Activation](dst []byte, scales []float32, src []T, pow2
 		m, _ := amax(x)
 		s := fp8Scale(m, pow2)
 		scales[b] = s
-		inv := float32(0)
-		if s > 0 {
-			inv = 1 / s
+		if s == 0 {
+			clear(dst[lo:hi]) // infinities too: saturated to 448 times 0
+			continue
 		}
-		toE4M3(dst[lo:hi], x, inv)
+		toE4M3(dst[lo:hi], x, 1/s)
 	}
 }
 
@@ -203,11 +204,14 @@ func DequantizeFP8[T Activation](dst []T, src []byte, scales []float32) {
 }
 
 // QuantizeI8 writes src as symmetric int8 into dst (len(src) bytes) and returns its
-// scale: the largest finite magnitude maps to 127, values round to nearest even.
+// scale: the largest finite magnitude maps to 127, values round to nearest even, and
+// infinities saturate. A row with a NaN has scale NaN and codes 0; a row without a
+// finite non-zero value has scale 0 and codes 0 (its infinities too). Every CPU gives
+// the same bytes.
 func QuantizeI8[T Activation](dst []byte, src []T) float32 {
 	dst = dst[:len(src)]
 	if s, ok := quantizeI8Fast(dst, src); ok {
-		if s != s {
+		if s != s || s == 0 {
 			clear(dst)
 		}
 		return s
@@ -223,10 +227,11 @@ func QuantizeI8[T Activation](dst []byte, src []T) float32 {
 		m = max(m, bm)
 	}
 	s := m / I8Max
-	inv := float32(0)
-	if s > 0 {
-		inv = 1 / s
+	if s == 0 {
+		clear(dst)
+		return 0
 	}
+	inv := 1 / s
 	for lo := 0; lo < len(src); lo += FP8Block {
 		hi := min(lo+FP8Block, len(src))
 		toI8(dst[lo:hi], f32s(src[lo:hi], &buf), inv)

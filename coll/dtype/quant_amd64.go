@@ -194,6 +194,10 @@ func quantizeFP8Fast[T Activation](dst []byte, scales []float32, src []T, pow2 b
 				invs[i] = 1 / sc
 			}
 		}
+		zero := false
+		for i := 0; i < n; i++ {
+			zero = zero || invs[i] == 0
+		}
 		switch {
 		case isF32[T]() && haveAVX512:
 			toE4M3BlocksF32AVX512(&dst[lo], &asF32(src)[lo], n, &invs[0])
@@ -203,6 +207,11 @@ func quantizeFP8Fast[T Activation](dst []byte, scales []float32, src []T, pow2 b
 			toE4M3BlocksBF16AVX512(&dst[lo], (*uint16)(unsafe.Pointer(&asBF16(src)[lo])), n, &invs[0])
 		default:
 			toE4M3BlocksBF16AVX2(&dst[lo], (*uint16)(unsafe.Pointer(&asBF16(src)[lo])), n, &invs[0])
+		}
+		for i := 0; zero && i < n; i++ {
+			if invs[i] == 0 { // no finite non-zero value: codes 0, infinities too
+				clear(dst[lo+i*FP8Block : lo+(i+1)*FP8Block])
+			}
 		}
 	}
 	return nb
@@ -247,7 +256,8 @@ func fromI8BF16AVX512(dst *uint16, src *byte, n int, scale float32)
 
 // quantizeI8Fast is QuantizeI8 for bfloat16 rows with AVX-512, on the longest prefix of
 // a multiple of 32 values; ok is false (nothing done) for other rows or CPUs. With a NaN
-// in the row it returns a NaN scale and leaves dst to the caller.
+// in the row, or no finite non-zero value, it returns the scale (NaN, 0) and leaves dst
+// to the caller.
 func quantizeI8Fast[T Activation](dst []byte, src []T) (s float32, ok bool) {
 	n := len(src) &^ 31
 	if !haveAVX512 || isF32[T]() || n == 0 {
@@ -262,10 +272,10 @@ func quantizeI8Fast[T Activation](dst []byte, src []T) (s float32, ok bool) {
 	}
 	m = max(m, math.Float32frombits(fin))
 	s = m / I8Max
-	inv := float32(0)
-	if s > 0 {
-		inv = 1 / s
+	if s == 0 {
+		return 0, true // the caller clears dst
 	}
+	inv := 1 / s
 	toI8BF16AVX512(&dst[0], b, n, inv)
 	toI8(dst[n:], f32s(src[n:], &tail), inv)
 	return s, true

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -131,10 +132,14 @@ func TestI8BF16(t *testing.T) {
 		lengths = append(lengths, n)
 	}
 	for _, n := range lengths {
-		for _, kind := range []string{"random", "specials", "NaN", "zeros"} {
+		for _, kind := range []string{"random", "specials", "NaN", "zeros", "zeros and infinities"} {
 			x := make([]BFloat16, n)
 			for i := range x {
 				switch {
+				case kind == "zeros and infinities":
+					if i%7 == 3 {
+						x[i] = ToBF16(float32(math.Inf(1 - 2*(i%2))))
+					}
 				case kind == "zeros":
 				case kind != "random" && r.IntN(5) == 0:
 					x[i] = ToBF16(special[r.IntN(len(special))])
@@ -155,6 +160,9 @@ func TestI8BF16(t *testing.T) {
 			})
 			require.Equal(t, math.Float32bits(s[1]), math.Float32bits(s[0]), "n=%d %s: scale", n, kind)
 			require.Equal(t, q[1], q[0], "n=%d %s", n, kind)
+			if kind == "zeros and infinities" || kind == "NaN" {
+				require.Equal(t, make([]byte, n), q[0], "n=%d %s: no finite non-zero value (or a NaN), no code", n, kind)
+			}
 		}
 	}
 	codes := make([]byte, 256+13)
@@ -187,5 +195,76 @@ func TestKernelsName(t *testing.T) {
 		haveAVX512 = false
 		defer func() { haveAVX512 = true }()
 		require.Equal(t, "avx2", Kernels())
+	}
+}
+
+// A block (FP8) or row (int8) without a finite non-zero value has scale 0 and codes 0,
+// its infinities included, on every path (AVX-512, AVX2, portable), and comes back zeros.
+func TestZeroScale(t *testing.T) {
+	inf := float32(math.Inf(1))
+	x := make([]float32, 2*FP8Block+44)
+	for i := range x {
+		switch {
+		case i < FP8Block && i%5 == 1: // block 0: zeros and infinities
+			x[i] = inf * float32(1-2*(i%2))
+		case i >= FP8Block && i < 2*FP8Block: // block 1: values
+			x[i] = float32(i%9) - 4
+		case i >= 2*FP8Block && i%3 == 0: // block 2 (short): zeros and -Inf
+			x[i] = -inf
+		}
+	}
+	xb := make([]BFloat16, len(x))
+	F32ToBF16(xb, x)
+	zeros := make([]byte, FP8Block)
+	check := func(t *testing.T) {
+		for _, bf := range []bool{false, true} {
+			q := make([]byte, len(x))
+			s := make([]float32, FP8Scales(len(x)))
+			if bf {
+				QuantizeFP8(q, s, xb, false)
+			} else {
+				QuantizeFP8(q, s, x, false)
+			}
+			assert.Equal(t, []float32{0, 4.0 / FP8E4M3Max, 0}, s, "bf16 %v", bf)
+			assert.Equal(t, zeros, q[:FP8Block], "bf16 %v: block 0", bf)
+			assert.Equal(t, zeros[:44], q[2*FP8Block:], "bf16 %v: block 2", bf)
+			y := make([]BFloat16, len(x))
+			DequantizeFP8(y, q, s)
+			for i := range y {
+				if i < FP8Block || i >= 2*FP8Block {
+					require.Zero(t, y[i].Float32(), "bf16 %v: dequantised %d", bf, i)
+				}
+			}
+			q8 := make([]byte, FP8Block+5)
+			var s8 float32
+			if bf {
+				s8 = QuantizeI8(q8, xb[:len(q8)])
+			} else {
+				s8 = QuantizeI8(q8, x[:len(q8)])
+			}
+			if s8 == 0 { // the first 133 values: block 0's and five of block 1's
+				t.Fatalf("bf16 %v: int8 scale 0 with values in the row", bf)
+			}
+			q8 = make([]byte, FP8Block)
+			if bf {
+				s8 = QuantizeI8(q8, xb[:FP8Block])
+			} else {
+				s8 = QuantizeI8(q8, x[:FP8Block])
+			}
+			assert.Zero(t, s8, "bf16 %v: int8 scale", bf)
+			assert.Equal(t, zeros, q8, "bf16 %v: int8 codes", bf)
+		}
+	}
+	t.Run("best", check)
+	if haveAVX512 {
+		haveAVX512 = false
+		t.Run("avx2", check)
+		haveAVX512 = true
+	}
+	if haveFMA {
+		avx512 := haveAVX512
+		haveFMA, haveAVX512 = false, false
+		t.Run("portable", check)
+		haveFMA, haveAVX512 = true, avx512
 	}
 }
