@@ -44,6 +44,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/moex-ai/moex/busypoll"
@@ -483,8 +484,8 @@ func (c *Comm) abortWith(ae *AbortError, fwd []byte) {
 		if c.direct != nil {
 			c.direct.Wake() // a rank waiting in the shared area looks at actx again
 		}
-		if abortTestHook != nil {
-			abortTestHook(c)
+		if h := abortTestHook.Load(); h != nil {
+			(*h)(c)
 		}
 		// What was split from an aborted communicator is aborted too: a rank that gave up
 		// on the parent must not leave its peers waiting in a child.
@@ -505,9 +506,10 @@ func (c *Comm) abortWith(ae *AbortError, fwd []byte) {
 	})
 }
 
-// abortTestHook, when set (by tests, before the ranks start), runs in abortWith once the
-// rank's operations are woken, before anything else: as if the rank exited there.
-var abortTestHook func(c *Comm)
+// abortTestHook, when set (by tests), runs in abortWith once the rank's operations are
+// woken, before anything else: as if the rank exited there. Tests running in parallel
+// see it too, so it must ignore their communicators.
+var abortTestHook atomic.Pointer[func(c *Comm)]
 
 // noticeOf is the abort notice that tells the other ranks of ae: its kind, the peer it
 // blames (a dead one, or the one a timeout waited for; -1: none), the rank that aborted,

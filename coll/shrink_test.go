@@ -329,12 +329,13 @@ func TestTimeoutNoticeBeforeExit(t *testing.T) {
 	cs := newLocal(t, 3, Config{Timeout: 300 * time.Millisecond})
 	// Rank 0's transport dies the moment its operation is woken with the error, before
 	// its abort goes on: as a process that exits on the error at once.
-	abortTestHook = func(c *Comm) {
+	hook := func(c *Comm) {
 		if c == cs[0] {
 			kill(c)
 		}
 	}
-	defer func() { abortTestHook = nil }()
+	abortTestHook.Store(&hook)
+	defer abortTestHook.Store(nil)
 	errs := runOn(cs[:stuck], func(c *Comm) error {
 		if c.Rank() == 1 {
 			time.Sleep(100 * time.Millisecond) // rank 0 times out first
