@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/moex-ai/moex/bench"
+	"github.com/moex-ai/moex/coll/dtype"
 )
 
 func main() {
@@ -105,6 +106,7 @@ func machine(w io.Writer) {
 	fmt.Fprintf(w, "| date | %s |\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(w, "| build | %s, %s |\n", commit, runtime.Version())
 	fmt.Fprintf(w, "| CPU | %s, %d CPUs |\n", cpu, runtime.NumCPU())
+	fmt.Fprintf(w, "| vector kernels | %s (dtype.Kernels) |\n", dtype.Kernels())
 	fmt.Fprintf(w, "| memory | %s |\n\n", mem)
 }
 
