@@ -50,6 +50,39 @@
 	VPORD     Z12, Z2, K1, Z2; \
 	VPMOVDB   Z2, off(DI)
 
+// BF16_LOAD512(addr) widens the 16 bfloat16s at addr into the float32s of Z0.
+#define BF16_LOAD512(addr) \
+	VPMOVZXWD addr, Z0; \
+	VPSLLD    $16, Z0, Z0
+
+// BF16_SETUP512 loads the constants BF16_STORE512 uses: Z8 1, Z7 0x7fff, Z6 0x7fffffff,
+// Z16 the bits of +Inf, Z17 0x40.
+#define BF16_SETUP512 \
+	MOVL         $1, AX; \
+	VPBROADCASTD AX, Z8; \
+	MOVL         $0x7fff, AX; \
+	VPBROADCASTD AX, Z7; \
+	MOVL         $0x7fffffff, AX; \
+	VPBROADCASTD AX, Z6; \
+	MOVL         $0x7f800000, AX; \
+	VPBROADCASTD AX, Z16; \
+	MOVL         $0x40, AX; \
+	VPBROADCASTD AX, Z17
+
+// BF16_STORE512 stores at (DI) the 16 float32s of Z2 as bfloat16s, rounded to nearest
+// even as F32ToBF16 rounds (a NaN keeps its high half, made quiet). Z3, Z4, Z5 and K3 are
+// scratch.
+#define BF16_STORE512 \
+	VPSRLD  $16, Z2, Z3; \
+	VPANDD  Z8, Z3, Z4; \
+	VPADDD  Z7, Z2, Z5; \
+	VPADDD  Z4, Z5, Z5; \
+	VPSRLD  $16, Z5, Z5; \
+	VPANDD  Z6, Z2, Z4; \
+	VPCMPUD $6, Z16, Z4, K3; \
+	VPORD   Z17, Z3, K3, Z5; \
+	VPMOVDW Z5, (DI)
+
 // func toE4M3BlocksBF16AVX512(dst *byte, src *uint16, nblocks int, invs *float32)
 // Block b of 128 bfloat16 values, multiplied by invs[b], as E4M3 bytes.
 TEXT ·toE4M3BlocksBF16AVX512(SB), NOSPLIT, $0-32
@@ -65,17 +98,13 @@ xbb:
 	MOVQ         $2, DX
 
 xbi:
-	VPMOVZXWD (SI), Z0
-	VPSLLD    $16, Z0, Z0
+	BF16_LOAD512((SI))
 	E4M3_512(0)
-	VPMOVZXWD 32(SI), Z0
-	VPSLLD    $16, Z0, Z0
+	BF16_LOAD512(32(SI))
 	E4M3_512(16)
-	VPMOVZXWD 64(SI), Z0
-	VPSLLD    $16, Z0, Z0
+	BF16_LOAD512(64(SI))
 	E4M3_512(32)
-	VPMOVZXWD 96(SI), Z0
-	VPSLLD    $16, Z0, Z0
+	BF16_LOAD512(96(SI))
 	E4M3_512(48)
 	ADDQ      $128, SI
 	ADDQ      $64, DI
@@ -186,16 +215,7 @@ TEXT ·fromE4M3BlocksBF16AVX512(SB), NOSPLIT, $0-32
 	VPBROADCASTD AX, Z10
 	MOVL         $0x7fc00000, AX
 	VPBROADCASTD AX, Z9
-	MOVL         $1, AX
-	VPBROADCASTD AX, Z8
-	MOVL         $0x7fff, AX
-	VPBROADCASTD AX, Z7
-	MOVL         $0x7fffffff, AX
-	VPBROADCASTD AX, Z6
-	MOVL         $0x7f800000, AX
-	VPBROADCASTD AX, Z16
-	MOVL         $0x40, AX
-	VPBROADCASTD AX, Z17
+	BF16_SETUP512
 
 dbb:
 	VBROADCASTSS (R8), Z15
@@ -217,15 +237,7 @@ dbi:
 	VMOVDQA32 Z9, K2, Z2
 	VPORD     Z0, Z2, Z2
 	VMULPS    Z15, Z2, Z2     // the float32 value
-	VPSRLD    $16, Z2, Z3
-	VPANDD    Z8, Z3, Z4
-	VPADDD    Z7, Z2, Z5
-	VPADDD    Z4, Z5, Z5
-	VPSRLD    $16, Z5, Z5     // rounded to nearest even
-	VPANDD    Z6, Z2, Z4
-	VPCMPUD   $6, Z16, Z4, K3 // NaN
-	VPORD     Z17, Z3, K3, Z5 // the high half, quiet
-	VPMOVDW   Z5, (DI)
+	BF16_STORE512
 	ADDQ      $16, SI
 	ADDQ      $32, DI
 	DECQ      DX
@@ -294,8 +306,7 @@ TEXT ·toI8BF16AVX512(SB), NOSPLIT, $0-28
 	VPBROADCASTD AX, Z13
 
 ibi:
-	VPMOVZXWD (SI), Z0
-	VPSLLD    $16, Z0, Z0
+	BF16_LOAD512((SI))
 	VMULPS    Z15, Z0, Z0
 	VMAXPS    Z13, Z0, Z0
 	VMINPS    Z14, Z0, Z0
@@ -316,30 +327,13 @@ TEXT ·fromI8BF16AVX512(SB), NOSPLIT, $0-28
 	MOVQ         src+8(FP), SI
 	MOVQ         n+16(FP), CX
 	VBROADCASTSS scale+24(FP), Z15
-	MOVL         $1, AX
-	VPBROADCASTD AX, Z8
-	MOVL         $0x7fff, AX
-	VPBROADCASTD AX, Z7
-	MOVL         $0x7fffffff, AX
-	VPBROADCASTD AX, Z6
-	MOVL         $0x7f800000, AX
-	VPBROADCASTD AX, Z16
-	MOVL         $0x40, AX
-	VPBROADCASTD AX, Z17
+	BF16_SETUP512
 
 jbi:
 	VPMOVSXBD (SI), Z0
 	VCVTDQ2PS Z0, Z2
 	VMULPS    Z15, Z2, Z2
-	VPSRLD    $16, Z2, Z3
-	VPANDD    Z8, Z3, Z4
-	VPADDD    Z7, Z2, Z5
-	VPADDD    Z4, Z5, Z5
-	VPSRLD    $16, Z5, Z5
-	VPANDD    Z6, Z2, Z4
-	VPCMPUD   $6, Z16, Z4, K3
-	VPORD     Z17, Z3, K3, Z5
-	VPMOVDW   Z5, (DI)
+	BF16_STORE512
 	ADDQ      $16, SI
 	ADDQ      $32, DI
 	SUBQ      $16, CX

@@ -194,10 +194,6 @@ func quantizeFP8Fast[T Activation](dst []byte, scales []float32, src []T, pow2 b
 				invs[i] = 1 / sc
 			}
 		}
-		zero := false
-		for i := 0; i < n; i++ {
-			zero = zero || invs[i] == 0
-		}
 		switch {
 		case isF32[T]() && haveAVX512:
 			toE4M3BlocksF32AVX512(&dst[lo], &asF32(src)[lo], n, &invs[0])
@@ -208,7 +204,7 @@ func quantizeFP8Fast[T Activation](dst []byte, scales []float32, src []T, pow2 b
 		default:
 			toE4M3BlocksBF16AVX2(&dst[lo], (*uint16)(unsafe.Pointer(&asBF16(src)[lo])), n, &invs[0])
 		}
-		for i := 0; zero && i < n; i++ {
+		for i := 0; i < n; i++ {
 			if invs[i] == 0 { // no finite non-zero value: codes 0, infinities too
 				clear(dst[lo+i*FP8Block : lo+(i+1)*FP8Block])
 			}
