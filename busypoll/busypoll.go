@@ -80,7 +80,22 @@ type Config struct {
 	// YieldSpin bounds the yield-polling of oversubscribed waiters (0: 200µs; negative:
 	// none, park at once).
 	YieldSpin time.Duration
+	// HoldP makes a waiter that parks sleep in the kernel holding its P (a raw futex
+	// wait, which the Go runtime does not see), woken by Event.Set directly. Where ranks
+	// outnumber CPUs and a process has one rank, a park through the runtime lets the
+	// process go idle, and each wake-up from idle costs thread wake-ups of its own (an
+	// idle P started for the woken goroutine, the runtime's monitor thread polling every
+	// 20 µs again) that take the CPUs from the other ranks. Such a sleeper takes a
+	// spinner slot: with the spinners, at most GOMAXPROCS-1 goroutines of the process keep
+	// Ps so, and other waiters park as usual, so that a P is left for whoever completes
+	// the wait. The cost: the process's other goroutines get a sleeper's P only when the
+	// scheduler preempts it (within 10 ms), and the end of a context, a garbage
+	// collection's stop or a preemption waits for the sleep to end (within HoldPNap).
+	HoldP bool
 }
+
+// HoldPNap bounds one sleep of a HoldP waiter: it looks at its context this often.
+const HoldPNap = 2 * time.Millisecond
 
 const (
 	// DefaultMaxSpin is about what a park costs where it costs most: a waiter that parks
@@ -164,6 +179,7 @@ type Poller struct {
 	maxSpin   int64
 	yieldSpin int64 // oversubscribed: poll between sched_yields this long before parking
 	yields    int
+	holdP     bool
 	budget    atomic.Int64 // adaptive spin budget in ns
 	probe     atomic.Uint64
 
@@ -173,7 +189,7 @@ type Poller struct {
 
 // New returns a Poller for c.
 func New(c Config) *Poller {
-	p := &Poller{mode: c.Mode, maxSpin: int64(c.MaxSpin), yields: c.Yields}
+	p := &Poller{mode: c.Mode, maxSpin: int64(c.MaxSpin), yields: c.Yields, holdP: c.HoldP}
 	switch {
 	case p.maxSpin == 0:
 		p.maxSpin = int64(DefaultMaxSpin)
@@ -271,6 +287,13 @@ func (s *Spinner) acquire() bool {
 	}
 	s.spinSlot = true
 	return true
+}
+
+// holdSlot takes a spinner slot for a goroutine that will sleep holding its P (HoldP): it
+// keeps the P from others as a spinner does, so the two share the slots, and with one P
+// there is none to take.
+func (s *Spinner) holdSlot() bool {
+	return runtime.GOMAXPROCS(0) >= 2 && s.acquire()
 }
 
 func (s *Spinner) release() {
@@ -415,7 +438,13 @@ func (p *Poller) Wait(ctx context.Context, ev *Event, ready func() bool) error {
 	s := p.Begin()
 	for !ready() {
 		if s.Idle() {
-			err := ev.Park(ctx, ready)
+			var err error
+			if p.holdP && s.holdSlot() {
+				err = ev.parkHolding(ctx, ready)
+				s.release()
+			} else {
+				err = ev.Park(ctx, ready)
+			}
 			s.End()
 			return err
 		}
@@ -432,10 +461,15 @@ func (p *Poller) Wait(ctx context.Context, ev *Event, ready func() bool) error {
 // set. Reset makes it reusable, so an Event lives inside pooled request structs and waiting
 // on one allocates nothing.
 type Event struct {
-	state  atomic.Uint32
-	parked atomic.Uint32
+	state  atomic.Uint32 // 1 once set; the futex word of a waiter that holds its P
+	parked atomic.Uint32 // parkedChan or parkedHolding while a waiter sleeps
 	ch     chan struct{}
 }
+
+const (
+	parkedChan    = 1
+	parkedHolding = 2
+)
 
 // Init prepares e; call it once before first use.
 func (e *Event) Init() {
@@ -449,12 +483,15 @@ func (e *Event) Init() {
 // the woken goroutine is queued on the completer's P and would otherwise wait for it.
 func (e *Event) Set() (woke bool) {
 	e.state.Store(1)
-	if e.parked.Load() != 0 {
+	switch e.parked.Load() {
+	case parkedChan:
 		select {
 		case e.ch <- struct{}{}:
 			return true
 		default:
 		}
+	case parkedHolding:
+		futexWake(&e.state) // it sleeps on its own thread and P: nothing to hand over
 	}
 	return false
 }
@@ -475,11 +512,14 @@ func (e *Event) Reset() {
 // Kick wakes a parked waiter without setting the event, so that it re-checks its
 // condition (for conditions other than the event itself).
 func (e *Event) Kick() {
-	if e.parked.Load() != 0 {
+	switch e.parked.Load() {
+	case parkedChan:
 		select {
 		case e.ch <- struct{}{}:
 		default:
 		}
+	case parkedHolding:
+		futexWake(&e.state)
 	}
 }
 
@@ -487,7 +527,7 @@ func (e *Event) Kick() {
 // a condition to pass).
 func (e *Event) WaitSet(ctx context.Context) error {
 	for {
-		e.parked.Store(1)
+		e.parked.Store(parkedChan)
 		if e.state.Load() != 0 {
 			e.parked.Store(0)
 			return nil
@@ -507,7 +547,7 @@ func (e *Event) WaitSet(ctx context.Context) error {
 // Park blocks until ready() is true (re-checked after every wake-up) or ctx ends.
 func (e *Event) Park(ctx context.Context, ready func() bool) error {
 	for {
-		e.parked.Store(1)
+		e.parked.Store(parkedChan)
 		if ready() {
 			e.parked.Store(0)
 			return nil
@@ -521,6 +561,31 @@ func (e *Event) Park(ctx context.Context, ready func() bool) error {
 			}
 			return ctx.Err()
 		}
+	}
+}
+
+// parkHolding is Park sleeping in the kernel on e's state word, holding the P (see
+// Config.HoldP): Set wakes it; so does a signal (the runtime's preemption requests), and
+// it looks at ctx at least every HoldPNap.
+func (e *Event) parkHolding(ctx context.Context, ready func() bool) error {
+	for {
+		e.parked.Store(parkedHolding)
+		if ready() {
+			e.parked.Store(0)
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			e.parked.Store(0)
+			if ready() {
+				return nil
+			}
+			return err
+		}
+		nap := HoldPNap
+		if d, ok := ctx.Deadline(); ok {
+			nap = min(nap, max(time.Until(d), time.Microsecond))
+		}
+		futexSleep(&e.state, 0, nap)
 	}
 }
 

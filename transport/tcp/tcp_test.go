@@ -54,3 +54,9 @@ func TestLogsGoodbyeAsLeaving(t *testing.T) {
 		return start(t, n, func(c *tcp.Config) { c.Logger = log })
 	})
 }
+
+// Where ranks outnumber CPUs, waiters sleep holding their Ps (busypoll.Config.HoldP): the
+// whole contract holds so too, cancellation and peer failure included.
+func TestConformanceOversubscribed(t *testing.T) {
+	transporttest.Run(t, factory(func(c *tcp.Config) { c.Poll.Oversubscribed = true }), transporttest.Options{})
+}
