@@ -218,6 +218,9 @@ var Default = New(Config{Oversubscribed: runtime.NumCPU() < 2})
 // Mode returns the policy in use.
 func (p *Poller) Mode() Mode { return p.mode }
 
+// HoldsP reports whether waiters that park may sleep holding their Ps (Config.HoldP).
+func (p *Poller) HoldsP() bool { return p.holdP }
+
 // Stats returns a snapshot of the counters.
 func (p *Poller) Stats() Stats {
 	return Stats{
