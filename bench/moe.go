@@ -79,9 +79,13 @@ type Stage struct {
 	OverP50 float64 `json:"p50_over_floor"` // P50US / FloorUS
 	// StepFloorUS is the p50 of every rank copying its share of those bytes once in the
 	// cache state of a step, timed as the stage is (stepFloors); OverStepFloor is P50US
-	// over it.
-	StepFloorUS   float64 `json:"step_floor_us"`
-	OverStepFloor float64 `json:"p50_over_step_floor"`
+	// over it. For a dispatch whose wire type is not the activations', the step floor also
+	// converts, as the dispatch must: each of the rank's tokens into the wire type once,
+	// and each row it receives back where the experts take rows in the activations' type
+	// (StepFloorConverts).
+	StepFloorUS       float64 `json:"step_floor_us"`
+	OverStepFloor     float64 `json:"p50_over_step_floor"`
+	StepFloorConverts bool    `json:"step_floor_converts,omitempty"`
 }
 
 // MoEResult is the outcome, the fields of `moex bench moe --json`.
@@ -362,8 +366,12 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		}
 	}
 	prof := c.ProfileOf(coll.OpAlltoAllv)
+	var conv func()
+	if lastOut != nil {
+		conv = conversions(x, o.Tokens, cfg.Hidden, o.Wire, o.Quantized, decodedRows(lastOut))
+	}
 	dFloor, cFloor, err := stepFloors(ctx, c, lastOut, x, o.Tokens, cfg.Hidden, ep.Output, experts, min(iters, 30),
-		ep.D.Format().Payload, ep.D.Stats().BytesSent)
+		ep.D.Format().Payload, ep.D.Stats().BytesSent, conv)
 	if err != nil {
 		return nil, err
 	}
@@ -398,6 +406,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		floor float64
 	}{{&res.Dispatch, dFloor}, {&res.Combine, cFloor}} {
 		sf.s.StepFloorUS = sf.floor * 1e6
+		sf.s.StepFloorConverts = sf.s == &res.Dispatch && conv != nil
 		if sf.floor > 0 {
 			sf.s.OverStepFloor = sf.s.P50US / sf.s.StepFloorUS
 		}
@@ -658,7 +667,7 @@ func overlap[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[T],
 // stages add to these copies is their protocol, their waiting for one another and their
 // writes into other ranks' memory. StageFloor is the same bytes copied with warm caches.
 func stepFloors[T combine.Act](ctx context.Context, c *coll.Comm, out *dispatch.Output[T], x []T, tokens, hid int,
-	y func() []T, experts func(*dispatch.Output[T]) error, iters, payload, sent int) (disp, comb float64, err error) {
+	y func() []T, experts func(*dispatch.Output[T]) error, iters, payload, sent int, conv func()) (disp, comb float64, err error) {
 	if out == nil || iters <= 0 || tokens == 0 {
 		return 0, 0, nil
 	}
@@ -675,6 +684,9 @@ func stepFloors[T combine.Act](ctx context.Context, c *coll.Comm, out *dispatch.
 		t0 := time.Now()
 		for off, t := 0, 0; off < sent; t = (t + 1) % tokens {
 			off += copy(dbuf[off:min(off+pay, sent)], xb[t*rowB:])
+		}
+		if conv != nil {
+			conv()
 		}
 		times[2*i] = time.Since(t0).Seconds()
 		if err := experts(out); err != nil {
@@ -708,6 +720,63 @@ func stepFloors[T combine.Act](ctx context.Context, c *coll.Comm, out *dispatch.
 		d[i], cm[i] = max(times[2*i], sum[2*i]/cpus), max(times[2*i+1], sum[2*i+1]/cpus)
 	}
 	return percentile(d, 0.5), percentile(cm, 0.5), nil
+}
+
+// conversions returns what a dispatch computes besides moving bytes, for its step floor:
+// each of the rank's tokens in x converted into the wire type once, and, unless the
+// experts take the quantised rows, each of the rows it received converted back. The
+// conversions run on one row of scratch, whose bytes the floor's copy already counts. It
+// returns nil where the wire type is the activations'.
+func conversions[T combine.Act](x []T, tokens, hid int, wire dtype.Type, quantized bool, rows int) func() {
+	if wire == dtype.Of[T]() {
+		return nil
+	}
+	q := make([]byte, hid*wire.Size())
+	sc := make([]float32, max(dtype.FP8Scales(hid), 1))
+	back := make([]T, hid)
+	var enc func(row []T)
+	var dec func()
+	switch wire {
+	case dtype.FP8E4M3:
+		enc = func(row []T) { dtype.QuantizeFP8(q, sc, row, false) }
+		dec = func() { dtype.DequantizeFP8(back, q, sc) }
+	case dtype.I8:
+		enc = func(row []T) { sc[0] = dtype.QuantizeI8(q, row) }
+		dec = func() { dtype.DequantizeI8(back, q, sc[0]) }
+	case dtype.BF16:
+		w := dtype.FromBytes[dtype.BFloat16](q)
+		enc = func(row []T) { dtype.Convert(w, row) }
+		dec = func() { dtype.Convert(back, w) }
+	case dtype.F32:
+		w := dtype.FromBytes[float32](q)
+		enc = func(row []T) { dtype.Convert(w, row) }
+		dec = func() { dtype.Convert(back, w) }
+	default:
+		return nil
+	}
+	if quantized {
+		rows = 0
+	}
+	return func() {
+		for t := 0; t < tokens; t++ {
+			enc(x[t*hid : (t+1)*hid])
+		}
+		for r := 0; r < rows; r++ {
+			dec()
+		}
+	}
+}
+
+// decodedRows is how many rows the dispatch that gave out converted for its experts: one
+// per row its entries name (in the low-latency mode entries of one token share its row).
+func decodedRows[T combine.Act](out *dispatch.Output[T]) int {
+	seen := make(map[int32]struct{}, len(out.Row))
+	for _, r := range out.Row {
+		if r >= 0 {
+			seen[r] = struct{}{}
+		}
+	}
+	return len(seen)
 }
 
 // StageFloor is a lower bound for a stage in which rank q puts bytes[q] on the wire and
@@ -752,8 +821,12 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	stage := func(name string, s Stage) {
-		row(name, fmt.Sprintf("p50 %.1f us, p99 %.1f us, mean %.1f us; %s on the wire, copy floor %.1f us for %s (p50 %.2fx the floor), %.1f us in a step's cache state (p50 %.2fx)",
-			s.P50US, s.P99US, s.MeanUS, SizeOf(s.Bytes), s.FloorUS, SizeOf(s.Moved), s.OverP50, s.StepFloorUS, s.OverStepFloor))
+		conv := ""
+		if s.StepFloorConverts {
+			conv = ", conversions included"
+		}
+		row(name, fmt.Sprintf("p50 %.1f us, p99 %.1f us, mean %.1f us; %s on the wire, copy floor %.1f us for %s (p50 %.2fx the floor), %.1f us in a step's cache state%s (p50 %.2fx)",
+			s.P50US, s.P99US, s.MeanUS, SizeOf(s.Bytes), s.FloorUS, SizeOf(s.Moved), s.OverP50, s.StepFloorUS, conv, s.OverStepFloor))
 	}
 	row("path", r.Path)
 	row("kernels", r.Kernels)

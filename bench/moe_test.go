@@ -100,6 +100,9 @@ func TestMoEBenchRuns(t *testing.T) {
 				assert.Positive(t, s.StepFloorUS)
 				assert.InDelta(t, s.P50US/s.StepFloorUS, s.OverStepFloor, 1e-9)
 			}
+			// The activations are f32: the dispatch's step floor converts for any other wire.
+			assert.Equal(t, wire != dtype.F32, r.Dispatch.StepFloorConverts, "%v", wire)
+			assert.False(t, r.Combine.StepFloorConverts)
 			assert.Positive(t, r.TokensPerS)
 			assert.Positive(t, r.PairUS)
 			assert.Positive(t, r.OverlapSpeedup)
@@ -121,4 +124,20 @@ func BenchmarkMoEStep(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		runMoE(b, 4, MoEOpts{Model: "mixtral-8x7b", Tokens: 512, Iters: 20, LocalRanks: 4})
 	}
+}
+
+// The step floor's conversions: none where the wire is the activations' type; a row
+// decoded once however many entries share it.
+func TestStepFloorConversions(t *testing.T) {
+	x := make([]float32, 4*256)
+	assert.Nil(t, conversions(x, 4, 256, dtype.F32, false, 3))
+	for _, w := range []dtype.Type{dtype.BF16, dtype.FP8E4M3, dtype.I8} {
+		for _, q := range []bool{false, true} {
+			f := conversions(x, 4, 256, w, q, 3)
+			require.NotNil(t, f, "%v", w)
+			f()
+		}
+	}
+	out := &dispatch.Output[float32]{Row: []int32{0, 0, 5, -1, 2, 5}}
+	assert.Equal(t, 3, decodedRows(out))
 }
