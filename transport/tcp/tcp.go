@@ -31,7 +31,6 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
-	"golang.org/x/sys/unix"
 
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/obuf"
@@ -192,7 +191,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if t.grace <= 0 {
 		t.grace = 5 * time.Second
 	}
-	if !cfg.Poll.Oversubscribed && boundToOneCPU() {
+	if !cfg.Poll.Oversubscribed && busypoll.BoundToOneCPU() {
 		// The socket readers and the goroutines they wake share one CPU (a rank bound to
 		// a core of its own, MOEX_CPU_BIND): a reader that spins takes it from the waiter
 		// it just woke, as where ranks outnumber CPUs. Measured with 2 ranks on 2 CPUs,
@@ -524,11 +523,4 @@ func (t *Transport) InjectRaw(peer int, b []byte) error {
 	defer st.wlock.Unlock()
 	_, err := st.conn.Write(b)
 	return err
-}
-
-// boundToOneCPU reports whether this thread may run on one CPU only (its rank was bound
-// after the process started, so runtime.NumCPU does not say so).
-func boundToOneCPU() bool {
-	var set unix.CPUSet
-	return unix.SchedGetaffinity(0, &set) == nil && set.Count() == 1
 }

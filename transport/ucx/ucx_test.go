@@ -25,14 +25,24 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 func start(t testing.TB, n int) []*ucx.Transport { return startLog(t, n, nil) }
 
 func startLog(t testing.TB, n int, log *slog.Logger) []*ucx.Transport {
+	return startWith(t, n, func(c *ucx.Config) { c.Logger = log })
+}
+
+func startWith(t testing.TB, n int, tweak func(*ucx.Config)) []*ucx.Transport {
 	t.Helper()
 	return transporttest.Start(t, n, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*ucx.Transport, error) {
-		return ucx.New(ctx, ucx.Config{Rank: r, Size: n, Exchange: ex, CancelGrace: 2 * time.Second, Logger: log})
+		cfg := ucx.Config{Rank: r, Size: n, Exchange: ex, CancelGrace: 2 * time.Second}
+		tweak(&cfg)
+		return ucx.New(ctx, cfg)
 	})
 }
 
 func factory(t *testing.T, n int) *transporttest.World {
-	ts := start(t, n)
+	return factoryWith(t, n, func(*ucx.Config) {})
+}
+
+func factoryWith(t *testing.T, n int, tweak func(*ucx.Config)) *transporttest.World {
+	ts := startWith(t, n, tweak)
 	w := &transporttest.World{}
 	for _, x := range ts {
 		w.T = append(w.T, x)
@@ -56,6 +66,15 @@ func TestLogsGoodbyeAsLeaving(t *testing.T) {
 func TestConformance(t *testing.T) {
 	t.Logf("UCX %s, UCX_TLS=%q", ucx.Version(), os.Getenv("UCX_TLS"))
 	transporttest.Run(t, factory, transporttest.Options{SkipAllocs: "UCX requests are C memory; Go-side allocations are not the measure here",
+		LateSends: "UCX cannot cancel a rendezvous send it has announced; the request is left to UCX, which completes it if a receive matches it"})
+}
+
+// Where ranks outnumber CPUs, waiters that stop driving progress sleep holding their Ps
+// (busypoll.Config.HoldP): the whole contract holds so too.
+func TestConformanceOversubscribed(t *testing.T) {
+	transporttest.Run(t, func(t *testing.T, n int) *transporttest.World {
+		return factoryWith(t, n, func(c *ucx.Config) { c.Poll.Oversubscribed = true })
+	}, transporttest.Options{SkipAllocs: "UCX requests are C memory; Go-side allocations are not the measure here",
 		LateSends: "UCX cannot cancel a rendezvous send it has announced; the request is left to UCX, which completes it if a receive matches it"})
 }
 

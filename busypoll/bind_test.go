@@ -1,4 +1,4 @@
-package tcp
+package busypoll
 
 import (
 	"runtime"
@@ -8,8 +8,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// A rank bound to one CPU after it started is seen as such (and waits as an
-// oversubscribed one: see New).
+// A rank bound to one CPU after it started is seen as such (and its transports wait as
+// where ranks outnumber CPUs: see Config.HoldP).
 func TestBoundToOneCPU(t *testing.T) {
 	var all unix.CPUSet
 	require.NoError(t, unix.SchedGetaffinity(0, &all))
@@ -20,7 +20,7 @@ func TestBoundToOneCPU(t *testing.T) {
 	go func() {
 		// The thread is bound alone and never unlocked: it ends with the goroutine.
 		runtime.LockOSThread()
-		before := boundToOneCPU()
+		before := BoundToOneCPU()
 		var one unix.CPUSet
 		for c := 0; c < 1024; c++ {
 			if all.IsSet(c) {
@@ -32,7 +32,7 @@ func TestBoundToOneCPU(t *testing.T) {
 			got <- [2]bool{before, false}
 			return
 		}
-		got <- [2]bool{before, boundToOneCPU()}
+		got <- [2]bool{before, BoundToOneCPU()}
 	}()
 	r := <-got
 	require.False(t, r[0], "a thread that may use %d CPUs", all.Count())
