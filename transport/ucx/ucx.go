@@ -565,6 +565,9 @@ func (t *Transport) Path(peer int) string {
 	case t.noErr[peer]:
 		note = "; UCX cannot report a dead peer on these lanes (the communicator's timeout does)"
 	}
+	if t.waitPoller.HoldsP() {
+		note += "; waiters sleep holding their Ps"
+	}
 	switch {
 	case t.rdmaTo(peer):
 		return fmt.Sprintf("ucx %s: %v (RDMA)%s", Version(), l, note)
