@@ -353,6 +353,10 @@ type XOp struct {
 	reqs    []transport.Request
 	reqPeer []int32 // per request: peer*MaxExchangeFields + field for a receive, -1 for a send
 
+	btags []transport.Tag // Send's batch to one peer (scratch)
+	bbufs [][]byte
+	breqs [MaxExchangeFields]transport.Request
+
 	waitQ   int         // the peer Dest waits for
 	readyQ  func() bool // o.Ready(o.waitQ), made once: a closure per wait would allocate
 	arrived func() bool // every block written into this rank's memory has arrived
@@ -554,17 +558,26 @@ func (o *XOp) Send(q int, lens ...int) error {
 		atomic.StoreUint64(x.u64(mem, rec+recEpoch), o.epoch)
 		x.win.Notify(c.ranks[q])
 	default:
+		// The fields go as one batch: over tcp, one system call for them all.
 		tag := transport.Tag{Comm: c.id, Seq: o.seq, Sig: x.sig}
+		o.btags, o.bbufs = o.btags[:0], o.bbufs[:0]
 		for f, n := range lens {
 			if x.fields[f] == 0 {
 				continue
 			}
 			tag.Tag = uint32(f)
-			r, err := c.tr.Isend(c.ranks[q], tag, x.field(x.send, o.slot, f, q)[:n])
-			if err != nil {
-				return o.abort(err)
+			o.btags, o.bbufs = append(o.btags, tag), append(o.bbufs, x.field(x.send, o.slot, f, q)[:n])
+		}
+		err := transport.IsendBatch(c.tr, c.ranks[q], o.btags, o.bbufs, o.breqs[:])
+		for _, r := range o.breqs[:len(o.bbufs)] {
+			if r != nil {
+				o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, -1)
 			}
-			o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, -1)
+		}
+		clear(o.breqs[:len(o.bbufs)])
+		clear(o.bbufs)
+		if err != nil {
+			return o.abort(err)
 		}
 	}
 	c.progress.Store(nanotime())

@@ -61,6 +61,14 @@ func (m *Mux) Isend(peer int, tag Tag, buf []byte) (Request, error) {
 	return m.by[peer].Isend(peer, tag, buf)
 }
 
+// IsendBatch implements Batcher, as the transport that serves peer does.
+func (m *Mux) IsendBatch(peer int, tags []Tag, bufs [][]byte, reqs []Request) error {
+	if err := CheckPeer(peer, m.size); err != nil {
+		return err
+	}
+	return IsendBatch(m.by[peer], peer, tags, bufs, reqs)
+}
+
 // Irecv implements Transport.
 func (m *Mux) Irecv(peer int, tag Tag, buf []byte) (Request, error) {
 	if err := CheckPeer(peer, m.size); err != nil {

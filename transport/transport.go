@@ -60,6 +60,35 @@ type Transport interface {
 	Close() error
 }
 
+// A Batcher can put several messages to one peer on the wire together: one system call
+// where each would take one (tcp). IsendBatch posts sends of bufs[i] with tags[i] to peer,
+// as many Isend calls in that order would, and stores the requests in reqs (at least
+// len(bufs) long). On error the requests already posted are in reqs (the rest nil).
+type Batcher interface {
+	IsendBatch(peer int, tags []Tag, bufs [][]byte, reqs []Request) error
+}
+
+// IsendBatch posts the sends of Batcher.IsendBatch on t: as a batch where t is a Batcher,
+// else one by one.
+func IsendBatch(t Transport, peer int, tags []Tag, bufs [][]byte, reqs []Request) error {
+	if b, ok := t.(Batcher); ok {
+		return b.IsendBatch(peer, tags, bufs, reqs)
+	}
+	return isendEach(t, peer, tags, bufs, reqs)
+}
+
+func isendEach(t Transport, peer int, tags []Tag, bufs [][]byte, reqs []Request) error {
+	clear(reqs[:len(bufs)])
+	for i, b := range bufs {
+		r, err := t.Isend(peer, tags[i], b)
+		if err != nil {
+			return err
+		}
+		reqs[i] = r
+	}
+	return nil
+}
+
 // Request is the handle of a posted send or receive.
 //
 // Wait must be called exactly once (as MPI_Wait frees an MPI request): when it returns, the

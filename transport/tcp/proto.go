@@ -281,6 +281,30 @@ func (t *Transport) Isend(peer int, tag transport.Tag, buf []byte) (transport.Re
 	return t.eng.Isend(p.c, tag, buf), nil
 }
 
+// IsendBatch implements transport.Batcher: the messages to one peer are queued while
+// they are posted and leave together, the eager ones (and the announcements of the
+// others) in one writev where each Isend would write its own.
+func (t *Transport) IsendBatch(peer int, tags []transport.Tag, bufs [][]byte, reqs []transport.Request) error {
+	clear(reqs[:len(bufs)])
+	p, err := t.peerFor(peer)
+	if err != nil {
+		return err
+	}
+	if p != nil && len(bufs) > 1 {
+		s := p.streams[0]
+		s.corks.Add(1)
+		defer s.uncork()
+	}
+	for i, b := range bufs {
+		r, err := t.Isend(peer, tags[i], b)
+		if err != nil {
+			return err
+		}
+		reqs[i] = r
+	}
+	return nil
+}
+
 // Irecv implements transport.Transport.
 func (t *Transport) Irecv(peer int, tag transport.Tag, buf []byte) (transport.Request, error) {
 	p, err := t.peerFor(peer)

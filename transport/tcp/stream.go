@@ -7,6 +7,7 @@ import (
 	"net"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -74,6 +75,7 @@ type stream struct {
 	wtotal     int
 	writeFn    func(uintptr) bool
 	tryFn      func(uintptr) bool
+	corks      atomic.Int32 // IsendBatch calls under way: send queues its frames for their flush
 
 	// Reading (reader goroutine only).
 	rbuf   []byte
@@ -126,6 +128,12 @@ func (s *stream) setSockopts(busyUS int) string {
 
 // enqueueCtl appends a control frame and wakes the writer.
 func (s *stream) enqueueCtl(f *frame) {
+	s.enqueueQuiet(f)
+	s.kick()
+}
+
+// enqueueQuiet appends a control frame without waking the writer.
+func (s *stream) enqueueQuiet(f *frame) {
 	f.next = nil
 	s.qmu.Lock()
 	if s.ctlTail == nil {
@@ -135,7 +143,74 @@ func (s *stream) enqueueCtl(f *frame) {
 	}
 	s.ctlTail = f
 	s.qmu.Unlock()
-	s.kick()
+}
+
+// uncork ends an IsendBatch call's hold on the queue; the last one writes what queued.
+func (s *stream) uncork() {
+	if s.corks.Add(-1) == 0 {
+		s.flushQueued()
+	}
+}
+
+// flushQueued writes the queued control frames from the calling goroutine, with one
+// non-blocking writev, where the writer is idle and has nothing else to send first;
+// otherwise, and for what the socket did not take, it wakes the writer. Eager sends
+// written whole complete here, and a frame written in part becomes the writer's partial
+// frame. The queue stays locked throughout, so that a peer's reaping (Drop) or a
+// withdrawal finds every frame either queued or written.
+func (s *stream) flushQueued() {
+	if !s.wlock.TryLock() {
+		s.kick()
+		return
+	}
+	s.qmu.Lock()
+	if s.ctlHead == nil || s.partial != nil || len(s.bulk) > 0 {
+		more := s.ctlHead != nil || s.partial != nil || len(s.bulk) > 0
+		s.qmu.Unlock()
+		s.wlock.Unlock()
+		if more {
+			s.kick()
+		}
+		return
+	}
+	s.iov, s.wtotal = s.iov[:0], 0
+	for f := s.ctlHead; f != nil && len(s.iov) < 1024; f = f.next {
+		s.iov = appendIov(s.iov, f.hdr[:])
+		s.iov = appendIov(s.iov, f.payload)
+		s.wtotal += wire.HeaderSize + len(f.payload)
+	}
+	s.wdone, s.werr = 0, nil
+	_ = s.raw.Write(s.tryFn) // an error is the writer's to meet: the frames stay queued
+	t := s.p.t
+	if s.wdone > 0 {
+		t.writevs.Add(1)
+		t.direct.Add(1)
+		t.bytesOut.Add(uint64(s.wdone))
+	}
+	for off := s.wdone; off > 0; {
+		f := s.ctlHead
+		s.ctlHead = f.next
+		f.next = nil
+		if n := wire.HeaderSize + len(f.payload); off < n {
+			s.partial, s.partialOff = f, off
+			break
+		} else {
+			off -= n
+		}
+		t.framesOut.Add(1)
+		if f.kind == fkEager {
+			f.send.Complete(len(f.send.Buf), nil)
+		}
+	}
+	if s.ctlHead == nil {
+		s.ctlTail = nil
+	}
+	more := s.ctlHead != nil || s.partial != nil
+	s.qmu.Unlock()
+	s.wlock.Unlock()
+	if more {
+		s.kick()
+	}
 }
 
 func (s *stream) enqueueBulk(j dataJob) {
@@ -183,6 +258,13 @@ func (s *stream) removeCtl(f *frame) bool {
 // Writing from the caller saves waking the writer goroutine: on a busy machine that wake-up
 // waits for a CPU, and every message would pay for it.
 func (s *stream) send(f *frame) (done bool) {
+	if s.corks.Load() > 0 {
+		s.enqueueQuiet(f)
+		if s.corks.Load() == 0 {
+			s.kick() // the batch ended meanwhile, and its flush may have missed f
+		}
+		return false
+	}
 	if !s.wlock.TryLock() {
 		s.enqueueCtl(f)
 		return false

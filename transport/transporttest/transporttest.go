@@ -66,6 +66,7 @@ func Run(t *testing.T, f Factory, opt Options) {
 	t.Run("SelfSend", func(t *testing.T) { testSelf(t, f) })
 	t.Run("OrderingPerTag", func(t *testing.T) { testOrdering(t, f) })
 	t.Run("TagsMatchNotArrival", func(t *testing.T) { testTags(t, f) })
+	t.Run("Batch", func(t *testing.T) { testBatch(t, f) })
 	t.Run("AllToAll8", func(t *testing.T) { testAllToAll(t, f, 8) })
 	t.Run("ManyConcurrent", func(t *testing.T) { testConcurrent(t, f) })
 	t.Run("Truncation", func(t *testing.T) { testTruncation(t, f) })
