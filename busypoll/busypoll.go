@@ -82,15 +82,20 @@ type Config struct {
 	YieldSpin time.Duration
 	// HoldP makes a waiter that parks sleep in the kernel holding its P (a raw futex
 	// wait, which the Go runtime does not see), woken by Event.Set directly. Where ranks
-	// outnumber CPUs and a process has one rank, a park through the runtime lets the
+	// outnumber CPUs, or a rank is bound to one, a park through the runtime lets the
 	// process go idle, and each wake-up from idle costs thread wake-ups of its own (an
 	// idle P started for the woken goroutine, the runtime's monitor thread polling every
-	// 20 µs again) that take the CPUs from the other ranks. Such a sleeper takes a
-	// spinner slot: with the spinners, at most GOMAXPROCS-1 goroutines of the process keep
-	// Ps so, and other waiters park as usual, so that a P is left for whoever completes
-	// the wait. The cost: the process's other goroutines get a sleeper's P only when the
-	// scheduler preempts it (within 10 ms), and the end of a context, a garbage
-	// collection's stop or a preemption waits for the sleep to end (within HoldPNap).
+	// 20 µs again) on CPUs the ranks need. Such a sleeper takes a spinner slot: with the
+	// spinners, at most GOMAXPROCS-1 goroutines of the process keep Ps so, and other
+	// waiters park as usual, so that a P is left for whoever completes the wait.
+	//
+	// It is off by default (MOEX_HOLD_P=1 asks for it; tcp and ucx then use it where
+	// ranks outnumber CPUs or the rank is bound to one): where other goroutines of the
+	// process keep the Ps it leaves busy (computing while this one waits), whatever
+	// completes the wait (a socket reader) gets no P until the scheduler preempts one,
+	// 10 ms or more per message. It suits a rank that waits and computes on one goroutine
+	// at a time, as combine.Pipeline does. The end of a context, a garbage collection's
+	// stop or a preemption also waits for the sleep to end (within HoldPNap).
 	HoldP bool
 }
 
@@ -125,7 +130,8 @@ var spinning atomic.Int32
 
 func maxSpinners() int32 { return int32(max(1, runtime.GOMAXPROCS(0)-1)) }
 
-// ConfigFromEnv reads MOEX_POLL (adaptive|spin|block) and MOEX_SPIN_US.
+// ConfigFromEnv reads MOEX_POLL (adaptive|spin|block), MOEX_YIELD_US, MOEX_HOLD_P and
+// MOEX_SPIN_US.
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	var c Config
 	m, err := ParseMode(getenv("MOEX_POLL"))
@@ -142,6 +148,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		if us == 0 {
 			c.YieldSpin = -1
 		}
+	}
+	switch s := getenv("MOEX_HOLD_P"); s {
+	case "", "0":
+	case "1":
+		c.HoldP = true
+	default:
+		return c, fmt.Errorf("busypoll: MOEX_HOLD_P=%q: want 0 or 1", s)
 	}
 	if s := getenv("MOEX_SPIN_US"); s != "" {
 		us, err := strconv.Atoi(s)

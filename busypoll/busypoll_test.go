@@ -165,6 +165,17 @@ func TestParseModeAndEnv(t *testing.T) {
 	}
 }
 
+// MOEX_HOLD_P asks for HoldP; anything but 0 and 1 is an error.
+func TestHoldPFromEnv(t *testing.T) {
+	for v, want := range map[string]bool{"": false, "0": false, "1": true} {
+		c, err := ConfigFromEnv(func(k string) string { return map[string]string{"MOEX_HOLD_P": v}[k] })
+		require.NoError(t, err, "%q", v)
+		require.Equal(t, want, c.HoldP, "%q", v)
+	}
+	_, err := ConfigFromEnv(func(k string) string { return map[string]string{"MOEX_HOLD_P": "yes"}[k] })
+	require.Error(t, err)
+}
+
 // Many waiters on few CPUs: every one completes (no starvation) under each mode.
 func TestManyWaiters(t *testing.T) {
 	for _, m := range []Mode{Adaptive, Block, Spin} {

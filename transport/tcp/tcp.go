@@ -191,15 +191,12 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if t.grace <= 0 {
 		t.grace = 5 * time.Second
 	}
-	if !cfg.Poll.Oversubscribed && busypoll.BoundToOneCPU() {
-		// The socket readers and the goroutines they wake share one CPU (a rank bound to
-		// a core of its own, MOEX_CPU_BIND): a reader that spins takes it from the waiter
-		// it just woke, as where ranks outnumber CPUs. Measured with 2 ranks on 2 CPUs,
-		// each bound (moex bench moe --model deepseek-v3 --ranks 2 --transport tcp
-		// --mode low-latency --wire-dtype bf16 --act bf16), 3 and 2 runs alternated: at 1
-		// token the dispatch's p99 went from 640-1200 us to 133-215 us (p50 25 us both);
-		// at 128 tokens the dispatch from 3000 to 1330-1540 us, the combine from
-		// 5100-5600 to 2650-3200 us.
+	// Waiters hold their Ps where asked (MOEX_HOLD_P) and the readers and the goroutines
+	// they wake share CPUs: ranks outnumber them, or this rank is bound to one core of its
+	// own (MOEX_CPU_BIND). A bound rank's readers then park at once, as where ranks
+	// outnumber CPUs: a reader that spins takes the CPU from the waiter it just woke.
+	holdP := cfg.Poll.HoldP && (cfg.Poll.Oversubscribed || busypoll.BoundToOneCPU())
+	if holdP {
 		cfg.Poll.Oversubscribed = true
 	}
 	if t.poller == nil {
@@ -216,11 +213,8 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	}
 	// One spinner per message is enough, and it must be the reader: it polls the socket
 	// itself, while a waiter spinning on the request would keep a P busy and starve the Go
-	// netpoller (polled only when a P has nothing else to run) and the readers. Where ranks
-	// outnumber CPUs, waiters sleep holding their Ps (busypoll.Config.HoldP), woken by the
-	// reader directly: an 8-byte AllReduce of 4 ranks on 2 CPUs took 450 us parking
-	// through the runtime, 280-310 us so (moex bench coll --op allreduce --min-bytes 8).
-	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block, HoldP: cfg.Poll.Oversubscribed})
+	// netpoller (polled only when a P has nothing else to run) and the readers.
+	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block, HoldP: holdP})
 	if t.poller.Mode() == busypoll.Spin && os.Getenv("MOEX_TCP_WAIT_SPIN") == "1" {
 		t.waitPoller = t.poller
 	}

@@ -295,13 +295,10 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		t.grace = 5 * time.Second
 	}
 	t.poller = busypoll.New(cfg.Poll)
-	// Waiters that stop driving progress sleep holding their Ps where ranks outnumber
-	// CPUs or this rank is bound to one (busypoll.Config.HoldP): UCX over TCP on 2 CPUs,
-	// moex bench moe --model deepseek-v3 --mode low-latency --wire-dtype bf16 --act bf16
-	// --tokens 1, the dispatch's p50 at 4 ranks went from 1850 to 294 us and the pair from
-	// 3121 to 514 us; at 2 ranks, each bound, its p99 from 4.8-5.7 ms to 161-178 us (p50
-	// 40 against 43 us).
-	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block, HoldP: cfg.Poll.Oversubscribed || busypoll.BoundToOneCPU()})
+	// Waiters that stop driving progress sleep holding their Ps where asked (MOEX_HOLD_P)
+	// and ranks outnumber CPUs or this rank is bound to one.
+	holdP := cfg.Poll.HoldP && (cfg.Poll.Oversubscribed || busypoll.BoundToOneCPU())
+	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block, HoldP: holdP})
 	t.drv = core.Driver{Step: t.step, Closed: t.closed.Load, Handoff: t.kick, Poller: t.poller, Park: t.waitPoller}
 	t.self = inproc.New(1, inproc.Config{Poller: t.waitPoller})[0]
 	t.peers = cfg.Peers
