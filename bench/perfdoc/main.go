@@ -112,8 +112,13 @@ func machine(w io.Writer) {
 
 // bench runs `moex bench moe` with args and --json and returns its result.
 func (r *runner) bench(args ...string) (*bench.MoEResult, string, error) {
+	return r.benchEnv(nil, args...)
+}
+
+// benchEnv is bench with env added to moex's environment.
+func (r *runner) benchEnv(env []string, args ...string) (*bench.MoEResult, string, error) {
 	var res bench.MoEResult
-	cmdline, err := r.moexJSON(append([]string{"bench", "moe"}, args...), func(line []byte) error { return json.Unmarshal(line, &res) })
+	cmdline, err := r.moexJSONEnv(env, append([]string{"bench", "moe"}, args...), func(line []byte) error { return json.Unmarshal(line, &res) })
 	if err != nil {
 		return nil, cmdline, err
 	}
@@ -122,10 +127,19 @@ func (r *runner) bench(args ...string) (*bench.MoEResult, string, error) {
 
 // moexJSON runs moex with args and --json and hands each line of its output to each.
 func (r *runner) moexJSON(args []string, each func(line []byte) error) (string, error) {
+	return r.moexJSONEnv(nil, args, each)
+}
+
+// moexJSONEnv is moexJSON with env added to moex's environment.
+func (r *runner) moexJSONEnv(env, args []string, each func(line []byte) error) (string, error) {
 	args = append(args[:2:2], append([]string{"--json"}, args[2:]...)...)
-	cmdline := "moex " + strings.Join(args, " ")
+	cmdline := strings.TrimSpace(strings.Join(env, " ") + " moex " + strings.Join(args, " "))
 	fmt.Fprintln(r.log, "#", cmdline)
-	b, err := exec.Command(r.moex, args...).Output()
+	cmd := exec.Command(r.moex, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	b, err := cmd.Output()
 	if err != nil {
 		var stderr []byte
 		if ee, ok := err.(*exec.ExitError); ok {
@@ -271,7 +285,38 @@ func (r *runner) moe(w io.Writer) error {
 	if err := r.dispatchInPlace(w); err != nil {
 		return err
 	}
-	return r.fewRanks(w)
+	if err := r.fewRanks(w); err != nil {
+		return err
+	}
+	return r.holdP(w)
+}
+
+// holdP measures decode over tcp where ranks share CPUs, with and without MOEX_HOLD_P.
+func (r *runner) holdP(w io.Writer) error {
+	fmt.Fprintf(w, "### tcp where ranks share CPUs: MOEX_HOLD_P\n\n")
+	fmt.Fprintf(w, "With `MOEX_HOLD_P=1`, tcp and ucx waiters sleep holding the Go runtime's P where ranks outnumber\n")
+	fmt.Fprintf(w, "CPUs (4 ranks on %d CPUs) or each rank is bound to a CPU of its own (2 ranks, which `moex bench`\n", runtime.NumCPU())
+	fmt.Fprintf(w, "binds): the process never goes idle, and a message wakes its waiter directly. It is off by\n")
+	fmt.Fprintf(w, "default, as it starves goroutines that compute while another waits (busypoll.Config.HoldP).\n")
+	fmt.Fprintf(w, "`[MOEX_HOLD_P=1] moex bench moe --model deepseek-v3 --ranks P --transport tcp --tokens N\n")
+	fmt.Fprintf(w, "--mode low-latency --wire-dtype bf16 --act bf16 --iters I --pairs I --json`.\n\n")
+	fmt.Fprintf(w, "| ranks | tokens | MOEX_HOLD_P | dispatch p50 | p99 | combine p50 | p99 | pair |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, ranks := range []int{4, 2} {
+		for _, tokens := range []int{1, 128} {
+			for _, hold := range []string{"0", "1"} {
+				it := fmt.Sprint(r.iters(tokens))
+				res, _, err := r.benchEnv([]string{"MOEX_HOLD_P=" + hold}, "--model", "deepseek-v3", "--ranks", fmt.Sprint(ranks), "--transport", "tcp",
+					"--tokens", fmt.Sprint(tokens), "--mode", "low-latency", "--wire-dtype", "bf16", "--act", "bf16", "--iters", it, "--pairs", it)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(w, "| %d | %d | %s | %.0f | %.0f | %.0f | %.0f | %.0f |\n", ranks, tokens, hold,
+					res.Dispatch.P50US, res.Dispatch.P99US, res.Combine.P50US, res.Combine.P99US, res.PairUS)
+			}
+		}
+	}
+	fmt.Fprintf(w, "\n")
+	return nil
 }
 
 // inPlace runs the low-latency combine reading the expert outputs in place against the
