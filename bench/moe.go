@@ -366,7 +366,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		}
 	}
 	prof := c.ProfileOf(coll.OpAlltoAllv)
-	var conv func()
+	var conv func() int
 	if lastOut != nil {
 		conv = conversions(x, o.Tokens, cfg.Hidden, o.Wire, o.Quantized, decodedRows(lastOut))
 	}
@@ -667,7 +667,7 @@ func overlap[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[T],
 // stages add to these copies is their protocol, their waiting for one another and their
 // writes into other ranks' memory. StageFloor is the same bytes copied with warm caches.
 func stepFloors[T combine.Act](ctx context.Context, c *coll.Comm, out *dispatch.Output[T], x []T, tokens, hid int,
-	y func() []T, experts func(*dispatch.Output[T]) error, iters, payload, sent int, conv func()) (disp, comb float64, err error) {
+	y func() []T, experts func(*dispatch.Output[T]) error, iters, payload, sent int, conv func() int) (disp, comb float64, err error) {
 	if out == nil || iters <= 0 || tokens == 0 {
 		return 0, 0, nil
 	}
@@ -725,9 +725,10 @@ func stepFloors[T combine.Act](ctx context.Context, c *coll.Comm, out *dispatch.
 // conversions returns what a dispatch computes besides moving bytes, for its step floor:
 // each of the rank's tokens in x converted into the wire type once, and, unless the
 // experts take the quantised rows, each of the rows it received converted back. The
-// conversions run on one row of scratch, whose bytes the floor's copy already counts. It
-// returns nil where the wire type is the activations'.
-func conversions[T combine.Act](x []T, tokens, hid int, wire dtype.Type, quantized bool, rows int) func() {
+// conversions run on one row of scratch, whose bytes the floor's copy already counts; the
+// function returns how many rows it converted. It is nil where the wire type is the
+// activations'.
+func conversions[T combine.Act](x []T, tokens, hid int, wire dtype.Type, quantized bool, rows int) func() int {
 	if wire == dtype.Of[T]() {
 		return nil
 	}
@@ -757,13 +758,14 @@ func conversions[T combine.Act](x []T, tokens, hid int, wire dtype.Type, quantiz
 	if quantized {
 		rows = 0
 	}
-	return func() {
+	return func() int {
 		for t := 0; t < tokens; t++ {
 			enc(x[t*hid : (t+1)*hid])
 		}
 		for r := 0; r < rows; r++ {
 			dec()
 		}
+		return tokens + rows
 	}
 }
 

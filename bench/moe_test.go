@@ -126,8 +126,9 @@ func BenchmarkMoEStep(b *testing.B) {
 	}
 }
 
-// The step floor's conversions: none where the wire is the activations' type; a row
-// decoded once however many entries share it.
+// The step floor's conversions: none where the wire is the activations' type; else each
+// token encoded once and each received row decoded, unless the experts take the
+// quantised rows; a row decoded once however many entries share it.
 func TestStepFloorConversions(t *testing.T) {
 	x := make([]float32, 4*256)
 	assert.Nil(t, conversions(x, 4, 256, dtype.F32, false, 3))
@@ -135,7 +136,11 @@ func TestStepFloorConversions(t *testing.T) {
 		for _, q := range []bool{false, true} {
 			f := conversions(x, 4, 256, w, q, 3)
 			require.NotNil(t, f, "%v", w)
-			f()
+			want := 4 + 3
+			if q {
+				want = 4
+			}
+			assert.Equal(t, want, f(), "%v quantized=%v: rows converted", w, q)
 		}
 	}
 	out := &dispatch.Output[float32]{Row: []int32{0, 0, 5, -1, 2, 5}}

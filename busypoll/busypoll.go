@@ -24,6 +24,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Mode selects the waiting policy.
@@ -619,3 +621,18 @@ func LocalRanks() int {
 
 // Oversubscribed reports whether ranks (busy waiters) outnumber the CPUs this process may use.
 func Oversubscribed(ranks int) bool { return ranks > runtime.NumCPU() }
+
+// BoundToOneCPU reports whether the calling thread may run on one CPU only: a rank bound
+// to a core of its own after its process started (MOEX_CPU_BIND), which runtime.NumCPU
+// does not reflect. Such a rank's goroutines share that CPU: one that spins while
+// another it woke would run takes the CPU from it.
+func BoundToOneCPU() bool {
+	var set unix.CPUSet
+	return unix.SchedGetaffinity(0, &set) == nil && set.Count() == 1
+}
+
+// HoldPHere reports whether a transport's waiters should hold their Ps: HoldP was asked
+// for, and the ranks share CPUs (they outnumber them, or this one is bound to one).
+func (c Config) HoldPHere() bool {
+	return c.HoldP && (c.Oversubscribed || BoundToOneCPU())
+}

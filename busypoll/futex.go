@@ -5,8 +5,6 @@ import (
 	"syscall"
 	"time"
 	"unsafe"
-
-	"golang.org/x/sys/unix"
 )
 
 const (
@@ -24,13 +22,4 @@ func futexSleep(w *atomic.Uint32, val uint32, d time.Duration) {
 // futexWake wakes the goroutine sleeping in futexSleep on w, if any.
 func futexWake(w *atomic.Uint32) {
 	syscall.RawSyscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(w)), futexWakePrivate, 1, 0, 0, 0)
-}
-
-// BoundToOneCPU reports whether the calling thread may run on one CPU only: a rank bound
-// to a core of its own after its process started (MOEX_CPU_BIND), which runtime.NumCPU
-// does not reflect. Such a rank's goroutines share that CPU: one that spins while
-// another it woke would run takes the CPU from it.
-func BoundToOneCPU() bool {
-	var set unix.CPUSet
-	return unix.SchedGetaffinity(0, &set) == nil && set.Count() == 1
 }

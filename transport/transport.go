@@ -74,10 +74,12 @@ func IsendBatch(t Transport, peer int, tags []Tag, bufs [][]byte, reqs []Request
 	if b, ok := t.(Batcher); ok {
 		return b.IsendBatch(peer, tags, bufs, reqs)
 	}
-	return isendEach(t, peer, tags, bufs, reqs)
+	return IsendEach(t, peer, tags, bufs, reqs)
 }
 
-func isendEach(t Transport, peer int, tags []Tag, bufs [][]byte, reqs []Request) error {
+// IsendEach posts the sends of Batcher.IsendBatch on t one by one (a Batcher's own
+// IsendBatch calls it with its batch held back).
+func IsendEach(t Transport, peer int, tags []Tag, bufs [][]byte, reqs []Request) error {
 	clear(reqs[:len(bufs)])
 	for i, b := range bufs {
 		r, err := t.Isend(peer, tags[i], b)

@@ -285,9 +285,9 @@ func (t *Transport) Isend(peer int, tag transport.Tag, buf []byte) (transport.Re
 // they are posted and leave together, the eager ones (and the announcements of the
 // others) in one writev where each Isend would write its own.
 func (t *Transport) IsendBatch(peer int, tags []transport.Tag, bufs [][]byte, reqs []transport.Request) error {
-	clear(reqs[:len(bufs)])
 	p, err := t.peerFor(peer)
 	if err != nil {
+		clear(reqs[:len(bufs)])
 		return err
 	}
 	if p != nil && len(bufs) > 1 {
@@ -295,14 +295,7 @@ func (t *Transport) IsendBatch(peer int, tags []transport.Tag, bufs [][]byte, re
 		s.corks.Add(1)
 		defer s.uncork()
 	}
-	for i, b := range bufs {
-		r, err := t.Isend(peer, tags[i], b)
-		if err != nil {
-			return err
-		}
-		reqs[i] = r
-	}
-	return nil
+	return transport.IsendEach(t, peer, tags, bufs, reqs)
 }
 
 // Irecv implements transport.Transport.

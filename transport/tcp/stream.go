@@ -164,11 +164,12 @@ func (s *stream) flushQueued() {
 		return
 	}
 	s.qmu.Lock()
-	if s.ctlHead == nil || s.partial != nil || len(s.bulk) > 0 {
-		more := s.ctlHead != nil || s.partial != nil || len(s.bulk) > 0
+	if writerFirst := s.partial != nil || len(s.bulk) > 0; s.ctlHead == nil || writerFirst {
+		// Nothing queued (another flush took it), or the writer has a frame or data to
+		// send first: it sends the queue after them.
 		s.qmu.Unlock()
 		s.wlock.Unlock()
-		if more {
+		if writerFirst {
 			s.kick()
 		}
 		return
@@ -191,12 +192,12 @@ func (s *stream) flushQueued() {
 		f := s.ctlHead
 		s.ctlHead = f.next
 		f.next = nil
-		if n := wire.HeaderSize + len(f.payload); off < n {
+		n := wire.HeaderSize + len(f.payload)
+		if off < n {
 			s.partial, s.partialOff = f, off
 			break
-		} else {
-			off -= n
 		}
+		off -= n
 		t.framesOut.Add(1)
 		if f.kind == fkEager {
 			f.send.Complete(len(f.send.Buf), nil)

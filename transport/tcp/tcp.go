@@ -195,7 +195,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	// they wake share CPUs: ranks outnumber them, or this rank is bound to one core of its
 	// own (MOEX_CPU_BIND). A bound rank's readers then park at once, as where ranks
 	// outnumber CPUs: a reader that spins takes the CPU from the waiter it just woke.
-	holdP := cfg.Poll.HoldP && (cfg.Poll.Oversubscribed || busypoll.BoundToOneCPU())
+	holdP := cfg.Poll.HoldPHere()
 	if holdP {
 		cfg.Poll.Oversubscribed = true
 	}

@@ -297,8 +297,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	t.poller = busypoll.New(cfg.Poll)
 	// Waiters that stop driving progress sleep holding their Ps where asked (MOEX_HOLD_P)
 	// and ranks outnumber CPUs or this rank is bound to one.
-	holdP := cfg.Poll.HoldP && (cfg.Poll.Oversubscribed || busypoll.BoundToOneCPU())
-	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block, HoldP: holdP})
+	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block, HoldP: cfg.Poll.HoldPHere()})
 	t.drv = core.Driver{Step: t.step, Closed: t.closed.Load, Handoff: t.kick, Poller: t.poller, Park: t.waitPoller}
 	t.self = inproc.New(1, inproc.Config{Poller: t.waitPoller})[0]
 	t.peers = cfg.Peers
