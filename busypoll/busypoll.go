@@ -16,6 +16,7 @@ package busypoll
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -24,8 +25,6 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Mode selects the waiting policy.
@@ -82,27 +81,7 @@ type Config struct {
 	// YieldSpin bounds the yield-polling of oversubscribed waiters (0: 200µs; negative:
 	// none, park at once).
 	YieldSpin time.Duration
-	// HoldP makes a waiter that parks sleep in the kernel holding its P (a raw futex
-	// wait, which the Go runtime does not see), woken by Event.Set directly. Where ranks
-	// outnumber CPUs, or a rank is bound to one, a park through the runtime lets the
-	// process go idle, and each wake-up from idle costs thread wake-ups of its own (an
-	// idle P started for the woken goroutine, the runtime's monitor thread polling every
-	// 20 µs again) on CPUs the ranks need. Such a sleeper takes a spinner slot: with the
-	// spinners, at most GOMAXPROCS-1 goroutines of the process keep Ps so, and other
-	// waiters park as usual, so that a P is left for whoever completes the wait.
-	//
-	// It is off by default (MOEX_HOLD_P=1 asks for it; tcp and ucx then use it where
-	// ranks outnumber CPUs or the rank is bound to one): where other goroutines of the
-	// process keep the Ps it leaves busy (computing while this one waits), whatever
-	// completes the wait (a socket reader) gets no P until the scheduler preempts one,
-	// 10 ms or more per message. It suits a rank that waits and computes on one goroutine
-	// at a time, as combine.Pipeline does. The end of a context, a garbage collection's
-	// stop or a preemption also waits for the sleep to end (within HoldPNap).
-	HoldP bool
 }
-
-// HoldPNap bounds one sleep of a HoldP waiter: it looks at its context this often.
-const HoldPNap = 2 * time.Millisecond
 
 const (
 	// DefaultMaxSpin is about what a park costs where it costs most: a waiter that parks
@@ -132,8 +111,8 @@ var spinning atomic.Int32
 
 func maxSpinners() int32 { return int32(max(1, runtime.GOMAXPROCS(0)-1)) }
 
-// ConfigFromEnv reads MOEX_POLL (adaptive|spin|block), MOEX_YIELD_US, MOEX_HOLD_P and
-// MOEX_SPIN_US.
+// ConfigFromEnv reads MOEX_POLL (adaptive|spin|block), MOEX_YIELD_US and MOEX_SPIN_US.
+// MOEX_HOLD_P=1, which an earlier release read, is an error (see ErrHoldPRemoved).
 func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	var c Config
 	m, err := ParseMode(getenv("MOEX_POLL"))
@@ -153,10 +132,8 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	}
 	switch s := getenv("MOEX_HOLD_P"); s {
 	case "", "0":
-	case "1":
-		c.HoldP = true
 	default:
-		return c, fmt.Errorf("busypoll: MOEX_HOLD_P=%q: want 0 or 1", s)
+		return c, fmt.Errorf("%w (MOEX_HOLD_P=%q)", ErrHoldPRemoved, s)
 	}
 	if s := getenv("MOEX_SPIN_US"); s != "" {
 		us, err := strconv.Atoi(s)
@@ -170,6 +147,13 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 	}
 	return c, nil
 }
+
+// ErrHoldPRemoved is ConfigFromEnv's error where MOEX_HOLD_P asks for waiters that sleep
+// holding their Ps. That mode is gone: its gain came from a background waiter that held
+// one P of the process for good, which is GOMAXPROCS one lower, and where ranks share
+// CPUs over tcp a GOMAXPROCS of the rank's share of them gives that gain without the
+// hazard (docs/PERFORMANCE.md).
+var ErrHoldPRemoved = errors.New("busypoll: MOEX_HOLD_P is no longer supported; where tcp ranks share CPUs, set GOMAXPROCS to each rank's share of them")
 
 // Stats are a Poller's counters. All counts are of waits, except Spins and Yields.
 type Stats struct {
@@ -194,7 +178,6 @@ type Poller struct {
 	maxSpin   int64
 	yieldSpin int64 // oversubscribed: poll between sched_yields this long before parking
 	yields    int
-	holdP     bool
 	budget    atomic.Int64 // adaptive spin budget in ns
 	probe     atomic.Uint64
 
@@ -204,7 +187,7 @@ type Poller struct {
 
 // New returns a Poller for c.
 func New(c Config) *Poller {
-	p := &Poller{mode: c.Mode, maxSpin: int64(c.MaxSpin), yields: c.Yields, holdP: c.HoldP}
+	p := &Poller{mode: c.Mode, maxSpin: int64(c.MaxSpin), yields: c.Yields}
 	switch {
 	case p.maxSpin == 0:
 		p.maxSpin = int64(DefaultMaxSpin)
@@ -232,9 +215,6 @@ var Default = New(Config{Oversubscribed: runtime.NumCPU() < 2})
 
 // Mode returns the policy in use.
 func (p *Poller) Mode() Mode { return p.mode }
-
-// HoldsP reports whether waiters that park may sleep holding their Ps (Config.HoldP).
-func (p *Poller) HoldsP() bool { return p.holdP }
 
 // Stats returns a snapshot of the counters.
 func (p *Poller) Stats() Stats {
@@ -305,13 +285,6 @@ func (s *Spinner) acquire() bool {
 	}
 	s.spinSlot = true
 	return true
-}
-
-// holdSlot takes a spinner slot for a goroutine that will sleep holding its P (HoldP): it
-// keeps the P from others as a spinner does, so the two share the slots, and with one P
-// there is none to take.
-func (s *Spinner) holdSlot() bool {
-	return runtime.GOMAXPROCS(0) >= 2 && s.acquire()
 }
 
 func (s *Spinner) release() {
@@ -456,13 +429,7 @@ func (p *Poller) Wait(ctx context.Context, ev *Event, ready func() bool) error {
 	s := p.Begin()
 	for !ready() {
 		if s.Idle() {
-			var err error
-			if p.holdP && s.holdSlot() {
-				err = ev.parkHolding(ctx, ready)
-				s.release()
-			} else {
-				err = ev.Park(ctx, ready)
-			}
+			err := ev.Park(ctx, ready)
 			s.End()
 			return err
 		}
@@ -479,15 +446,12 @@ func (p *Poller) Wait(ctx context.Context, ev *Event, ready func() bool) error {
 // set. Reset makes it reusable, so an Event lives inside pooled request structs and waiting
 // on one allocates nothing.
 type Event struct {
-	state  atomic.Uint32 // 1 once set; the futex word of a waiter that holds its P
-	parked atomic.Uint32 // parkedChan or parkedHolding while a waiter sleeps
+	state  atomic.Uint32 // 1 once set
+	parked atomic.Uint32 // 1 while a waiter sleeps
 	ch     chan struct{}
 }
 
-const (
-	parkedChan    = 1
-	parkedHolding = 2
-)
+const parkedChan = 1
 
 // Init prepares e; call it once before first use.
 func (e *Event) Init() {
@@ -508,8 +472,6 @@ func (e *Event) Set() (woke bool) {
 			return true
 		default:
 		}
-	case parkedHolding:
-		futexWake(&e.state) // it sleeps on its own thread and P: nothing to hand over
 	}
 	return false
 }
@@ -536,8 +498,6 @@ func (e *Event) Kick() {
 		case e.ch <- struct{}{}:
 		default:
 		}
-	case parkedHolding:
-		futexWake(&e.state)
 	}
 }
 
@@ -582,31 +542,6 @@ func (e *Event) Park(ctx context.Context, ready func() bool) error {
 	}
 }
 
-// parkHolding is Park sleeping in the kernel on e's state word, holding the P (see
-// Config.HoldP): Set wakes it; so does a signal (the runtime's preemption requests), and
-// it looks at ctx at least every HoldPNap.
-func (e *Event) parkHolding(ctx context.Context, ready func() bool) error {
-	for {
-		e.parked.Store(parkedHolding)
-		if ready() {
-			e.parked.Store(0)
-			return nil
-		}
-		if err := ctx.Err(); err != nil {
-			e.parked.Store(0)
-			if ready() {
-				return nil
-			}
-			return err
-		}
-		nap := HoldPNap
-		if d, ok := ctx.Deadline(); ok {
-			nap = min(nap, max(time.Until(d), time.Microsecond))
-		}
-		futexSleep(&e.state, 0, nap)
-	}
-}
-
 // LocalRanks guesses how many ranks share this host from the launcher's environment
 // (MOEX_LOCAL_SIZE, LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE);
 // 1 when none is set.
@@ -621,18 +556,3 @@ func LocalRanks() int {
 
 // Oversubscribed reports whether ranks (busy waiters) outnumber the CPUs this process may use.
 func Oversubscribed(ranks int) bool { return ranks > runtime.NumCPU() }
-
-// BoundToOneCPU reports whether the calling thread may run on one CPU only: a rank bound
-// to a core of its own after its process started (MOEX_CPU_BIND), which runtime.NumCPU
-// does not reflect. Such a rank's goroutines share that CPU: one that spins while
-// another it woke would run takes the CPU from it.
-func BoundToOneCPU() bool {
-	var set unix.CPUSet
-	return unix.SchedGetaffinity(0, &set) == nil && set.Count() == 1
-}
-
-// HoldPHere reports whether a transport's waiters should hold their Ps: HoldP was asked
-// for, and the ranks share CPUs (they outnumber them, or this one is bound to one).
-func (c Config) HoldPHere() bool {
-	return c.HoldP && (c.Oversubscribed || BoundToOneCPU())
-}

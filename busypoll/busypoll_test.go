@@ -3,7 +3,6 @@ package busypoll
 import (
 	"context"
 	"errors"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -165,15 +164,16 @@ func TestParseModeAndEnv(t *testing.T) {
 	}
 }
 
-// MOEX_HOLD_P asks for HoldP; anything but 0 and 1 is an error.
-func TestHoldPFromEnv(t *testing.T) {
-	for v, want := range map[string]bool{"": false, "0": false, "1": true} {
-		c, err := ConfigFromEnv(func(k string) string { return map[string]string{"MOEX_HOLD_P": v}[k] })
+// MOEX_HOLD_P=1, read by an earlier release, is an error naming it; 0 and unset are fine.
+func TestHoldPRemoved(t *testing.T) {
+	for _, v := range []string{"", "0"} {
+		_, err := ConfigFromEnv(func(k string) string { return map[string]string{"MOEX_HOLD_P": v}[k] })
 		require.NoError(t, err, "%q", v)
-		require.Equal(t, want, c.HoldP, "%q", v)
 	}
-	_, err := ConfigFromEnv(func(k string) string { return map[string]string{"MOEX_HOLD_P": "yes"}[k] })
-	require.Error(t, err)
+	for _, v := range []string{"1", "yes"} {
+		_, err := ConfigFromEnv(func(k string) string { return map[string]string{"MOEX_HOLD_P": v}[k] })
+		require.ErrorIs(t, err, ErrHoldPRemoved, "%q", v)
+	}
 }
 
 // Many waiters on few CPUs: every one completes (no starvation) under each mode.
@@ -241,75 +241,3 @@ func BenchmarkEventPingPong(b *testing.B) {
 	}
 }
 
-// A HoldP waiter sleeps with a spinner slot (its P kept) and is woken by Set, by Kick
-// (its condition re-checked) and by the end of its context; with one P it parks as others
-// do, and two such waiters never take every P.
-func TestHoldP(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
-	require.Zero(t, spinning.Load())
-	p := New(Config{Mode: Block, HoldP: true})
-	var ev Event
-	ev.Init()
-
-	// Set wakes it; the slot is held while it sleeps and given back after.
-	ev.Reset()
-	done := make(chan error, 1)
-	go func() { done <- p.Wait(context.Background(), &ev, ev.IsSet) }()
-	require.Eventually(t, func() bool { return ev.parked.Load() == parkedHolding }, 5*time.Second, 100*time.Microsecond)
-	require.EqualValues(t, 1, spinning.Load(), "a sleeper holding its P takes a spinner slot")
-	require.False(t, ev.Set(), "a sleeper on its own P is not handed the setter's")
-	require.NoError(t, <-done)
-	require.Zero(t, spinning.Load())
-
-	// Kick makes it look at its condition again.
-	ev.Reset()
-	var flag atomic.Bool
-	go func() { done <- p.Wait(context.Background(), &ev, flag.Load) }()
-	require.Eventually(t, func() bool { return ev.parked.Load() == parkedHolding }, 5*time.Second, 100*time.Microsecond)
-	flag.Store(true)
-	ev.Kick()
-	require.NoError(t, <-done)
-
-	// The end of its context ends the wait.
-	ev.Reset()
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { done <- p.Wait(ctx, &ev, ev.IsSet) }()
-	require.Eventually(t, func() bool { return ev.parked.Load() == parkedHolding }, 5*time.Second, 100*time.Microsecond)
-	cancel()
-	require.ErrorIs(t, <-done, context.Canceled)
-	require.Zero(t, spinning.Load())
-}
-
-func TestHoldPLeavesAP(t *testing.T) {
-	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(2))
-	p := New(Config{Mode: Block, HoldP: true})
-	evs := make([]Event, 2)
-	done := make(chan error, len(evs))
-	for i := range evs {
-		evs[i].Init()
-		go func() { done <- p.Wait(context.Background(), &evs[i], evs[i].IsSet) }()
-	}
-	require.Eventually(t, func() bool { return evs[0].parked.Load() != 0 && evs[1].parked.Load() != 0 }, 5*time.Second, 100*time.Microsecond)
-	held := 0
-	for i := range evs {
-		if evs[i].parked.Load() == parkedHolding {
-			held++
-		}
-	}
-	require.Equal(t, 1, held, "with 2 Ps one waiter may hold its P, the other parks through the runtime")
-	for i := range evs {
-		evs[i].Set()
-	}
-	require.NoError(t, <-done)
-	require.NoError(t, <-done)
-
-	runtime.GOMAXPROCS(1)
-	var ev Event
-	ev.Init()
-	go func() { done <- p.Wait(context.Background(), &ev, ev.IsSet) }()
-	require.Eventually(t, func() bool { return ev.parked.Load() != 0 }, 5*time.Second, 100*time.Microsecond)
-	require.EqualValues(t, parkedChan, ev.parked.Load(), "with one P nothing may hold it")
-	ev.Set()
-	require.NoError(t, <-done)
-	require.Zero(t, spinning.Load())
-}

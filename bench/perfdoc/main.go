@@ -288,31 +288,41 @@ func (r *runner) moe(w io.Writer) error {
 	if err := r.fewRanks(w); err != nil {
 		return err
 	}
-	return r.holdP(w)
+	return r.sharedCPUs(w)
 }
 
-// holdP measures decode over tcp where ranks share CPUs, with and without MOEX_HOLD_P.
-func (r *runner) holdP(w io.Writer) error {
-	fmt.Fprintf(w, "### tcp where ranks share CPUs: MOEX_HOLD_P\n\n")
-	fmt.Fprintf(w, "With `MOEX_HOLD_P=1`, tcp and ucx waiters sleep holding the Go runtime's P where ranks outnumber\n")
-	fmt.Fprintf(w, "CPUs (4 ranks on %d CPUs) or each rank is bound to a CPU of its own (2 ranks, which `moex bench`\n", runtime.NumCPU())
-	fmt.Fprintf(w, "binds): the process never goes idle, and a message wakes its waiter directly. It is off by\n")
-	fmt.Fprintf(w, "default, as it starves goroutines that compute while another waits (busypoll.Config.HoldP).\n")
-	fmt.Fprintf(w, "`[MOEX_HOLD_P=1] moex bench moe --model deepseek-v3 --ranks P --transport tcp --tokens N\n")
-	fmt.Fprintf(w, "--mode low-latency --wire-dtype bf16 --act bf16 --iters I --pairs I --json`.\n\n")
-	fmt.Fprintf(w, "| ranks | tokens | MOEX_HOLD_P | dispatch p50 | p99 | combine p50 | p99 | pair |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n")
-	for _, ranks := range []int{4, 2} {
-		for _, tokens := range []int{1, 128} {
-			for _, hold := range []string{"0", "1"} {
-				it := fmt.Sprint(r.iters(tokens))
-				res, _, err := r.benchEnv([]string{"MOEX_HOLD_P=" + hold}, "--model", "deepseek-v3", "--ranks", fmt.Sprint(ranks), "--transport", "tcp",
-					"--tokens", fmt.Sprint(tokens), "--mode", "low-latency", "--wire-dtype", "bf16", "--act", "bf16", "--iters", it, "--pairs", it)
-				if err != nil {
-					return err
-				}
-				fmt.Fprintf(w, "| %d | %d | %s | %.0f | %.0f | %.0f | %.0f | %.0f |\n", ranks, tokens, hold,
-					res.Dispatch.P50US, res.Dispatch.P99US, res.Combine.P50US, res.Combine.P99US, res.PairUS)
+// sharedCPUs measures decode where ranks share CPUs, with GOMAXPROCS left at the host's
+// CPUs and set to a rank's share of them.
+func (r *runner) sharedCPUs(w io.Writer) error {
+	fmt.Fprintf(w, "### Ranks that share CPUs: GOMAXPROCS\n\n")
+	fmt.Fprintf(w, "Where ranks outnumber CPUs (4 ranks on %d CPUs) or each has one CPU of its own (2 ranks, which\n", runtime.NumCPU())
+	fmt.Fprintf(w, "`moex bench` binds), each rank's Go runtime still has a P per CPU of the host. With a P idle,\n")
+	fmt.Fprintf(w, "every goroutine that a message wakes makes the runtime wake a thread to look for more work,\n")
+	fmt.Fprintf(w, "on CPUs the other ranks need. Over tcp, where each message passes from a socket reader to\n")
+	fmt.Fprintf(w, "its waiter, a GOMAXPROCS of the rank's share of the CPUs (1 here) saves that; over shm, where\n")
+	fmt.Fprintf(w, "waiters poll memory while the transport's goroutines run beside them, it costs more than it\n")
+	fmt.Fprintf(w, "saves. `[GOMAXPROCS=1] moex bench moe --model deepseek-v3 --ranks P --transport T --tokens N\n")
+	fmt.Fprintf(w, "--mode low-latency --wire-dtype bf16 --act bf16 --iters I --pairs I --json` (us).\n\n")
+	fmt.Fprintf(w, "| transport | ranks | tokens | GOMAXPROCS | dispatch p50 | p99 | combine p50 | p99 | pair |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	type setting struct {
+		tr            string
+		ranks, tokens int
+	}
+	for _, st := range []setting{{"tcp", 4, 1}, {"tcp", 4, 128}, {"tcp", 2, 1}, {"shm", 8, 1}} {
+		for _, procs := range []string{"", "1"} {
+			var env []string
+			shown := fmt.Sprintf("%d (all)", runtime.NumCPU())
+			if procs != "" {
+				env, shown = []string{"GOMAXPROCS=" + procs}, procs
 			}
+			it := fmt.Sprint(r.iters(st.tokens))
+			res, _, err := r.benchEnv(env, "--model", "deepseek-v3", "--ranks", fmt.Sprint(st.ranks), "--transport", st.tr,
+				"--tokens", fmt.Sprint(st.tokens), "--mode", "low-latency", "--wire-dtype", "bf16", "--act", "bf16", "--iters", it, "--pairs", it)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "| %s | %d | %d | %s | %.0f | %.0f | %.0f | %.0f | %.0f |\n", st.tr, st.ranks, st.tokens, shown,
+				res.Dispatch.P50US, res.Dispatch.P99US, res.Combine.P50US, res.Combine.P99US, res.PairUS)
 		}
 	}
 	fmt.Fprintf(w, "\n")

@@ -297,6 +297,16 @@ func (r *doctorReport) machine(c *coll.Comm) {
 	default:
 		add("polling", poll+" (MOEX_POLL); receivers spin up to "+spinUS()+", then park")
 	}
+	overTCP := false
+	for _, l := range ls {
+		if l.Peer != c.Rank() && strings.Contains(l.Transport, "tcp") {
+			overTCP = true
+		}
+	}
+	if share := max(1, cpus/max(1, local)); overTCP && local > 1 && runtime.GOMAXPROCS(0) > share {
+		r.warnings = append(r.warnings, fmt.Sprintf("%d ranks share %d CPUs over tcp with GOMAXPROCS %d: set GOMAXPROCS=%d, each rank's share, or every message wakes threads of the Go runtime on CPUs the ranks need (README: Transports and buffers)",
+			local, cpus, runtime.GOMAXPROCS(0), share))
+	}
 	add("cpu idle", cpuIdle())
 	add("SO_BUSY_POLL", "net.core.busy_poll="+sysctl("net/core/busy_poll")+" busy_read="+sysctl("net/core/busy_read")+" (moex sets it per socket; see the tcp paths below)")
 	var st unix.Statfs_t

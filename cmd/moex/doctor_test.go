@@ -3,11 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/transport/bootstrap"
@@ -89,4 +94,23 @@ func TestDoctorCommand(t *testing.T) {
 			t.Fatalf("output lacks %q:\n%s", want, s)
 		}
 	}
+
+	// Two tcp ranks share the host's CPUs: with a P per CPU the doctor says to set
+	// GOMAXPROCS to each rank's share; with it set so, it does not.
+	share := max(1, runtime.NumCPU()/2)
+	warning := fmt.Sprintf("set GOMAXPROCS=%d, each rank's share", share)
+	if runtime.NumCPU() > share {
+		cmd := exec.Command(exe, "doctor", "--ranks", "2", "--transport", "tcp")
+		cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", runtime.NumCPU()))
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), warning)
+	} else {
+		t.Logf("one CPU: GOMAXPROCS is already each rank's share, no warning to look for")
+	}
+	cmd := exec.Command(exe, "doctor", "--ranks", "2", "--transport", "tcp")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("GOMAXPROCS=%d", share))
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NotContains(t, string(out), "set GOMAXPROCS")
 }

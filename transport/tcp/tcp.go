@@ -191,14 +191,6 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if t.grace <= 0 {
 		t.grace = 5 * time.Second
 	}
-	// Waiters hold their Ps where asked (MOEX_HOLD_P) and the readers and the goroutines
-	// they wake share CPUs: ranks outnumber them, or this rank is bound to one core of its
-	// own (MOEX_CPU_BIND). A bound rank's readers then park at once, as where ranks
-	// outnumber CPUs: a reader that spins takes the CPU from the waiter it just woke.
-	holdP := cfg.Poll.HoldPHere()
-	if holdP {
-		cfg.Poll.Oversubscribed = true
-	}
 	if t.poller == nil {
 		pc := cfg.Poll
 		if pc.Oversubscribed && pc.YieldSpin == 0 {
@@ -214,7 +206,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	// One spinner per message is enough, and it must be the reader: it polls the socket
 	// itself, while a waiter spinning on the request would keep a P busy and starve the Go
 	// netpoller (polled only when a P has nothing else to run) and the readers.
-	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block, HoldP: holdP})
+	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block})
 	if t.poller.Mode() == busypoll.Spin && os.Getenv("MOEX_TCP_WAIT_SPIN") == "1" {
 		t.waitPoller = t.poller
 	}
@@ -461,12 +453,8 @@ func (t *Transport) Path(peer int) string {
 		return "tcp: no such peer"
 	}
 	c := t.peers[peer].streams[0].conn
-	wait := ""
-	if t.waitPoller.HoldsP() {
-		wait = ", waiters sleep holding their Ps"
-	}
-	return fmt.Sprintf("tcp: %s -> %s, %d stream(s), SO_BUSY_POLL %s, receive poll %s%s",
-		c.LocalAddr(), c.RemoteAddr(), t.streams, t.busyPoll, t.poller.Mode(), wait)
+	return fmt.Sprintf("tcp: %s -> %s, %d stream(s), SO_BUSY_POLL %s, receive poll %s",
+		c.LocalAddr(), c.RemoteAddr(), t.streams, t.busyPoll, t.poller.Mode())
 }
 
 // Stats returns the transport's counters.

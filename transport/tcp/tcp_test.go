@@ -55,8 +55,8 @@ func TestLogsGoodbyeAsLeaving(t *testing.T) {
 	})
 }
 
-// Where ranks outnumber CPUs and waiters sleep holding their Ps (busypoll.Config.HoldP), the
-// whole contract holds so too, cancellation and peer failure included.
+// Where ranks outnumber CPUs (the readers park at once), the whole contract holds so too,
+// cancellation and peer failure included.
 func TestConformanceOversubscribed(t *testing.T) {
-	transporttest.Run(t, factory(func(c *tcp.Config) { c.Poll.Oversubscribed, c.Poll.HoldP = true, true }), transporttest.Options{})
+	transporttest.Run(t, factory(func(c *tcp.Config) { c.Poll.Oversubscribed = true }), transporttest.Options{})
 }

@@ -295,9 +295,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		t.grace = 5 * time.Second
 	}
 	t.poller = busypoll.New(cfg.Poll)
-	// Waiters that stop driving progress sleep holding their Ps where asked (MOEX_HOLD_P)
-	// and ranks outnumber CPUs or this rank is bound to one.
-	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block, HoldP: cfg.Poll.HoldPHere()})
+	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block})
 	t.drv = core.Driver{Step: t.step, Closed: t.closed.Load, Handoff: t.kick, Poller: t.poller, Park: t.waitPoller}
 	t.self = inproc.New(1, inproc.Config{Poller: t.waitPoller})[0]
 	t.peers = cfg.Peers
@@ -560,9 +558,6 @@ func (t *Transport) Path(peer int) string {
 		note = "; UCX cannot report a dead peer on these lanes: moex watches its process"
 	case t.noErr[peer]:
 		note = "; UCX cannot report a dead peer on these lanes (the communicator's timeout does)"
-	}
-	if t.waitPoller.HoldsP() {
-		note += "; waiters sleep holding their Ps"
 	}
 	switch {
 	case t.rdmaTo(peer):

@@ -69,11 +69,10 @@ func TestConformance(t *testing.T) {
 		LateSends: "UCX cannot cancel a rendezvous send it has announced; the request is left to UCX, which completes it if a receive matches it"})
 }
 
-// Where ranks outnumber CPUs and waiters that stop driving progress sleep holding their
-// Ps (busypoll.Config.HoldP), the whole contract holds so too.
+// Where ranks outnumber CPUs, the whole contract holds so too.
 func TestConformanceOversubscribed(t *testing.T) {
 	transporttest.Run(t, func(t *testing.T, n int) *transporttest.World {
-		return factoryWith(t, n, func(c *ucx.Config) { c.Poll.Oversubscribed, c.Poll.HoldP = true, true })
+		return factoryWith(t, n, func(c *ucx.Config) { c.Poll.Oversubscribed = true })
 	}, transporttest.Options{SkipAllocs: "UCX requests are C memory; Go-side allocations are not the measure here",
 		LateSends: "UCX cannot cancel a rendezvous send it has announced; the request is left to UCX, which completes it if a receive matches it"})
 }
