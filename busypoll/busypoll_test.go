@@ -240,4 +240,3 @@ func BenchmarkEventPingPong(b *testing.B) {
 		})
 	}
 }
-
