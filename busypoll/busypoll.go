@@ -151,9 +151,9 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 // ErrHoldPRemoved is ConfigFromEnv's error where MOEX_HOLD_P asks for waiters that sleep
 // holding their Ps. That mode is gone: its gain came from a background waiter that held
 // one P of the process for good, which is GOMAXPROCS one lower, and where ranks share
-// CPUs over tcp a GOMAXPROCS of the rank's share of them gives that gain without the
-// hazard (docs/PERFORMANCE.md).
-var ErrHoldPRemoved = errors.New("busypoll: MOEX_HOLD_P is no longer supported; where tcp ranks share CPUs, set GOMAXPROCS to each rank's share of them")
+// CPUs over tcp or ucx a GOMAXPROCS of the rank's share of them gives that gain without
+// the hazard (docs/PERFORMANCE.md).
+var ErrHoldPRemoved = errors.New("busypoll: MOEX_HOLD_P is no longer supported; where tcp or ucx ranks share CPUs, set GOMAXPROCS to each rank's share of them")
 
 // Stats are a Poller's counters. All counts are of waits, except Spins and Yields.
 type Stats struct {

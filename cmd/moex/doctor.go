@@ -297,14 +297,14 @@ func (r *doctorReport) machine(c *coll.Comm) {
 	default:
 		add("polling", poll+" (MOEX_POLL); receivers spin up to "+spinUS()+", then park")
 	}
-	overTCP := false
+	overTCP := false // over tcp or ucx, whose messages pass between goroutines
 	for _, l := range ls {
-		if l.Peer != c.Rank() && strings.Contains(l.Transport, "tcp") {
+		if l.Peer != c.Rank() && (strings.Contains(l.Transport, "tcp") || strings.Contains(l.Transport, "ucx")) {
 			overTCP = true
 		}
 	}
 	if share := max(1, cpus/max(1, local)); overTCP && local > 1 && runtime.GOMAXPROCS(0) > share {
-		r.warnings = append(r.warnings, fmt.Sprintf("%d ranks share %d CPUs over tcp with GOMAXPROCS %d: set GOMAXPROCS=%d, each rank's share, or every message wakes threads of the Go runtime on CPUs the ranks need (README: Transports and buffers)",
+		r.warnings = append(r.warnings, fmt.Sprintf("%d ranks share %d CPUs over tcp or ucx with GOMAXPROCS %d: set GOMAXPROCS=%d, each rank's share, or every message wakes threads of the Go runtime on CPUs the ranks need (README: Transports and buffers)",
 			local, cpus, runtime.GOMAXPROCS(0), share))
 	}
 	add("cpu idle", cpuIdle())

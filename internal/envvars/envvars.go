@@ -55,7 +55,7 @@ var Vars = []Var{
 	{"MOEX_POLL", "adaptive", "how receivers wait: adaptive, spin or block", "busypoll", User},
 	{"MOEX_SPIN_US", us(busypoll.DefaultMaxSpin), "longest adaptive spin before yielding, in microseconds (0: never spin)", "busypoll", User},
 	{"MOEX_YIELD_US", us(busypoll.DefaultYieldSpin), "when ranks outnumber cores: how long a waiter yields and polls before parking, in microseconds (0: park at once)", "busypoll", User},
-	{"MOEX_HOLD_P", "0", "removed; 1 is an error: where tcp ranks share CPUs, set GOMAXPROCS to each rank's share of them instead (docs/PERFORMANCE.md)", "busypoll", User},
+	{"MOEX_HOLD_P", "0", "removed; 1 is an error: where tcp or ucx ranks share CPUs, set GOMAXPROCS to each rank's share of them instead (docs/PERFORMANCE.md)", "busypoll", User},
 	{"MOEX_CPU_BIND", "none (moex run and moex bench set auto)", "auto: a core per rank when the host has enough; numa: the CPUs and memory of the NUMA node of the rank's GPU or NIC; none: leave placement to the kernel (or the launcher)", "transport/bootstrap", User},
 	{"MOEX_NET_GBITS", fmt.Sprintf("the NIC's speed from sysfs, else %g", 8/coll.CostNet.Beta/1e9), "the network's speed between hosts in Gbit/s, for the cost model", "coll", User},
 	{"MOEX_ALGO", "unset (the cost model chooses)", "algorithm overrides, op:algo[,op:algo] (for example alltoall:hier)", "coll", User},
