@@ -117,9 +117,13 @@ type MoEResult struct {
 	Dispatch       Stage   `json:"dispatch"`
 	Combine        Stage   `json:"combine"`
 	ComputeUS      float64 `json:"compute_us"`
-	StepUS         float64 `json:"step_us"`      // dispatch + compute + combine, the slowest rank per stage, mean
-	PairUS         float64 `json:"pair_us"`      // one dispatch-then-combine pair, back to back
-	TokensPerS     float64 `json:"tokens_per_s"` // every rank's tokens per step time
+	StepUS         float64 `json:"step_us"` // dispatch + compute + combine, the slowest rank per stage, mean
+	PairUS         float64 `json:"pair_us"` // one dispatch-then-combine pair, back to back (mean)
+	// PairP50US and PairP99US are percentiles of the pairs' times on each rank, the
+	// slowest rank's: where the mean is far above the p50, a few pairs waited long.
+	PairP50US  float64 `json:"pair_p50_us"`
+	PairP99US  float64 `json:"pair_p99_us"`
+	TokensPerS float64 `json:"tokens_per_s"` // every rank's tokens per step time
 	// DeepEP counts a dispatch's bytes per valid (token, expert) choice: for fp8 the
 	// payload, its scales and 16 bytes of routing, for bf16 the payload.
 	Choices        int64   `json:"choices"`
@@ -482,7 +486,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	if err != nil {
 		return nil, err
 	}
-	res.PairUS = pair
+	res.PairUS, res.PairP50US, res.PairP99US = pair[0], pair[1], pair[2]
 
 	if o.Overlap {
 		res.Chunks = o.Chunks
@@ -579,18 +583,21 @@ func percentile(v []float64, q float64) float64 {
 
 // pairPeriod times n dispatch-then-combine pairs back to back (the expert outputs are a
 // fixed buffer, or the combine's where it reads them in place: the pair moves the bytes,
-// nothing computes) and returns the slowest rank's time per pair, in microseconds.
-func pairPeriod[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[T], x []T, r *router.Routing, out []T, n int) (float64, error) {
+// nothing computes) and returns, in microseconds, the slowest rank's mean time per pair
+// and the slowest rank's p50 and p99 of the pairs' times.
+func pairPeriod[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[T], x []T, r *router.Routing, out []T, n int) ([]float64, error) {
 	hid := ep.L.Cfg.Hidden
 	var y []T
+	ts := make([]float64, 0, n)
 	if err := coll.Barrier(ctx, c); err != nil {
-		return 0, err
+		return nil, err
 	}
 	start := time.Now()
+	last := start
 	for i := 0; i < n; i++ {
 		o, h, err := ep.D.Dispatch(ctx, x, r)
 		if err != nil {
-			return 0, err
+			return nil, err
 		}
 		ys := ep.C.Buffer(h)
 		if ys == nil {
@@ -600,14 +607,17 @@ func pairPeriod[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[
 			ys = y[:o.Rows()*hid]
 		}
 		if err := ep.C.Combine(ctx, h, ys, out); err != nil {
-			return 0, err
+			return nil, err
 		}
+		now := time.Now()
+		ts = append(ts, float64(now.Sub(last).Nanoseconds())/1e3)
+		last = now
 	}
-	v := []float64{time.Since(start).Seconds() / float64(n) * 1e6}
+	v := []float64{time.Since(start).Seconds() / float64(max(n, 1)) * 1e6, percentile(ts, 0.5), percentile(ts, 0.99)}
 	if err := coll.AllReduce(ctx, c, nil, v, dtype.Max); err != nil {
-		return 0, err
+		return nil, err
 	}
-	return v[0], nil
+	return v, nil
 }
 
 // overlap times the step as chunks micro-batches one after the other and pipelined
@@ -837,7 +847,7 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 	stage("combine", r.Combine)
 	row("step", fmt.Sprintf("%.1f us (slowest rank per stage, mean of %d)", r.StepUS, r.Iters))
 	row("tokens/s", fmt.Sprintf("%.0f", r.TokensPerS))
-	row("dispatch+combine pair", fmt.Sprintf("%.1f us back to back", r.PairUS))
+	row("dispatch+combine pair", fmt.Sprintf("%.1f us back to back (mean; p50 %.1f us, p99 %.1f us)", r.PairUS, r.PairP50US, r.PairP99US))
 	row("bytes per choice", fmt.Sprintf("%d (DeepEP's count; %d choices, %s)", r.BytesPerChoice, r.Choices, SizeOf(int64(r.BytesPerChoice)*r.Choices)))
 	row("load imbalance", fmt.Sprintf("experts %.2f, ranks %.2f (max/mean); aux loss %.3f", r.ExpertImbal, r.RankImbal, r.AuxLoss))
 	if r.Chunks > 0 {

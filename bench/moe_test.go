@@ -105,6 +105,8 @@ func TestMoEBenchRuns(t *testing.T) {
 			assert.False(t, r.Combine.StepFloorConverts)
 			assert.Positive(t, r.TokensPerS)
 			assert.Positive(t, r.PairUS)
+			assert.Positive(t, r.PairP50US)
+			assert.GreaterOrEqual(t, r.PairP99US, r.PairP50US)
 			assert.Positive(t, r.OverlapSpeedup)
 			assert.Equal(t, int64(3*64*4), r.NaiveMessages)
 			// Every valid choice is counted once (tiny-deepseek routes top-4 without drops),
