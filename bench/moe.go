@@ -118,7 +118,12 @@ type MoEResult struct {
 	Combine        Stage   `json:"combine"`
 	ComputeUS      float64 `json:"compute_us"`
 	StepUS         float64 `json:"step_us"` // dispatch + compute + combine, the slowest rank per stage, mean
-	PairUS         float64 `json:"pair_us"` // one dispatch-then-combine pair, back to back (mean)
+	// GOMAXPROCS, HostCPUs and HostRanks are rank 0's: its Go runtime's Ps, its host's
+	// CPUs and the ranks on that host.
+	GOMAXPROCS int     `json:"gomaxprocs"`
+	HostCPUs   int     `json:"host_cpus"`
+	HostRanks  int     `json:"host_ranks"`
+	PairUS     float64 `json:"pair_us"` // one dispatch-then-combine pair, back to back (mean)
 	// PairP50US and PairP99US are percentiles of the pairs' times on each rank, the
 	// slowest rank's: where the mean is far above the p50, a few pairs waited long.
 	PairP50US  float64 `json:"pair_p50_us"`
@@ -387,6 +392,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), TokensPerRank: o.Tokens,
 		Act: o.Act.String(), Hidden: cfg.Hidden, TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(), Quantized: o.Quantized,
 		CombineWire: ep.D.Config().CombineDType.String(), CombineInPlace: ep.C.InPlace(), DispatchInPlace: ep.D.RowsInPlace(), TokensInBuffer: inBuffer, Compute: o.Compute, Iters: iters,
+		GOMAXPROCS: runtime.GOMAXPROCS(0), HostCPUs: runtime.NumCPU(), HostRanks: hostRanks(c),
 	}
 	switch o.Mode {
 	case dispatch.LowLatency:
@@ -579,6 +585,31 @@ func percentile(v []float64, q float64) float64 {
 	sort.Float64s(s)
 	i := int(q*float64(len(s))+0.999999) - 1
 	return s[min(max(i, 0), len(s)-1)]
+}
+
+// hostRanks counts the ranks of c on this rank's host.
+func hostRanks(c *coll.Comm) int {
+	ls := c.Links()
+	n := 0
+	for _, l := range ls {
+		if l.Host == ls[c.Rank()].Host {
+			n++
+		}
+	}
+	return n
+}
+
+// SharedCPUsNote is a word of advice where ranks that talk over tcp or ucx share their
+// host's CPUs with more Ps each than their share (see the README), else "". Where some
+// peers are over shm, which keeps its Ps on purpose, it says nothing.
+func SharedCPUsNote(r *MoEResult) string {
+	share := max(1, r.HostCPUs/max(1, r.HostRanks))
+	overNet := strings.Contains(r.Transport, "tcp") || strings.Contains(r.Transport, "ucx")
+	if !overNet || strings.Contains(r.Transport, "shm") || r.HostRanks < 2 || r.GOMAXPROCS <= share {
+		return ""
+	}
+	return fmt.Sprintf("%d ranks share %d CPUs over %s with GOMAXPROCS %d each: GOMAXPROCS=%d, their share, cuts the waits (README: Transports and buffers)",
+		r.HostRanks, r.HostCPUs, r.Transport, r.GOMAXPROCS, share)
 }
 
 // pairPeriod times n dispatch-then-combine pairs back to back (the expert outputs are a
@@ -841,6 +872,9 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 			s.P50US, s.P99US, s.MeanUS, SizeOf(s.Bytes), s.FloorUS, SizeOf(s.Moved), s.OverP50, s.StepFloorUS, conv, s.OverStepFloor))
 	}
 	row("path", r.Path)
+	if note := SharedCPUsNote(r); note != "" {
+		row("note", note)
+	}
 	row("kernels", r.Kernels)
 	stage("dispatch", r.Dispatch)
 	row("expert compute", fmt.Sprintf("%.1f us", r.ComputeUS))

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -70,6 +71,9 @@ func TestMoEBenchRuns(t *testing.T) {
 			}
 			require.NotNil(t, r)
 			assert.Equal(t, mode.String(), r.Mode)
+			assert.Equal(t, runtime.GOMAXPROCS(0), r.GOMAXPROCS)
+			assert.Equal(t, runtime.NumCPU(), r.HostCPUs)
+			assert.Equal(t, 3, r.HostRanks, "the ranks of one process share a host")
 			assert.Equal(t, dtype.Kernels(), r.Kernels, "the kernels named are the ones this CPU runs")
 			// Ranks of one process read each other's memory: the low-latency combine reads
 			// the expert outputs in place, unless told to send partial sums.
@@ -147,4 +151,31 @@ func TestStepFloorConversions(t *testing.T) {
 	}
 	out := &dispatch.Output[float32]{Row: []int32{0, 0, 5, -1, 2, 5}}
 	assert.Equal(t, 3, decodedRows(out))
+}
+
+// The bench advises GOMAXPROCS at each rank's share where tcp or ucx ranks share CPUs with
+// more Ps than that, and stays quiet otherwise.
+func TestSharedCPUsNote(t *testing.T) {
+	for _, tc := range []struct {
+		transport          string
+		procs, cpus, ranks int
+		want               string // in the note; "" for none
+	}{
+		{"tcp", 2, 2, 4, "GOMAXPROCS=1"},
+		{"tcp", 2, 2, 2, "GOMAXPROCS=1"},
+		{"ucx", 8, 8, 2, "GOMAXPROCS=4"},
+		{"shm+tcp", 16, 16, 8, ""}, // shm within the host
+		{"tcp", 1, 2, 4, ""},       // already at the share
+		{"tcp", 4, 8, 2, ""},       // at the share
+		{"tcp", 8, 8, 1, ""},       // one rank: the CPUs are its own
+		{"shm", 2, 2, 8, ""},       // shm's waiters keep their Ps on purpose
+		{"inproc", 2, 2, 4, ""},
+	} {
+		note := SharedCPUsNote(&MoEResult{Transport: tc.transport, GOMAXPROCS: tc.procs, HostCPUs: tc.cpus, HostRanks: tc.ranks})
+		if tc.want == "" {
+			assert.Empty(t, note, "%+v", tc)
+		} else {
+			assert.Contains(t, note, tc.want, "%+v", tc)
+		}
+	}
 }

@@ -297,13 +297,16 @@ func (r *doctorReport) machine(c *coll.Comm) {
 	default:
 		add("polling", poll+" (MOEX_POLL); receivers spin up to "+spinUS()+", then park")
 	}
-	overTCP := false // over tcp or ucx, whose messages pass between goroutines
+	// Over tcp or ucx messages pass between goroutines; shm keeps its Ps on purpose.
+	overTCP, overSHM := false, false
 	for _, l := range ls {
-		if l.Peer != c.Rank() && (strings.Contains(l.Transport, "tcp") || strings.Contains(l.Transport, "ucx")) {
-			overTCP = true
+		if l.Peer == c.Rank() {
+			continue
 		}
+		overTCP = overTCP || strings.Contains(l.Transport, "tcp") || strings.Contains(l.Transport, "ucx")
+		overSHM = overSHM || strings.Contains(l.Transport, "shm")
 	}
-	if share := max(1, cpus/max(1, local)); overTCP && local > 1 && runtime.GOMAXPROCS(0) > share {
+	if share := max(1, cpus/max(1, local)); overTCP && !overSHM && local > 1 && runtime.GOMAXPROCS(0) > share {
 		r.warnings = append(r.warnings, fmt.Sprintf("%d ranks share %d CPUs over tcp or ucx with GOMAXPROCS %d: set GOMAXPROCS=%d, each rank's share, or every message wakes threads of the Go runtime on CPUs the ranks need (README: Transports and buffers)",
 			local, cpus, runtime.GOMAXPROCS(0), share))
 	}
