@@ -392,7 +392,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), TokensPerRank: o.Tokens,
 		Act: o.Act.String(), Hidden: cfg.Hidden, TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(), Quantized: o.Quantized,
 		CombineWire: ep.D.Config().CombineDType.String(), CombineInPlace: ep.C.InPlace(), DispatchInPlace: ep.D.RowsInPlace(), TokensInBuffer: inBuffer, Compute: o.Compute, Iters: iters,
-		GOMAXPROCS: runtime.GOMAXPROCS(0), HostCPUs: runtime.NumCPU(), HostRanks: hostRanks(c),
+		GOMAXPROCS: runtime.GOMAXPROCS(0), HostCPUs: runtime.NumCPU(), HostRanks: HostRanks(c),
 	}
 	switch o.Mode {
 	case dispatch.LowLatency:
@@ -488,11 +488,9 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	}
 
 	// The pair period: dispatch then combine, back to back, no barrier, no compute.
-	pair, err := pairPeriod(ctx, c, ep, x, r, out, o.Pairs)
-	if err != nil {
+	if res.PairUS, res.PairP50US, res.PairP99US, err = pairPeriod(ctx, c, ep, x, r, out, o.Pairs); err != nil {
 		return nil, err
 	}
-	res.PairUS, res.PairP50US, res.PairP99US = pair[0], pair[1], pair[2]
 
 	if o.Overlap {
 		res.Chunks = o.Chunks
@@ -587,8 +585,8 @@ func percentile(v []float64, q float64) float64 {
 	return s[min(max(i, 0), len(s)-1)]
 }
 
-// hostRanks counts the ranks of c on this rank's host.
-func hostRanks(c *coll.Comm) int {
+// HostRanks counts the ranks of c on this rank's host.
+func HostRanks(c *coll.Comm) int {
 	ls := c.Links()
 	n := 0
 	for _, l := range ls {
@@ -599,36 +597,42 @@ func hostRanks(c *coll.Comm) int {
 	return n
 }
 
-// SharedCPUsNote is a word of advice where ranks that talk over tcp or ucx share their
-// host's CPUs with more Ps each than their share (see the README), else "". Where some
-// peers are over shm, which keeps its Ps on purpose, it says nothing.
-func SharedCPUsNote(r *MoEResult) string {
-	share := max(1, r.HostCPUs/max(1, r.HostRanks))
-	overNet := strings.Contains(r.Transport, "tcp") || strings.Contains(r.Transport, "ucx")
-	if !overNet || strings.Contains(r.Transport, "shm") || r.HostRanks < 2 || r.GOMAXPROCS <= share {
+// SharedCPUsAdvice is a word of advice where hostRanks ranks that talk over transport
+// (a transport's name) share cpus CPUs with procs Ps each, more than their share, and the
+// transport is tcp or ucx (see the README), else "". Where some peers are over shm, which
+// keeps its Ps on purpose, it says nothing.
+func SharedCPUsAdvice(transport string, procs, cpus, hostRanks int) string {
+	share := max(1, cpus/max(1, hostRanks))
+	overNet := strings.Contains(transport, "tcp") || strings.Contains(transport, "ucx")
+	if !overNet || strings.Contains(transport, "shm") || hostRanks < 2 || procs <= share {
 		return ""
 	}
-	return fmt.Sprintf("%d ranks share %d CPUs over %s with GOMAXPROCS %d each: GOMAXPROCS=%d, their share, cuts the waits (README: Transports and buffers)",
-		r.HostRanks, r.HostCPUs, r.Transport, r.GOMAXPROCS, share)
+	return fmt.Sprintf("%d ranks share %d CPUs over %s with GOMAXPROCS %d: set GOMAXPROCS=%d, each rank's share, or every message wakes threads of the Go runtime on CPUs the ranks need (README: Transports and buffers)",
+		hostRanks, cpus, transport, procs, share)
+}
+
+// SharedCPUsNote is SharedCPUsAdvice for the ranks of r.
+func SharedCPUsNote(r *MoEResult) string {
+	return SharedCPUsAdvice(r.Transport, r.GOMAXPROCS, r.HostCPUs, r.HostRanks)
 }
 
 // pairPeriod times n dispatch-then-combine pairs back to back (the expert outputs are a
 // fixed buffer, or the combine's where it reads them in place: the pair moves the bytes,
 // nothing computes) and returns, in microseconds, the slowest rank's mean time per pair
 // and the slowest rank's p50 and p99 of the pairs' times.
-func pairPeriod[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[T], x []T, r *router.Routing, out []T, n int) ([]float64, error) {
+func pairPeriod[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[T], x []T, r *router.Routing, out []T, n int) (mean, p50, p99 float64, err error) {
 	hid := ep.L.Cfg.Hidden
 	var y []T
 	ts := make([]float64, 0, n)
 	if err := coll.Barrier(ctx, c); err != nil {
-		return nil, err
+		return 0, 0, 0, err
 	}
 	start := time.Now()
 	last := start
 	for i := 0; i < n; i++ {
 		o, h, err := ep.D.Dispatch(ctx, x, r)
 		if err != nil {
-			return nil, err
+			return 0, 0, 0, err
 		}
 		ys := ep.C.Buffer(h)
 		if ys == nil {
@@ -638,7 +642,7 @@ func pairPeriod[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[
 			ys = y[:o.Rows()*hid]
 		}
 		if err := ep.C.Combine(ctx, h, ys, out); err != nil {
-			return nil, err
+			return 0, 0, 0, err
 		}
 		now := time.Now()
 		ts = append(ts, float64(now.Sub(last).Nanoseconds())/1e3)
@@ -646,9 +650,9 @@ func pairPeriod[T combine.Act](ctx context.Context, c *coll.Comm, ep *models.EP[
 	}
 	v := []float64{time.Since(start).Seconds() / float64(max(n, 1)) * 1e6, percentile(ts, 0.5), percentile(ts, 0.99)}
 	if err := coll.AllReduce(ctx, c, nil, v, dtype.Max); err != nil {
-		return nil, err
+		return 0, 0, 0, err
 	}
-	return v, nil
+	return v[0], v[1], v[2], nil
 }
 
 // overlap times the step as chunks micro-batches one after the other and pipelined

@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/moex-ai/moex/bench"
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/internal/launch"
@@ -277,13 +278,7 @@ func humanBytes(n int) string {
 // machine collects the facts about this host that decide how fast ranks talk.
 func (r *doctorReport) machine(c *coll.Comm) {
 	add := func(k, v string) { r.facts = append(r.facts, [2]string{k, v}) }
-	local := 0
-	ls := c.Links()
-	for _, l := range ls {
-		if l.Host == ls[c.Rank()].Host {
-			local++
-		}
-	}
+	local := bench.HostRanks(c)
 	cpus := runtime.NumCPU()
 	add("cpus", fmt.Sprintf("%d (GOMAXPROCS %d); %d rank(s) of this job on this host", cpus, runtime.GOMAXPROCS(0), local))
 	poll := os.Getenv("MOEX_POLL")
@@ -297,18 +292,8 @@ func (r *doctorReport) machine(c *coll.Comm) {
 	default:
 		add("polling", poll+" (MOEX_POLL); receivers spin up to "+spinUS()+", then park")
 	}
-	// Over tcp or ucx messages pass between goroutines; shm keeps its Ps on purpose.
-	overTCP, overSHM := false, false
-	for _, l := range ls {
-		if l.Peer == c.Rank() {
-			continue
-		}
-		overTCP = overTCP || strings.Contains(l.Transport, "tcp") || strings.Contains(l.Transport, "ucx")
-		overSHM = overSHM || strings.Contains(l.Transport, "shm")
-	}
-	if share := max(1, cpus/max(1, local)); overTCP && !overSHM && local > 1 && runtime.GOMAXPROCS(0) > share {
-		r.warnings = append(r.warnings, fmt.Sprintf("%d ranks share %d CPUs over tcp or ucx with GOMAXPROCS %d: set GOMAXPROCS=%d, each rank's share, or every message wakes threads of the Go runtime on CPUs the ranks need (README: Transports and buffers)",
-			local, cpus, runtime.GOMAXPROCS(0), share))
+	if advice := bench.SharedCPUsAdvice(c.Transport().Name(), runtime.GOMAXPROCS(0), cpus, local); advice != "" {
+		r.warnings = append(r.warnings, advice)
 	}
 	add("cpu idle", cpuIdle())
 	add("SO_BUSY_POLL", "net.core.busy_poll="+sysctl("net/core/busy_poll")+" busy_read="+sysctl("net/core/busy_read")+" (moex sets it per socket; see the tcp paths below)")
