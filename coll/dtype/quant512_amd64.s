@@ -1,59 +1,68 @@
 #include "textflag.h"
 
-// The FP8 block kernels with AVX-512 (F and BW): 16 values per vector where the AVX2
-// kernels of quant_amd64.s take 8, the same arithmetic and so the same bytes.
+// The FP8 block kernels with AVX-512 (F, BW and DQ): 16 values per vector where the AVX2
+// kernels of quant_amd64.s take 8, and the same bytes.
 
-// E4M3_SETUP512 loads the constants E4M3_512 uses: Z13 0x7fffffff, Z12 1, Z11 0x7ffff,
-// Z10 120<<3, Z9 the bits of 2^-6, Z8 of 448, Z7 of +Inf, Z6 512.0, Z5 2^23.
+// E4M3_SETUP512 loads the constants E4M3_512 and E4M3_STORE4 use: Z5 2^20, Z6
+// (20<<23)+121*8, Z7 the exponent mask, Z8 448, Z9 2^-6, Z10 0x7f, Z11 0x80, Z12
+// e4m3order.
 #define E4M3_SETUP512 \
-	VPTERNLOGD   $0xff, Z13, Z13, Z13; \
-	VPSRLD       $31, Z13, Z12; \
-	VPSRLD       $1, Z13, Z13; \
-	MOVL         $0x7ffff, AX; \
-	VPBROADCASTD AX, Z11; \
-	MOVL         $960, AX; \
-	VPBROADCASTD AX, Z10; \
-	MOVL         $0x3c800000, AX; \
-	VPBROADCASTD AX, Z9; \
-	MOVL         $0x43e00000, AX; \
-	VPBROADCASTD AX, Z8; \
+	MOVL         $0x49800000, AX; \
+	VPBROADCASTD AX, Z5; \
+	MOVL         $0x0a0003c8, AX; \
+	VPBROADCASTD AX, Z6; \
 	MOVL         $0x7f800000, AX; \
 	VPBROADCASTD AX, Z7; \
-	MOVL         $0x44000000, AX; \
-	VPBROADCASTD AX, Z6; \
-	MOVL         $0x4b000000, AX; \
-	VPBROADCASTD AX, Z5
+	MOVL         $0x43e00000, AX; \
+	VPBROADCASTD AX, Z8; \
+	MOVL         $0x3c800000, AX; \
+	VPBROADCASTD AX, Z9; \
+	MOVL         $0x7f, AX; \
+	VPBROADCASTD AX, Z10; \
+	MOVL         $0x80, AX; \
+	VPBROADCASTD AX, Z11; \
+	VPMOVZXBD    e4m3order<>(SB), Z12
 
-// E4M3_512(off) stores at off(DI) the 16 E4M3 codes of the float32s in Z0 multiplied by
-// Z15, as toE4M3AVX2 computes them: the sign; magnitudes clamped to 448; the normal
-// rounding, or below 2^-6 the subnormal one by the float adder; 1 more where NaN. Z0, Z1,
-// Z2, Z4, K1 and K2 are scratch.
-#define E4M3_512(off) \
-	VMULPS    Z15, Z0, Z0; \
-	VPSRLD    $31, Z0, Z1; \
-	VPSLLD    $7, Z1, Z1; \
-	VPANDD    Z13, Z0, Z0; \
-	VPCMPUD   $6, Z7, Z0, K1; \
-	VPMINUD   Z8, Z0, Z0; \
-	VPSRLD    $20, Z0, Z2; \
-	VPANDD    Z12, Z2, Z2; \
-	VPADDD    Z2, Z0, Z2; \
-	VPADDD    Z11, Z2, Z2; \
-	VPSRLD    $20, Z2, Z2; \
-	VPSUBD    Z10, Z2, Z2; \
-	VPCMPUD   $1, Z9, Z0, K2; \
-	VMULPS    Z6, Z0, Z4; \
-	VADDPS    Z5, Z4, Z4; \
-	VPSUBD    Z5, Z4, Z4; \
-	VMOVDQA32 Z4, K2, Z2; \
-	VPORD     Z1, Z2, Z2; \
-	VPORD     Z12, Z2, K1, Z2; \
-	VPMOVDB   Z2, off(DI)
+// E4M3_512(R, S, T, K) turns the 16 float32s in R, multiplied by Z15, into their E4M3
+// codes, one in the low byte of each of R's words, the bytes e4m3 gives. The magnitude
+// m, clamped to 448, is rounded by one float addition: c, 2^20 times the power of two at
+// or below max(m, 2^-6), has a unit in the last place that is E4M3's at m (its
+// subnormals' below 2^-6), so the fused c+m rounds m to nearest even there, and the bits
+// of c+m less c's are the code's mantissa, counted from the code of c/2^20. Then 0x7f
+// where NaN, and the sign. S, T and K are scratch.
+#define E4M3_512(R, S, T, K) \
+	VMULPS      Z15, R, R; \
+	VFPCLASSPSZ $0x81, R, K; \
+	VPSRLD      $24, R, S; \
+	VRANGEPS    $0x0a, Z8, R, R; \
+	VMAXPS      Z9, R, T; \
+	VPANDD      Z7, T, T; \
+	VFMADD231PS Z5, T, R; \
+	VPSUBD      T, R, R; \
+	VPSRLD      $20, T, T; \
+	VPADDD      T, R, R; \
+	VPSUBD      Z6, R, R; \
+	VMOVDQA32   Z10, K, R; \
+	VPTERNLOGD  $0xf8, Z11, S, R
 
-// BF16_LOAD512(addr) widens the 16 bfloat16s at addr into the float32s of Z0.
-#define BF16_LOAD512(addr) \
-	VPMOVZXWD addr, Z0; \
-	VPSLLD    $16, Z0, Z0
+// E4M3_STORE4 stores at (DI) the 64 codes E4M3_512 left in Z0, Z16, Z17 and Z18, in
+// that order: packed within 128-bit lanes, then the lanes' dwords put in order.
+#define E4M3_STORE4 \
+	VPACKUSDW Z16, Z0, Z0; \
+	VPACKUSDW Z18, Z17, Z17; \
+	VPACKUSWB Z17, Z0, Z0; \
+	VPERMD    Z0, Z12, Z0; \
+	VMOVDQU32 Z0, (DI)
+
+// e4m3order: dword n of E4M3_STORE4's result comes from dword 4*(n%4) + n/4 of the packs.
+DATA e4m3order<>+0(SB)/8, $0x0d0905010c080400
+DATA e4m3order<>+8(SB)/8, $0x0f0b07030e0a0602
+GLOBL e4m3order<>(SB), RODATA|NOPTR, $16
+
+// BF16_LOAD512(addr, R) widens the 16 bfloat16s at addr into the float32s of R.
+#define BF16_LOAD512(addr, R) \
+	VPMOVZXWD addr, R; \
+	VPSLLD    $16, R, R
 
 // BF16_SETUP512 loads the constants BF16_STORE512 uses: Z8 1, Z7 0x7fff, Z6 0x7fffffff,
 // Z16 the bits of +Inf, Z17 0x40.
@@ -98,14 +107,15 @@ xbb:
 	MOVQ         $2, DX
 
 xbi:
-	BF16_LOAD512((SI))
-	E4M3_512(0)
-	BF16_LOAD512(32(SI))
-	E4M3_512(16)
-	BF16_LOAD512(64(SI))
-	E4M3_512(32)
-	BF16_LOAD512(96(SI))
-	E4M3_512(48)
+	BF16_LOAD512((SI), Z0)
+	BF16_LOAD512(32(SI), Z16)
+	BF16_LOAD512(64(SI), Z17)
+	BF16_LOAD512(96(SI), Z18)
+	E4M3_512(Z0, Z1, Z2, K1)
+	E4M3_512(Z16, Z19, Z20, K2)
+	E4M3_512(Z17, Z21, Z22, K3)
+	E4M3_512(Z18, Z23, Z24, K4)
+	E4M3_STORE4
 	ADDQ      $128, SI
 	ADDQ      $64, DI
 	DECQ      DX
@@ -131,13 +141,14 @@ xfb:
 
 xfi:
 	VMOVUPS (SI), Z0
-	E4M3_512(0)
-	VMOVUPS 64(SI), Z0
-	E4M3_512(16)
-	VMOVUPS 128(SI), Z0
-	E4M3_512(32)
-	VMOVUPS 192(SI), Z0
-	E4M3_512(48)
+	VMOVUPS 64(SI), Z16
+	VMOVUPS 128(SI), Z17
+	VMOVUPS 192(SI), Z18
+	E4M3_512(Z0, Z1, Z2, K1)
+	E4M3_512(Z16, Z19, Z20, K2)
+	E4M3_512(Z17, Z21, Z22, K3)
+	E4M3_512(Z18, Z23, Z24, K4)
+	E4M3_STORE4
 	ADDQ    $256, SI
 	ADDQ    $64, DI
 	DECQ    DX
@@ -306,7 +317,7 @@ TEXT ·toI8BF16AVX512(SB), NOSPLIT, $0-28
 	VPBROADCASTD AX, Z13
 
 ibi:
-	BF16_LOAD512((SI))
+	BF16_LOAD512((SI), Z0)
 	VMULPS    Z15, Z0, Z0
 	VMAXPS    Z13, Z0, Z0
 	VMINPS    Z14, Z0, Z0

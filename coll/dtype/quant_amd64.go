@@ -224,7 +224,7 @@ func toE4M3BlocksF32AVX512(dst *byte, src *float32, nblocks int, invs *float32)
 
 // haveAVX512 selects the AVX-512 FP8 block kernels (16 values per instruction where the
 // AVX2 ones take 8; the same bytes).
-var haveAVX512 = haveFMA && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW
+var haveAVX512 = haveFMA && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ
 
 //go:noescape
 func fromE4M3BlocksBF16AVX512(dst *uint16, src *byte, nblocks int, scales *float32)

@@ -28,7 +28,7 @@ func TestFP8BlockKernels(t *testing.T) {
 	if haveAVX512 {
 		ks = append(ks, kernels{"avx512", toE4M3BlocksBF16AVX512, toE4M3BlocksF32AVX512, amaxBlocksBF16AVX512})
 	} else {
-		t.Log("this CPU has no AVX-512 (F and BW): only the AVX2 kernels are checked")
+		t.Log("this CPU has no AVX-512 (F, BW and DQ): only the AVX2 kernels are checked")
 	}
 	all := make([]uint16, 1<<16)
 	for i := range all {
@@ -92,7 +92,7 @@ func TestDequantizeFP8BF16(t *testing.T) {
 		require.Equal(t, ToBF16(FP8E4M3Val(q).Float32()*s), got[i], "code %#02x times %v", q, s)
 	}
 	if !haveAVX512 {
-		t.Log("this CPU has no AVX-512 (F and BW): only the path without it is checked")
+		t.Log("this CPU has no AVX-512 (F, BW and DQ): only the path without it is checked")
 		return
 	}
 	r := rand.New(rand.NewPCG(13, 14))
@@ -117,7 +117,7 @@ func TestDequantizeFP8BF16(t *testing.T) {
 // products.
 func TestI8BF16(t *testing.T) {
 	if !haveAVX512 {
-		t.Skip("this CPU has no AVX-512 (F and BW): the other tests check the only paths it runs")
+		t.Skip("this CPU has no AVX-512 (F, BW and DQ): the other tests check the only paths it runs")
 	}
 	r := rand.New(rand.NewPCG(15, 16))
 	special := []float32{0, 1e30, float32(math.Inf(1)), float32(math.Inf(-1)), -3e-39, 7}
