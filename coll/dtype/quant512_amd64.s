@@ -208,22 +208,21 @@ ybb:
 
 // func fromE4M3BlocksBF16AVX512(dst *uint16, src *byte, nblocks int, scales *float32)
 // Block b of 128 E4M3 bytes as bfloat16s: each value's float32 (as fromE4M3AVX2) times
-// scales[b], rounded to nearest even (as F32ToBF16, a NaN quiet with its sign).
+// scales[b], rounded to nearest even (as F32ToBF16, a NaN quiet with its sign). A code's
+// magnitude bits shifted left by 20 are the float32 bits of its value times 2^-120, its
+// subnormals too (as float32 subnormals), so one exact multiplication by 2^120 decodes
+// both ranges.
 TEXT ·fromE4M3BlocksBF16AVX512(SB), NOSPLIT, $0-32
 	MOVQ         dst+0(FP), DI
 	MOVQ         src+8(FP), SI
 	MOVQ         nblocks+16(FP), CX
 	MOVQ         scales+24(FP), R8
-	MOVL         $0x7f, AX
+	MOVL         $0x07f00000, AX // 0x7f<<20
 	VPBROADCASTD AX, Z14
-	MOVL         $0x80, AX
+	MOVL         $0x80000000, AX
 	VPBROADCASTD AX, Z13
-	MOVL         $0x3c000000, AX // 120<<23
+	MOVL         $0x7b800000, AX // 2^120
 	VPBROADCASTD AX, Z12
-	MOVL         $8, AX
-	VPBROADCASTD AX, Z11
-	MOVL         $0x3b000000, AX // 2^-9
-	VPBROADCASTD AX, Z10
 	MOVL         $0x7fc00000, AX
 	VPBROADCASTD AX, Z9
 	BF16_SETUP512
@@ -234,27 +233,22 @@ dbb:
 	MOVQ         $8, DX
 
 dbi:
-	VPMOVZXBD (SI), Z0
-	VPANDD    Z14, Z0, Z1     // x & 0x7f
-	VPANDD    Z13, Z0, Z0
-	VPSLLD    $24, Z0, Z0     // sign
-	VPSLLD    $20, Z1, Z2
-	VPADDD    Z12, Z2, Z2     // normal bits
-	VCVTDQ2PS Z1, Z3
-	VMULPS    Z10, Z3, Z3     // subnormal value
-	VPCMPUD   $1, Z11, Z1, K1 // x < 8
-	VMOVDQA32 Z3, K1, Z2
-	VPCMPEQD  Z14, Z1, K2     // x == 0x7f: NaN
-	VMOVDQA32 Z9, K2, Z2
-	VPORD     Z0, Z2, Z2
-	VMULPS    Z15, Z2, Z2     // the float32 value
+	VPMOVZXBD  (SI), Z0
+	VPSLLD     $20, Z0, Z1
+	VPANDD     Z14, Z1, Z1      // the magnitude's bits, times 2^-120
+	VPCMPEQD   Z14, Z1, K1      // 0x7f: NaN
+	VMULPS     Z12, Z1, Z1
+	VMOVDQA32  Z9, K1, Z1
+	VPSLLD     $24, Z0, Z0
+	VPTERNLOGD $0xf8, Z13, Z0, Z1 // the sign
+	VMULPS     Z15, Z1, Z2        // the float32 value
 	BF16_STORE512
-	ADDQ      $16, SI
-	ADDQ      $32, DI
-	DECQ      DX
-	JNZ       dbi
-	DECQ      CX
-	JNZ       dbb
+	ADDQ       $16, SI
+	ADDQ       $32, DI
+	DECQ       DX
+	JNZ        dbi
+	DECQ       CX
+	JNZ        dbb
 	VZEROUPPER
 	RET
 
