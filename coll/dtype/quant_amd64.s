@@ -408,22 +408,6 @@ afi:
 	VZEROUPPER
 	RET
 
-// Constants of the E4M3 kernels that take runs of blocks, read from memory.
-DATA c7ffff<>+0(SB)/8, $0x0007ffff0007ffff
-DATA c7ffff<>+8(SB)/8, $0x0007ffff0007ffff
-DATA c7ffff<>+16(SB)/8, $0x0007ffff0007ffff
-DATA c7ffff<>+24(SB)/8, $0x0007ffff0007ffff
-GLOBL c7ffff<>(SB), RODATA|NOPTR, $32
-DATA c960<>+0(SB)/8, $0x000003c0000003c0
-DATA c960<>+8(SB)/8, $0x000003c0000003c0
-DATA c960<>+16(SB)/8, $0x000003c0000003c0
-DATA c960<>+24(SB)/8, $0x000003c0000003c0
-GLOBL c960<>(SB), RODATA|NOPTR, $32
-DATA cone<>+0(SB)/8, $0x0000000100000001
-DATA cone<>+8(SB)/8, $0x0000000100000001
-DATA cone<>+16(SB)/8, $0x0000000100000001
-DATA cone<>+24(SB)/8, $0x0000000100000001
-GLOBL cone<>(SB), RODATA|NOPTR, $32
 // Dword order that undoes the lane interleaving of two rounds of packing.
 DATA packorder<>+0(SB)/8, $0x0000000400000000
 DATA packorder<>+8(SB)/8, $0x0000000500000001
@@ -432,7 +416,7 @@ DATA packorder<>+24(SB)/8, $0x0000000700000003
 GLOBL packorder<>(SB), RODATA|NOPTR, $32
 
 // E4M3_SETUP loads the constants E4M3 uses: Y13 0x7fffffff, Y7 the bits of +Inf, Y8
-// of 448, Y9 of 2^-6, Y6 512.0, Y5 2^23.
+// of 448, Y9 of 2^-6, Y5 of 2^20, Y6 (20<<23)+121*8, Y3 the exponent mask.
 #define E4M3_SETUP \
 	VPCMPEQD     Y13, Y13, Y13; \
 	VPSRLD       $1, Y13, Y13; \
@@ -445,15 +429,19 @@ GLOBL packorder<>(SB), RODATA|NOPTR, $32
 	MOVL         $0x7f800000, AX; \
 	VMOVD        AX, X7; \
 	VPBROADCASTD X7, Y7; \
-	MOVL         $0x44000000, AX; \
-	VMOVD        AX, X6; \
-	VPBROADCASTD X6, Y6; \
-	MOVL         $0x4b000000, AX; \
+	VMOVDQA      Y7, Y3; \
+	MOVL         $0x49800000, AX; \
 	VMOVD        AX, X5; \
-	VPBROADCASTD X5, Y5
+	VPBROADCASTD X5, Y5; \
+	MOVL         $0x0a0003c8, AX; \
+	VMOVD        AX, X6; \
+	VPBROADCASTD X6, Y6
 
 // E4M3(out) writes into out the E4M3 codes, one per dword, of the 8 float32s in Y0
-// multiplied by Y15, as toE4M3AVX2 computes them; Y0, Y1 and Y4 are scratch.
+// multiplied by Y15, the bytes e4m3 gives, rounding as E4M3_512 does (quant512_amd64.s):
+// the magnitude clamped to 448 (a NaN's too, whose code then gets a low bit of 1), one
+// fused addition of c, 2^20 times the power of two at or below max(m, 2^-6), rounds it
+// to E4M3's unit in the last place, normal or subnormal. Y0, Y1 and Y4 are scratch.
 #define E4M3(out) \
 	VMULPS      Y0, Y15, Y0; \
 	VPSRLD      $31, Y0, Y1; \
@@ -463,17 +451,13 @@ GLOBL packorder<>(SB), RODATA|NOPTR, $32
 	VPSRLD      $31, out, out; \
 	VPOR        out, Y1, Y1; \
 	VPMINUD     Y8, Y0, Y0; \
-	VPSRLD      $20, Y0, out; \
-	VPAND       cone<>(SB), out, out; \
-	VPADDD      out, Y0, out; \
-	VPADDD      c7ffff<>(SB), out, out; \
-	VPSRLD      $20, out, out; \
-	VPSUBD      c960<>(SB), out, out; \
-	VMULPS      Y6, Y0, Y4; \
-	VADDPS      Y5, Y4, Y4; \
-	VPSUBD      Y5, Y4, Y4; \
-	VPCMPGTD    Y0, Y9, Y0; \
-	VBLENDVPS   Y0, Y4, out, out; \
+	VMAXPS      Y9, Y0, Y4; \
+	VPAND       Y3, Y4, Y4; \
+	VFMADD231PS Y5, Y4, Y0; \
+	VPSUBD      Y4, Y0, Y0; \
+	VPSRLD      $20, Y4, Y4; \
+	VPADDD      Y4, Y0, out; \
+	VPSUBD      Y6, out, out; \
 	VPOR        Y1, out, out
 
 // PACK32 stores the 32 codes in Y10, Y11, Y12 and Y14 (8 each, in that order) at (DI).
