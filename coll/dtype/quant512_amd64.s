@@ -1,4 +1,5 @@
 #include "textflag.h"
+#include "bf16_amd64.h"
 
 // The FP8 block kernels with AVX-512 (F, BW and DQ): 16 values per vector where the AVX2
 // kernels of quant_amd64.s take 8, and the same bytes.
@@ -63,34 +64,6 @@ GLOBL e4m3order<>(SB), RODATA|NOPTR, $16
 #define BF16_LOAD512(addr, R) \
 	VPMOVZXWD addr, R; \
 	VPSLLD    $16, R, R
-
-// BF16_SETUP512 loads the constants BF16_STORE512 uses: Z8 1, Z7 0x7fff, Z6 0x7fffffff,
-// Z16 the bits of +Inf, Z17 0x40.
-#define BF16_SETUP512 \
-	MOVL         $1, AX; \
-	VPBROADCASTD AX, Z8; \
-	MOVL         $0x7fff, AX; \
-	VPBROADCASTD AX, Z7; \
-	MOVL         $0x7fffffff, AX; \
-	VPBROADCASTD AX, Z6; \
-	MOVL         $0x7f800000, AX; \
-	VPBROADCASTD AX, Z16; \
-	MOVL         $0x40, AX; \
-	VPBROADCASTD AX, Z17
-
-// BF16_STORE512 stores at (DI) the 16 float32s of Z2 as bfloat16s, rounded to nearest
-// even as F32ToBF16 rounds (a NaN keeps its high half, made quiet). Z3, Z4, Z5 and K3 are
-// scratch.
-#define BF16_STORE512 \
-	VPSRLD  $16, Z2, Z3; \
-	VPANDD  Z8, Z3, Z4; \
-	VPADDD  Z7, Z2, Z5; \
-	VPADDD  Z4, Z5, Z5; \
-	VPSRLD  $16, Z5, Z5; \
-	VPANDD  Z6, Z2, Z4; \
-	VPCMPUD $6, Z16, Z4, K3; \
-	VPORD   Z17, Z3, K3, Z5; \
-	VPMOVDW Z5, (DI)
 
 // func toE4M3BlocksBF16AVX512(dst *byte, src *uint16, nblocks int, invs *float32)
 // Block b of 128 bfloat16 values, multiplied by invs[b], as E4M3 bytes.
@@ -242,7 +215,7 @@ dbi:
 	VPSLLD     $24, Z0, Z0
 	VPTERNLOGD $0xf8, Z13, Z0, Z1 // the sign
 	VMULPS     Z15, Z1, Z2        // the float32 value
-	BF16_STORE512
+	BF16_STORE512(Z2, (DI))
 	ADDQ       $16, SI
 	ADDQ       $32, DI
 	DECQ       DX
@@ -338,7 +311,7 @@ jbi:
 	VPMOVSXBD (SI), Z0
 	VCVTDQ2PS Z0, Z2
 	VMULPS    Z15, Z2, Z2
-	BF16_STORE512
+	BF16_STORE512(Z2, (DI))
 	ADDQ      $16, SI
 	ADDQ      $32, DI
 	SUBQ      $16, CX

@@ -289,10 +289,13 @@ func dequantizeI8Fast[T Activation](dst []T, src []byte, scale float32) int {
 }
 
 // Kernels names the vector kernels the conversions, quantisation and weighted sums run
-// on this CPU: "avx512" (the FP8 and int8 kernels with AVX-512, the others with AVX2),
-// "avx2", or "portable" (Go loops).
+// on this CPU: "avx512-bf16" (as "avx512", and the float32-to-bfloat16 conversion and
+// the bfloat16 sum with AVX-512 BF16), "avx512" (the FP8 and int8 kernels with AVX-512,
+// the others with AVX2), "avx2", or "portable" (Go loops).
 func Kernels() string {
 	switch {
+	case haveAVX512 && haveBF16:
+		return "avx512-bf16"
 	case haveAVX512:
 		return "avx512"
 	case haveFMA:

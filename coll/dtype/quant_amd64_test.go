@@ -190,7 +190,15 @@ func TestKernelsName(t *testing.T) {
 	if haveAVX512 {
 		want = "avx512"
 	}
+	if haveAVX512 && haveBF16 {
+		want = "avx512-bf16"
+	}
 	require.Equal(t, want, Kernels())
+	if haveBF16 {
+		haveBF16 = false
+		require.Equal(t, "avx512", Kernels())
+		haveBF16 = true
+	}
 	if haveAVX512 {
 		haveAVX512 = false
 		defer func() { haveAVX512 = true }()

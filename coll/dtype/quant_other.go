@@ -16,8 +16,8 @@ func weightedSumFast[T Activation](dst []float32, w []float32, rows [][]T, add b
 
 func quantizeFP8Fast[T Activation](dst []byte, scales []float32, src []T, pow2 bool) int { return 0 }
 
-// haveFMA is false off amd64: the portable loops are the only ones.
-var haveFMA = false
+// haveFMA and haveAVX512 are false off amd64: the portable loops are the only ones.
+var haveFMA, haveAVX512 = false, false
 
 func dequantizeFP8Fast[T Activation](dst []T, src []byte, scales []float32) int { return 0 }
 

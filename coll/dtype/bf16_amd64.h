@@ -1,0 +1,29 @@
+// Macros of the AVX-512 kernels that write bfloat16s (quant512_amd64.s, conv512_amd64.s).
+
+// BF16_SETUP512 loads the constants BF16_STORE512 uses: Z8 1, Z7 0x7fff, Z6 0x7fffffff,
+// Z16 the bits of +Inf, Z17 0x40.
+#define BF16_SETUP512 \
+	MOVL         $1, AX; \
+	VPBROADCASTD AX, Z8; \
+	MOVL         $0x7fff, AX; \
+	VPBROADCASTD AX, Z7; \
+	MOVL         $0x7fffffff, AX; \
+	VPBROADCASTD AX, Z6; \
+	MOVL         $0x7f800000, AX; \
+	VPBROADCASTD AX, Z16; \
+	MOVL         $0x40, AX; \
+	VPBROADCASTD AX, Z17
+
+// BF16_STORE512(R, addr) stores at addr the 16 float32s of R as bfloat16s, rounded to
+// nearest even as F32ToBF16 rounds (a NaN keeps its high half, made quiet), subnormals
+// included. Z3, Z4, Z5 and K3 are scratch.
+#define BF16_STORE512(R, addr) \
+	VPSRLD  $16, R, Z3; \
+	VPANDD  Z8, Z3, Z4; \
+	VPADDD  Z7, R, Z5; \
+	VPADDD  Z4, Z5, Z5; \
+	VPSRLD  $16, Z5, Z5; \
+	VPANDD  Z6, R, Z4; \
+	VPCMPUD $6, Z16, Z4, K3; \
+	VPORD   Z17, Z3, K3, Z5; \
+	VPMOVDW Z5, addr
