@@ -436,8 +436,8 @@ func BenchmarkAxpy(b *testing.B) {
 
 // WeightedSum is, bit for bit, Scale with the first row and Axpy with each next (or Axpy
 // with every row, with add): for every length around the kernel's width, 0 to 20 rows
-// (more than one kernel call's 16), f32 and bf16 rows, the vector path and the portable
-// one.
+// (more than one kernel call's 16), f32 and bf16 rows, the vector paths (AVX-512 and
+// AVX2 where the CPU has both) and the portable one.
 func TestWeightedSumMatchesAxpy(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	check := func(t *testing.T) {
@@ -478,6 +478,11 @@ func TestWeightedSumMatchesAxpy(t *testing.T) {
 		}
 	}
 	t.Run("vector", check)
+	if haveAVX512 { // the AVX2 kernel where the CPU has AVX-512 too
+		haveAVX512 = false
+		t.Run("avx2", check)
+		haveAVX512 = true
+	}
 	if haveFMA {
 		defer func() { haveFMA = true }()
 		haveFMA = false
