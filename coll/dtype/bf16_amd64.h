@@ -27,3 +27,9 @@
 	VPCMPUD $6, Z16, Z4, K3; \
 	VPORD   Z17, Z3, K3, Z5; \
 	VPMOVDW Z5, addr
+
+// CVT2BF16 is VCVTNE2PS2BF16 Z0, Z1, Z2 (Intel order: zmm2, zmm1, zmm0), which Go's
+// assembler does not know: Z2's low 16 words are Z0's float32s as bfloat16s, its high
+// 16 Z1's. The bytes are those binutils gives.
+#define CVT2BF16 \
+	BYTE $0x62; BYTE $0xf2; BYTE $0x77; BYTE $0x48; BYTE $0x72; BYTE $0xd0

@@ -6,12 +6,6 @@
 // even and quiets NaNs as F32ToBF16 does, but takes subnormal inputs as zeros: 32 values
 // that hold a subnormal go through BF16_STORE512 instead, which rounds them.
 
-// CVT2BF16 is VCVTNE2PS2BF16 Z0, Z1, Z2 (Intel order: zmm2, zmm1, zmm0), which Go's
-// assembler does not know: Z2's low 16 words are Z0's float32s as bfloat16s, its high
-// 16 Z1's. The bytes are those binutils gives.
-#define CVT2BF16 \
-	BYTE $0x62; BYTE $0xf2; BYTE $0x77; BYTE $0x48; BYTE $0x72; BYTE $0xd0
-
 // func f32ToBF16AVX512(dst *uint16, src *float32, n int)
 // n is a positive multiple of 32.
 TEXT ·f32ToBF16AVX512(SB), NOSPLIT, $0-24

@@ -179,22 +179,38 @@ ybb:
 	VZEROUPPER
 	RET
 
-// func fromE4M3BlocksBF16AVX512(dst *uint16, src *byte, nblocks int, scales *float32)
-// Block b of 128 E4M3 bytes as bfloat16s: each value's float32 (as fromE4M3AVX2) times
-// scales[b], rounded to nearest even (as F32ToBF16, a NaN quiet with its sign). A code's
-// magnitude bits shifted left by 20 are the float32 bits of its value times 2^-120, its
-// subnormals too (as float32 subnormals), so one exact multiplication by 2^120 decodes
-// both ranges.
-TEXT ·fromE4M3BlocksBF16AVX512(SB), NOSPLIT, $0-32
+// E4M3_DECODE512(addr, R, S) leaves in R the float32 values of the 16 E4M3 codes at
+// addr times Z15 (as fromE4M3AVX2 decodes them): a code's magnitude bits shifted left by
+// 20 are the float32 bits of its value times 2^-120, its subnormals too (as float32
+// subnormals), so one exact multiplication by 2^120 decodes both ranges; then NaN for
+// 0x7f, the sign, the scale. S and K4 are scratch; Z14 0x7f<<20, Z13 the sign bit, Z12
+// 2^120, Z9 a quiet NaN.
+#define E4M3_DECODE512(addr, R, S) \
+	VPMOVZXBD  addr, S; \
+	VPSLLD     $20, S, R; \
+	VPANDD     Z14, R, R; \
+	VPCMPEQD   Z14, R, K4; \
+	VMULPS     Z12, R, R; \
+	VMOVDQA32  Z9, K4, R; \
+	VPSLLD     $24, S, S; \
+	VPTERNLOGD $0xf8, Z13, S, R; \
+	VMULPS     Z15, R, R
+
+// func fromE4M3BlocksBF16AVX512(dst *uint16, src *byte, nblocks int, scales *float32, cvt int)
+// Block b of 128 E4M3 bytes as bfloat16s: each value's float32 times scales[b], rounded
+// to nearest even (as F32ToBF16, a NaN quiet with its sign). With cvt != 0 (the CPU has
+// AVX-512 BF16) 32 values without a subnormal among them are rounded by VCVTNE2PS2BF16.
+TEXT ·fromE4M3BlocksBF16AVX512(SB), NOSPLIT, $0-40
 	MOVQ         dst+0(FP), DI
 	MOVQ         src+8(FP), SI
 	MOVQ         nblocks+16(FP), CX
 	MOVQ         scales+24(FP), R8
-	MOVL         $0x07f00000, AX // 0x7f<<20
+	MOVQ         cvt+32(FP), R9
+	MOVL         $0x07f00000, AX
 	VPBROADCASTD AX, Z14
 	MOVL         $0x80000000, AX
 	VPBROADCASTD AX, Z13
-	MOVL         $0x7b800000, AX // 2^120
+	MOVL         $0x7b800000, AX
 	VPBROADCASTD AX, Z12
 	MOVL         $0x7fc00000, AX
 	VPBROADCASTD AX, Z9
@@ -203,27 +219,34 @@ TEXT ·fromE4M3BlocksBF16AVX512(SB), NOSPLIT, $0-32
 dbb:
 	VBROADCASTSS (R8), Z15
 	ADDQ         $4, R8
-	MOVQ         $8, DX
+	MOVQ         $4, DX
 
 dbi:
-	VPMOVZXBD  (SI), Z0
-	VPSLLD     $20, Z0, Z1
-	VPANDD     Z14, Z1, Z1      // the magnitude's bits, times 2^-120
-	VPCMPEQD   Z14, Z1, K1      // 0x7f: NaN
-	VMULPS     Z12, Z1, Z1
-	VMOVDQA32  Z9, K1, Z1
-	VPSLLD     $24, Z0, Z0
-	VPTERNLOGD $0xf8, Z13, Z0, Z1 // the sign
-	VMULPS     Z15, Z1, Z2        // the float32 value
-	BF16_STORE512(Z2, (DI))
-	ADDQ       $16, SI
-	ADDQ       $32, DI
-	DECQ       DX
-	JNZ        dbi
-	DECQ       CX
-	JNZ        dbb
+	E4M3_DECODE512((SI), Z0, Z10)
+	E4M3_DECODE512(16(SI), Z1, Z11)
+	TESTQ       R9, R9
+	JZ          dround
+	VFPCLASSPSZ $0x20, Z0, K1 // subnormal
+	VFPCLASSPSZ $0x20, Z1, K2
+	KORTESTW    K2, K1
+	JNE         dround
+	CVT2BF16
+	VMOVDQU16   Z2, (DI)
+
+dnext:
+	ADDQ $32, SI
+	ADDQ $64, DI
+	DECQ DX
+	JNZ  dbi
+	DECQ CX
+	JNZ  dbb
 	VZEROUPPER
 	RET
+
+dround:
+	BF16_STORE512(Z0, (DI))
+	BF16_STORE512(Z1, 32(DI))
+	JMP dnext
 
 // func amaxBF16AVX512(src *uint16, n int) (fin, all uint32)
 // As amaxAVX2 on bfloat16 values: the float32 bits of the largest finite magnitude, and

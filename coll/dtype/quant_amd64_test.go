@@ -78,18 +78,27 @@ func TestFP8BlockKernels(t *testing.T) {
 // DequantizeFP8 into bfloat16s (AVX-512 where the CPU has it) gives, for each of the
 // 256 codes under scales whose products are normal, subnormal, overflowing, zero or
 // NaN, the code's value times its scale rounded as ToBF16 rounds it; and the same as
-// the path without AVX-512, on a quantised row longer than one call of the kernel's.
+// the path without AVX-512, on a quantised row longer than one call of the kernel's;
+// with AVX-512 BF16 and without.
 func TestDequantizeFP8BF16(t *testing.T) {
 	src := make([]byte, 2*FP8Block*4)
 	for i := range src {
 		src[i] = byte(i)
 	}
 	scales := []float32{1, 0x1.8p-3, 3.7, 1e-38, 1e38, 0, float32(math.Inf(1)), 0x1p-140}
-	got := make([]BFloat16, len(src))
-	DequantizeFP8(got, src, scales)
-	for i, q := range src {
-		s := scales[i/FP8Block]
-		require.Equal(t, ToBF16(FP8E4M3Val(q).Float32()*s), got[i], "code %#02x times %v", q, s)
+	check := func(kernel string) {
+		got := make([]BFloat16, len(src))
+		DequantizeFP8(got, src, scales)
+		for i, q := range src {
+			s := scales[i/FP8Block]
+			require.Equal(t, ToBF16(FP8E4M3Val(q).Float32()*s), got[i], "%s: code %#02x times %v", kernel, q, s)
+		}
+	}
+	check("as this CPU runs it")
+	if haveBF16 { // the rounding without VCVTNE2PS2BF16 too
+		haveBF16 = false
+		check("without AVX-512 BF16")
+		haveBF16 = true
 	}
 	if !haveAVX512 {
 		t.Log("this CPU has no AVX-512 (F, BW and DQ): only the path without it is checked")
