@@ -147,3 +147,57 @@ wstore:
 	JNZ     wchunk
 	VZEROUPPER
 	RET
+
+// func sumF32AVX512(dst *float32, rows **float32, w *float32, k int, n int, add int)
+// sumBF16AVX512 with float32 rows; n a positive multiple of 64, k at least 1.
+TEXT ·sumF32AVX512(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ rows+8(FP), R8
+	MOVQ w+16(FP), R9
+	MOVQ k+24(FP), R10
+	MOVQ n+32(FP), CX
+	MOVQ add+40(FP), R11
+	XORQ SI, SI // byte offset in the rows
+
+fchunk:
+	TESTQ R11, R11
+	JNZ   fadd
+	MOVQ         (R8), AX
+	VBROADCASTSS (R9), Z15
+	VMULPS       (AX)(SI*1), Z15, Z0
+	VMULPS       64(AX)(SI*1), Z15, Z1
+	VMULPS       128(AX)(SI*1), Z15, Z2
+	VMULPS       192(AX)(SI*1), Z15, Z3
+	MOVQ         $1, DX
+	JMP          frows
+
+fadd:
+	VMOVUPS (DI), Z0
+	VMOVUPS 64(DI), Z1
+	VMOVUPS 128(DI), Z2
+	VMOVUPS 192(DI), Z3
+	XORQ    DX, DX
+
+frows:
+	CMPQ         DX, R10
+	JGE          fstore
+	MOVQ         (R8)(DX*8), AX
+	VBROADCASTSS (R9)(DX*4), Z15
+	VFMADD231PS  (AX)(SI*1), Z15, Z0 // Z0 += row*Z15
+	VFMADD231PS  64(AX)(SI*1), Z15, Z1
+	VFMADD231PS  128(AX)(SI*1), Z15, Z2
+	VFMADD231PS  192(AX)(SI*1), Z15, Z3
+	INCQ         DX
+	JMP          frows
+
+fstore:
+	VMOVUPS Z0, (DI)
+	VMOVUPS Z1, 64(DI)
+	VMOVUPS Z2, 128(DI)
+	VMOVUPS Z3, 192(DI)
+	ADDQ    $256, SI
+	ADDQ    $256, DI
+	SUBQ    $64, CX
+	JNZ     fchunk
+	VZEROUPPER
+	RET

@@ -53,13 +53,15 @@ func sumBF16AVX2(dst *float32, rows **uint16, w *float32, k int, n int, add int)
 func sumBF16AVX512(dst *float32, rows **uint16, w *float32, k int, n int, add int)
 
 //go:noescape
+func sumF32AVX512(dst *float32, rows **float32, w *float32, k int, n int, add int)
+
+//go:noescape
 func sumF32AVX2(dst *float32, rows **float32, w *float32, k int, n int, add int)
 
 var haveFMA = cpu.X86.HasAVX2 && cpu.X86.HasFMA
 
 // weightedSumFast does WeightedSum's longest prefix of a multiple of 32 values, at most
-// 16 rows at a time (bfloat16 rows 64 values at a time with AVX-512), and returns its
-// length.
+// 16 rows at a time (64 values at a time with AVX-512), and returns its length.
 func weightedSumFast[T Activation](dst []float32, w []float32, rows [][]T, add bool) int {
 	n := len(dst) &^ 31
 	if !haveFMA || n == 0 || len(rows) == 0 {
@@ -75,18 +77,27 @@ func weightedSumFast[T Activation](dst []float32, w []float32, rows [][]T, add b
 		if add || g > 0 {
 			a = 1
 		}
-		if n64 := n &^ 63; isBF16[T]() && haveAVX512 && n64 > 0 {
-			sumBF16AVX512(&dst[0], (**uint16)(unsafe.Pointer(&ptrs[0])), &w[g], k, n64, a)
-			if n > n64 {
-				for j := 0; j < k; j++ {
-					ptrs[j] = unsafe.Pointer(&rows[g+j][n64])
-				}
-				sumBF16AVX2(&dst[n64], (**uint16)(unsafe.Pointer(&ptrs[0])), &w[g], k, n-n64, a)
+		n64 := 0 // the prefix the AVX-512 kernels take, 64 values at a time
+		if haveAVX512 {
+			n64 = n &^ 63
+		}
+		if n64 > 0 {
+			if isBF16[T]() {
+				sumBF16AVX512(&dst[0], (**uint16)(unsafe.Pointer(&ptrs[0])), &w[g], k, n64, a)
+			} else {
+				sumF32AVX512(&dst[0], (**float32)(unsafe.Pointer(&ptrs[0])), &w[g], k, n64, a)
 			}
-		} else if isBF16[T]() {
-			sumBF16AVX2(&dst[0], (**uint16)(unsafe.Pointer(&ptrs[0])), &w[g], k, n, a)
+			if n == n64 {
+				continue
+			}
+			for j := 0; j < k; j++ {
+				ptrs[j] = unsafe.Pointer(&rows[g+j][n64])
+			}
+		}
+		if isBF16[T]() {
+			sumBF16AVX2(&dst[n64], (**uint16)(unsafe.Pointer(&ptrs[0])), &w[g], k, n-n64, a)
 		} else {
-			sumF32AVX2(&dst[0], (**float32)(unsafe.Pointer(&ptrs[0])), &w[g], k, n, a)
+			sumF32AVX2(&dst[n64], (**float32)(unsafe.Pointer(&ptrs[0])), &w[g], k, n-n64, a)
 		}
 	}
 	return n
@@ -307,8 +318,7 @@ func dequantizeI8Fast[T Activation](dst []T, src []byte, scale float32) int {
 // Kernels names the vector kernels the conversions, quantisation and weighted sums run
 // on this CPU: "avx512-bf16" (as "avx512", and the float32-to-bfloat16 conversion and
 // the bfloat16 sum with AVX-512 BF16), "avx512" (the FP8 and int8 kernels and the
-// weighted sum of bfloat16 rows with AVX-512, the others with AVX2), "avx2", or
-// "portable" (Go loops).
+// weighted sums with AVX-512, the others with AVX2), "avx2", or "portable" (Go loops).
 func Kernels() string {
 	switch {
 	case haveAVX512 && haveBF16:
