@@ -201,3 +201,60 @@ fstore:
 	JNZ     fchunk
 	VZEROUPPER
 	RET
+
+// func amaxBlocksF32AVX512(src *float32, nblocks int, out *uint32)
+// As amaxBlocksF32AVX2: out[b] = the float32 bits of the largest finite magnitude among
+// the 128 float32 values of block b (0 where none is finite); nblocks > 0.
+TEXT ·amaxBlocksF32AVX512(SB), NOSPLIT, $0-24
+	MOVQ         src+0(FP), SI
+	MOVQ         nblocks+8(FP), CX
+	MOVQ         out+16(FP), DI
+	MOVL         $0x7fffffff, AX
+	VPBROADCASTD AX, Z14
+	MOVL         $0x7f800000, AX
+	VPBROADCASTD AX, Z13 // the bits of +Inf
+
+mfb:
+	VPXORD  Z8, Z8, Z8
+	VPXORD  Z9, Z9, Z9
+	VPANDD  (SI), Z14, Z0
+	VPANDD  64(SI), Z14, Z1
+	VPANDD  128(SI), Z14, Z2
+	VPANDD  192(SI), Z14, Z3
+	VPANDD  256(SI), Z14, Z4
+	VPANDD  320(SI), Z14, Z5
+	VPANDD  384(SI), Z14, Z6
+	VPANDD  448(SI), Z14, Z7
+	VPCMPUD $1, Z13, Z0, K1 // finite
+	VPCMPUD $1, Z13, Z1, K2
+	VPCMPUD $1, Z13, Z2, K3
+	VPCMPUD $1, Z13, Z3, K4
+	VPMAXUD Z0, Z8, K1, Z8
+	VPMAXUD Z1, Z9, K2, Z9
+	VPMAXUD Z2, Z8, K3, Z8
+	VPMAXUD Z3, Z9, K4, Z9
+	VPCMPUD $1, Z13, Z4, K1
+	VPCMPUD $1, Z13, Z5, K2
+	VPCMPUD $1, Z13, Z6, K3
+	VPCMPUD $1, Z13, Z7, K4
+	VPMAXUD Z4, Z8, K1, Z8
+	VPMAXUD Z5, Z9, K2, Z9
+	VPMAXUD Z6, Z8, K3, Z8
+	VPMAXUD Z7, Z9, K4, Z9
+	VPMAXUD Z9, Z8, Z8
+	VEXTRACTI64X4 $1, Z8, Y1
+	VPMAXUD Y1, Y8, Y8
+	VEXTRACTI128 $1, Y8, X1
+	VPMAXUD X1, X8, X8
+	VPSHUFD $0x4e, X8, X1
+	VPMAXUD X1, X8, X8
+	VPSHUFD $0xb1, X8, X1
+	VPMAXUD X1, X8, X8
+	VMOVD   X8, AX
+	MOVL    AX, (DI)
+	ADDQ    $512, SI
+	ADDQ    $4, DI
+	DECQ    CX
+	JNZ     mfb
+	VZEROUPPER
+	RET

@@ -202,6 +202,8 @@ func quantizeFP8Fast[T Activation](dst []byte, scales []float32, src []T, pow2 b
 		n := min(run, nb-b)
 		lo := b * FP8Block
 		switch {
+		case isF32[T]() && haveAVX512:
+			amaxBlocksF32AVX512(&asF32(src)[lo], n, &bits[0])
 		case isF32[T]():
 			amaxBlocksF32AVX2(&asF32(src)[lo], n, &bits[0])
 		case haveAVX512:
@@ -241,6 +243,9 @@ func amaxBlocksBF16AVX512(src *uint16, nblocks int, out *uint32)
 
 //go:noescape
 func toE4M3BlocksBF16AVX512(dst *byte, src *uint16, nblocks int, invs *float32)
+
+//go:noescape
+func amaxBlocksF32AVX512(src *float32, nblocks int, out *uint32)
 
 //go:noescape
 func toE4M3BlocksF32AVX512(dst *byte, src *float32, nblocks int, invs *float32)

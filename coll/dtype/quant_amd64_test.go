@@ -13,7 +13,8 @@ import (
 // The FP8 block kernels, AVX2 and AVX-512, give e4m3's byte for every bfloat16 value
 // (all 65536 bit patterns, NaNs and infinities included) under scales that move them
 // across E4M3's whole range, subnormals and saturation included; and for float32 rows
-// of random and special values. Their largest finite magnitudes are amax's.
+// of random and special values. Their largest finite magnitudes, of bfloat16 and of
+// float32 blocks, are amax's.
 func TestFP8BlockKernels(t *testing.T) {
 	if !haveFMA {
 		t.Skip("this CPU has no AVX2 and FMA: only the portable loops run, and the other tests check them")
@@ -23,10 +24,11 @@ func TestFP8BlockKernels(t *testing.T) {
 		toBF16 func(dst *byte, src *uint16, nblocks int, invs *float32)
 		toF32  func(dst *byte, src *float32, nblocks int, invs *float32)
 		amaxB  func(src *uint16, nblocks int, out *uint32)
+		amaxF  func(src *float32, nblocks int, out *uint32)
 	}
-	ks := []kernels{{"avx2", toE4M3BlocksBF16AVX2, toE4M3BlocksF32AVX2, amaxBlocksBF16AVX2}}
+	ks := []kernels{{"avx2", toE4M3BlocksBF16AVX2, toE4M3BlocksF32AVX2, amaxBlocksBF16AVX2, amaxBlocksF32AVX2}}
 	if haveAVX512 {
-		ks = append(ks, kernels{"avx512", toE4M3BlocksBF16AVX512, toE4M3BlocksF32AVX512, amaxBlocksBF16AVX512})
+		ks = append(ks, kernels{"avx512", toE4M3BlocksBF16AVX512, toE4M3BlocksF32AVX512, amaxBlocksBF16AVX512, amaxBlocksF32AVX512})
 	} else {
 		t.Log("this CPU has no AVX-512 (F, BW and DQ): only the AVX2 kernels are checked")
 	}
@@ -60,6 +62,18 @@ func TestFP8BlockKernels(t *testing.T) {
 			for i, v := range x {
 				require.Equal(t, e4m3(v*fi[i/FP8Block]), gotF[i], "%s, f32 %v times %v", k.name, v, fi[i/FP8Block])
 			}
+		}
+		// float32 blocks: x's random and special values, and a last block with no finite
+		// value, whose amax is 0.
+		xf := append(append([]float32(nil), x...), make([]float32, FP8Block)...)
+		for i := len(x); i < len(xf); i++ {
+			xf[i] = []float32{float32(math.NaN()), float32(math.Inf(-1)), float32(math.Inf(1))}[i%3]
+		}
+		bitsF := make([]uint32, len(xf)/FP8Block)
+		k.amaxF(&xf[0], len(bitsF), &bitsF[0])
+		for b := range bitsF {
+			m, _ := amax(xf[b*FP8Block : (b+1)*FP8Block])
+			require.Equal(t, math.Float32bits(m), bitsF[b], "%s, amax of float32 block %d", k.name, b)
 		}
 		for _, src := range [][]uint16{all, xb} {
 			n := len(src) / FP8Block
