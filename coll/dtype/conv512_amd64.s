@@ -258,3 +258,40 @@ mfb:
 	JNZ     mfb
 	VZEROUPPER
 	RET
+
+// func fromI8BF16AVX512BF16(dst *uint16, src *byte, n int, scale float32)
+// As fromI8BF16AVX512, rounding 32 values at a time with VCVTNE2PS2BF16 where none of
+// the products is subnormal; n a positive multiple of 32.
+TEXT ·fromI8BF16AVX512BF16(SB), NOSPLIT, $0-28
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Z15
+	BF16_SETUP512
+
+ib:
+	VPMOVSXBD   (SI), Z0
+	VPMOVSXBD   16(SI), Z1
+	VCVTDQ2PS   Z0, Z0
+	VCVTDQ2PS   Z1, Z1
+	VMULPS      Z15, Z0, Z0
+	VMULPS      Z15, Z1, Z1
+	VFPCLASSPSZ $0x20, Z0, K1 // subnormal
+	VFPCLASSPSZ $0x20, Z1, K2
+	KORTESTW    K2, K1
+	JNE         ibsub
+	CVT2BF16
+	VMOVDQU16   Z2, (DI)
+
+ibnext:
+	ADDQ $32, SI
+	ADDQ $64, DI
+	SUBQ $32, CX
+	JNZ  ib
+	VZEROUPPER
+	RET
+
+ibsub:
+	BF16_STORE512(Z0, (DI))
+	BF16_STORE512(Z1, 32(DI))
+	JMP ibnext

@@ -282,6 +282,9 @@ func toI8BF16AVX512(dst *byte, src *uint16, n int, inv float32)
 //go:noescape
 func fromI8BF16AVX512(dst *uint16, src *byte, n int, scale float32)
 
+//go:noescape
+func fromI8BF16AVX512BF16(dst *uint16, src *byte, n int, scale float32)
+
 // quantizeI8Fast is QuantizeI8 for bfloat16 rows with AVX-512, on the longest prefix of
 // a multiple of 32 values; ok is false (nothing done) for other rows or CPUs. With a NaN
 // in the row, or no finite non-zero value, it returns the scale (NaN, 0) and leaves dst
@@ -316,7 +319,17 @@ func dequantizeI8Fast[T Activation](dst []T, src []byte, scale float32) int {
 	if !haveAVX512 || isF32[T]() || n == 0 {
 		return 0
 	}
-	fromI8BF16AVX512((*uint16)(unsafe.Pointer(&asBF16(dst)[0])), &src[0], n, scale)
+	d := (*uint16)(unsafe.Pointer(&asBF16(dst)[0]))
+	n32 := 0
+	if haveBF16 {
+		n32 = n &^ 31
+	}
+	if n32 > 0 {
+		fromI8BF16AVX512BF16(d, &src[0], n32, scale)
+	}
+	if n > n32 {
+		fromI8BF16AVX512((*uint16)(unsafe.Pointer(&asBF16(dst)[n32])), &src[n32], n-n32, scale)
+	}
 	return n
 }
 

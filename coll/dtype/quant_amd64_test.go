@@ -137,11 +137,12 @@ func TestDequantizeFP8BF16(t *testing.T) {
 // QuantizeI8 and DequantizeI8 on bfloat16s give with AVX-512 what they give without it:
 // every length around the kernels' widths, rows of random, zero, saturating, infinite
 // and NaN values, and every code under scales with normal, subnormal and overflowing
-// products.
+// products (decoded with AVX-512 BF16 and without).
 func TestI8BF16(t *testing.T) {
 	if !haveAVX512 {
 		t.Skip("this CPU has no AVX-512 (F, BW and DQ): the other tests check the only paths it runs")
 	}
+	avx512, bf16 := haveAVX512, haveBF16
 	r := rand.New(rand.NewPCG(15, 16))
 	special := []float32{0, 1e30, float32(math.Inf(1)), float32(math.Inf(-1)), -3e-39, 7}
 	both := func(f func()) {
@@ -188,19 +189,22 @@ func TestI8BF16(t *testing.T) {
 			}
 		}
 	}
-	codes := make([]byte, 256+13)
+	// Every code, then 16 more and a tail: the AVX-512 BF16 kernel's 32 at a time, the
+	// AVX-512 kernel's 16, the portable loop's rest.
+	codes := make([]byte, 256+16+13)
 	for i := range codes {
-		codes[i] = byte(i)
+		codes[i] = byte(i * 7)
 	}
 	for _, sc := range []float32{1, 0x1.01p0, 0.0123, 1e-40, 3e36, 0} { // 1+2^-8: products halfway between bfloat16s
-		var y [2][]BFloat16
-		i := 0
-		both(func() {
+		var y [3][]BFloat16
+		for i, kernels := range []struct{ avx512, bf16 bool }{{true, true}, {true, false}, {false, false}} {
+			haveAVX512, haveBF16 = kernels.avx512 && haveAVX512, kernels.bf16 && haveBF16
 			y[i] = make([]BFloat16, len(codes))
 			DequantizeI8(y[i], codes, sc)
-			i++
-		})
-		require.Equal(t, y[1], y[0], "scale %v", sc)
+			haveAVX512, haveBF16 = avx512, bf16
+		}
+		require.Equal(t, y[2], y[0], "scale %v", sc)
+		require.Equal(t, y[2], y[1], "scale %v, without AVX-512 BF16", sc)
 	}
 }
 
