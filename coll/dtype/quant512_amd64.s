@@ -248,6 +248,41 @@ dround:
 	BF16_STORE512(Z1, 32(DI))
 	JMP dnext
 
+// func fromE4M3BlocksF32AVX512(dst *float32, src *byte, nblocks int, scales *float32)
+// Block b of 128 E4M3 bytes as float32s: each value times scales[b] (as fromE4M3AVX2).
+TEXT ·fromE4M3BlocksF32AVX512(SB), NOSPLIT, $0-32
+	MOVQ         dst+0(FP), DI
+	MOVQ         src+8(FP), SI
+	MOVQ         nblocks+16(FP), CX
+	MOVQ         scales+24(FP), R8
+	MOVL         $0x07f00000, AX
+	VPBROADCASTD AX, Z14
+	MOVL         $0x80000000, AX
+	VPBROADCASTD AX, Z13
+	MOVL         $0x7b800000, AX
+	VPBROADCASTD AX, Z12
+	MOVL         $0x7fc00000, AX
+	VPBROADCASTD AX, Z9
+
+fbb:
+	VBROADCASTSS (R8), Z15
+	ADDQ         $4, R8
+	MOVQ         $4, DX
+
+fbi:
+	E4M3_DECODE512((SI), Z0, Z10)
+	E4M3_DECODE512(16(SI), Z1, Z11)
+	VMOVUPS Z0, (DI)
+	VMOVUPS Z1, 64(DI)
+	ADDQ    $32, SI
+	ADDQ    $128, DI
+	DECQ    DX
+	JNZ     fbi
+	DECQ    CX
+	JNZ     fbb
+	VZEROUPPER
+	RET
+
 // func amaxBF16AVX512(src *uint16, n int) (fin, all uint32)
 // As amaxAVX2 on bfloat16 values: the float32 bits of the largest finite magnitude, and
 // of the largest of all (above those of +Inf: a NaN); n a multiple of 32.

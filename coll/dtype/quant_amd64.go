@@ -255,15 +255,21 @@ func toE4M3BlocksF32AVX512(dst *byte, src *float32, nblocks int, invs *float32)
 var haveAVX512 = haveFMA && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512DQ
 
 //go:noescape
+func fromE4M3BlocksF32AVX512(dst *float32, src *byte, nblocks int, scales *float32)
+
+//go:noescape
 func fromE4M3BlocksBF16AVX512(dst *uint16, src *byte, nblocks int, scales *float32, cvt int)
 
-// dequantizeFP8Fast dequantises the whole blocks of src into bfloat16s as DequantizeFP8
-// does, and returns how many blocks it did (none unless T is BFloat16 and the CPU has
-// AVX-512).
+// dequantizeFP8Fast dequantises the whole blocks of src as DequantizeFP8 does, and
+// returns how many blocks it did (none unless the CPU has AVX-512).
 func dequantizeFP8Fast[T Activation](dst []T, src []byte, scales []float32) int {
 	nb := len(src) / FP8Block
-	if !haveAVX512 || isF32[T]() || nb == 0 {
+	if !haveAVX512 || nb == 0 {
 		return 0
+	}
+	if isF32[T]() {
+		fromE4M3BlocksF32AVX512(&asF32(dst)[0], &src[0], nb, &scales[0])
+		return nb
 	}
 	cvt := 0
 	if haveBF16 {

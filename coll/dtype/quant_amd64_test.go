@@ -93,7 +93,7 @@ func TestFP8BlockKernels(t *testing.T) {
 // 256 codes under scales whose products are normal, subnormal, overflowing, zero or
 // NaN, the code's value times its scale rounded as ToBF16 rounds it; and the same as
 // the path without AVX-512, on a quantised row longer than one call of the kernel's;
-// with AVX-512 BF16 and without.
+// with AVX-512 BF16 and without. Into float32s, each code's value times its scale.
 func TestDequantizeFP8BF16(t *testing.T) {
 	src := make([]byte, 2*FP8Block*4)
 	for i := range src {
@@ -113,6 +113,17 @@ func TestDequantizeFP8BF16(t *testing.T) {
 		haveBF16 = false
 		check("without AVX-512 BF16")
 		haveBF16 = true
+	}
+	gotF := make([]float32, len(src)) // into float32s: each code's value times its scale, exactly
+	DequantizeFP8(gotF, src, scales)
+	for i, q := range src {
+		s := scales[i/FP8Block]
+		want := FP8E4M3Val(q).Float32() * s
+		if math.IsNaN(float64(want)) {
+			require.True(t, math.IsNaN(float64(gotF[i])), "float32: code %#02x times %v is %v, want a NaN", q, s, gotF[i])
+			continue
+		}
+		require.Equal(t, math.Float32bits(want), math.Float32bits(gotF[i]), "float32: code %#02x times %v", q, s)
 	}
 	if !haveAVX512 {
 		t.Log("this CPU has no AVX-512 (F, BW and DQ): only the path without it is checked")
