@@ -48,6 +48,10 @@ type dataJob struct {
 
 const rbufSize = 256 << 10
 
+// directRead is the size from which the rest of a payload is read from the socket
+// straight into its destination rather than through rbuf.
+const directRead = 32 << 10
+
 type stream struct {
 	p    *peer
 	idx  int
@@ -78,15 +82,18 @@ type stream struct {
 	corks      atomic.Int32 // IsendBatch calls under way: send queues its frames for their flush
 
 	// Reading (reader goroutine only).
-	rbuf   []byte
-	r, w   int
-	spin   busypoll.Spinner
-	rp     []byte
-	rn     int
-	rerr   error
-	readFn func(uintptr) bool
-	woke   bool          // the last frame completed a receive whose waiter was parked
-	src    payloadSource // the payload of the frame being handled
+	rbuf []byte
+	r, w int
+	// afterBulk: the last payload was read straight into its destination, so the next
+	// fill reads no further than the header it needs.
+	afterBulk bool
+	spin      busypoll.Spinner
+	rp        []byte
+	rn        int
+	rerr      error
+	readFn    func(uintptr) bool
+	woke      bool          // the last frame completed a receive whose waiter was parked
+	src       payloadSource // the payload of the frame being handled
 }
 
 func newStream(p *peer, idx int, c *net.TCPConn) *stream {
@@ -572,8 +579,16 @@ func (s *stream) fill(n int) error {
 		s.w = copy(s.rbuf, s.rbuf[s.r:s.w])
 		s.r = 0
 	}
+	end := len(s.rbuf)
+	if s.afterBulk {
+		// The last frame's payload went straight to its destination: read this frame's
+		// header alone, so that a bulk payload after it does too instead of filling
+		// rbuf only to be copied out of it.
+		end = s.r + n
+		s.afterBulk = false
+	}
 	for s.w-s.r < n {
-		k, err := s.read(s.rbuf[s.w:])
+		k, err := s.read(s.rbuf[s.w:end])
 		if err != nil {
 			return err
 		}
@@ -584,21 +599,25 @@ func (s *stream) fill(n int) error {
 }
 
 // readInto fills dst with the next len(dst) bytes of the stream: what is buffered first,
-// then large remainders straight from the socket into dst (no intermediate copy).
+// then a large remainder (directRead or more) straight from the socket into dst, to its
+// end (no intermediate copy).
 func (s *stream) readInto(dst []byte) error {
 	k := copy(dst, s.rbuf[s.r:s.w])
 	s.r += k
 	dst = dst[k:]
-	for len(dst) > 0 {
-		if len(dst) >= 32<<10 {
+	if len(dst) >= directRead {
+		s.afterBulk = true
+		for len(dst) > 0 {
 			n, err := s.read(dst)
 			if err != nil {
 				return err
 			}
 			s.p.t.bytesIn.Add(uint64(n))
 			dst = dst[n:]
-			continue
 		}
+		return nil
+	}
+	for len(dst) > 0 {
 		if err := s.fill(1); err != nil {
 			return err
 		}
