@@ -79,6 +79,7 @@ type Combiner[T Act] struct {
 	read  int
 	ws    []float32 // a token's terms: weights and rows
 	rows  [][]T
+	terms [][]T // sumRows's rows
 }
 
 // slot is one combine in flight and its buffers.
@@ -364,20 +365,17 @@ func (s *slot[T]) sumRows(dst []float32, y []T, i int) {
 		clear(dst)
 		return
 	}
-	hid := s.cb.cfg.Hidden
-	for j, e := range entries {
-		r := dtype.Bytes(y[int(e)*hid : (int(e)+1)*hid])
-		switch {
-		case isF32[T]() && j == 0:
-			dtype.Scale(dst, ws[j], dtype.FromBytes[float32](r))
-		case isF32[T]():
-			dtype.Axpy(dst, ws[j], dtype.FromBytes[float32](r))
-		case j == 0:
-			dtype.ScaleBF16(dst, ws[j], dtype.FromBytes[dtype.BFloat16](r))
-		default:
-			dtype.AxpyBF16(dst, ws[j], dtype.FromBytes[dtype.BFloat16](r))
-		}
+	// One pass over dst for all the terms (WeightedSum gives, bit for bit, Scale with the
+	// first and Axpy with each next).
+	cb := s.cb
+	hid := cb.cfg.Hidden
+	terms := cb.terms[:0]
+	for _, e := range entries {
+		terms = append(terms, y[int(e)*hid:(int(e)+1)*hid])
 	}
+	dtype.WeightedSum(dst, ws, terms, false)
+	clear(terms) // no reference to y stays behind
+	cb.terms = terms[:0]
 }
 
 // partial writes into dst (Combined bytes, the combine's wire type) the weighted sum of
