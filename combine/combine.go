@@ -80,6 +80,10 @@ type Combiner[T Act] struct {
 	ws    []float32 // a token's terms: weights and rows
 	rows  [][]T
 	terms [][]T // sumRows's rows
+	// reduce's partial sums of a token, in the combine's wire type, and their weights (1).
+	partsB [][]dtype.BFloat16
+	partsF [][]float32
+	ones   []float32
 }
 
 // slot is one combine in flight and its buffers.
@@ -403,8 +407,18 @@ func (s *slot[T]) reduce() {
 	me := cb.c.Rank()
 	s.cnt = growInts(s.cnt, cb.c.Size())
 	clear(s.cnt)
+	if len(cb.ones) < cb.c.Size() {
+		cb.ones = make([]float32, cb.c.Size())
+		for i := range cb.ones {
+			cb.ones[i] = 1
+		}
+	}
+	pb, pf := cb.partsB[:0], cb.partsF[:0]
 	for t := 0; t < h.Tokens(); t++ {
 		dst := s.acc[t*hid : (t+1)*hid]
+		// The partials in ascending rank order, added to the own terms in one pass
+		// (WeightedSum with add: Axpy with each, bit for bit).
+		pb, pf = pb[:0], pf[:0]
 		for _, q := range h.Dests(t) {
 			if int(q) == me {
 				continue
@@ -413,15 +427,24 @@ func (s *slot[T]) reduce() {
 			s.cnt[q]++
 			src := s.parts[q][i*rb : (i+1)*rb]
 			if cb.f.Combine == dtype.BF16 {
-				dtype.AxpyBF16(dst, 1, dtype.FromBytes[dtype.BFloat16](src))
+				pb = append(pb, dtype.FromBytes[dtype.BFloat16](src))
 			} else {
-				dtype.Axpy(dst, 1, dtype.FromBytes[float32](src))
+				pf = append(pf, dtype.FromBytes[float32](src))
 			}
+		}
+		if len(pb) > 0 {
+			dtype.WeightedSum(dst, cb.ones[:len(pb)], pb, true)
+		}
+		if len(pf) > 0 {
+			dtype.WeightedSum(dst, cb.ones[:len(pf)], pf, true)
 		}
 		if !isF32[T]() {
 			dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](dtype.Bytes(s.out[t*hid:(t+1)*hid])), dst)
 		}
 	}
+	clear(pb[:cap(pb)]) // no reference to the receive buffers stays behind
+	clear(pf[:cap(pf)])
+	cb.partsB, cb.partsF = pb[:0], pf[:0]
 }
 
 func growInts(s []int, n int) []int {
