@@ -33,3 +33,21 @@
 // 16 Z1's. The bytes are those binutils gives.
 #define CVT2BF16 \
 	BYTE $0x62; BYTE $0xf2; BYTE $0x77; BYTE $0x48; BYTE $0x72; BYTE $0xd0
+
+// BF16_STORE32(round) stores at (DI) the 32 float32s of Z0 and Z1 as bfloat16s: with
+// CVT2BF16, unless one of them is subnormal (which it would take as zero); then it jumps
+// to round, where the caller stores them with BF16_STORE512 (BF16_ROUND32). K1, K2 and Z2
+// are scratch.
+#define BF16_STORE32(round) \
+	VFPCLASSPSZ $0x20, Z0, K1; \
+	VFPCLASSPSZ $0x20, Z1, K2; \
+	KORTESTW    K2, K1; \
+	JNE         round; \
+	CVT2BF16; \
+	VMOVDQU16   Z2, (DI)
+
+// BF16_ROUND32 stores at (DI) the 32 float32s of Z0 and Z1 as bfloat16s, subnormals
+// included, by BF16_STORE512.
+#define BF16_ROUND32 \
+	BF16_STORE512(Z0, (DI)); \
+	BF16_STORE512(Z1, 32(DI))

@@ -17,12 +17,7 @@ TEXT ·f32ToBF16AVX512(SB), NOSPLIT, $0-24
 cvt:
 	VMOVUPS        (SI), Z0
 	VMOVUPS        64(SI), Z1
-	VFPCLASSPSZ    $0x20, Z0, K1 // subnormal
-	VFPCLASSPSZ    $0x20, Z1, K2
-	KORTESTW       K2, K1
-	JNE            cvtsub
-	CVT2BF16
-	VMOVDQU16      Z2, (DI)
+	BF16_STORE32(cvtsub)
 
 cvtnext:
 	ADDQ $128, SI
@@ -33,8 +28,7 @@ cvtnext:
 	RET
 
 cvtsub:
-	BF16_STORE512(Z0, (DI))
-	BF16_STORE512(Z1, 32(DI))
+	BF16_ROUND32
 	JMP cvtnext
 
 // func bf16AddAVX512(dst, src *uint16, n int)
@@ -56,12 +50,7 @@ add:
 	VPSLLD         $16, Z10, Z10
 	VADDPS         Z9, Z0, Z0
 	VADDPS         Z10, Z1, Z1
-	VFPCLASSPSZ    $0x20, Z0, K1
-	VFPCLASSPSZ    $0x20, Z1, K2
-	KORTESTW       K2, K1
-	JNE            addsub
-	CVT2BF16
-	VMOVDQU16      Z2, (DI)
+	BF16_STORE32(addsub)
 
 addnext:
 	ADDQ $64, SI
@@ -72,8 +61,7 @@ addnext:
 	RET
 
 addsub:
-	BF16_STORE512(Z0, (DI))
-	BF16_STORE512(Z1, 32(DI))
+	BF16_ROUND32
 	JMP addnext
 
 // func sumBF16AVX512(dst *float32, rows **uint16, w *float32, k int, n int, add int)
@@ -276,12 +264,7 @@ ib:
 	VCVTDQ2PS   Z1, Z1
 	VMULPS      Z15, Z0, Z0
 	VMULPS      Z15, Z1, Z1
-	VFPCLASSPSZ $0x20, Z0, K1 // subnormal
-	VFPCLASSPSZ $0x20, Z1, K2
-	KORTESTW    K2, K1
-	JNE         ibsub
-	CVT2BF16
-	VMOVDQU16   Z2, (DI)
+	BF16_STORE32(ibsub)
 
 ibnext:
 	ADDQ $32, SI
@@ -292,6 +275,5 @@ ibnext:
 	RET
 
 ibsub:
-	BF16_STORE512(Z0, (DI))
-	BF16_STORE512(Z1, 32(DI))
+	BF16_ROUND32
 	JMP ibnext

@@ -196,6 +196,17 @@ ybb:
 	VPTERNLOGD $0xf8, Z13, S, R; \
 	VMULPS     Z15, R, R
 
+// E4M3_DECODE_SETUP512 loads the constants E4M3_DECODE512 uses.
+#define E4M3_DECODE_SETUP512 \
+	MOVL         $0x07f00000, AX; \
+	VPBROADCASTD AX, Z14; \
+	MOVL         $0x80000000, AX; \
+	VPBROADCASTD AX, Z13; \
+	MOVL         $0x7b800000, AX; \
+	VPBROADCASTD AX, Z12; \
+	MOVL         $0x7fc00000, AX; \
+	VPBROADCASTD AX, Z9
+
 // func fromE4M3BlocksBF16AVX512(dst *uint16, src *byte, nblocks int, scales *float32, cvt int)
 // Block b of 128 E4M3 bytes as bfloat16s: each value's float32 times scales[b], rounded
 // to nearest even (as F32ToBF16, a NaN quiet with its sign). With cvt != 0 (the CPU has
@@ -206,14 +217,7 @@ TEXT ·fromE4M3BlocksBF16AVX512(SB), NOSPLIT, $0-40
 	MOVQ         nblocks+16(FP), CX
 	MOVQ         scales+24(FP), R8
 	MOVQ         cvt+32(FP), R9
-	MOVL         $0x07f00000, AX
-	VPBROADCASTD AX, Z14
-	MOVL         $0x80000000, AX
-	VPBROADCASTD AX, Z13
-	MOVL         $0x7b800000, AX
-	VPBROADCASTD AX, Z12
-	MOVL         $0x7fc00000, AX
-	VPBROADCASTD AX, Z9
+	E4M3_DECODE_SETUP512
 	BF16_SETUP512
 
 dbb:
@@ -226,12 +230,7 @@ dbi:
 	E4M3_DECODE512(16(SI), Z1, Z11)
 	TESTQ       R9, R9
 	JZ          dround
-	VFPCLASSPSZ $0x20, Z0, K1 // subnormal
-	VFPCLASSPSZ $0x20, Z1, K2
-	KORTESTW    K2, K1
-	JNE         dround
-	CVT2BF16
-	VMOVDQU16   Z2, (DI)
+	BF16_STORE32(dround)
 
 dnext:
 	ADDQ $32, SI
@@ -244,8 +243,7 @@ dnext:
 	RET
 
 dround:
-	BF16_STORE512(Z0, (DI))
-	BF16_STORE512(Z1, 32(DI))
+	BF16_ROUND32
 	JMP dnext
 
 // func fromE4M3BlocksF32AVX512(dst *float32, src *byte, nblocks int, scales *float32)
@@ -255,14 +253,7 @@ TEXT ·fromE4M3BlocksF32AVX512(SB), NOSPLIT, $0-32
 	MOVQ         src+8(FP), SI
 	MOVQ         nblocks+16(FP), CX
 	MOVQ         scales+24(FP), R8
-	MOVL         $0x07f00000, AX
-	VPBROADCASTD AX, Z14
-	MOVL         $0x80000000, AX
-	VPBROADCASTD AX, Z13
-	MOVL         $0x7b800000, AX
-	VPBROADCASTD AX, Z12
-	MOVL         $0x7fc00000, AX
-	VPBROADCASTD AX, Z9
+	E4M3_DECODE_SETUP512
 
 fbb:
 	VBROADCASTSS (R8), Z15

@@ -325,13 +325,12 @@ func dequantizeI8Fast[T Activation](dst []T, src []byte, scale float32) int {
 	if !haveAVX512 || isF32[T]() || n == 0 {
 		return 0
 	}
-	d := (*uint16)(unsafe.Pointer(&asBF16(dst)[0]))
-	n32 := 0
+	n32 := 0 // the prefix the AVX-512 BF16 kernel takes, 32 values at a time
 	if haveBF16 {
 		n32 = n &^ 31
 	}
 	if n32 > 0 {
-		fromI8BF16AVX512BF16(d, &src[0], n32, scale)
+		fromI8BF16AVX512BF16((*uint16)(unsafe.Pointer(&asBF16(dst)[0])), &src[0], n32, scale)
 	}
 	if n > n32 {
 		fromI8BF16AVX512((*uint16)(unsafe.Pointer(&asBF16(dst)[n32])), &src[n32], n-n32, scale)
