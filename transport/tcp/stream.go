@@ -328,8 +328,7 @@ func appendIov(iov []unix.Iovec, b []byte) []unix.Iovec {
 // the calls never sleep, and a raw call skips the runtime's entry and exit, whose entry
 // wakes the runtime's monitor thread (sysmon) when the process has been idle. Woken so,
 // it polls every 20 µs for a while, and where ranks share CPUs that thread takes them
-// from the ranks: one such wake per message (moex bench moe --model deepseek-v3 --ranks 4
-// --transport tcp --tokens 1 --mode low-latency, 2 CPUs: dispatch p50 350 against 500 µs).
+// from the ranks: one such wake per message.
 
 // writev writes the iovecs from s.wdone on; it returns false on EAGAIN.
 func (s *stream) writev(fd uintptr) bool {
