@@ -20,6 +20,7 @@ import (
 	"github.com/moex-ai/moex/models"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
+	"github.com/moex-ai/moex/transport/bootstrap"
 )
 
 // MoEOpts selects an expert-parallel MoE measurement.
@@ -598,16 +599,14 @@ func HostRanks(c *coll.Comm) int {
 }
 
 // SharedCPUsAdvice is a word of advice where hostRanks ranks that talk over transport
-// (a transport's name) share cpus CPUs with procs Ps each, more than their share, and the
-// transport is tcp or ucx (see the README), else "". Where some peers are over shm, which
-// keeps its Ps on purpose, it says nothing.
+// (a transport's name) share cpus CPUs with procs Ps each, more than their share
+// (bootstrap.ProcsShare), else "".
 func SharedCPUsAdvice(transport string, procs, cpus, hostRanks int) string {
-	share := max(1, cpus/max(1, hostRanks))
-	overNet := strings.Contains(transport, "tcp") || strings.Contains(transport, "ucx")
-	if !overNet || strings.Contains(transport, "shm") || hostRanks < 2 || procs <= share {
+	share := bootstrap.ProcsShare(transport, procs, cpus, hostRanks)
+	if share == 0 {
 		return ""
 	}
-	return fmt.Sprintf("%d ranks share %d CPUs over %s with GOMAXPROCS %d: set GOMAXPROCS=%d, each rank's share, or every message wakes threads of the Go runtime on CPUs the ranks need (README: Transports and buffers)",
+	return fmt.Sprintf("%d ranks share %d CPUs over %s with GOMAXPROCS %d, so every message wakes threads of the Go runtime on CPUs the ranks need: set GOMAXPROCS=%d, each rank's share, or MOEX_GOMAXPROCS=auto, which moex run and moex bench set (README: Transports and buffers)",
 		hostRanks, cpus, transport, procs, share)
 }
 

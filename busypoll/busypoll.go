@@ -153,7 +153,7 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 // one P of the process for good, which is GOMAXPROCS one lower, and where ranks share
 // CPUs over tcp or ucx a GOMAXPROCS of the rank's share of them gives that gain without
 // the hazard (docs/PERFORMANCE.md).
-var ErrHoldPRemoved = errors.New("busypoll: MOEX_HOLD_P is no longer supported; where tcp or ucx ranks share CPUs, set GOMAXPROCS to each rank's share of them")
+var ErrHoldPRemoved = errors.New("busypoll: MOEX_HOLD_P is no longer supported; where tcp or ucx ranks share CPUs, set MOEX_GOMAXPROCS=auto (or GOMAXPROCS to each rank's share of them)")
 
 // Stats are a Poller's counters. All counts are of waits, except Spins and Yields.
 type Stats struct {

@@ -12,8 +12,10 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -54,6 +56,7 @@ func TestHelperCollRank(t *testing.T) {
 		os.Exit(0)
 	}
 	start := time.Now()
+	procs0 := runtime.GOMAXPROCS(0) // the runtime's own choice, before Init
 	c, err := Init(ctx, Config{})
 	if scenario == "startup" {
 		var se *bootstrap.StartupError
@@ -91,6 +94,9 @@ func TestHelperCollRank(t *testing.T) {
 		err = helperStuck(ctx, c)
 	case "launcher":
 		err = helperLauncher(ctx, c)
+	case "procs":
+		fmt.Printf("rank %d procs=%d from=%d\n", c.Rank(), runtime.GOMAXPROCS(0), procs0)
+		err = Barrier(ctx, c)
 	}
 	if err != nil {
 		fmt.Printf("rank %d failed: %v\n", c.Rank(), err)
@@ -941,6 +947,39 @@ func TestMultiProcessTCP(t *testing.T) {
 		if c := strings.Count(out, " ok"); c != n {
 			t.Fatalf("%d ranks, %d reported ok:\n%s", n, c, out)
 		}
+	}
+}
+
+// Under moex run, ranks that share the host's CPUs over tcp run with GOMAXPROCS at their
+// share of them; over shm, or with MOEX_GOMAXPROCS=keep, they keep the runtime's choice;
+// a GOMAXPROCS the user sets wins.
+func TestMultiProcessGOMAXPROCS(t *testing.T) {
+	moex := buildMoex(t)
+	const n = 4
+	line := regexp.MustCompile(`rank \d+ procs=(\d+) from=(\d+)\n`)
+	for _, tc := range []struct {
+		name string
+		env  []string
+		want func(from int) int // GOMAXPROCS after Init, from the runtime's choice before
+	}{
+		{"tcp", []string{"GOMAXPROCS=", "MOEX_GOMAXPROCS="}, func(from int) int {
+			return min(from, max(1, min(runtime.NumCPU(), from)/n))
+		}},
+		{"tcp keep", []string{"GOMAXPROCS=", "MOEX_GOMAXPROCS=keep"}, func(from int) int { return from }},
+		{"tcp user", []string{"GOMAXPROCS=3", "MOEX_GOMAXPROCS="}, func(int) int { return 3 }},
+		{"shm", []string{"GOMAXPROCS=", "MOEX_GOMAXPROCS=", "MOEX_TRANSPORT=shm"}, func(from int) int { return from }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := moexRun(t, moex, n, "procs", tc.env...)
+			ms := line.FindAllStringSubmatch(out, -1)
+			require.Len(t, ms, n, out)
+			for _, m := range ms {
+				procs, _ := strconv.Atoi(m[1])
+				from, _ := strconv.Atoi(m[2])
+				assert.Equal(t, tc.want(from), procs, "GOMAXPROCS after Init, from %d before: %s", from, m[0])
+			}
+			assert.Equal(t, n, strings.Count(out, " ok transport="), out)
+		})
 	}
 }
 

@@ -291,7 +291,7 @@ func (r *runner) moe(w io.Writer) error {
 	return r.sharedCPUs(w)
 }
 
-// sharedCPUs measures decode where ranks share CPUs, with GOMAXPROCS left at the host's
+// sharedCPUs measures decode where ranks share CPUs, with GOMAXPROCS kept at the host's
 // CPUs and set to a rank's share of them.
 func (r *runner) sharedCPUs(w io.Writer) error {
 	fmt.Fprintf(w, "### Ranks that share CPUs: GOMAXPROCS\n\n")
@@ -299,10 +299,12 @@ func (r *runner) sharedCPUs(w io.Writer) error {
 	fmt.Fprintf(w, "`moex bench` binds), each rank's Go runtime still has a P per CPU of the host. With a P idle,\n")
 	fmt.Fprintf(w, "every goroutine that a message wakes makes the runtime wake a thread to look for more work,\n")
 	fmt.Fprintf(w, "on CPUs the other ranks need. Over tcp, where each message passes from a socket reader to\n")
-	fmt.Fprintf(w, "its waiter, a GOMAXPROCS of the rank's share of the CPUs (1 here) saves that; over shm, where\n")
-	fmt.Fprintf(w, "waiters poll memory while the transport's goroutines run beside them, it costs more than it\n")
-	fmt.Fprintf(w, "saves. `[GOMAXPROCS=1] moex bench moe --model deepseek-v3 --ranks P --transport T --tokens N\n")
-	fmt.Fprintf(w, "--mode low-latency --wire-dtype bf16 --act bf16 --iters I --pairs I --json` (us).\n\n")
+	fmt.Fprintf(w, "its waiter, a GOMAXPROCS of the rank's share of the CPUs (1 here) saves that, and `moex bench`\n")
+	fmt.Fprintf(w, "and `moex run` set it so (MOEX_GOMAXPROCS=auto): every tcp figure here ran with it. Over shm,\n")
+	fmt.Fprintf(w, "where waiters poll memory while the transport's goroutines run beside them, it costs more\n")
+	fmt.Fprintf(w, "than it saves, and auto leaves the Ps alone. `MOEX_GOMAXPROCS=keep | GOMAXPROCS=1 moex bench moe\n")
+	fmt.Fprintf(w, "--model deepseek-v3 --ranks P --transport T --tokens N --mode low-latency --wire-dtype bf16 --act\n")
+	fmt.Fprintf(w, "bf16 --iters I --pairs I --json` (us).\n\n")
 	fmt.Fprintf(w, "| transport | ranks | tokens | GOMAXPROCS | dispatch p50 | p99 | combine p50 | p99 | pair |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	type setting struct {
 		tr            string
@@ -310,16 +312,19 @@ func (r *runner) sharedCPUs(w io.Writer) error {
 	}
 	for _, st := range []setting{{"tcp", 4, 1}, {"tcp", 4, 128}, {"tcp", 2, 1}, {"shm", 8, 1}} {
 		for _, procs := range []string{"", "1"} {
-			var env []string
-			shown := fmt.Sprintf("%d (all)", runtime.NumCPU())
+			env := []string{"MOEX_GOMAXPROCS=keep"}
 			if procs != "" {
-				env, shown = []string{"GOMAXPROCS=" + procs}, procs
+				env = []string{"GOMAXPROCS=" + procs}
 			}
 			it := fmt.Sprint(r.iters(st.tokens))
 			res, _, err := r.benchEnv(env, "--model", "deepseek-v3", "--ranks", fmt.Sprint(st.ranks), "--transport", st.tr,
 				"--tokens", fmt.Sprint(st.tokens), "--mode", "low-latency", "--wire-dtype", "bf16", "--act", "bf16", "--iters", it, "--pairs", it)
 			if err != nil {
 				return err
+			}
+			shown := fmt.Sprint(res.GOMAXPROCS) // rank 0's, as the ranks ran
+			if procs == "" {
+				shown += " (keep)"
 			}
 			fmt.Fprintf(w, "| %s | %d | %d | %s | %.0f | %.0f | %.0f | %.0f | %.0f |\n", st.tr, st.ranks, st.tokens, shown,
 				res.Dispatch.P50US, res.Dispatch.P99US, res.Combine.P50US, res.Combine.P99US, res.PairUS)

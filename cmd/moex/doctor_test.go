@@ -113,4 +113,12 @@ func TestDoctorCommand(t *testing.T) {
 	out, err = cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.NotContains(t, string(out), "set GOMAXPROCS")
+
+	// Left to the launcher (MOEX_GOMAXPROCS=auto), the ranks run at their share.
+	cmd = exec.Command(exe, "doctor", "--ranks", "2", "--transport", "tcp")
+	cmd.Env = append(os.Environ(), "GOMAXPROCS=", "MOEX_GOMAXPROCS=")
+	out, err = cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.NotContains(t, string(out), "set GOMAXPROCS")
+	require.Contains(t, string(out), fmt.Sprintf("(GOMAXPROCS %d)", min(runtime.GOMAXPROCS(0), share)))
 }

@@ -153,6 +153,11 @@ func Run(ctx context.Context, cfg Config) error {
 			// has enough (coll leaves placement alone unless told).
 			cmd.Env = append(cmd.Env, "MOEX_CPU_BIND=auto")
 		}
+		if os.Getenv("MOEX_GOMAXPROCS") == "" && os.Getenv("GOMAXPROCS") == "" {
+			// So is each rank's share of the CPUs where its transport needs it
+			// (bootstrap.ProcsShare); a GOMAXPROCS the user set wins.
+			cmd.Env = append(cmd.Env, "MOEX_GOMAXPROCS=auto")
+		}
 		cmd.Env = append(cmd.Env, cfg.Env...)
 		if cfg.RankEnv != nil {
 			cmd.Env = append(cmd.Env, cfg.RankEnv(r)...)

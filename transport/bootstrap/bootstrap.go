@@ -5,7 +5,9 @@
 // when asked (MOEX_CPU_BIND), finds the network's speed, and opens the transport to every
 // peer, choosing per peer and saying why: inproc in one process, shm on one host, and
 // across hosts UCX when built and every rank reaches its remote peers over RDMA, else tcp
-// (with shm for the peers on the host, through a transport.Mux).
+// (with shm for the peers on the host, through a transport.Mux). When asked
+// (MOEX_GOMAXPROCS=auto) it sets GOMAXPROCS to the rank's share of the host's CPUs where
+// that transport needs it (ProcsShare).
 //
 // It is the one package that knows the concrete transports; coll.Init calls it and sees
 // the transport contract it returns.
@@ -17,6 +19,7 @@ import (
 	"log/slog"
 	"os"
 	"runtime"
+	"strings"
 
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/obuf"
@@ -85,6 +88,10 @@ func Open(ctx context.Context, env Env, rv *Rendezvous, poll busypoll.Config, lo
 	}
 	poll.Oversubscribed = poll.Oversubscribed || busypoll.Oversubscribed(localSize)
 	res.Poll = poll
+	autoProcs, err := procsPolicy()
+	if err != nil {
+		return nil, err
+	}
 	if err := bindCPUs(env, localRank, localSize, log); err != nil {
 		return nil, err
 	}
@@ -108,7 +115,60 @@ func Open(ctx context.Context, env Env, rv *Rendezvous, poll busypoll.Config, lo
 	if err != nil {
 		return nil, err
 	}
+	if autoProcs {
+		shareProcs(env, res.Transport.Name(), localSize, log)
+	}
 	return res, nil
+}
+
+// procsPolicy reads MOEX_GOMAXPROCS: keep (the default for a library: the runtime's
+// own choice) or auto (moex run and moex bench set it; see ProcsShare).
+func procsPolicy() (auto bool, err error) {
+	switch v := os.Getenv("MOEX_GOMAXPROCS"); v {
+	case "", "keep":
+		return false, nil
+	case "auto":
+		return true, nil
+	default:
+		return false, &ArgError{Arg: "MOEX_GOMAXPROCS", Reason: fmt.Sprintf("%q (want auto or keep)", v)}
+	}
+}
+
+// shareProcs sets GOMAXPROCS to ProcsShare's value where it gives one, unless the
+// environment sets GOMAXPROCS: a value the user chose wins.
+func shareProcs(env Env, transportName string, localSize int, log *slog.Logger) {
+	// The runtime's choice is at most the CPUs it may use (affinity, a cgroup's quota).
+	procs := runtime.GOMAXPROCS(0)
+	n := ProcsShare(transportName, procs, min(procs, runtime.NumCPU()), localSize)
+	switch {
+	case n == 0:
+	case os.Getenv("GOMAXPROCS") != "":
+		log.Info("moex: GOMAXPROCS kept as the environment sets it", "rank", env.Rank, "gomaxprocs", procs, "share", n)
+	default:
+		runtime.GOMAXPROCS(n)
+		log.Info("moex: GOMAXPROCS set to this rank's share of the host's CPUs", "rank", env.Rank, "gomaxprocs", n,
+			"ranks", localSize, "cpus", min(procs, runtime.NumCPU()), "transport", transportName)
+	}
+}
+
+// ProcsShare returns the GOMAXPROCS that a rank should run with where hostRanks ranks of
+// a job share the cpus CPUs of their host, talk over the transport named, and have
+// procs Ps each; 0 where procs is right as it is.
+//
+// Over tcp and ucx every message passes from a goroutine of the transport (a socket
+// reader, a progress loop) to the one waiting for it. With more Ps than the rank's share
+// of the CPUs, every such hand-off finds a P idle and wakes a thread of the runtime to
+// look for work, on CPUs the other ranks need; at the share (at least 1) it does not.
+// Over shm, where waiters poll shared memory while the transport's goroutines run beside
+// them, the Ps stay (see bindToCPU), and so they do where some peers are over shm. One
+// rank alone on its host keeps its Ps.
+func ProcsShare(transportName string, procs, cpus, hostRanks int) int {
+	share := max(1, cpus/max(1, hostRanks))
+	overNet := strings.Contains(transportName, "tcp") || strings.Contains(transportName, "ucx")
+	if !overNet || strings.Contains(transportName, "shm") || hostRanks < 2 || procs <= share {
+		return 0
+	}
+	return share
 }
 
 // bindCPUs binds this rank as MOEX_CPU_BIND says: none (the default for a library: the
