@@ -54,7 +54,7 @@ var Vars = []Var{
 	{"MOEX_INIT_TIMEOUT", "MOEX_TIMEOUT", "deadline of start-up (coll.Init): every rank must have started and connected within it", "coll", User},
 	{"MOEX_POLL", "adaptive", "how receivers wait: adaptive, spin or block", "busypoll", User},
 	{"MOEX_SPIN_US", us(busypoll.DefaultMaxSpin), "longest adaptive spin before yielding, in microseconds (0: never spin)", "busypoll", User},
-	{"MOEX_YIELD_US", us(busypoll.DefaultYieldSpin), "when ranks outnumber cores: how long a waiter yields and polls before parking, in microseconds (0: park at once)", "busypoll", User},
+	{"MOEX_YIELD_US", us(busypoll.DefaultYieldSpin), "when ranks outnumber cores: how long a waiter yields and polls before parking, in microseconds (0: park at once, the default of tcp's socket readers)", "busypoll", User},
 	{"MOEX_HOLD_P", "0", "removed; 1 is an error: where tcp or ucx ranks share CPUs, MOEX_GOMAXPROCS=auto (or GOMAXPROCS at each rank's share of them) instead", "busypoll", User},
 	{"MOEX_CPU_BIND", "none (moex run and moex bench set auto)", "auto: a core per rank when the host has enough; numa: the CPUs and memory of the NUMA node of the rank's GPU or NIC; none: leave placement to the kernel (or the launcher)", "transport/bootstrap", User},
 	{"MOEX_GOMAXPROCS", "keep (moex run and moex bench set auto)", "auto: where ranks share the host's CPUs over tcp or ucx, GOMAXPROCS is each rank's share of them (a GOMAXPROCS in the environment wins); keep: the Go runtime's own choice", "transport/bootstrap", User},
