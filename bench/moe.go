@@ -887,6 +887,7 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 		row("note", note)
 	}
 	row("kernels", r.Kernels)
+	row("runtime", fmt.Sprintf("GOMAXPROCS %d per rank (rank 0's); %d ranks share the host's %d CPUs", r.GOMAXPROCS, r.HostRanks, r.HostCPUs))
 	stage("dispatch", r.Dispatch)
 	row("expert compute", fmt.Sprintf("%.1f us", r.ComputeUS))
 	stage("combine", r.Combine)

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 
@@ -178,4 +179,18 @@ func TestSharedCPUsNote(t *testing.T) {
 			assert.Contains(t, note, tc.want, "%+v", tc)
 		}
 	}
+}
+
+// The text report says how many Ps each rank ran with, and how many ranks shared how
+// many CPUs: what the stage times depend on where ranks share CPUs.
+func TestPrintMoERuntime(t *testing.T) {
+	var b strings.Builder
+	PrintMoE(&b, &MoEResult{Model: "m", Transport: "tcp", Mode: "low-latency", GOMAXPROCS: 1, HostCPUs: 2, HostRanks: 4})
+	assert.Contains(t, b.String(), "GOMAXPROCS 1 per rank (rank 0's); 4 ranks share the host's 2 CPUs")
+	assert.NotContains(t, b.String(), "set GOMAXPROCS", "at the share: no advice")
+
+	b.Reset()
+	PrintMoE(&b, &MoEResult{Model: "m", Transport: "tcp", Mode: "low-latency", GOMAXPROCS: 2, HostCPUs: 2, HostRanks: 4})
+	assert.Contains(t, b.String(), "GOMAXPROCS 2 per rank")
+	assert.Contains(t, b.String(), "set GOMAXPROCS=1, each rank's share")
 }
