@@ -80,7 +80,8 @@ type Combiner[T Act] struct {
 	ws    []float32 // a token's terms: weights and rows
 	rows  [][]T
 	terms [][]T // sumRows's rows
-	// reduce's partial sums of a token, in the combine's wire type, and their weights (1).
+	// reduce's partial sums of a token, in the combine's wire type, and their weights (1,
+	// one per rank).
 	partsB [][]dtype.BFloat16
 	partsF [][]float32
 	ones   []float32
@@ -136,6 +137,10 @@ func New[T Act](ctx context.Context, d Source) (*Combiner[T], error) {
 		cb.slots = append(cb.slots, s)
 	}
 	cb.part = make([]float32, cfg.Hidden)
+	cb.ones = make([]float32, p)
+	for i := range cb.ones {
+		cb.ones[i] = 1
+	}
 	if cfg.Mode == dispatch.LowLatency {
 		if err := cb.openBoard(ctx); err != nil {
 			return nil, err
@@ -407,12 +412,6 @@ func (s *slot[T]) reduce() {
 	me := cb.c.Rank()
 	s.cnt = growInts(s.cnt, cb.c.Size())
 	clear(s.cnt)
-	if len(cb.ones) < cb.c.Size() {
-		cb.ones = make([]float32, cb.c.Size())
-		for i := range cb.ones {
-			cb.ones[i] = 1
-		}
-	}
 	pb, pf := cb.partsB[:0], cb.partsF[:0]
 	for t := 0; t < h.Tokens(); t++ {
 		dst := s.acc[t*hid : (t+1)*hid]
