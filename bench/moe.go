@@ -87,6 +87,9 @@ type Stage struct {
 	StepFloorUS       float64 `json:"step_floor_us"`
 	OverStepFloor     float64 `json:"p50_over_step_floor"`
 	StepFloorConverts bool    `json:"step_floor_converts,omitempty"`
+	// BufferBytes is the most memory any rank held for the stage's buffers after the
+	// timed steps (dispatch.Dispatcher.Bytes, combine.Combiner.Bytes).
+	BufferBytes int64 `json:"buffer_bytes"`
 }
 
 // MoEResult is the outcome, the fields of `moex bench moe --json`.
@@ -388,6 +391,10 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	if err := coll.AllReduce(ctx, c, nil, times, dtype.Max); err != nil {
 		return nil, err
 	}
+	held := []float64{float64(ep.D.Bytes()), float64(ep.C.Bytes())}
+	if err := coll.AllReduce(ctx, c, nil, held, dtype.Max); err != nil {
+		return nil, err
+	}
 	st := ep.D.Stats()
 	res := &MoEResult{
 		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), TokensPerRank: o.Tokens,
@@ -412,6 +419,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	res.Kernels = dtype.Kernels()
 	res.Dispatch = stageOf(times, 0, iters)
 	res.Combine = stageOf(times, 2, iters)
+	res.Dispatch.BufferBytes, res.Combine.BufferBytes = int64(held[0]), int64(held[1])
 	for _, sf := range []struct {
 		s     *Stage
 		floor float64
@@ -892,6 +900,7 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 	row("expert compute", fmt.Sprintf("%.1f us", r.ComputeUS))
 	stage("combine", r.Combine)
 	row("step", fmt.Sprintf("%.1f us (slowest rank per stage, mean of %d)", r.StepUS, r.Iters))
+	row("buffers", fmt.Sprintf("dispatch %s, combine %s per rank (the most of any rank)", SizeOf(r.Dispatch.BufferBytes), SizeOf(r.Combine.BufferBytes)))
 	row("tokens/s", fmt.Sprintf("%.0f", r.TokensPerS))
 	row("dispatch+combine pair", fmt.Sprintf("%.1f us back to back (mean; p50 %.1f us, p99 %.1f us)", r.PairUS, r.PairP50US, r.PairP99US))
 	row("bytes per choice", fmt.Sprintf("%d (DeepEP's count; %d choices, %s)", r.BytesPerChoice, r.Choices, SizeOf(int64(r.BytesPerChoice)*r.Choices)))

@@ -104,6 +104,7 @@ func TestMoEBenchRuns(t *testing.T) {
 				assert.Positive(t, s.FloorUS)
 				assert.Positive(t, s.StepFloorUS)
 				assert.InDelta(t, s.P50US/s.StepFloorUS, s.OverStepFloor, 1e-9)
+				assert.Positive(t, s.BufferBytes, "every stage holds buffers once it has run")
 			}
 			// The activations are f32: the dispatch's step floor converts for any other wire.
 			assert.Equal(t, wire != dtype.F32, r.Dispatch.StepFloorConverts, "%v", wire)
@@ -193,4 +194,11 @@ func TestPrintMoERuntime(t *testing.T) {
 	PrintMoE(&b, &MoEResult{Model: "m", Transport: "tcp", Mode: "low-latency", GOMAXPROCS: 2, HostCPUs: 2, HostRanks: 4})
 	assert.Contains(t, b.String(), "GOMAXPROCS 2 per rank")
 	assert.Contains(t, b.String(), "set GOMAXPROCS=1, each rank's share")
+}
+
+// The text report says what memory each stage's buffers hold.
+func TestPrintMoEBuffers(t *testing.T) {
+	var b strings.Builder
+	PrintMoE(&b, &MoEResult{Model: "m", Transport: "shm", Mode: "low-latency", Dispatch: Stage{BufferBytes: 3 << 20}, Combine: Stage{BufferBytes: 500 << 20}})
+	assert.Contains(t, b.String(), "dispatch 3.0 MiB, combine 500.0 MiB per rank")
 }

@@ -301,6 +301,27 @@ func (x *Exchange) closeWindow() {
 // Slots is how many exchanges may be in flight or hold data at once.
 func (x *Exchange) Slots() int { return x.slots }
 
+// Bytes is the memory the exchange holds on this rank: the window the other ranks write
+// their blocks into (with its control words), or the buffer they are received into, and
+// the send buffer where some peers take messages. Each has room for Slots+1 exchanges of
+// one block per rank at the fields' capacities, so it grows with the ranks and the
+// capacities and not with anything else. Pooled buffers count at their capacity (a
+// power of two, see obuf.Pool); pages never written take no physical memory. It is 0
+// after Close.
+func (x *Exchange) Bytes() int {
+	n := 0
+	if x.win != nil {
+		n += len(x.win.Local())
+	}
+	if x.recvBuf != nil {
+		n += x.recvBuf.Cap()
+	}
+	if x.sendBuf != nil {
+		n += x.sendBuf.Cap()
+	}
+	return n
+}
+
 // Pushes reports whether this rank writes its blocks for rank q straight into q's memory
 // (one-sided), rather than sending them as messages.
 func (x *Exchange) Pushes(q int) bool { return x.push[q] }
@@ -319,9 +340,11 @@ func (x *Exchange) Close() error {
 	}
 	if x.recvBuf != nil {
 		x.recvBuf.Release()
+		x.recvBuf = nil
 	}
 	if x.sendBuf != nil {
 		x.sendBuf.Release()
+		x.sendBuf = nil
 	}
 	x.recv, x.send = nil, nil
 	return err

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/internal/race"
+	"github.com/moex-ai/moex/obuf"
 )
 
 // xlen is the length of field f of the block src sends dst in exchange e: every rank
@@ -268,6 +269,61 @@ func TestExchangeAllocs(t *testing.T) {
 		assert.Zero(t, n, "allocations per exchange (windows=%v)", windows)
 		for _, x := range xs {
 			require.NoError(t, x.Close())
+		}
+	}
+}
+
+// An exchange holds, for Slots+1 exchanges, one block per rank at the fields'
+// capacities (each field's array 64-byte aligned): received into a window after 64-byte
+// control words, one per slot and per (slot, source), rounded up to a page; or into a
+// pooled buffer, with a pooled send buffer beside it. Nothing changes from exchange to exchange,
+// and Close gives it all back.
+func TestExchangeBytes(t *testing.T) {
+	fields := []int{100, 0, 7 << 10}
+	const slots = 2
+	for _, windows := range []bool{true, false} {
+		for _, p := range testPs {
+			t.Run(fmt.Sprintf("windows=%v/P=%d", windows, p), func(t *testing.T) {
+				data := 0
+				for _, n := range fields {
+					data += (p*n + 63) &^ 63
+				}
+				data *= slots + 1
+				var want int
+				switch {
+				case windows && p > 1:
+					want = ((slots+1)*(1+p)*64+4095)&^4095 + data
+				case p > 1:
+					want = 2 * obuf.NewPool(0).Get(data).Cap()
+				default: // nothing to send to another rank
+					want = obuf.NewPool(0).Get(data).Cap()
+				}
+				got := make([]int, p)
+				noErr(t, world(t, p, Config{NoWindows: !windows}, func(c *Comm) error {
+					x, err := c.NewExchange(context.Background(), ExchangeConfig{Fields: fields, Slots: slots})
+					if err != nil {
+						return err
+					}
+					before := x.Bytes()
+					if err := exchangeRounds(c, x, fields, 2); err != nil {
+						return err
+					}
+					if x.Bytes() != before {
+						return fmt.Errorf("rank %d: %d bytes before the exchanges, %d after", c.Rank(), before, x.Bytes())
+					}
+					got[c.Rank()] = before
+					if err := x.Close(); err != nil {
+						return err
+					}
+					if x.Bytes() != 0 {
+						return fmt.Errorf("rank %d: %d bytes after Close", c.Rank(), x.Bytes())
+					}
+					return nil
+				}))
+				for r, n := range got {
+					assert.Equal(t, want, n, "rank %d", r)
+				}
+			})
 		}
 	}
 }

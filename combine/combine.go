@@ -171,6 +171,28 @@ func (cb *Combiner[T]) Plan() *coll.VPlan {
 	return &cb.slots[(cb.n-1)%uint64(len(cb.slots))].plan
 }
 
+// Bytes is the memory this rank holds for the combiner's buffers. In the low-latency
+// mode most of it is fixed by New: where the combine reads the expert outputs in place,
+// the region the experts write them into (InFlight of them, each with room for MaxRows
+// rows) and an exchange of headers; elsewhere the exchange of partial sums
+// (coll.Exchange.Bytes: InFlight+1 blocks per rank, each with room for MaxTokens rows).
+// Besides, scratch buffers grow to the largest combine so far: the wire buffers of the
+// normal and gathered modes, and the float32 sums of bfloat16 outputs. Pooled buffers
+// count at their capacity; the caller's memory does not count. It is 0 after Close.
+func (cb *Combiner[T]) Bytes() int {
+	n := 0
+	if cb.x != nil {
+		n += cb.x.Bytes()
+	}
+	if cb.board != nil {
+		n += cb.board.Size()
+	}
+	for _, s := range cb.slots {
+		n += s.sendS.Cap() + s.recvS.Cap() + s.accS.Cap()
+	}
+	return n
+}
+
 // Close gives the combiner's buffers back to their pool; it must not be used again.
 func (cb *Combiner[T]) Close() error {
 	for _, s := range cb.slots {

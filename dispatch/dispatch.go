@@ -673,6 +673,36 @@ func (d *Dispatcher[T]) Close() error {
 	return nil
 }
 
+// Bytes is the memory this rank holds for the dispatcher's buffers. In the low-latency
+// mode most of it is fixed by New: the exchange (coll.Exchange.Bytes: InFlight+1 blocks
+// per source rank, each with room for MaxTokens rows and their metadata, so that it grows
+// with the ranks and MaxTokens, not with the experts) and, where the experts read the rows
+// in place, the staging of this rank's tokens (InFlight of them). Besides, in every mode,
+// scratch buffers grow to the largest dispatch so far: the wire buffers of the normal
+// mode and the expert inputs where the experts' rows are not read in place (Output.X).
+// Pooled buffers count at their capacity; the caller's memory (tokens, routing) does
+// not count. It is 0 after Close.
+func (d *Dispatcher[T]) Bytes() int {
+	if d.closed {
+		return 0
+	}
+	n := d.stage.Cap()
+	if d.x != nil {
+		n += d.x.Bytes()
+	}
+	for _, sc := range d.cores {
+		for _, b := range sc.stage {
+			if b != nil {
+				n += b.Size()
+			}
+		}
+	}
+	for _, s := range d.slots {
+		n += s.sendS.Cap() + s.recvS.Cap() + s.xS.Cap()
+	}
+	return n
+}
+
 // MaxRows is the most expert-major rows (entries, padding included) a low-latency
 // dispatch can deliver to this rank: the size of the largest expert outputs Combine
 // takes. 0 in the normal mode (no bound).

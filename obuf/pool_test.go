@@ -3,6 +3,8 @@ package obuf
 import (
 	"testing"
 	"unsafe"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestClassesAndAlignment(t *testing.T) {
@@ -194,4 +196,18 @@ func TestScratch(t *testing.T) {
 		t.Fatalf("gets %d, releases %d after Release", st.Gets, st.Releases)
 	}
 	s.Release() // twice is harmless
+}
+
+// A Scratch's Cap is the size class it holds: what Bytes returns without growing.
+func TestScratchCap(t *testing.T) {
+	s := Scratch{Pool: NewPool(0)}
+	require.Zero(t, s.Cap(), "before the first Bytes")
+	s.Bytes(5000)
+	require.Equal(t, 8192, s.Cap(), "5000 bytes take the 8 KiB class")
+	s.Bytes(8192)
+	require.Equal(t, 8192, s.Cap(), "a size within the capacity keeps the storage")
+	s.Bytes(3 << 20)
+	require.Equal(t, 4<<20, s.Cap())
+	s.Release()
+	require.Zero(t, s.Cap(), "after Release")
 }

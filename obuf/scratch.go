@@ -29,6 +29,15 @@ func (s *Scratch) Bytes(n int) []byte {
 	return s.b.Bytes()
 }
 
+// Cap is the capacity of the storage held: the largest n that Bytes returns without
+// growing; 0 when it holds none.
+func (s *Scratch) Cap() int {
+	if s.b == nil {
+		return 0
+	}
+	return s.b.Cap()
+}
+
 // Release returns the storage to its pool; a later Bytes takes new storage.
 func (s *Scratch) Release() {
 	if s.b != nil {

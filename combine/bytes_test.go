@@ -1,0 +1,113 @@
+package combine_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/combine"
+	"github.com/moex-ai/moex/dispatch"
+)
+
+// stageBytes is what one rank's low-latency dispatcher and combiner hold: after New,
+// after two steps (one in each of the InFlight slots) and after four.
+type stageBytes struct{ dNew, d2, d4, cNew, c2, c4, dClosed, cClosed int }
+
+// lowLatencyBytes runs four steps of the low-latency mode with P ranks of the scenario,
+// the given experts and wire type, and returns what each rank's stages held.
+func lowLatencyBytes(t *testing.T, p, experts, maxTokens int, wire dtype.Type, ccfg coll.Config) []stageBytes {
+	t.Helper()
+	s := scenario{p: p, hid: 256, k: 4, experts: experts, tokens: make([]int, p), seed: 3, maxTokens: maxTokens}
+	for i := range s.tokens {
+		s.tokens[i] = maxTokens
+	}
+	got := make([]stageBytes, p)
+	runRanks(t, p, ccfg, func(c *coll.Comm) error {
+		ctx := context.Background()
+		cfg := dispatch.Config{Hidden: s.hid, TopK: s.k, Mode: dispatch.LowLatency, MaxTokens: maxTokens,
+			WireDType: wire, Placement: placement(t, "contiguous", experts, p)}
+		d, err := dispatch.New[dtype.BFloat16](ctx, c, cfg)
+		if err != nil {
+			return err
+		}
+		cb, err := combine.New[dtype.BFloat16](ctx, d)
+		if err != nil {
+			return err
+		}
+		b := &got[c.Rank()]
+		b.dNew, b.cNew = d.Bytes(), cb.Bytes()
+		r, x32 := s.routing(c.Rank())
+		x := toT[dtype.BFloat16](x32)
+		out := make([]dtype.BFloat16, len(x))
+		for step := 1; step <= 4; step++ {
+			o, h, err := d.Dispatch(ctx, x, r)
+			if err != nil {
+				return err
+			}
+			if err := cb.Combine(ctx, h, make([]dtype.BFloat16, o.Rows()*s.hid), out); err != nil {
+				return err
+			}
+			switch step {
+			case 2:
+				b.d2, b.c2 = d.Bytes(), cb.Bytes()
+			case 4:
+				b.d4, b.c4 = d.Bytes(), cb.Bytes()
+			}
+		}
+		if err := cb.Close(); err != nil {
+			return err
+		}
+		if err := d.Close(); err != nil {
+			return err
+		}
+		b.dClosed, b.cClosed = d.Bytes(), cb.Bytes()
+		return nil
+	})
+	return got
+}
+
+// The low-latency stages' memory is sized once, for MaxTokens tokens from every rank:
+// it does not grow from step to step, does not depend on how many experts a rank holds
+// (the receive buffers are indexed by source rank), holds every block it may receive
+// (and, where blocks travel as messages, every block it may send), and is given back by
+// Close.
+func TestLowLatencyBytes(t *testing.T) {
+	const p, maxTokens, inFlight = 4, 24, 2 // InFlight's default
+	for _, windows := range []bool{true, false} {
+		for _, wire := range []dtype.Type{dtype.BF16, dtype.FP8E4M3} {
+			t.Run(fmt.Sprintf("windows=%v/%v", windows, wire), func(t *testing.T) {
+				ccfg := coll.Config{NoWindows: !windows}
+				few := lowLatencyBytes(t, p, 16, maxTokens, wire, ccfg)
+				many := lowLatencyBytes(t, p, 64, maxTokens, wire, ccfg)
+				f := dispatch.NewFormat(dispatch.Config{Hidden: 256, TopK: 4, WireDType: wire, Mode: dispatch.LowLatency, MaxTokens: maxTokens})
+				rows := (inFlight + 1) * p * maxTokens // blocks of every source, per buffered exchange
+				for r := 0; r < p; r++ {
+					b := few[r]
+					assert.Equal(t, b.dNew, many[r].dNew, "rank %d: the dispatch's buffers depend on the experts per rank", r)
+					assert.Equal(t, b.d2, b.d4, "rank %d: the dispatch's buffers grew once every slot was used", r)
+					assert.Equal(t, b.c2, b.c4, "rank %d: the combine's buffers grew once every slot was used", r)
+					if wire == dtype.BF16 && windows { // rows read in place: nothing grows at all
+						assert.Equal(t, b.dNew, b.d4, "rank %d: the dispatch's buffers grew", r)
+					}
+					min := rows * f.Payload
+					if !windows {
+						min *= 2 // a receive buffer and a send buffer
+					}
+					assert.GreaterOrEqual(t, b.dNew, min, "rank %d: dispatch", r)
+					if windows { // in place: InFlight regions for the outputs of every row that may come
+						assert.GreaterOrEqual(t, b.cNew, inFlight*p*maxTokens*2*256, "rank %d: combine", r)
+					} else {
+						assert.GreaterOrEqual(t, b.cNew, 2*rows*f.Combined, "rank %d: combine", r)
+					}
+					require.Zero(t, b.dClosed, "rank %d: dispatch after Close", r)
+					require.Zero(t, b.cClosed, "rank %d: combine after Close", r)
+				}
+			})
+		}
+	}
+}
