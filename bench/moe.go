@@ -56,8 +56,9 @@ type MoEOpts struct {
 	// Pairs is how many dispatch-then-combine pairs run back to back, without a barrier
 	// or expert compute, for the pair period (default 32).
 	Pairs int
-	// Profile reports how much of the AlltoAllvs' time is waiting for the last rank (the
-	// communicator must have been made with coll.Config.Profile).
+	// Profile reports how much of the stages' time is waiting for the last rank, and
+	// which rank that was: in the AlltoAllvs of the normal mode, in the exchanges of the
+	// low-latency mode (the communicator must have been made with coll.Config.Profile).
 	Profile bool
 	// LocalRanks is how many ranks share this process (memory budget for --compute ffn).
 	LocalRanks int
@@ -150,11 +151,22 @@ type MoEResult struct {
 	NaiveMessages  int64   `json:"naive_messages,omitempty"`
 	FusedOverNaive float64 `json:"naive_over_fused,omitempty"`
 	// With profiling, per step (dispatch and combine together), the longest over the
-	// ranks: waiting in the AlltoAllvs for the last rank to arrive, and moving after it;
-	// and the rank that arrived last most often.
-	WaitUS   float64 `json:"wait_us,omitempty"`
-	MoveUS   float64 `json:"move_us,omitempty"`
-	LastRank *int    `json:"last_rank,omitempty"`
+	// ranks: waiting in the AlltoAllvs (normal mode) or the exchanges (low-latency mode)
+	// for the last rank to arrive, and, for AlltoAllvs, moving after it; the rank that
+	// arrived last most often; and, per rank, the wait charged to it (coll's
+	// OpProfile.WaitFor), the longest over the ranks that waited.
+	WaitUS    float64   `json:"wait_us,omitempty"`
+	MoveUS    float64   `json:"move_us,omitempty"`
+	LastRank  *int      `json:"last_rank,omitempty"`
+	WaitForUS []float64 `json:"wait_for_us,omitempty"`
+}
+
+// profiled is the operation whose waits the profile of a mode's stages reports.
+func profiled(m dispatch.Mode) coll.OpKind {
+	if m == dispatch.LowLatency {
+		return coll.OpExchange
+	}
+	return coll.OpAlltoAllv
 }
 
 const dtype32 = dtype.F32
@@ -366,7 +378,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		}
 		iters = int(min(200, max(5, 1/max(per[0], 1e-6))))
 	}
-	prof0 := c.ProfileOf(coll.OpAlltoAllv)
+	prof0 := c.ProfileOf(profiled(o.Mode))
 	// Every rank's stage times are kept: a stage takes, each iteration, as long as its
 	// slowest rank.
 	times := make([]float64, 3*iters)
@@ -378,7 +390,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 			o.Progress(i+1, iters)
 		}
 	}
-	prof := c.ProfileOf(coll.OpAlltoAllv)
+	prof := c.ProfileOf(profiled(o.Mode))
 	var conv func() int
 	if lastOut != nil {
 		conv = conversions(x, o.Tokens, cfg.Hidden, o.Wire, o.Quantized, decodedRows(lastOut))
@@ -511,11 +523,19 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		}
 	}
 	if o.Profile {
-		wm := []float64{(prof.Wait - prof0.Wait).Seconds() / float64(iters) * 1e6, (prof.Move - prof0.Move).Seconds() / float64(iters) * 1e6}
+		us := func(d time.Duration) float64 { return d.Seconds() / float64(iters) * 1e6 }
+		wm := make([]float64, 2+p)
+		wm[0], wm[1] = us(prof.Wait-prof0.Wait), us(prof.Move-prof0.Move)
+		for q, d := range prof.WaitFor {
+			if q < len(prof0.WaitFor) {
+				d -= prof0.WaitFor[q]
+			}
+			wm[2+q] = us(d)
+		}
 		if err := coll.AllReduce(ctx, c, nil, wm, dtype.Max); err != nil {
 			return nil, err
 		}
-		res.WaitUS, res.MoveUS = wm[0], wm[1]
+		res.WaitUS, res.MoveUS, res.WaitForUS = wm[0], wm[1], wm[2:]
 		last, most := 0, -1
 		for q, k := range prof.Last {
 			if q < len(prof0.Last) {
@@ -909,7 +929,21 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 		row("overlap", fmt.Sprintf("%d micro-batches: %.1f us one after the other, %.1f us pipelined (%.2fx)", r.Chunks, r.SerialUS, r.OverlapUS, r.OverlapSpeedup))
 	}
 	if r.LastRank != nil {
-		row("alltoallv wait / move", fmt.Sprintf("%.1f / %.1f us per step (longest over the ranks); last to arrive most often: rank %d", r.WaitUS, r.MoveUS, *r.LastRank))
+		longest := 0
+		for q, w := range r.WaitForUS {
+			if w > r.WaitForUS[longest] {
+				longest = q
+			}
+		}
+		waited := ""
+		if longest < len(r.WaitForUS) {
+			waited = fmt.Sprintf("; waited longest for rank %d (%.1f us per step)", longest, r.WaitForUS[longest])
+		}
+		if r.Mode == dispatch.LowLatency.String() {
+			row("exchange wait", fmt.Sprintf("%.1f us per step (longest over the ranks); last to arrive most often: rank %d%s", r.WaitUS, *r.LastRank, waited))
+		} else {
+			row("alltoallv wait / move", fmt.Sprintf("%.1f / %.1f us per step (longest over the ranks); last to arrive most often: rank %d%s", r.WaitUS, r.MoveUS, *r.LastRank, waited))
+		}
 	}
 	if r.NaiveUS > 0 {
 		row("naive dispatch", fmt.Sprintf("%.1f us, %d messages: fused is %.1fx faster", r.NaiveUS, r.NaiveMessages, r.FusedOverNaive))

@@ -202,3 +202,28 @@ func TestPrintMoEBuffers(t *testing.T) {
 	PrintMoE(&b, &MoEResult{Model: "m", Transport: "shm", Mode: "low-latency", Dispatch: Stage{BufferBytes: 3 << 20}, Combine: Stage{BufferBytes: 500 << 20}})
 	assert.Contains(t, b.String(), "dispatch 3.0 MiB, combine 500.0 MiB per rank")
 }
+
+// With profiling the report says how long the stages waited and for which ranks: the
+// AlltoAllvs in the normal mode, the exchanges in the low-latency mode.
+func TestMoEProfile(t *testing.T) {
+	const p = 3
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		t.Run(mode.String(), func(t *testing.T) {
+			o := MoEOpts{Model: "tiny-deepseek", Tokens: 32, Mode: mode, Iters: 4, Pairs: 2, LocalRanks: p, Profile: true}
+			r := onRanks(t, p, coll.Config{Profile: true}, func(c *coll.Comm) (*MoEResult, error) {
+				r, err := MoE(context.Background(), c, o)
+				// The operation reported is the one the stages ran.
+				assert.Positive(t, c.ProfileOf(profiled(mode)).Count, "rank %d: no %v profiled", c.Rank(), profiled(mode))
+				return r, err
+			})
+			require.NotNil(t, r.LastRank)
+			assert.Less(t, *r.LastRank, p)
+			assert.Len(t, r.WaitForUS, p, "a wait per rank")
+			var b strings.Builder
+			PrintMoE(&b, r)
+			label := map[dispatch.Mode]string{dispatch.Normal: "alltoallv wait / move", dispatch.LowLatency: "exchange wait"}[mode]
+			assert.Contains(t, b.String(), label)
+			assert.Contains(t, b.String(), "waited longest for rank")
+		})
+	}
+}

@@ -58,6 +58,11 @@ type Exchange struct {
 	epoch  uint64 // exchanges begun
 	ops    []XOp  // one per slot
 	closed bool
+
+	// With Config.Profile, per source rank, when its block of the exchange being waited
+	// for was seen to arrive (Comm.recordExchange), and scratch.
+	seen  []int64
+	order []int32
 }
 
 // ExchangeConfig sizes an Exchange.
@@ -145,6 +150,12 @@ func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, 
 		o.reqPeer = make([]int32, 0, 2*p*len(x.fields))
 		o.readyQ = func() bool { return o.Ready(o.waitQ) }
 		o.arrived = o.allArrived
+		if c.cfg.Profile {
+			o.arrivedSeen = o.allArrivedSeen
+		}
+	}
+	if c.cfg.Profile {
+		x.seen, x.order = make([]int64, p), make([]int32, 0, p)
 	}
 	return x, nil
 }
@@ -383,6 +394,10 @@ type XOp struct {
 	waitQ   int         // the peer Dest waits for
 	readyQ  func() bool // o.Ready(o.waitQ), made once: a closure per wait would allocate
 	arrived func() bool // every block written into this rank's memory has arrived
+	// With Config.Profile: arrivedSeen is arrived that also notes when each block is
+	// first seen (x.seen).
+	arrivedSeen func() bool
+	t0          int64 // when Wait started waiting (nanotime)
 }
 
 // Begin starts the next exchange: receives are posted, and the ranks that write into
@@ -628,19 +643,38 @@ func (o *XOp) Wait(ctx context.Context) error {
 		}
 	}
 	nf := len(x.fields)
+	prof := x.seen != nil
+	if prof {
+		o.t0 = nanotime()
+		clear(x.seen)
+	}
 	for i, r := range o.reqs {
+		v := int(o.reqPeer[i])
+		blocked := prof && v >= 0 && !r.Test()
 		n, err := r.Wait(c.actx)
 		o.reqs[i] = nil
 		if err != nil {
 			return o.abort(err)
 		}
-		if v := int(o.reqPeer[i]); v >= 0 {
+		if v >= 0 {
 			o.lens[v/MaxExchangeFields*nf+v%MaxExchangeFields] = n
+			if blocked {
+				x.seen[v/MaxExchangeFields] = max(x.seen[v/MaxExchangeFields], o.since())
+			}
 		}
 	}
 	if x.win != nil {
 		own := x.win.Local()
-		if err := x.win.Wait(c.actx, o.arrived); err != nil {
+		arrived := o.arrived
+		if prof {
+			arrived = o.arrivedSeen
+			for q := range x.c.size {
+				if x.from[q] && o.blockArrived(own, q) {
+					x.seen[q] = -1 // before this rank waited for it
+				}
+			}
+		}
+		if err := x.win.Wait(c.actx, arrived); err != nil {
 			return o.abort(err)
 		}
 		for q := 0; q < c.size; q++ {
@@ -663,7 +697,20 @@ func (o *XOp) Wait(ctx context.Context) error {
 		}
 	}
 	o.finish()
+	if prof {
+		c.recordExchange(x.seen, x.order)
+	}
 	return nil
+}
+
+// since is the time since Wait started waiting, in nanoseconds, at least 1.
+func (o *XOp) since() int64 { return max(1, nanotime()-o.t0) }
+
+// blockArrived reports whether rank q, which writes into this rank's memory (own), has
+// published its block of this exchange.
+func (o *XOp) blockArrived(own []byte, q int) bool {
+	x := o.x
+	return atomic.LoadUint64(x.u64(own, x.recordOff(o.slot, q)+recEpoch)) >= o.epoch
 }
 
 // allArrived reports whether every rank that writes into this rank's memory has
@@ -672,11 +719,28 @@ func (o *XOp) allArrived() bool {
 	x := o.x
 	own := x.win.Local()
 	for q := 0; q < x.c.size; q++ {
-		if x.from[q] && atomic.LoadUint64(x.u64(own, x.recordOff(o.slot, q)+recEpoch)) < o.epoch {
+		if x.from[q] && !o.blockArrived(own, q) {
 			return false
 		}
 	}
 	return true
+}
+
+// allArrivedSeen is allArrived noting in x.seen when each block is first seen.
+func (o *XOp) allArrivedSeen() bool {
+	x := o.x
+	own := x.win.Local()
+	all := true
+	for q := 0; q < x.c.size; q++ {
+		switch {
+		case !x.from[q] || x.seen[q] != 0:
+		case o.blockArrived(own, q):
+			x.seen[q] = o.since()
+		default:
+			all = false
+		}
+	}
+	return all
 }
 
 // Recv returns field f of the block rank q sent in this exchange (after Wait), valid

@@ -1,7 +1,9 @@
 package coll
 
 import (
+	"cmp"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/moex-ai/moex/coll/dtype"
@@ -14,6 +16,10 @@ import (
 // until it completes is the wait for the last rank to arrive, the time after it is the
 // operation itself, and the entry times name the rank that arrived last and by how much.
 // The all-gather costs a few round trips per operation, so profiling is off by default.
+//
+// Exchanges (the MoE low-latency mode's) add no all-gather: every block says by arriving
+// that its sender has entered, so XOp.Wait notes when each arrives and charges each
+// sender with the wait it caused (OpProfile.WaitFor).
 
 func (p OpProfile) String() string {
 	if p.Count == 0 {
@@ -26,8 +32,18 @@ func (p OpProfile) String() string {
 			most, q = k, r
 		}
 	}
-	return fmt.Sprintf("%v: %d ops, wait %v, move %v, skew %v per op; last to arrive most often: rank %d (%d of %d)",
-		p.Op, p.Count, p.Wait/n, p.Move/n, p.Skew/n, q, most, p.Count)
+	longest, w := 0, time.Duration(0)
+	for r, d := range p.WaitFor {
+		if d > w {
+			longest, w = r, d
+		}
+	}
+	times := fmt.Sprintf("wait %v, move %v, skew %v per op", p.Wait/n, p.Move/n, p.Skew/n)
+	if p.Op == OpExchange { // no arrival all-gather: the senders' entries are not timed
+		times = fmt.Sprintf("wait %v per op", p.Wait/n)
+	}
+	return fmt.Sprintf("%v: %d ops, %s; last to arrive most often: rank %d (%d of %d); waited longest for rank %d (%v per op)",
+		p.Op, p.Count, times, q, most, p.Count, longest, w/n)
 }
 
 // arrive runs the arrival all-gather under seq and returns the last rank to enter and the
@@ -51,15 +67,50 @@ func (c *Comm) arrive(seq uint32, entered time.Time) (last int, skew time.Durati
 func (c *Comm) record(op OpKind, wait, move, skew time.Duration, last int) {
 	c.prof.mu.Lock()
 	defer c.prof.mu.Unlock()
-	p := &c.prof.ops[op]
-	if p.Last == nil {
-		p.Op, p.Last = op, make([]int, c.size)
-	}
+	p := c.profileFor(op)
 	p.Count++
 	p.Wait += wait
 	p.Move += move
 	p.Skew += skew
 	p.Last[last]++
+	p.WaitFor[last] += wait
+}
+
+// profileFor returns op's profile, made on first use (c.prof.mu held).
+func (c *Comm) profileFor(op OpKind) *OpProfile {
+	p := &c.prof.ops[op]
+	if p.Last == nil {
+		p.Op, p.Last, p.WaitFor = op, make([]int, c.size), make([]time.Duration, c.size)
+	}
+	return p
+}
+
+// recordExchange records one exchange's wait: arrived[q] is when rank q's block was seen
+// to arrive, in nanoseconds after XOp.Wait started waiting, or 0 or less where this rank
+// did not wait for it (it had arrived, or it is this rank's own). The ranks are taken in
+// the order their blocks arrived, each charged with the time from the arrival before its
+// own; order is scratch of P entries.
+func (c *Comm) recordExchange(arrived []int64, order []int32) {
+	order = order[:0]
+	for q, t := range arrived {
+		if t > 0 {
+			order = append(order, int32(q))
+		}
+	}
+	slices.SortFunc(order, func(a, b int32) int { return cmp.Compare(arrived[a], arrived[b]) })
+	c.prof.mu.Lock()
+	defer c.prof.mu.Unlock()
+	p := c.profileFor(OpExchange)
+	p.Count++
+	prev := int64(0)
+	for _, q := range order {
+		p.WaitFor[q] += time.Duration(arrived[q] - prev)
+		prev = arrived[q]
+	}
+	p.Wait += time.Duration(prev)
+	if len(order) > 0 {
+		p.Last[order[len(order)-1]]++
+	}
 }
 
 // Profile returns what profiling measured on this rank, per kind of operation, for the
@@ -71,6 +122,7 @@ func (c *Comm) Profile() []OpProfile {
 	for _, p := range c.prof.ops {
 		if p.Count > 0 {
 			p.Last = append([]int(nil), p.Last...)
+			p.WaitFor = append([]time.Duration(nil), p.WaitFor...)
 			out = append(out, p)
 		}
 	}
@@ -87,5 +139,6 @@ func (c *Comm) ProfileOf(op OpKind) OpProfile {
 	p := c.prof.ops[op]
 	p.Op = op
 	p.Last = append([]int(nil), p.Last...)
+	p.WaitFor = append([]time.Duration(nil), p.WaitFor...)
 	return p
 }

@@ -3,9 +3,13 @@ package coll
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/coll/dtype"
 )
@@ -133,4 +137,87 @@ func TestTraceFiles(t *testing.T) {
 			t.Fatalf("rank %d: ops %v, %d waits", r, ops, waits)
 		}
 	}
+}
+
+// An exchange, profiled, names the rank whose blocks it waited for: rank 2 fills its
+// blocks 100 ms after the others. Every other rank's wait is charged to rank 2, which
+// arrived last every time; rank 2 waits for nobody. Windows and messages alike, with the
+// data checked.
+func TestExchangeProfileNamesTheStraggler(t *testing.T) {
+	const p, late, rounds = 4, 2, 2
+	const delay = 100 * time.Millisecond
+	fields := []int{64, 1 << 10}
+	for _, windows := range []bool{true, false} {
+		t.Run(fmt.Sprintf("windows=%v", windows), func(t *testing.T) {
+			cs := newLocal(t, p, Config{Profile: true, NoWindows: !windows})
+			ctx := context.Background()
+			noErr(t, runOn(cs, func(c *Comm) error {
+				x, err := c.NewExchange(ctx, ExchangeConfig{Fields: fields})
+				if err != nil {
+					return err
+				}
+				defer x.Close()
+				for i := 0; i < rounds; i++ {
+					o, err := x.Begin(ctx)
+					if err != nil {
+						return err
+					}
+					if c.Rank() == late {
+						time.Sleep(delay)
+					}
+					for q := 0; q < p; q++ {
+						dst, err := o.Dest(ctx, q)
+						if err != nil {
+							return err
+						}
+						xfill(dst[1][:100], o.Epoch(), c.Rank(), q, 1)
+						if err := o.Send(q, 0, 100); err != nil {
+							return err
+						}
+					}
+					if err := o.Wait(ctx); err != nil {
+						return err
+					}
+					for q := 0; q < p; q++ {
+						if err := xcheck(o.Recv(q, 1), o.Epoch(), q, c.Rank(), 1); err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			}))
+			for _, c := range cs {
+				prof := c.ProfileOf(OpExchange)
+				require.Equal(t, rounds, prof.Count, "rank %d", c.Rank())
+				var sum time.Duration
+				for _, d := range prof.WaitFor {
+					sum += d
+				}
+				assert.Equal(t, prof.Wait, sum, "rank %d: the wait is charged to the ranks", c.Rank())
+				if c.Rank() == late {
+					assert.Less(t, prof.Wait, rounds*delay/2, "the straggler waits for nobody")
+					continue
+				}
+				assert.Equal(t, rounds, prof.Last[late], "rank %d: last arrivals %v", c.Rank(), prof.Last)
+				assert.GreaterOrEqual(t, prof.WaitFor[late], rounds*delay/2, "rank %d: waited for rank %d %v", c.Rank(), late, prof.WaitFor)
+				for q, d := range prof.WaitFor {
+					if q != late {
+						assert.Less(t, d, prof.WaitFor[late], "rank %d: charged rank %d more than the straggler", c.Rank(), q)
+					}
+				}
+				t.Logf("rank %d: %v", c.Rank(), prof)
+			}
+		})
+	}
+	// Off by default: nothing recorded.
+	cs := newLocal(t, 2, Config{})
+	noErr(t, runOn(cs, func(c *Comm) error {
+		x, err := c.NewExchange(context.Background(), ExchangeConfig{Fields: []int{8}})
+		if err != nil {
+			return err
+		}
+		defer x.Close()
+		return exchangeRounds(c, x, []int{8}, 1)
+	}))
+	assert.Zero(t, cs[0].ProfileOf(OpExchange).Count)
 }

@@ -54,7 +54,8 @@ type Config struct {
 	NoRootedVerify bool
 	// Profile measures, for every operation, how long this rank waited for the others to
 	// arrive and how long the operation itself took, and which rank arrived last
-	// (Comm.Profile; MOEX_PROFILE=1). Costs one small all-gather per operation.
+	// (Comm.Profile; MOEX_PROFILE=1). Costs one small all-gather per operation; an
+	// exchange costs nothing more (its blocks say when their senders entered).
 	Profile bool
 	// TraceDir makes Close write this rank's operations to a Chrome-trace JSON file in
 	// that directory (MOEX_TRACE=dir; see TracePath): each op with its algorithm and
@@ -246,8 +247,15 @@ type OpProfile struct {
 	// minus earliest), read from their clocks: exact between ranks of one host, as good
 	// as the clocks' synchronisation between hosts.
 	Skew time.Duration
-	// Last[q] counts the operations that rank q entered last.
+	// Last[q] counts the operations that rank q entered last. For exchanges (OpExchange,
+	// under the MoE low-latency mode), which add no arrival all-gather, it counts those
+	// whose last block to arrive while this rank waited was rank q's.
 	Last []int
+	// WaitFor[q] is the part of Wait spent waiting for rank q: for an operation, all of it
+	// for the rank that entered last; for an exchange, from the arrival of the block before
+	// q's (or the start of XOp.Wait) to the arrival of q's. It sums to Wait, and names the
+	// ranks a slow step waited for.
+	WaitFor []time.Duration
 }
 
 type profiler struct {

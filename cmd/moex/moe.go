@@ -28,7 +28,7 @@ func benchMoE(ctx context.Context, args []string) error {
 	fs.BoolVar(&o.Overlap, "overlap", false, "also time the step as micro-batches in a pipeline (one's rows move while another's experts compute) against one after the other")
 	fs.IntVar(&o.Chunks, "chunks", 2, "micro-batches of --overlap")
 	fs.IntVar(&o.Pairs, "pairs", 32, "dispatch-then-combine pairs run back to back for the pair period")
-	fs.BoolVar(&o.Profile, "profile", false, "time the AlltoAllvs' wait for the last rank apart from moving (MOEX_PROFILE=1)")
+	fs.BoolVar(&o.Profile, "profile", false, "time the stages' wait for the last rank (in the AlltoAllvs, apart from moving; in the low-latency exchanges) and name the ranks waited for (MOEX_PROFILE=1)")
 	var eo bench.EPLBOpts
 	fs.IntVar(&eo.Every, "eplb", 0, "serve with skewed routing (--skew), record the experts' load and rebalance every N steps (router.Rebalance); prints tokens/s and rank imbalance before and after")
 	fs.Float64Var(&eo.Skew, "skew", 0, "with --eplb: Zipf exponent of the experts' popularity (0: uniform)")

@@ -69,7 +69,7 @@ var Vars = []Var{
 	{"MOEX_BUSY_POLL_US", strconv.Itoa(tcp.DefaultBusyPollUS), "SO_BUSY_POLL of TCP sockets in microseconds (0: off)", "transport/tcp", User},
 	{"MOEX_CHECKSUM", "0", "1: carry an xxhash64 of every TCP payload and verify it", "transport/tcp", User},
 	{"MOEX_DEBUG", "unset (silent)", "log level: INFO logs transports per peer and algorithms per op; DEBUG, WARN, ERROR", "coll", User},
-	{"MOEX_PROFILE", "0", "1: time every collective's wait for the last rank apart from the operation, and name that rank (one small all-gather per op)", "coll", User},
+	{"MOEX_PROFILE", "0", "1: time every collective's wait for the last rank apart from the operation, and name that rank (one small all-gather per op; the MoE low-latency exchanges at no extra cost)", "coll", User},
 	{"MOEX_TRACE", "unset", "directory: at Close every rank writes a Chrome-trace JSON file of its collectives (turns MOEX_PROFILE on)", "coll", User},
 	{"MOEX_HOST_ID", "hostname and boot id", "the host identity that decides which ranks share memory", "transport", User},
 	{"MOEX_LAUNCH_REPORT", "set by moex run", "directory where ranks say whom they blame for an abort, so that the launcher names the root cause", "coll", Internal},
