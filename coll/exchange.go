@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/moex-ai/moex/obuf"
@@ -398,6 +399,7 @@ type XOp struct {
 	// first seen (x.seen).
 	arrivedSeen func() bool
 	t0          int64 // when Wait started waiting (nanotime)
+	begunAt     int64 // when Begin started it (unix ns), with Config.TraceDir
 }
 
 // Begin starts the next exchange: receives are posted, and the ranks that write into
@@ -418,6 +420,9 @@ func (x *Exchange) Begin(ctx context.Context) (*XOp, error) {
 	}
 	x.epoch = e
 	o.epoch, o.seq, o.begun, o.nsent = e, c.nextSeq(), true, 0
+	if c.cfg.TraceDir != "" {
+		o.begunAt = time.Now().UnixNano()
+	}
 	clear(o.sent)
 	clear(o.lens)
 	o.reqs, o.reqPeer = o.reqs[:0], o.reqPeer[:0]
@@ -698,7 +703,10 @@ func (o *XOp) Wait(ctx context.Context) error {
 	}
 	o.finish()
 	if prof {
-		c.recordExchange(x.seen, x.order)
+		wait, last, waited := c.recordExchange(x.seen, x.order)
+		if c.cfg.TraceDir != "" {
+			c.traceExchange(o.begunAt, o.t0, wait, last, x.seen, waited)
+		}
 	}
 	return nil
 }

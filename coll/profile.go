@@ -89,8 +89,9 @@ func (c *Comm) profileFor(op OpKind) *OpProfile {
 // to arrive, in nanoseconds after XOp.Wait started waiting, or 0 or less where this rank
 // did not wait for it (it had arrived, or it is this rank's own). The ranks are taken in
 // the order their blocks arrived, each charged with the time from the arrival before its
-// own; order is scratch of P entries.
-func (c *Comm) recordExchange(arrived []int64, order []int32) {
+// own; order is scratch of P entries. It returns the wait, the rank that came last (-1:
+// none was waited for) and the ranks waited for, in order (in order's storage).
+func (c *Comm) recordExchange(arrived []int64, order []int32) (wait time.Duration, last int, waited []int32) {
 	order = order[:0]
 	for q, t := range arrived {
 		if t > 0 {
@@ -108,9 +109,12 @@ func (c *Comm) recordExchange(arrived []int64, order []int32) {
 		prev = arrived[q]
 	}
 	p.Wait += time.Duration(prev)
+	last = -1
 	if len(order) > 0 {
-		p.Last[order[len(order)-1]]++
+		last = int(order[len(order)-1])
+		p.Last[last]++
 	}
+	return time.Duration(prev), last, order
 }
 
 // Profile returns what profiling measured on this rank, per kind of operation, for the

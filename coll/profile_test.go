@@ -221,3 +221,68 @@ func TestExchangeProfileNamesTheStraggler(t *testing.T) {
 	}))
 	assert.Zero(t, cs[0].ProfileOf(OpExchange).Count)
 }
+
+// A traced exchange is a slice of its sends then its wait, naming the rank that came last
+// and charging each rank with its part of the wait.
+func TestTraceExchange(t *testing.T) {
+	dir := t.TempDir()
+	const p, late = 3, 1
+	const delay = 50 * time.Millisecond
+	cs, err := Local(p, Config{TraceDir: dir})
+	require.NoError(t, err)
+	ctx := context.Background()
+	noErr(t, runOn(cs, func(c *Comm) error {
+		x, err := c.NewExchange(ctx, ExchangeConfig{Fields: []int{64}})
+		if err != nil {
+			return err
+		}
+		defer x.Close()
+		o, err := x.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if c.Rank() == late {
+			time.Sleep(delay)
+		}
+		for q := 0; q < p; q++ {
+			if _, err := o.Dest(ctx, q); err != nil {
+				return err
+			}
+			if err := o.Send(q, 8); err != nil {
+				return err
+			}
+		}
+		return o.Wait(ctx)
+	}))
+	for r, c := range cs {
+		path := c.TracePath()
+		require.NoError(t, c.Close(), "rank %d", r)
+		b, err := os.ReadFile(path)
+		require.NoError(t, err)
+		var doc struct {
+			TraceEvents []struct {
+				Name string         `json:"name"`
+				Dur  float64        `json:"dur"`
+				Args map[string]any `json:"args"`
+			} `json:"traceEvents"`
+		}
+		require.NoError(t, json.Unmarshal(b, &doc))
+		var names []string
+		for _, e := range doc.TraceEvents {
+			names = append(names, e.Name)
+			if e.Name != "exchange" {
+				continue
+			}
+			if r == late {
+				assert.Less(t, e.Args["wait_us"], float64(delay/time.Microsecond)/2, "the late rank waited for nobody")
+				assert.GreaterOrEqual(t, e.Dur, float64(delay/time.Microsecond), "its sends came after its delay")
+				continue
+			}
+			assert.Equal(t, float64(late), e.Args["last_rank"], "rank %d", r)
+			waitFor, _ := e.Args["wait_for_us"].(map[string]any)
+			assert.GreaterOrEqual(t, waitFor[fmt.Sprint(late)], float64(delay/time.Microsecond)/2, "rank %d: %v", r, waitFor)
+		}
+		require.GreaterOrEqual(t, len(names), 3)
+		assert.Equal(t, []string{"exchange", "send", "wait"}, names[len(names)-3:], "rank %d: after NewExchange's all-gathers", r)
+	}
+}

@@ -274,4 +274,8 @@ type traceEvent struct {
 	wait, move time.Duration
 	skew       time.Duration
 	last       int
+	// An exchange: move is from Begin to Wait (this rank's sends, and whatever its
+	// caller did meanwhile), then wait; waitFor[q] is the wait charged to rank q.
+	exchange bool
+	waitFor  map[string]float64
 }

@@ -12,8 +12,10 @@ import (
 // Chrome-trace JSON file per rank and communicator (open it in Perfetto or
 // chrome://tracing): every operation as a slice with its algorithm and bytes, split into
 // the wait for the last rank to arrive and the move after it, with the rank that came
-// last. It needs the arrival all-gather, so it turns profiling on. Timestamps are the
-// ranks' wall clocks: files of ranks on one host line up exactly.
+// last. It needs the arrival all-gather, so it turns profiling on. An exchange (the MoE
+// low-latency mode's) is a slice of its sends (Begin to Wait) then its wait, with the
+// wait charged to the ranks it waited for. Timestamps are the ranks' wall clocks: files
+// of ranks on one host line up exactly.
 
 // maxTraceEvents bounds the memory a long job's trace takes; later operations are
 // counted, not recorded.
@@ -28,6 +30,30 @@ func (c *Comm) traceOp(pl *plan, entered time.Time, wait, move, skew time.Durati
 	}
 	c.prof.events = append(c.prof.events, traceEvent{op: pl.op, algo: pl.algo, bytes: pl.bytes,
 		start: entered.UnixNano(), wait: wait, move: move, skew: skew, last: last})
+}
+
+// traceExchange records one exchange (XOp.Wait, profiled): begun (unix ns) when Begin
+// started it, t0 (nanotime) when Wait started waiting, the wait, the rank that came last,
+// and the ranks waited for in order (recordExchange), charged from arrived.
+func (c *Comm) traceExchange(begun, t0 int64, wait time.Duration, last int, arrived []int64, order []int32) {
+	waitStart := time.Now().UnixNano() - (nanotime() - t0)
+	var waitFor map[string]float64
+	prev := int64(0)
+	for _, q := range order {
+		if waitFor == nil {
+			waitFor = make(map[string]float64, len(order))
+		}
+		waitFor[fmt.Sprint(q)] = float64(arrived[q]-prev) / 1e3
+		prev = arrived[q]
+	}
+	c.prof.mu.Lock()
+	defer c.prof.mu.Unlock()
+	if len(c.prof.events) >= maxTraceEvents {
+		c.prof.dropped++
+		return
+	}
+	c.prof.events = append(c.prof.events, traceEvent{op: OpExchange, start: begun,
+		move: time.Duration(max(0, waitStart-begun)), wait: wait, last: last, exchange: true, waitFor: waitFor})
 }
 
 // chromeEvent is one entry of the Chrome trace format's traceEvents.
@@ -68,6 +94,18 @@ func (c *Comm) writeTrace() error {
 	for _, e := range events {
 		ts := float64(e.start) / 1e3
 		name := e.op.String()
+		if e.exchange { // its sends first, then the wait for the others' blocks
+			args := map[string]any{"send_us": us(e.move), "wait_us": us(e.wait), "last_rank": e.last}
+			wargs := map[string]any{"last_rank": e.last}
+			if e.waitFor != nil {
+				args["wait_for_us"], wargs["wait_for_us"] = e.waitFor, e.waitFor
+			}
+			out = append(out,
+				chromeEvent{Name: name, Cat: "op", Ph: "X", Ts: ts, Dur: us(e.move + e.wait), Pid: pid, Tid: c.id, Args: args},
+				chromeEvent{Name: "send", Cat: "move", Ph: "X", Ts: ts, Dur: us(e.move), Pid: pid, Tid: c.id},
+				chromeEvent{Name: "wait", Cat: "wait", Ph: "X", Ts: ts + us(e.move), Dur: us(e.wait), Pid: pid, Tid: c.id, Args: wargs})
+			continue
+		}
 		out = append(out,
 			chromeEvent{Name: name, Cat: "op", Ph: "X", Ts: ts, Dur: us(e.wait + e.move), Pid: pid, Tid: c.id,
 				Args: map[string]any{"algo": e.algo.String(), "bytes_sent": e.bytes, "wait_us": us(e.wait),
