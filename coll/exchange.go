@@ -115,12 +115,12 @@ func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, 
 		x.per += (p*n + 63) &^ 63
 		sig = append(sig, n)
 	}
-	total := x.bufs * x.per
+	total, ctl := exchangeSizes(cfg.Fields, cfg.Slots, p)
 	if total > transport.MaxWindow {
 		return nil, &ArgError{Arg: "Fields", Reason: fmt.Sprintf("%d slots of %d ranks x %d bytes is more than %d", cfg.Slots, p, x.per/p, transport.MaxWindow)}
 	}
 	x.sig = signature(OpExchange, AlgoAuto, 1, sig...)
-	x.ctl = ((x.bufs+x.bufs*p)*64 + 4095) &^ 4095
+	x.ctl = ctl
 	if err := x.openWindows(ctx, total); err != nil {
 		return nil, err
 	}
@@ -159,6 +159,37 @@ func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, 
 		x.seen, x.order = make([]int64, p), make([]int32, 0, p)
 	}
 	return x, nil
+}
+
+// exchangeSizes returns the bytes of an exchange's buffers (Slots+1 slots, each with
+// every field's array of P blocks, 64-byte aligned) and of the control words before them
+// in a window (a 64-byte word per slot and per (slot, source), rounded up to a page).
+func exchangeSizes(fields []int, slots, p int) (data, ctl int) {
+	per := 0
+	for _, n := range fields {
+		per += (p*n + 63) &^ 63
+	}
+	bufs := slots + 1
+	return bufs * per, ((bufs+bufs*p)*64 + 4095) &^ 4095
+}
+
+// ExchangeBytes is the memory (Exchange.Bytes) that an exchange of cfg holds on each of
+// ranks ranks, where every other rank writes its blocks into this rank's memory (windows:
+// inproc, or shm with every rank on one host) or where they travel as messages (windows
+// false). Where some peers write and others send, it is the messages' figure plus the
+// window's control words. It runs nothing, and checks nothing NewExchange would refuse.
+func ExchangeBytes(cfg ExchangeConfig, ranks int, windows bool) int {
+	if cfg.Slots == 0 {
+		cfg.Slots = 2
+	}
+	data, ctl := exchangeSizes(cfg.Fields, cfg.Slots, ranks)
+	switch {
+	case ranks < 2: // nobody to send to: a buffer of its own
+		return data
+	case windows:
+		return ctl + data
+	}
+	return 2 * data // received into one buffer, sent from another
 }
 
 // openWindows makes the windows where the transport has them, and agrees with every
@@ -313,25 +344,18 @@ func (x *Exchange) closeWindow() {
 // Slots is how many exchanges may be in flight or hold data at once.
 func (x *Exchange) Slots() int { return x.slots }
 
-// Bytes is the memory the exchange holds on this rank: the window the other ranks write
-// their blocks into (with its control words), or the buffer they are received into, and
-// the send buffer where some peers take messages. Each has room for Slots+1 exchanges of
-// one block per rank at the fields' capacities, so it grows with the ranks and the
-// capacities and not with anything else. Pooled buffers count at their capacity (a
-// power of two, see obuf.Pool); pages never written take no physical memory. It is 0
-// after Close.
+// Bytes is the memory the exchange holds on this rank (ExchangeBytes): the window the
+// other ranks write their blocks into (with its control words), or the buffer they are
+// received into, and the send buffer where some peers take messages. Each has room for
+// Slots+1 exchanges of one block per rank at the fields' capacities, so it grows with the
+// ranks and the capacities and with nothing else. It is address space: a page takes
+// physical memory when it is first written. It is 0 after Close.
 func (x *Exchange) Bytes() int {
-	n := 0
+	n := len(x.send)
 	if x.win != nil {
-		n += len(x.win.Local())
+		return n + len(x.win.Local())
 	}
-	if x.recvBuf != nil {
-		n += x.recvBuf.Cap()
-	}
-	if x.sendBuf != nil {
-		n += x.sendBuf.Cap()
-	}
-	return n
+	return n + len(x.recv)
 }
 
 // Pushes reports whether this rank writes its blocks for rank q straight into q's memory

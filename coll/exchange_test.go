@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/internal/race"
-	"github.com/moex-ai/moex/obuf"
 )
 
 // xlen is the length of field f of the block src sends dst in exchange e: every rank
@@ -276,8 +275,8 @@ func TestExchangeAllocs(t *testing.T) {
 // An exchange holds, for Slots+1 exchanges, one block per rank at the fields'
 // capacities (each field's array 64-byte aligned): received into a window after 64-byte
 // control words, one per slot and per (slot, source), rounded up to a page; or into a
-// pooled buffer, with a pooled send buffer beside it. Nothing changes from exchange to exchange,
-// and Close gives it all back.
+// buffer, with a send buffer beside it. ExchangeBytes says so before it is made, nothing
+// changes from exchange to exchange, and Close gives it all back.
 func TestExchangeBytes(t *testing.T) {
 	fields := []int{100, 0, 7 << 10}
 	const slots = 2
@@ -294,10 +293,11 @@ func TestExchangeBytes(t *testing.T) {
 				case windows && p > 1:
 					want = ((slots+1)*(1+p)*64+4095)&^4095 + data
 				case p > 1:
-					want = 2 * obuf.NewPool(0).Get(data).Cap()
+					want = 2 * data
 				default: // nothing to send to another rank
-					want = obuf.NewPool(0).Get(data).Cap()
+					want = data
 				}
+				assert.Equal(t, want, ExchangeBytes(ExchangeConfig{Fields: fields, Slots: slots}, p, windows), "ExchangeBytes")
 				got := make([]int, p)
 				noErr(t, world(t, p, Config{NoWindows: !windows}, func(c *Comm) error {
 					x, err := c.NewExchange(context.Background(), ExchangeConfig{Fields: fields, Slots: slots})

@@ -19,37 +19,39 @@ import (
 type stageBytes struct{ dNew, d2, d4, cNew, c2, c4, dClosed, cClosed int }
 
 // lowLatencyBytes runs four steps of the low-latency mode with P ranks of the scenario,
-// the given experts and wire type, and returns what each rank's stages held.
-func lowLatencyBytes(t *testing.T, p, experts, maxTokens int, wire dtype.Type, ccfg coll.Config) []stageBytes {
+// every rank at MaxTokens tokens, the given experts and configuration (its Hidden,
+// TopK, Mode, MaxTokens and Placement set here), and returns what each rank's stages
+// held.
+func lowLatencyBytes[T combine.Act](t *testing.T, p, experts, maxTokens int, cfg dispatch.Config, ccfg coll.Config) []stageBytes {
 	t.Helper()
 	s := scenario{p: p, hid: 256, k: 4, experts: experts, tokens: make([]int, p), seed: 3, maxTokens: maxTokens}
 	for i := range s.tokens {
 		s.tokens[i] = maxTokens
 	}
+	cfg.Hidden, cfg.TopK, cfg.Mode, cfg.MaxTokens = s.hid, s.k, dispatch.LowLatency, maxTokens
+	cfg.Placement = placement(t, "contiguous", experts, p)
 	got := make([]stageBytes, p)
 	runRanks(t, p, ccfg, func(c *coll.Comm) error {
 		ctx := context.Background()
-		cfg := dispatch.Config{Hidden: s.hid, TopK: s.k, Mode: dispatch.LowLatency, MaxTokens: maxTokens,
-			WireDType: wire, Placement: placement(t, "contiguous", experts, p)}
-		d, err := dispatch.New[dtype.BFloat16](ctx, c, cfg)
+		d, err := dispatch.New[T](ctx, c, cfg)
 		if err != nil {
 			return err
 		}
-		cb, err := combine.New[dtype.BFloat16](ctx, d)
+		cb, err := combine.New[T](ctx, d)
 		if err != nil {
 			return err
 		}
 		b := &got[c.Rank()]
 		b.dNew, b.cNew = d.Bytes(), cb.Bytes()
 		r, x32 := s.routing(c.Rank())
-		x := toT[dtype.BFloat16](x32)
-		out := make([]dtype.BFloat16, len(x))
+		x := toT[T](x32)
+		out := make([]T, len(x))
 		for step := 1; step <= 4; step++ {
 			o, h, err := d.Dispatch(ctx, x, r)
 			if err != nil {
 				return err
 			}
-			if err := cb.Combine(ctx, h, make([]dtype.BFloat16, o.Rows()*s.hid), out); err != nil {
+			if err := cb.Combine(ctx, h, make([]T, o.Rows()*s.hid), out); err != nil {
 				return err
 			}
 			switch step {
@@ -82,8 +84,8 @@ func TestLowLatencyBytes(t *testing.T) {
 		for _, wire := range []dtype.Type{dtype.BF16, dtype.FP8E4M3} {
 			t.Run(fmt.Sprintf("windows=%v/%v", windows, wire), func(t *testing.T) {
 				ccfg := coll.Config{NoWindows: !windows}
-				few := lowLatencyBytes(t, p, 16, maxTokens, wire, ccfg)
-				many := lowLatencyBytes(t, p, 64, maxTokens, wire, ccfg)
+				few := lowLatencyBytes[dtype.BFloat16](t, p, 16, maxTokens, dispatch.Config{WireDType: wire}, ccfg)
+				many := lowLatencyBytes[dtype.BFloat16](t, p, 64, maxTokens, dispatch.Config{WireDType: wire}, ccfg)
 				f := dispatch.NewFormat(dispatch.Config{Hidden: 256, TopK: 4, WireDType: wire, Mode: dispatch.LowLatency, MaxTokens: maxTokens})
 				rows := (inFlight + 1) * p * maxTokens // blocks of every source, per buffered exchange
 				for r := 0; r < p; r++ {
@@ -109,5 +111,55 @@ func TestLowLatencyBytes(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// dispatch.LowLatencyBytes and combine.LowLatencyBytes say, before anything runs, what the
+// stages hold once every slot has taken MaxTokens tokens: exactly, for windows (shared)
+// and messages, wire and activation types, experts given quantised rows, and the
+// variants that push rows or send partial sums where ranks share memory.
+func TestLowLatencyBytesBeforehand(t *testing.T) {
+	const p, experts, maxTokens = 4, 16, 24
+	type variant struct {
+		name string
+		cfg  dispatch.Config
+	}
+	variants := []variant{
+		{"bf16", dispatch.Config{WireDType: dtype.BF16}},
+		{"f32", dispatch.Config{WireDType: dtype.F32}},
+		{"fp8", dispatch.Config{WireDType: dtype.FP8E4M3}},
+		{"fp8/quantized", dispatch.Config{WireDType: dtype.FP8E4M3, Quantized: true}},
+		{"int8/bf16-back", dispatch.Config{WireDType: dtype.I8, CombineDType: dtype.BF16}},
+		{"bf16/pushed/partials", dispatch.Config{WireDType: dtype.BF16, PushRows: true, SendPartials: true}},
+		{"bf16/inflight3", dispatch.Config{WireDType: dtype.BF16, InFlight: 3}},
+	}
+	for _, windows := range []bool{true, false} {
+		for _, v := range variants {
+			t.Run(fmt.Sprintf("windows=%v/%s", windows, v.name), func(t *testing.T) {
+				ccfg := coll.Config{NoWindows: !windows}
+				full := v.cfg
+				full.Hidden, full.TopK, full.Mode, full.MaxTokens = 256, 4, dispatch.LowLatency, maxTokens
+				full.Placement = placement(t, "contiguous", experts, p)
+				t.Run("f32", func(t *testing.T) { checkBeforehand[float32](t, p, experts, maxTokens, v.cfg, full, windows, ccfg) })
+				t.Run("bf16", func(t *testing.T) {
+					checkBeforehand[dtype.BFloat16](t, p, experts, maxTokens, v.cfg, full, windows, ccfg)
+				})
+			})
+		}
+	}
+	_, err := dispatch.LowLatencyBytes[float32](dispatch.Config{Hidden: 8, TopK: 1, Placement: placement(t, "contiguous", 4, 2)}, true)
+	require.ErrorIs(t, err, dispatch.ErrConfig, "the normal mode has no fixed buffers")
+	_, err = combine.LowLatencyBytes[float32](dispatch.Config{Hidden: 8, TopK: 1, Mode: dispatch.LowLatency, Placement: placement(t, "contiguous", 4, 2)}, true)
+	require.ErrorIs(t, err, dispatch.ErrConfig, "no MaxTokens")
+}
+
+func checkBeforehand[T combine.Act](t *testing.T, p, experts, maxTokens int, cfg, full dispatch.Config, shared bool, ccfg coll.Config) {
+	wantD, err := dispatch.LowLatencyBytes[T](full, shared)
+	require.NoError(t, err)
+	wantC, err := combine.LowLatencyBytes[T](full, shared)
+	require.NoError(t, err)
+	for r, b := range lowLatencyBytes[T](t, p, experts, maxTokens, cfg, ccfg) {
+		assert.Equal(t, wantD, b.d4, "rank %d: dispatch", r)
+		assert.Equal(t, wantC, b.c4, "rank %d: combine", r)
 	}
 }

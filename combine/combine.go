@@ -145,12 +145,7 @@ func New[T Act](ctx context.Context, d Source) (*Combiner[T], error) {
 		if err := cb.openBoard(ctx); err != nil {
 			return nil, err
 		}
-		partials := cfg.MaxTokens * cb.f.Combined
-		if cb.board != nil {
-			partials = 0 // the header alone
-		}
-		x, err := cb.c.NewExchange(ctx, coll.ExchangeConfig{Slots: cfg.InFlight,
-			Fields: []int{dispatch.BlockHeader, partials}})
+		x, err := cb.c.NewExchange(ctx, llExchange(cfg, cb.f, cb.board != nil))
 		if err != nil {
 			cb.closeBoard()
 			return nil, err
@@ -158,6 +153,42 @@ func New[T Act](ctx context.Context, d Source) (*Combiner[T], error) {
 		cb.x = x
 	}
 	return cb, nil
+}
+
+// llExchange is the low-latency combine's exchange: per block a header and, unless the
+// outputs are read in place, the partial sums of MaxTokens rows.
+func llExchange(cfg dispatch.Config, f dispatch.Format, inPlace bool) coll.ExchangeConfig {
+	partials := cfg.MaxTokens * f.Combined
+	if inPlace {
+		partials = 0 // the header alone
+	}
+	return coll.ExchangeConfig{Slots: cfg.InFlight, Fields: []int{dispatch.BlockHeader, partials}}
+}
+
+// LowLatencyBytes is the memory (Combiner.Bytes) that the Combiner[T] of a
+// Dispatcher[T] of cfg in the low-latency mode holds on each rank of cfg.Placement once
+// every slot has combined MaxTokens tokens: where every rank maps every rank's memory
+// (shared: one host, over shm or inproc; the outputs are then read in place unless
+// SendPartials), or where blocks travel as messages. It runs nothing
+// (dispatch.LowLatencyBytes is the dispatcher's).
+func LowLatencyBytes[T Act](cfg dispatch.Config, shared bool) (int, error) {
+	cfg, err := dispatch.Defaults[T](cfg)
+	if err != nil {
+		return 0, err
+	}
+	if cfg.Mode != dispatch.LowLatency {
+		return 0, fmt.Errorf("%w: LowLatencyBytes of the %v mode", dispatch.ErrConfig, cfg.Mode)
+	}
+	p := cfg.Placement.Ranks
+	board := boardSize[T](cfg, p)
+	if !shared {
+		board = 0
+	}
+	n := board + coll.ExchangeBytes(llExchange(cfg, dispatch.NewFormat(cfg), board > 0), p, shared)
+	if board == 0 && !isF32[T]() { // the sums in float32 (ownTerms)
+		n += cfg.InFlight * obuf.Capacity(cfg.MaxTokens*cfg.Hidden*4)
+	}
+	return n, nil
 }
 
 // RowBytes is the size of one partial sum on the wire.
@@ -171,14 +202,15 @@ func (cb *Combiner[T]) Plan() *coll.VPlan {
 	return &cb.slots[(cb.n-1)%uint64(len(cb.slots))].plan
 }
 
-// Bytes is the memory this rank holds for the combiner's buffers. In the low-latency
-// mode most of it is fixed by New: where the combine reads the expert outputs in place,
-// the region the experts write them into (InFlight of them, each with room for MaxRows
-// rows) and an exchange of headers; elsewhere the exchange of partial sums
-// (coll.Exchange.Bytes: InFlight+1 blocks per rank, each with room for MaxTokens rows).
-// Besides, scratch buffers grow to the largest combine so far: the wire buffers of the
-// normal and gathered modes, and the float32 sums of bfloat16 outputs. Pooled buffers
-// count at their capacity; the caller's memory does not count. It is 0 after Close.
+// Bytes is the memory this rank holds for the combiner's buffers (address space: a page
+// takes memory when first written). In the low-latency mode most of it is fixed by New:
+// where the combine reads the expert outputs in place, the region the experts write them
+// into (InFlight of them, each with room for MaxRows rows) and an exchange of headers;
+// elsewhere the exchange of partial sums (coll.Exchange.Bytes: InFlight+1 blocks per
+// rank, each with room for MaxTokens rows); LowLatencyBytes says it beforehand. Besides,
+// scratch buffers grow to the largest combine so far, at their pool's capacity: the wire
+// buffers of the normal and gathered modes, and the float32 sums of bfloat16 outputs.
+// The caller's memory does not count. It is 0 after Close.
 func (cb *Combiner[T]) Bytes() int {
 	n := 0
 	if cb.x != nil {

@@ -69,14 +69,11 @@ func newRegions(cfg dispatch.Config, p, es int) regions {
 // (every rank alike) where some ranks cannot read each other's memory.
 func (cb *Combiner[T]) openBoard(ctx context.Context) error {
 	cfg := cb.cfg
-	if cfg.Mode != dispatch.LowLatency || cfg.SendPartials || cb.c.Size() == 1 {
-		return nil
-	}
-	cb.rg = newRegions(cfg, cb.c.Size(), int(unsafe.Sizeof(*new(T))))
-	total := cb.rg.size * cfg.InFlight
-	if total > maxBoard {
+	total := boardSize[T](cfg, cb.c.Size())
+	if total == 0 {
 		return nil // the same on every rank: sizes are agreed
 	}
+	cb.rg = newRegions(cfg, cb.c.Size(), int(unsafe.Sizeof(*new(T))))
 	b, err := cb.c.NewBoard(ctx, total)
 	switch {
 	case err == nil:
@@ -90,6 +87,20 @@ func (cb *Combiner[T]) openBoard(ctx context.Context) error {
 // maxBoard bounds the memory an in-place combiner maps per rank; past it the partial
 // sums are sent instead.
 const maxBoard = 8 << 30
+
+// boardSize is the size of an in-place combiner's board on p ranks (InFlight regions),
+// or 0 where the combine sends partial sums whichever ranks may map each other's memory:
+// another mode, SendPartials, a single rank, or more than maxBoard.
+func boardSize[T Act](cfg dispatch.Config, p int) int {
+	if cfg.Mode != dispatch.LowLatency || cfg.SendPartials || p == 1 {
+		return 0
+	}
+	total := newRegions(cfg, p, int(unsafe.Sizeof(*new(T)))).size * cfg.InFlight
+	if total > maxBoard {
+		return 0
+	}
+	return total
+}
 
 // InPlace reports whether the combine reads the expert outputs in place (Buffer).
 func (cb *Combiner[T]) InPlace() bool { return cb.board != nil }

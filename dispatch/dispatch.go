@@ -298,26 +298,11 @@ type Dispatcher[T Act] struct {
 // calls it with the same configuration): it makes the exchange's buffers.
 func New[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*Dispatcher[T], error) {
 	act := actType[T]()
-	if cfg.WireDType == 0 {
-		cfg.WireDType = act
-	}
-	if cfg.CombineDType == 0 {
-		cfg.CombineDType = act
-		if act == dtype.U8 {
-			cfg.CombineDType = dtype.F32
-		}
-	}
-	if err := cfg.fill(); err != nil {
+	cfg, err := Defaults[T](cfg)
+	if err != nil {
 		return nil, err
 	}
-	switch {
-	case act == dtype.U8 && cfg.WireDType != dtype.U8:
-		return nil, fmt.Errorf("%w: opaque rows travel as they are (wire type u8), not %v", ErrConfig, cfg.WireDType)
-	case act != dtype.U8 && cfg.WireDType == dtype.U8:
-		return nil, fmt.Errorf("%w: wire type u8 is for opaque rows (Dispatcher[byte])", ErrConfig)
-	case cfg.Quantized && cfg.WireDType != dtype.FP8E4M3 && cfg.WireDType != dtype.I8:
-		return nil, fmt.Errorf("%w: Quantized needs an fp8 or int8 wire, not %v", ErrConfig, cfg.WireDType)
-	case cfg.Placement.Ranks != c.Size():
+	if cfg.Placement.Ranks != c.Size() {
 		return nil, fmt.Errorf("%w: placement over %d ranks on a communicator of %d", ErrConfig, cfg.Placement.Ranks, c.Size())
 	}
 	if cfg.Pool == nil {
@@ -348,9 +333,7 @@ func New[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*Dispatcher[T], 
 	}
 	co.stats.RowsPerRank = make([]int, p)
 	if cfg.Mode == LowLatency {
-		f := co.f
-		x, err := c.NewExchange(ctx, coll.ExchangeConfig{Slots: cfg.InFlight, Fields: []int{
-			BlockHeader + cfg.MaxTokens*f.Meta, cfg.MaxTokens * f.Payload, cfg.MaxTokens * f.ScaleBytes()}})
+		x, err := c.NewExchange(ctx, llExchange(cfg, co.f))
 		if err != nil {
 			return nil, err
 		}
@@ -365,25 +348,97 @@ func New[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*Dispatcher[T], 
 	return d, nil
 }
 
+// Defaults returns cfg as New[T] would use it: the wire type defaulting to T's, the
+// combine type to T's (f32 for opaque rows), InFlight to 2, Align to 1, and every field
+// checked (ErrConfig).
+func Defaults[T Act](cfg Config) (Config, error) {
+	act := actType[T]()
+	if cfg.WireDType == 0 {
+		cfg.WireDType = act
+	}
+	if cfg.CombineDType == 0 {
+		cfg.CombineDType = act
+		if act == dtype.U8 {
+			cfg.CombineDType = dtype.F32
+		}
+	}
+	if err := cfg.fill(); err != nil {
+		return cfg, err
+	}
+	switch {
+	case act == dtype.U8 && cfg.WireDType != dtype.U8:
+		return cfg, fmt.Errorf("%w: opaque rows travel as they are (wire type u8), not %v", ErrConfig, cfg.WireDType)
+	case act != dtype.U8 && cfg.WireDType == dtype.U8:
+		return cfg, fmt.Errorf("%w: wire type u8 is for opaque rows (Dispatcher[byte])", ErrConfig)
+	case cfg.Quantized && cfg.WireDType != dtype.FP8E4M3 && cfg.WireDType != dtype.I8:
+		return cfg, fmt.Errorf("%w: Quantized needs an fp8 or int8 wire, not %v", ErrConfig, cfg.WireDType)
+	}
+	return cfg, nil
+}
+
+// llExchange is the low-latency mode's exchange: per block a header and the rows'
+// metadata, their payloads and their scales, each for MaxTokens rows.
+func llExchange(cfg Config, f Format) coll.ExchangeConfig {
+	return coll.ExchangeConfig{Slots: cfg.InFlight, Fields: []int{
+		BlockHeader + cfg.MaxTokens*f.Meta, cfg.MaxTokens * f.Payload, cfg.MaxTokens * f.ScaleBytes()}}
+}
+
+// LowLatencyBytes is the memory (Dispatcher.Bytes) that a Dispatcher[T] of cfg in the
+// low-latency mode holds on each rank of cfg.Placement once every slot has taken a
+// dispatch of MaxTokens tokens: where every rank maps every rank's memory (shared: one
+// host, over shm or inproc; the experts then read the rows in place unless PushRows), or
+// where blocks travel as messages (coll.ExchangeBytes says what a mix adds). It runs
+// nothing, so that an engine can size its other buffers first (moex flow prints it).
+func LowLatencyBytes[T Act](cfg Config, shared bool) (int, error) {
+	cfg, err := Defaults[T](cfg)
+	if err != nil {
+		return 0, err
+	}
+	if cfg.Mode != LowLatency {
+		return 0, fmt.Errorf("%w: LowLatencyBytes of the %v mode", ErrConfig, cfg.Mode)
+	}
+	p, f := cfg.Placement.Ranks, NewFormat(cfg)
+	n := coll.ExchangeBytes(llExchange(cfg, f), p, shared)
+	perSrc := cfg.MaxTokens // rows per source rank in the experts' view
+	if rows := stagingRows(f, cfg.MaxTokens, p); shared && !cfg.PushRows && p > 1 && rows > 0 {
+		n += cfg.InFlight * rows * (f.Payload + f.ScaleBytes())
+		perSrc = rows
+	}
+	if act := actType[T](); !cfg.Quantized && f.Wire != act { // the rows decoded for the experts
+		n += cfg.InFlight * obuf.Capacity(p*perSrc*cfg.Hidden*int(sizeOf[T]()))
+	}
+	return n, nil
+}
+
 // maxStaging bounds the staging of one slot (every rank's part) for the rows read in
 // place; above it the rows are pushed.
 const maxStaging = 4 << 30
+
+// stagingRows is how many rows each rank's part of a slot's staging holds: MaxTokens,
+// rounded up so that the payloads (and the scales) of a part fill whole pages, the parts
+// then lying side by side as one array of rows; 0 where every rank's parts together
+// would pass maxStaging (the rows are then pushed).
+func stagingRows(f Format, maxTokens, p int) int {
+	pg := os.Getpagesize()
+	unit := pg / gcd(f.Payload, pg)
+	if sb := f.ScaleBytes(); sb > 0 {
+		u := pg / gcd(sb, pg)
+		unit = unit / gcd(unit, u) * u
+	}
+	rows := (maxTokens + unit - 1) / unit * unit
+	if rows*(f.Payload+f.ScaleBytes())*p > maxStaging {
+		return 0
+	}
+	return rows
+}
 
 // openStaging makes each slot's staging where every rank can map every rank's side by
 // side (coll.Comm.NewSpanBoard), so that the experts read the rows in place; where some
 // rank cannot, every rank pushes its rows instead.
 func (d *core) openStaging(ctx context.Context) error {
 	f := &d.f
-	pg := os.Getpagesize()
-	// Rows per source: MaxTokens, rounded up so that the payloads (and the scales) of a
-	// source fill whole pages: the parts then lie side by side as one array of rows.
-	unit := pg / gcd(f.Payload, pg)
-	if sb := f.ScaleBytes(); sb > 0 {
-		u := pg / gcd(sb, pg)
-		unit = unit / gcd(unit, u) * u
-	}
-	rows := (d.cfg.MaxTokens + unit - 1) / unit * unit
-	if rows*(f.Payload+f.ScaleBytes())*d.c.Size() > maxStaging {
+	rows := stagingRows(*f, d.cfg.MaxTokens, d.c.Size())
+	if rows == 0 {
 		return nil
 	}
 	for _, sc := range d.cores {
@@ -673,15 +728,16 @@ func (d *Dispatcher[T]) Close() error {
 	return nil
 }
 
-// Bytes is the memory this rank holds for the dispatcher's buffers. In the low-latency
-// mode most of it is fixed by New: the exchange (coll.Exchange.Bytes: InFlight+1 blocks
-// per source rank, each with room for MaxTokens rows and their metadata, so that it grows
-// with the ranks and MaxTokens, not with the experts) and, where the experts read the rows
-// in place, the staging of this rank's tokens (InFlight of them). Besides, in every mode,
-// scratch buffers grow to the largest dispatch so far: the wire buffers of the normal
-// mode and the expert inputs where the experts' rows are not read in place (Output.X).
-// Pooled buffers count at their capacity; the caller's memory (tokens, routing) does
-// not count. It is 0 after Close.
+// Bytes is the memory this rank holds for the dispatcher's buffers (address space: a
+// page takes memory when first written). In the low-latency mode most of it is fixed by
+// New: the exchange (coll.Exchange.Bytes: InFlight+1 blocks per source rank, each with
+// room for MaxTokens rows and their metadata, so that it grows with the ranks and
+// MaxTokens, not with the experts) and, where the experts read the rows in place, the
+// staging of this rank's tokens (InFlight of them); LowLatencyBytes says it beforehand.
+// Besides, in every mode, scratch buffers grow to the largest dispatch so far, at their
+// pool's capacity: the wire buffers of the normal mode, and the rows decoded for the
+// experts where the wire type is not the activations'. The caller's memory (tokens,
+// routing) does not count. It is 0 after Close.
 func (d *Dispatcher[T]) Bytes() int {
 	if d.closed {
 		return 0

@@ -100,6 +100,15 @@ func (p *Pool) Stats() PoolStats {
 	return PoolStats{Gets: p.gets.Load(), Allocs: p.news.Load(), Releases: p.releases.Load()}
 }
 
+// Capacity is the capacity of a buffer of n bytes from a pool (Get): n rounded up to its
+// size class, or n itself beyond the largest class.
+func Capacity(n int) int {
+	if c := classOf(n); c < numClasses {
+		return 1 << (c + minShift)
+	}
+	return n
+}
+
 func classOf(n int) int {
 	if n <= 1<<minShift {
 		return 0

@@ -198,6 +198,20 @@ func TestScratch(t *testing.T) {
 	s.Release() // twice is harmless
 }
 
+// Capacity says what capacity Get gives.
+func TestCapacity(t *testing.T) {
+	p := NewPool(0)
+	for _, n := range []int{0, 1, 4096, 4097, 5000, 3 << 20, 1<<28 + 1, 1<<30 + 1} {
+		if n > 1<<30 {
+			require.Equal(t, n, Capacity(n), "beyond the largest class")
+			continue
+		}
+		b := p.Get(n)
+		require.Equal(t, b.Cap(), Capacity(n), "Get(%d)", n)
+		b.Release()
+	}
+}
+
 // A Scratch's Cap is the size class it holds: what Bytes returns without growing.
 func TestScratchCap(t *testing.T) {
 	s := Scratch{Pool: NewPool(0)}

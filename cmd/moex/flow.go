@@ -13,6 +13,7 @@ import (
 	"github.com/moex-ai/moex/bench"
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/models"
 )
@@ -158,6 +159,20 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 			fmt.Fprintf(w, "\n%d. sum (every rank, local): its own experts' terms first, then the other ranks' partial sums in rank order (bitwise reproducible)\n", step)
 		}
 	}
+	if cfg.Mode == dispatch.LowLatency {
+		bcfg := cfg
+		bcfg.PushRows, bcfg.SendPartials, bcfg.Quantized = o.PushRows, o.SendPartials, o.Quantized
+		dB, cB, err := llBytes(bcfg, o.Act, shared)
+		if err != nil {
+			return err
+		}
+		how := "where blocks travel as messages"
+		if shared {
+			how = "every rank mapping every rank's memory"
+		}
+		fmt.Fprintf(w, "\nbuffers per rank, made once for %d tokens per rank and %d dispatches in flight (%s; address space: a page takes memory when first written): dispatch %s, combine %s (dispatch.LowLatencyBytes, combine.LowLatencyBytes)\n",
+			cfg.MaxTokens, cfg.InFlight, how, bench.SizeOf(int64(dB)), bench.SizeOf(int64(cB)))
+	}
 	if m.Hosts() > 1 && cfg.Mode != dispatch.Gathered {
 		hosts := make([]int, p)
 		for r := range hosts {
@@ -195,6 +210,22 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 		}
 	}
 	return nil
+}
+
+// llBytes is what the low-latency stages of cfg hold per rank with act activations.
+func llBytes(cfg dispatch.Config, act dtype.Type, shared bool) (d, c int, err error) {
+	if act == dtype.BF16 {
+		return llBytesOf[dtype.BFloat16](cfg, shared)
+	}
+	return llBytesOf[float32](cfg, shared)
+}
+
+func llBytesOf[T combine.Act](cfg dispatch.Config, shared bool) (d, c int, err error) {
+	if d, err = dispatch.LowLatencyBytes[T](cfg, shared); err != nil {
+		return 0, 0, err
+	}
+	c, err = combine.LowLatencyBytes[T](cfg, shared)
+	return d, c, err
 }
 
 // matrix prints bytes from each rank (rows) to each rank (columns), and the totals

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -11,6 +12,7 @@ import (
 
 	"github.com/moex-ai/moex/bench"
 	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
 )
 
@@ -68,6 +70,15 @@ func TestFlow(t *testing.T) {
 		require.NoError(t, err)
 		var out bytes.Buffer
 		require.NoError(t, printFlow(&out, o, mc, pl, one, false))
+		// The buffers it will hold, before any rank runs: as the stages' functions say.
+		cfg := pl.Cfg
+		cfg.PushRows, cfg.SendPartials = partials, partials
+		dB, err := dispatch.LowLatencyBytes[float32](cfg, true)
+		require.NoError(t, err)
+		cB, err := combine.LowLatencyBytes[float32](cfg, true)
+		require.NoError(t, err)
+		assert.Contains(t, out.String(), "every rank mapping every rank's memory")
+		assert.Contains(t, out.String(), fmt.Sprintf("dispatch %s, combine %s", bench.SizeOf(int64(dB)), bench.SizeOf(int64(cB))))
 		if partials {
 			assert.Contains(t, out.String(), "4. combine (Exchange")
 			assert.Contains(t, out.String(), "2. dispatch (Exchange")
