@@ -151,41 +151,7 @@ func TestExchangeProfileNamesTheStraggler(t *testing.T) {
 		t.Run(fmt.Sprintf("windows=%v", windows), func(t *testing.T) {
 			cs := newLocal(t, p, Config{Profile: true, NoWindows: !windows})
 			ctx := context.Background()
-			noErr(t, runOn(cs, func(c *Comm) error {
-				x, err := c.NewExchange(ctx, ExchangeConfig{Fields: fields})
-				if err != nil {
-					return err
-				}
-				defer x.Close()
-				for i := 0; i < rounds; i++ {
-					o, err := x.Begin(ctx)
-					if err != nil {
-						return err
-					}
-					if c.Rank() == late {
-						time.Sleep(delay)
-					}
-					for q := 0; q < p; q++ {
-						dst, err := o.Dest(ctx, q)
-						if err != nil {
-							return err
-						}
-						xfill(dst[1][:100], o.Epoch(), c.Rank(), q, 1)
-						if err := o.Send(q, 0, 100); err != nil {
-							return err
-						}
-					}
-					if err := o.Wait(ctx); err != nil {
-						return err
-					}
-					for q := 0; q < p; q++ {
-						if err := xcheck(o.Recv(q, 1), o.Epoch(), q, c.Rank(), 1); err != nil {
-							return err
-						}
-					}
-				}
-				return nil
-			}))
+			noErr(t, runOn(cs, func(c *Comm) error { return lateExchanges(ctx, c, fields, rounds, late, delay) }))
 			for _, c := range cs {
 				prof := c.ProfileOf(OpExchange)
 				require.Equal(t, rounds, prof.Count, "rank %d", c.Rank())
@@ -231,29 +197,7 @@ func TestTraceExchange(t *testing.T) {
 	cs, err := Local(p, Config{TraceDir: dir})
 	require.NoError(t, err)
 	ctx := context.Background()
-	noErr(t, runOn(cs, func(c *Comm) error {
-		x, err := c.NewExchange(ctx, ExchangeConfig{Fields: []int{64}})
-		if err != nil {
-			return err
-		}
-		defer x.Close()
-		o, err := x.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		if c.Rank() == late {
-			time.Sleep(delay)
-		}
-		for q := 0; q < p; q++ {
-			if _, err := o.Dest(ctx, q); err != nil {
-				return err
-			}
-			if err := o.Send(q, 8); err != nil {
-				return err
-			}
-		}
-		return o.Wait(ctx)
-	}))
+	noErr(t, runOn(cs, func(c *Comm) error { return lateExchanges(ctx, c, []int{64, 1 << 10}, 1, late, delay) }))
 	for r, c := range cs {
 		path := c.TracePath()
 		require.NoError(t, c.Close(), "rank %d", r)
@@ -285,4 +229,42 @@ func TestTraceExchange(t *testing.T) {
 		require.GreaterOrEqual(t, len(names), 3)
 		assert.Equal(t, []string{"exchange", "send", "wait"}, names[len(names)-3:], "rank %d: after NewExchange's all-gathers", r)
 	}
+}
+
+// lateExchanges runs rounds of exchanges of the given fields on c, rank late filling its
+// blocks delay after beginning each, and checks the bytes that arrived in field 1.
+func lateExchanges(ctx context.Context, c *Comm, fields []int, rounds, late int, delay time.Duration) error {
+	x, err := c.NewExchange(ctx, ExchangeConfig{Fields: fields})
+	if err != nil {
+		return err
+	}
+	defer x.Close()
+	for i := 0; i < rounds; i++ {
+		o, err := x.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		if c.Rank() == late {
+			time.Sleep(delay)
+		}
+		for q := 0; q < c.Size(); q++ {
+			dst, err := o.Dest(ctx, q)
+			if err != nil {
+				return err
+			}
+			xfill(dst[1][:100], o.Epoch(), c.Rank(), q, 1)
+			if err := o.Send(q, 0, 100); err != nil {
+				return err
+			}
+		}
+		if err := o.Wait(ctx); err != nil {
+			return err
+		}
+		for q := 0; q < c.Size(); q++ {
+			if err := xcheck(o.Recv(q, 1), o.Epoch(), q, c.Rank(), 1); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }

@@ -50,17 +50,8 @@ type TwoLevelHandle struct {
 // NewTwoLevel splits c by host (collectively: every rank calls it with the same cfg)
 // and makes the two stages' dispatchers.
 func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLevel[T], error) {
-	act := actType[T]()
-	if cfg.WireDType == 0 {
-		cfg.WireDType = act
-	}
-	if cfg.CombineDType == 0 {
-		cfg.CombineDType = act
-		if act == dtype.U8 {
-			cfg.CombineDType = dtype.F32
-		}
-	}
-	if err := cfg.fill(); err != nil {
+	cfg, err := Defaults[T](cfg)
+	if err != nil {
 		return nil, err
 	}
 	switch {
