@@ -13,13 +13,17 @@
 // In the low-latency mode, where every rank can read every rank's memory (inproc; shm
 // with every rank on one host), nothing is summed on the expert side: the experts write
 // their outputs where Buffer says, and each origin reads its tokens' terms there in
-// place and adds them all in float32, rank by rank in ascending order, each rank's in
-// the order of the token's choices; the partial sums and their rounding to the combine's
-// wire type do not exist there (dispatch.Config.SendPartials restores them).
+// place and adds them all in float32 in one pass (dtype.WeightedSum), in the order of
+// the token's choices, as a single process adds them; the partial sums and their
+// rounding to the combine's wire type do not exist there (dispatch.Config.SendPartials
+// restores them).
 //
 // What is guaranteed: for a fixed number of ranks, placement and wire types, the output
-// is bitwise reproducible whatever the timing. Across different rank counts the per-rank
-// grouping of a token's experts changes, and with it the rounding of the sum: results
+// is bitwise reproducible whatever the timing. Where the outputs are read in place it is
+// moreover the same bits whatever the number of ranks and the placement: those of one
+// rank's combine (in either mode) of the same tokens, so that an engine's results do not
+// change when it adds ranks on a host. With partial sums the per-rank grouping of a
+// token's experts changes with the ranks, and with it the rounding of the sum: results
 // then agree to a few float32 ulps of the largest term (f32 partial sums), or to bf16
 // precision (bf16 partial sums), not bit for bit.
 //
@@ -79,6 +83,9 @@ type Combiner[T Act] struct {
 	read  int
 	ws    []float32 // a token's terms: weights and rows
 	rows  [][]T
+	at    []int // sumInPlace: where each destination rank's terms start in ws and rows
+	ows   []float32
+	orows [][]T // sumInPlace: the terms in the order of the token's choices
 	terms [][]T // sumRows's rows
 	// reduce's partial sums of a token, in the combine's wire type, and their weights (1,
 	// one per rank).

@@ -207,8 +207,9 @@ func (cb *Combiner[T]) readView(v *view[T], q, slot, sent int) error {
 }
 
 // sumInPlace writes out: for each token, its terms read where the experts wrote them,
-// rank by rank in ascending order, each rank's in the order of the token's choices,
-// summed in float32.
+// summed in float32 in one pass in the order of the token's choices (as one process sums
+// them: the same bits whatever the ranks and placement). Rows summed already
+// (CombineRows) are added rank by rank in ascending order.
 func (s *slot[T]) sumInPlace() error {
 	cb := s.cb
 	h := s.h
@@ -225,14 +226,23 @@ func (s *slot[T]) sumInPlace() error {
 	s.cnt = growInts(s.cnt, p)
 	clear(s.cnt)
 	read := 0
+	summed := false // some rank sent rows summed already (CombineRows)
+	for q := range vs {
+		summed = summed || vs[q].kind == kindRows
+	}
+	rt, pl, k := h.Routing(), cb.cfg.Placement, cb.cfg.TopK
 	for t := 0; t < h.Tokens(); t++ {
-		// The token's terms, rank by rank, each rank's in the order of its choices.
+		// The token's terms, gathered rank by rank, each rank's in the order of its
+		// choices.
 		ws, rows := cb.ws[:0], cb.rows[:0]
-		for _, q := range h.Dests(t) {
+		dests := h.Dests(t)
+		at := cb.at[:0] // where each destination's terms start in ws and rows
+		for _, q := range dests {
 			v := &vs[q]
 			r := v.first + s.cnt[q]
 			s.cnt[q]++
 			n := len(rows)
+			at = append(at, n)
 			if v.kind == kindRows {
 				ws, rows = append(ws, 1), append(rows, v.y[r*hid:(r+1)*hid])
 			} else {
@@ -252,7 +262,27 @@ func (s *slot[T]) sumInPlace() error {
 				read += len(rows) - n
 			}
 		}
-		cb.ws, cb.rows = ws, rows
+		cb.ws, cb.rows, cb.at = ws, rows, at
+		if !summed && len(dests) > 1 {
+			// In the order of the token's choices, as one process adds them: choice j's
+			// term is the next of its rank's.
+			ows, orows := cb.ows[:0], cb.orows[:0]
+			for j := 0; j < k; j++ {
+				e := int(rt.Experts[t*k+j])
+				if e < 0 {
+					continue
+				}
+				q := int32(pl.RankOf(e, me, t))
+				d := 0
+				for dests[d] != q {
+					d++
+				}
+				ows, orows = append(ows, ws[at[d]]), append(orows, rows[at[d]])
+				at[d]++
+			}
+			cb.ows, cb.orows = ows, orows
+			ws, rows = ows, orows
+		}
 		if isF32[T]() {
 			dtype.WeightedSum(dtype.FromBytes[float32](dtype.Bytes(s.out[t*hid:(t+1)*hid])), ws, rows, false)
 		} else {

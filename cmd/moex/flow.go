@@ -154,7 +154,7 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 		fmt.Fprintf(w, "\n%d. sum: the reduce-scatter's, in its order\n", step)
 	} else {
 		if inPlace {
-			fmt.Fprintf(w, "\n%d. sum (every rank, as it reads): each token's terms in one pass, in float32, rank by rank in ascending order, each rank's in the order of the token's choices (bitwise reproducible)\n", step)
+			fmt.Fprintf(w, "\n%d. sum (every rank, as it reads): each token's terms in one pass, in float32, in the order of its choices, as one process adds them (the same bits whatever the ranks and the placement)\n", step)
 		} else {
 			fmt.Fprintf(w, "\n%d. sum (every rank, local): its own experts' terms first, then the other ranks' partial sums in rank order (bitwise reproducible)\n", step)
 		}
