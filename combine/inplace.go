@@ -230,7 +230,6 @@ func (s *slot[T]) sumInPlace() error {
 	for q := range vs {
 		summed = summed || vs[q].kind == kindRows
 	}
-	rt, pl, k := h.Routing(), cb.cfg.Placement, cb.cfg.TopK
 	for t := 0; t < h.Tokens(); t++ {
 		// The token's terms, gathered rank by rank, each rank's in the order of its
 		// choices.
@@ -267,12 +266,10 @@ func (s *slot[T]) sumInPlace() error {
 			// In the order of the token's choices, as one process adds them: choice j's
 			// term is the next of its rank's.
 			ows, orows := cb.ows[:0], cb.orows[:0]
-			for j := 0; j < k; j++ {
-				e := int(rt.Experts[t*k+j])
-				if e < 0 {
+			for _, q := range h.ChoiceRanks(t) {
+				if q < 0 {
 					continue
 				}
-				q := int32(pl.RankOf(e, me, t))
 				d := 0
 				for dests[d] != q {
 					d++

@@ -154,6 +154,13 @@ func (h Handle) Slot() int { return h.s.idx }
 // Dests lists the ranks token t of this rank went to, ascending (each once).
 func (h Handle) Dests(t int) []int32 { return h.s.layout.Dest[t] }
 
+// ChoiceRanks returns the rank each of token t's choices went to, in the order of its
+// choices (-1 for a dropped choice).
+func (h Handle) ChoiceRanks(t int) []int32 {
+	k := h.s.r.K
+	return h.s.layout.ChoiceRank[t*k : (t+1)*k]
+}
+
 // RowsTo lists the tokens of this rank that went to rank q, in the order they were sent.
 func (h Handle) RowsTo(q int) []int32 { return h.s.layout.Rows[q] }
 

@@ -249,6 +249,8 @@ type Layout struct {
 	Assignments int
 	// TokensPerExpert counts assignments per expert from this rank.
 	TokensPerExpert []int
+	// ChoiceRank[t*K+j] is the rank that choice j of token t goes to (-1: dropped).
+	ChoiceRank []int32
 }
 
 // BuildLayout computes the layout of origin rank o's routing under pl.
@@ -274,6 +276,7 @@ func BuildLayoutInto(l *Layout, r *Routing, pl *Placement, o int) error {
 		l.Dest = make([][]int32, r.T)
 	}
 	l.Dest = l.Dest[:r.T]
+	l.ChoiceRank = grow(l.ChoiceRank, r.T*r.K)
 	l.TokensPerExpert = grow(l.TokensPerExpert, r.E)
 	clear(l.TokensPerExpert)
 	l.Choices = grow(l.Choices, pl.Ranks)
@@ -283,6 +286,7 @@ func BuildLayoutInto(l *Layout, r *Routing, pl *Placement, o int) error {
 		dest := l.Dest[t][:0]
 		for j := 0; j < r.K; j++ {
 			e := int(r.Experts[t*r.K+j])
+			l.ChoiceRank[t*r.K+j] = -1
 			if e < 0 {
 				continue
 			}
@@ -292,6 +296,7 @@ func BuildLayoutInto(l *Layout, r *Routing, pl *Placement, o int) error {
 			l.Assignments++
 			l.TokensPerExpert[e]++
 			d := int32(pl.RankOf(e, o, t))
+			l.ChoiceRank[t*r.K+j] = d
 			l.Choices[d]++
 			// Insert d in order, once (a token has at most K destinations).
 			i := 0

@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
 )
 
 func randLogits(rng *rand.Rand, t, e int) []float32 {
@@ -276,6 +278,8 @@ func TestLayoutOncePerRank(t *testing.T) {
 	if l.Assignments != 8 || len(l.Dest[0]) != 2 {
 		t.Fatalf("assignments %d dest %v", l.Assignments, l.Dest)
 	}
+	// The rank of every choice, in choice order; -1 for the dropped one.
+	assert.Equal(t, []int32{0, 0, 3, 1, -1, 2, 3, 3, 2}, l.ChoiceRank)
 	r.Experts[0] = 9
 	if _, err := BuildLayout(r, pl, 0); !errors.Is(err, ErrConfig) {
 		t.Fatalf("expert out of range: %v", err)
