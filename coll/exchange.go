@@ -64,6 +64,9 @@ type Exchange struct {
 	// for was seen to arrive (Comm.recordExchange), and scratch.
 	seen  []int64
 	order []int32
+	// waitOn[q]: Wait counts rank q among those it waits for (Comm.pend, which a
+	// timeout names) until q's block is seen.
+	waitOn []bool
 }
 
 // ExchangeConfig sizes an Exchange.
@@ -151,10 +154,8 @@ func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, 
 		o.reqPeer = make([]int32, 0, 2*p*len(x.fields))
 		o.readyQ = func() bool { return o.Ready(o.waitQ) }
 		o.arrived = o.allArrived
-		if c.cfg.Profile {
-			o.arrivedSeen = o.allArrivedSeen
-		}
 	}
+	x.waitOn = make([]bool, p)
 	if c.cfg.Profile {
 		x.seen, x.order = make([]int64, p), make([]int32, 0, p)
 	}
@@ -416,14 +417,13 @@ type XOp struct {
 	bbufs [][]byte
 	breqs [MaxExchangeFields]transport.Request
 
-	waitQ   int         // the peer Dest waits for
-	readyQ  func() bool // o.Ready(o.waitQ), made once: a closure per wait would allocate
-	arrived func() bool // every block written into this rank's memory has arrived
-	// With Config.Profile: arrivedSeen is arrived that also notes when each block is
-	// first seen (x.seen).
-	arrivedSeen func() bool
-	t0          int64 // when Wait started waiting (nanotime)
-	begunAt     int64 // when Begin started it (unix ns), with Config.TraceDir
+	waitQ  int         // the peer Dest waits for
+	readyQ func() bool // o.Ready(o.waitQ), made once: a closure per wait would allocate
+	// arrived reports whether every block written into this rank's memory has arrived,
+	// noting each as it is first seen (allArrived).
+	arrived func() bool
+	t0      int64 // when Wait started waiting (nanotime)
+	begunAt int64 // when Begin started it (unix ns), with Config.TraceDir
 }
 
 // Begin starts the next exchange: receives are posted, and the ranks that write into
@@ -542,7 +542,10 @@ func (o *XOp) Dest(ctx context.Context, q int) ([][]byte, error) {
 	case x.push[q]:
 		if !o.Ready(q) {
 			o.waitQ = q
-			if err := x.win.Wait(c.actx, o.readyQ); err != nil {
+			c.pend[q].Add(1) // a timeout names q
+			err := x.win.Wait(c.actx, o.readyQ)
+			c.pend[q].Add(-1)
+			if err != nil {
 				return nil, o.abort(err)
 			}
 		}
@@ -677,12 +680,29 @@ func (o *XOp) Wait(ctx context.Context) error {
 		o.t0 = nanotime()
 		clear(x.seen)
 	}
+	// Every receive not complete counts its sender among the ranks this rank waits for
+	// (Comm.pend) until it completes, so that a timeout names the ranks whose blocks
+	// never came.
+	for i, r := range o.reqs {
+		if v := o.reqPeer[i]; v >= 0 {
+			c.pend[v/MaxExchangeFields].Add(1)
+		}
+		_ = r
+	}
 	for i, r := range o.reqs {
 		v := int(o.reqPeer[i])
 		blocked := prof && v >= 0 && !r.Test()
 		n, err := r.Wait(c.actx)
 		o.reqs[i] = nil
+		if v >= 0 {
+			c.pend[v/MaxExchangeFields].Add(-1)
+		}
 		if err != nil {
+			for j := i + 1; j < len(o.reqs); j++ {
+				if v := o.reqPeer[j]; v >= 0 {
+					c.pend[v/MaxExchangeFields].Add(-1)
+				}
+			}
 			return o.abort(err)
 		}
 		if v >= 0 {
@@ -694,16 +714,26 @@ func (o *XOp) Wait(ctx context.Context) error {
 	}
 	if x.win != nil {
 		own := x.win.Local()
-		arrived := o.arrived
-		if prof {
-			arrived = o.arrivedSeen
-			for q := range x.c.size {
-				if x.from[q] && o.blockArrived(own, q) {
+		for q := range x.c.size {
+			switch {
+			case !x.from[q]:
+			case o.blockArrived(own, q):
+				if prof {
 					x.seen[q] = -1 // before this rank waited for it
 				}
+			default:
+				x.waitOn[q] = true
+				c.pend[q].Add(1)
 			}
 		}
-		if err := x.win.Wait(c.actx, arrived); err != nil {
+		err := x.win.Wait(c.actx, o.arrived)
+		for q, on := range x.waitOn {
+			if on {
+				x.waitOn[q] = false
+				c.pend[q].Add(-1)
+			}
+		}
+		if err != nil {
 			return o.abort(err)
 		}
 		for q := 0; q < c.size; q++ {
@@ -746,28 +776,22 @@ func (o *XOp) blockArrived(own []byte, q int) bool {
 }
 
 // allArrived reports whether every rank that writes into this rank's memory has
-// published its block of this exchange.
+// published its block of this exchange. A block seen for the first time stops counting
+// its sender among the ranks this rank waits for (x.waitOn), and, profiled, notes when
+// (x.seen).
 func (o *XOp) allArrived() bool {
-	x := o.x
-	own := x.win.Local()
-	for q := 0; q < x.c.size; q++ {
-		if x.from[q] && !o.blockArrived(own, q) {
-			return false
-		}
-	}
-	return true
-}
-
-// allArrivedSeen is allArrived noting in x.seen when each block is first seen.
-func (o *XOp) allArrivedSeen() bool {
 	x := o.x
 	own := x.win.Local()
 	all := true
 	for q := 0; q < x.c.size; q++ {
 		switch {
-		case !x.from[q] || x.seen[q] != 0:
+		case !x.from[q] || !x.waitOn[q]:
 		case o.blockArrived(own, q):
-			x.seen[q] = o.since()
+			x.waitOn[q] = false
+			x.c.pend[q].Add(-1)
+			if x.seen != nil {
+				x.seen[q] = o.since()
+			}
 		default:
 			all = false
 		}

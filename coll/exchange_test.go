@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -325,5 +326,48 @@ func TestExchangeBytes(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// An exchange that a rank never joins times out on the others naming that rank (the
+// ranks whose blocks never came, or whose buffers never opened), windows and messages
+// alike; exchanges that complete leave nobody counted as waited for.
+func TestExchangeTimeoutNamesTheRank(t *testing.T) {
+	for _, windows := range []bool{true, false} {
+		t.Run(fmt.Sprintf("windows=%v", windows), func(t *testing.T) {
+			const p, silent = 3, 2
+			cs := newLocal(t, p, Config{Timeout: 300 * time.Millisecond, NoWindows: !windows})
+			ctx := context.Background()
+			xs := make([]*Exchange, p)
+			noErr(t, runOn(cs, func(c *Comm) error {
+				x, err := c.NewExchange(ctx, ExchangeConfig{Fields: []int{64, 1 << 10}})
+				xs[c.Rank()] = x
+				if err != nil {
+					return err
+				}
+				return exchangeRounds(c, x, []int{64, 1 << 10}, 2)
+			}))
+			for _, c := range cs {
+				for q := range c.pend {
+					require.Zero(t, c.pend[q].Load(), "rank %d counts rank %d as waited for after complete exchanges", c.Rank(), q)
+				}
+			}
+			errs := runOn(cs[:silent], func(c *Comm) error {
+				o, err := xs[c.Rank()].Begin(ctx)
+				if err != nil {
+					return err
+				}
+				return o.Wait(ctx)
+			})
+			for r, err := range errs {
+				require.ErrorIs(t, err, ErrTimeout, "rank %d", r)
+				var te *TimeoutError
+				require.ErrorAs(t, err, &te, "rank %d", r)
+				assert.Contains(t, te.Waiting, silent, "rank %d: %v", r, err)
+				if len(te.Stuck) > 0 { // where this rank's own watchdog asked who is stuck
+					assert.Equal(t, []int{silent}, te.Stuck, "rank %d: %v", r, err)
+				}
+			}
+		})
 	}
 }
