@@ -683,11 +683,10 @@ func (o *XOp) Wait(ctx context.Context) error {
 	// Every receive not complete counts its sender among the ranks this rank waits for
 	// (Comm.pend) until it completes, so that a timeout names the ranks whose blocks
 	// never came.
-	for i, r := range o.reqs {
-		if v := o.reqPeer[i]; v >= 0 {
+	for _, v := range o.reqPeer {
+		if v >= 0 {
 			c.pend[v/MaxExchangeFields].Add(1)
 		}
-		_ = r
 	}
 	for i, r := range o.reqs {
 		v := int(o.reqPeer[i])
