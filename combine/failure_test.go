@@ -643,42 +643,44 @@ func TestCorruptLowLatencyBlock(t *testing.T) {
 	}
 }
 
-// A rank that never dispatches: in the low-latency mode the others' dispatch times out
-// naming it (the rank whose blocks never came), over windows and messages alike, as a
-// serving engine needs to find a hung decode step's culprit.
-func TestLowLatencyTimeoutNamesTheRank(t *testing.T) {
+// A rank that never dispatches: the others' dispatch times out naming it (in the
+// low-latency mode, the rank whose blocks never came), in both modes, over windows and
+// messages alike, as a serving engine needs to find a hung step's culprit.
+func TestDispatchTimeoutNamesTheRank(t *testing.T) {
 	for _, windows := range []bool{true, false} {
-		t.Run(fmt.Sprintf("windows=%v", windows), func(t *testing.T) {
-			const p, silent = 3, 1
-			s := defaultScenario(p)
-			pl := placement(t, "contiguous", s.experts, p)
-			errs := onRanks(t, p, coll.Config{Timeout: 300 * time.Millisecond, NoWindows: !windows}, false, func(c *coll.Comm) error {
-				ctx := context.Background()
-				d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: s.maxTokens})
-				if err != nil {
+		for _, mode := range []dispatch.Mode{dispatch.LowLatency, dispatch.Normal} {
+			t.Run(fmt.Sprintf("%v/windows=%v", mode, windows), func(t *testing.T) {
+				const p, silent = 3, 1
+				s := defaultScenario(p)
+				pl := placement(t, "contiguous", s.experts, p)
+				errs := onRanks(t, p, coll.Config{Timeout: 300 * time.Millisecond, NoWindows: !windows}, false, func(c *coll.Comm) error {
+					ctx := context.Background()
+					d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens})
+					if err != nil {
+						return err
+					}
+					defer d.Close()
+					if c.Rank() == silent {
+						time.Sleep(time.Second) // hung elsewhere
+						return nil
+					}
+					r, x := s.routing(c.Rank())
+					_, _, err = d.Dispatch(ctx, x, r)
 					return err
+				})
+				for r, err := range errs {
+					if r == silent {
+						continue
+					}
+					require.ErrorIs(t, err, coll.ErrTimeout, "rank %d", r)
+					var te *coll.TimeoutError
+					require.ErrorAs(t, err, &te, "rank %d", r)
+					assert.Contains(t, te.Waiting, silent, "rank %d: %v", r, err)
+					if len(te.Stuck) > 0 { // where this rank's own watchdog asked who is stuck
+						assert.Equal(t, []int{silent}, te.Stuck, "rank %d: %v", r, err)
+					}
 				}
-				defer d.Close()
-				if c.Rank() == silent {
-					time.Sleep(time.Second) // hung elsewhere
-					return nil
-				}
-				r, x := s.routing(c.Rank())
-				_, _, err = d.Dispatch(ctx, x, r)
-				return err
 			})
-			for r, err := range errs {
-				if r == silent {
-					continue
-				}
-				require.ErrorIs(t, err, coll.ErrTimeout, "rank %d", r)
-				var te *coll.TimeoutError
-				require.ErrorAs(t, err, &te, "rank %d", r)
-				assert.Contains(t, te.Waiting, silent, "rank %d: %v", r, err)
-				if len(te.Stuck) > 0 { // where this rank's own watchdog asked who is stuck
-					assert.Equal(t, []int{silent}, te.Stuck, "rank %d: %v", r, err)
-				}
-			}
-		})
+		}
 	}
 }
