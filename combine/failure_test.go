@@ -643,44 +643,56 @@ func TestCorruptLowLatencyBlock(t *testing.T) {
 	}
 }
 
-// A rank that never dispatches: the others' dispatch times out naming it (in the
-// low-latency mode, the rank whose blocks never came), in both modes, over windows and
-// messages alike, as a serving engine needs to find a hung step's culprit.
+// A rank that hangs, before its dispatch or in its experts: the others' dispatch or
+// combine times out naming it (in the low-latency mode, the rank whose blocks never
+// came), in both modes, over windows and messages alike, as a serving engine needs to
+// find a hung step's culprit.
 func TestDispatchTimeoutNamesTheRank(t *testing.T) {
 	for _, windows := range []bool{true, false} {
 		for _, mode := range []dispatch.Mode{dispatch.LowLatency, dispatch.Normal} {
-			t.Run(fmt.Sprintf("%v/windows=%v", mode, windows), func(t *testing.T) {
-				const p, silent = 3, 1
-				s := defaultScenario(p)
-				pl := placement(t, "contiguous", s.experts, p)
-				errs := onRanks(t, p, coll.Config{Timeout: 300 * time.Millisecond, NoWindows: !windows}, false, func(c *coll.Comm) error {
-					ctx := context.Background()
-					d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens})
-					if err != nil {
-						return err
-					}
-					defer d.Close()
-					if c.Rank() == silent {
-						time.Sleep(time.Second) // hung elsewhere
-						return nil
-					}
-					r, x := s.routing(c.Rank())
-					_, _, err = d.Dispatch(ctx, x, r)
-					return err
+			for _, inExperts := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%v/windows=%v/in-experts=%v", mode, windows, inExperts), func(t *testing.T) {
+					checkTimeoutNames(t, mode, windows, inExperts)
 				})
-				for r, err := range errs {
-					if r == silent {
-						continue
-					}
-					require.ErrorIs(t, err, coll.ErrTimeout, "rank %d", r)
-					var te *coll.TimeoutError
-					require.ErrorAs(t, err, &te, "rank %d", r)
-					assert.Contains(t, te.Waiting, silent, "rank %d: %v", r, err)
-					if len(te.Stuck) > 0 { // where this rank's own watchdog asked who is stuck
-						assert.Equal(t, []int{silent}, te.Stuck, "rank %d: %v", r, err)
-					}
-				}
-			})
+			}
+		}
+	}
+}
+
+func checkTimeoutNames(t *testing.T, mode dispatch.Mode, windows, inExperts bool) {
+	const p, silent = 3, 1
+	s := defaultScenario(p)
+	pl := placement(t, "contiguous", s.experts, p)
+	errs := onRanks(t, p, coll.Config{Timeout: 300 * time.Millisecond, NoWindows: !windows}, false, func(c *coll.Comm) error {
+		ctx := context.Background()
+		d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens})
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		defer cb.Close()
+		r, x := s.routing(c.Rank())
+		if c.Rank() == silent && !inExperts {
+			time.Sleep(600 * time.Millisecond) // hung before the step, past the timeout
+			return nil
+		}
+		o, h, err := d.Dispatch(ctx, x, r)
+		if err != nil || c.Rank() == silent {
+			time.Sleep(600 * time.Millisecond) // hung in its experts
+			return err
+		}
+		return cb.Combine(ctx, h, make([]float32, o.Rows()*s.hid), make([]float32, len(x)))
+	})
+	for r, err := range errs {
+		if r == silent {
+			continue
+		}
+		require.ErrorIs(t, err, coll.ErrTimeout, "rank %d", r)
+		var te *coll.TimeoutError
+		require.ErrorAs(t, err, &te, "rank %d", r)
+		assert.Contains(t, te.Waiting, silent, "rank %d: %v", r, err)
+		if len(te.Stuck) > 0 { // where this rank's own watchdog asked who is stuck
+			assert.Equal(t, []int{silent}, te.Stuck, "rank %d: %v", r, err)
 		}
 	}
 }
