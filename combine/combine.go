@@ -83,7 +83,8 @@ type Combiner[T Act] struct {
 	read  int
 	ws    []float32 // a token's terms: weights and rows
 	rows  [][]T
-	at    []int // sumInPlace: where each destination rank's terms start in ws and rows
+	at    []int // sumInPlace: where each destination rank's terms start in ws and rows, and the end
+	cur   []int // sumInPlace: the next term of each destination rank's
 	ows   []float32
 	orows [][]T // sumInPlace: the terms in the order of the token's choices
 	terms [][]T // sumRows's rows

@@ -261,23 +261,33 @@ func (s *slot[T]) sumInPlace() error {
 				read += len(rows) - n
 			}
 		}
+		at = append(at, len(rows)) // the end of the last destination's terms
 		cb.ws, cb.rows, cb.at = ws, rows, at
-		if !summed && len(dests) > 1 {
+		if !summed {
 			// In the order of the token's choices, as one process adds them: choice j's
-			// term is the next of its rank's.
+			// term is the next of its rank's, and each rank has one term per choice.
 			ows, orows := cb.ows[:0], cb.orows[:0]
+			cur := append(cb.cur[:0], at[:len(dests)]...)
 			for _, q := range h.ChoiceRanks(t) {
 				if q < 0 {
 					continue
 				}
 				d := 0
-				for dests[d] != q {
+				for d < len(dests) && dests[d] != q {
 					d++
 				}
-				ows, orows = append(ows, ws[at[d]]), append(orows, rows[at[d]])
-				at[d]++
+				if d == len(dests) || cur[d] == at[d+1] {
+					return fmt.Errorf("%w: rank %d's outputs in place: fewer terms for token %d than its choices there", dispatch.ErrMismatch, q, t)
+				}
+				ows, orows = append(ows, ws[cur[d]]), append(orows, rows[cur[d]])
+				cur[d]++
 			}
-			cb.ows, cb.orows = ows, orows
+			for d := range dests {
+				if cur[d] != at[d+1] {
+					return fmt.Errorf("%w: rank %d's outputs in place: more terms for token %d than its choices there", dispatch.ErrMismatch, dests[d], t)
+				}
+			}
+			cb.ows, cb.orows, cb.cur = ows, orows, cur
 			ws, rows = ows, orows
 		}
 		if isF32[T]() {
