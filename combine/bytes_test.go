@@ -33,11 +33,7 @@ func lowLatencyBytes[T combine.Act](t *testing.T, p, experts, maxTokens int, cfg
 	got := make([]stageBytes, p)
 	runRanks(t, p, ccfg, func(c *coll.Comm) error {
 		ctx := context.Background()
-		d, err := dispatch.New[T](ctx, c, cfg)
-		if err != nil {
-			return err
-		}
-		cb, err := combine.New[T](ctx, d)
+		d, cb, err := newPairOf[T](ctx, c, cfg)
 		if err != nil {
 			return err
 		}

@@ -34,12 +34,18 @@ func goodRouting() (*router.Routing, []float32) {
 	return r, make([]float32, 8)
 }
 
+// newPair makes a dispatcher of cfg on c and its combiner (float32 activations unless
+// newPairOf's T says otherwise).
 func newPair(ctx context.Context, c *coll.Comm, cfg dispatch.Config) (*dispatch.Dispatcher[float32], *combine.Combiner[float32], error) {
-	d, err := dispatch.New[float32](ctx, c, cfg)
+	return newPairOf[float32](ctx, c, cfg)
+}
+
+func newPairOf[T combine.Act](ctx context.Context, c *coll.Comm, cfg dispatch.Config) (*dispatch.Dispatcher[T], *combine.Combiner[T], error) {
+	d, err := dispatch.New[T](ctx, c, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	cb, err := combine.New[float32](ctx, d)
+	cb, err := combine.New[T](ctx, d)
 	if err != nil {
 		d.Close()
 		return nil, nil, err

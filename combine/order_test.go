@@ -92,15 +92,11 @@ func combineGlobal[T combine.Act](t *testing.T, g *globalTokens, p int, plKind s
 	cfg.Placement = placement(t, plKind, g.experts, p)
 	runRanks(t, p, coll.Config{}, func(c *coll.Comm) error {
 		ctx := context.Background()
-		d, err := dispatch.New[T](ctx, c, cfg)
+		d, cb, err := newPairOf[T](ctx, c, cfg)
 		if err != nil {
 			return err
 		}
 		defer d.Close()
-		cb, err := combine.New[T](ctx, d)
-		if err != nil {
-			return err
-		}
 		defer cb.Close()
 		inPlace[c.Rank()] = cb.InPlace()
 		x, r, lo := g.part(c.Rank(), p)
