@@ -49,6 +49,12 @@ func (cb *TwoLevel[T]) Combine(ctx context.Context, h dispatch.TwoLevelHandle, y
 }
 
 // Close releases both stages' buffers.
+// Bytes is the memory this rank holds for both stages' buffers (Combiner.Bytes of each,
+// and the relayed rows' host sums). It is 0 after Close.
+func (cb *TwoLevel[T]) Bytes() int {
+	return cb.mid.Cap() + cb.up.Bytes() + cb.down.Bytes()
+}
+
 func (cb *TwoLevel[T]) Close() error {
 	cb.mid.Release()
 	cb.up.Close()

@@ -165,3 +165,50 @@ func twoLevelRank(c *coll.Comm, cfg dispatch.Config, hosts []int, crossed *[3]in
 	}
 	return nil
 }
+
+// The two-level stages say the memory they hold: both levels' buffers and the relay's,
+// none after Close.
+func TestTwoLevelBytes(t *testing.T) {
+	const experts, k, hid, tokens = 16, 4, 24, 11
+	hosts := []int{0, 0, 1, 1}
+	pl, err := router.NewPlacement(router.Contiguous, experts, len(hosts))
+	require.NoError(t, err)
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: pl, Mode: mode, MaxTokens: tokens}
+			errs := onRanks(t, len(hosts), coll.Config{Hosts: hosts}, true, func(c *coll.Comm) error {
+				ctx := context.Background()
+				d, err := dispatch.NewTwoLevel[float32](ctx, c, cfg)
+				if err != nil {
+					return err
+				}
+				cb, err := combine.NewTwoLevel[float32](ctx, d)
+				if err != nil {
+					d.Close()
+					return err
+				}
+				r, x := hostTokens(c.Rank(), tokens, k, experts, hid)
+				out, h, err := d.Dispatch(ctx, x, r)
+				if err != nil {
+					return err
+				}
+				if err := cb.Combine(ctx, h, make([]float32, out.Rows()*hid), make([]float32, len(x))); err != nil {
+					return err
+				}
+				stages := d.Up().Bytes() + d.Down().Bytes()
+				assert.Positive(t, d.Down().Bytes(), "rank %d: the host level", c.Rank())
+				assert.Positive(t, d.Up().Bytes(), "rank %d: the level across hosts", c.Rank())
+				assert.GreaterOrEqual(t, d.Bytes(), stages, "rank %d: both levels count", c.Rank())
+				assert.Positive(t, cb.Bytes(), "rank %d", c.Rank())
+				require.NoError(t, cb.Close())
+				require.NoError(t, d.Close())
+				assert.Zero(t, d.Bytes(), "rank %d: after Close", c.Rank())
+				assert.Zero(t, cb.Bytes(), "rank %d: after Close", c.Rank())
+				return nil
+			})
+			for r, err := range errs {
+				require.NoError(t, err, "rank %d", r)
+			}
+		})
+	}
+}

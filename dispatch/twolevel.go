@@ -163,6 +163,19 @@ func (d *TwoLevel[T]) Dispatch(ctx context.Context, x []T, r *router.Routing) (*
 	return out2, TwoLevelHandle{Up: h1, Down: h2}, nil
 }
 
+// Bytes is the memory this rank holds for both stages' buffers (Dispatcher.Bytes of
+// each, and the relayed rows): address space, as Dispatcher.Bytes says. It is 0 after
+// Close.
+func (d *TwoLevel[T]) Bytes() int {
+	n := d.x2.Cap()
+	for _, x := range []*Dispatcher[T]{d.down, d.up} {
+		if x != nil {
+			n += x.Bytes()
+		}
+	}
+	return n
+}
+
 // Close releases both stages and the host communicators.
 func (d *TwoLevel[T]) Close() error {
 	d.x2.Release()
