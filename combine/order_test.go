@@ -19,22 +19,22 @@ import (
 type globalTokens struct {
 	hid, k, experts, n int
 	x                  []float32
-	experts_           []int32
+	choices            []int32 // the expert of each (token, choice), -1 where dropped
 	weights            []float32
 }
 
 func newGlobalTokens(hid, k, experts, n int, seed uint64) *globalTokens {
 	rng := rand.New(rand.NewPCG(seed, 1))
-	g := &globalTokens{hid: hid, k: k, experts: experts, n: n, x: make([]float32, n*hid), experts_: make([]int32, n*k), weights: make([]float32, n*k)}
+	g := &globalTokens{hid: hid, k: k, experts: experts, n: n, x: make([]float32, n*hid), choices: make([]int32, n*k), weights: make([]float32, n*k)}
 	for i := range g.x {
 		g.x[i] = float32(rng.NormFloat64())
 	}
 	for t := 0; t < n; t++ {
 		for j, e := range rng.Perm(experts)[:k] {
-			g.experts_[t*k+j], g.weights[t*k+j] = int32(e), float32(rng.Float64())
+			g.choices[t*k+j], g.weights[t*k+j] = int32(e), float32(rng.Float64())
 		}
 		if t%7 == 3 {
-			g.experts_[t*k+1], g.weights[t*k+1] = -1, 0 // a dropped choice
+			g.choices[t*k+1], g.weights[t*k+1] = -1, 0 // a dropped choice
 		}
 	}
 	return g
@@ -45,7 +45,7 @@ func newGlobalTokens(hid, k, experts, n int, seed uint64) *globalTokens {
 func (g *globalTokens) part(r, p int) ([]float32, *router.Routing, int) {
 	lo, hi := r*g.n/p, (r+1)*g.n/p
 	rt := &router.Routing{T: hi - lo, K: g.k, E: g.experts,
-		Experts: append([]int32(nil), g.experts_[lo*g.k:hi*g.k]...), Weights: append([]float32(nil), g.weights[lo*g.k:hi*g.k]...)}
+		Experts: append([]int32(nil), g.choices[lo*g.k:hi*g.k]...), Weights: append([]float32(nil), g.weights[lo*g.k:hi*g.k]...)}
 	return append([]float32(nil), g.x[lo*g.hid:hi*g.hid]...), rt, lo
 }
 
@@ -62,7 +62,7 @@ func (g *globalTokens) reference(t int, act dtype.Type) []float32 {
 		x = toF32(toT[dtype.BFloat16](x))
 	}
 	for j := 0; j < g.k; j++ {
-		e := g.experts_[t*g.k+j]
+		e := g.choices[t*g.k+j]
 		if e < 0 {
 			continue
 		}
