@@ -128,6 +128,25 @@ func TestMoEBenchRuns(t *testing.T) {
 	}
 }
 
+// The combine type sets the partial sums' bytes: fp8 and int8 about half of bf16's (a
+// scale per 128 values, or per row, besides), in the normal mode and in the low-latency
+// mode sending partial sums; the report names the type.
+func TestMoECombineTypes(t *testing.T) {
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		bytes := map[dtype.Type]int64{}
+		for _, back := range []dtype.Type{dtype.BF16, dtype.FP8E4M3, dtype.I8} {
+			r := runMoE(t, 3, MoEOpts{Model: "tiny-deepseek", Tokens: 64, Wire: dtype.FP8E4M3, Combine: back, Mode: mode, SendPartials: mode == dispatch.LowLatency, Iters: 2, Pairs: 2, LocalRanks: 3})
+			require.NotNil(t, r)
+			assert.Equal(t, back.String(), r.CombineWire)
+			assert.False(t, r.CombineInPlace)
+			bytes[back] = r.Combine.Bytes
+		}
+		// tiny-deepseek's rows are 32 values: 64 B in bf16, 32 + 4 B in fp8 or int8.
+		assert.InDelta(t, 36.0/64, float64(bytes[dtype.FP8E4M3])/float64(bytes[dtype.BF16]), 0.02, "%v", mode)
+		assert.Equal(t, bytes[dtype.FP8E4M3], bytes[dtype.I8], "%v: one scale a row either way at 32 values", mode)
+	}
+}
+
 func BenchmarkMoEStep(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		runMoE(b, 4, MoEOpts{Model: "mixtral-8x7b", Tokens: 512, Iters: 20, LocalRanks: 4})

@@ -75,6 +75,7 @@ type Combiner[T Act] struct {
 	n      uint64 // combines started
 	x      *coll.Exchange
 	part   []float32 // one row of a partial sum
+	scl    []float32 // its scales, where the combine type is fp8 or int8
 	chunkR []router.Routing
 	// In place (low-latency, every rank reading every rank's memory): inplace.go.
 	board *coll.Board
@@ -145,6 +146,7 @@ func New[T Act](ctx context.Context, d Source) (*Combiner[T], error) {
 		cb.slots = append(cb.slots, s)
 	}
 	cb.part = make([]float32, cfg.Hidden)
+	cb.scl = make([]float32, cb.f.CombineScales)
 	cb.ones = make([]float32, p)
 	for i := range cb.ones {
 		cb.ones[i] = 1
@@ -458,9 +460,30 @@ func (s *slot[T]) partial(dst []byte, y []T, i int) {
 		acc = dtype.FromBytes[float32](dst)
 	}
 	s.sumRows(acc, y, i)
-	if cb.f.Combine == dtype.BF16 {
+	f := &cb.f
+	switch f.Combine {
+	case dtype.BF16:
 		dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](dst), acc)
+	case dtype.FP8E4M3:
+		dtype.QuantizeFP8(dst[:f.Hidden], cb.scl, acc, false)
+		copy(dst[f.CombineScaleAt():f.Combined], dtype.Bytes(cb.scl))
+	case dtype.I8:
+		cb.scl[0] = dtype.QuantizeI8(dst[:f.Hidden], acc)
+		copy(dst[f.CombineScaleAt():f.Combined], dtype.Bytes(cb.scl))
 	}
+}
+
+// addQuantized adds the partial sum src (a combined row of an fp8 or int8 combine) to
+// dst.
+func (cb *Combiner[T]) addQuantized(dst []float32, src []byte) {
+	f := &cb.f
+	copy(dtype.Bytes(cb.scl), src[f.CombineScaleAt():f.Combined])
+	if f.Combine == dtype.FP8E4M3 {
+		dtype.DequantizeFP8(cb.part, src[:f.Hidden], cb.scl)
+	} else {
+		dtype.DequantizeI8(cb.part, src[:f.Hidden], cb.scl[0])
+	}
+	dtype.Axpy(dst, 1, cb.part)
 }
 
 // reduce adds, token by token, the other ranks' partial sums (s.parts[q] holds rank q's,
@@ -471,6 +494,7 @@ func (s *slot[T]) reduce() {
 	cb := s.cb
 	h := s.h
 	hid, rb := cb.cfg.Hidden, cb.f.Combined
+	quant := cb.f.CombineScales > 0
 	me := cb.c.Rank()
 	s.cnt = growInts(s.cnt, cb.c.Size())
 	clear(s.cnt)
@@ -478,7 +502,7 @@ func (s *slot[T]) reduce() {
 	for t := 0; t < h.Tokens(); t++ {
 		dst := s.acc[t*hid : (t+1)*hid]
 		// The partials in ascending rank order, added to the own terms in one pass
-		// (WeightedSum with add: Axpy with each, bit for bit).
+		// (WeightedSum with add: Axpy with each, bit for bit); quantised ones one by one.
 		pb, pf = pb[:0], pf[:0]
 		for _, q := range h.Dests(t) {
 			if int(q) == me {
@@ -487,9 +511,12 @@ func (s *slot[T]) reduce() {
 			i := s.cnt[q]
 			s.cnt[q]++
 			src := s.parts[q][i*rb : (i+1)*rb]
-			if cb.f.Combine == dtype.BF16 {
+			switch {
+			case quant:
+				cb.addQuantized(dst, src)
+			case cb.f.Combine == dtype.BF16:
 				pb = append(pb, dtype.FromBytes[dtype.BFloat16](src))
-			} else {
+			default:
 				pf = append(pf, dtype.FromBytes[float32](src))
 			}
 		}

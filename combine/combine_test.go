@@ -341,50 +341,55 @@ func sameRow(got, want []float32) error {
 
 // checkCombined compares the combined rows with the scenario's: this rank's own
 // experts' terms first (choice order), then each other serving rank's partial sum, in
-// the combine's wire type, in ascending rank order; or, in place, every term in float32,
-// in choice order. Bit for bit where exact,
-// within a relative 1e-5 of the terms' magnitudes otherwise.
+// the combine's wire type (fp8 and int8 quantise the partial sum's row), in ascending
+// rank order; or, in place, every term in float32, in choice order. Bit for bit where
+// exact, within a relative 1e-5 of the terms' magnitudes otherwise, and a code step of
+// each quantised partial sum.
 func checkCombined(got []float32, r *router.Routing, seen []float32, pl *router.Placement, me int, s scenario, cfg dispatch.Config, act dtype.Type, inPlace bool) error {
+	term := func(tok, j, k int) float32 {
+		e := r.Experts[tok*s.k+j]
+		y := expert(e, seen[tok*s.hid+k])
+		if act == dtype.BF16 {
+			y = dtype.ToBF16(y).Float32()
+		}
+		return r.Weights[tok*s.k+j] * y
+	}
+	// part[q] is rank q's partial sum of a token as it arrives, step[q] a code step of it.
+	part, step := make([][]float32, s.p), make([][]float32, s.p)
 	for tok := 0; tok < r.T; tok++ {
-		for k := 0; k < s.hid; k++ {
-			term := func(j int) float32 {
-				e := r.Experts[tok*s.k+j]
-				return r.Weights[tok*s.k+j] * expert(e, seen[tok*s.hid+k])
-			}
-			if act == dtype.BF16 {
-				term = func(j int) float32 {
-					e := r.Experts[tok*s.k+j]
-					return r.Weights[tok*s.k+j] * dtype.ToBF16(expert(e, seen[tok*s.hid+k])).Float32()
+		mag := make([]float64, s.hid)
+		for q := 0; q < s.p && !inPlace; q++ {
+			row := make([]float32, s.hid)
+			for k := range row {
+				for j := 0; j < s.k; j++ {
+					if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == q {
+						row[k] += term(tok, j, k)
+						mag[k] += math.Abs(float64(term(tok, j, k)))
+					}
 				}
 			}
-			want, mag := float32(0), 0.0
+			if q != me {
+				part[q], step[q] = wireRound(row, cfg.CombineDType, dtype.F32, false), codeStep(row, cfg.CombineDType)
+			}
+		}
+		for k := 0; k < s.hid; k++ {
+			want, tol := float32(0), 0.0
 			for j := 0; j < s.k && inPlace; j++ {
 				if e := r.Experts[tok*s.k+j]; e >= 0 {
-					want += term(j)
-					mag += math.Abs(float64(term(j)))
+					want += term(tok, j, k)
+					mag[k] += math.Abs(float64(term(tok, j, k)))
 				}
 			}
 			for j := 0; j < s.k && !inPlace; j++ {
 				if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == me {
-					want += term(j)
-					mag += math.Abs(float64(term(j)))
+					want += term(tok, j, k)
 				}
 			}
 			for q := 0; q < s.p && !inPlace; q++ {
-				if q == me {
-					continue
+				if q != me {
+					want += part[q][k]
+					tol += float64(step[q][k])
 				}
-				part := float32(0)
-				for j := 0; j < s.k; j++ {
-					if e := r.Experts[tok*s.k+j]; e >= 0 && pl.RankOf(int(e), me, tok) == q {
-						part += term(j)
-						mag += math.Abs(float64(term(j)))
-					}
-				}
-				if cfg.CombineDType == dtype.BF16 {
-					part = dtype.ToBF16(part).Float32()
-				}
-				want += part
 			}
 			if act == dtype.BF16 {
 				want = dtype.ToBF16(want).Float32()
@@ -393,12 +398,42 @@ func checkCombined(got []float32, r *router.Routing, seen []float32, pl *router.
 			switch {
 			case exact(cfg) && g != want:
 				return fmt.Errorf("token %d element %d: combined %v, want %v", tok, k, g, want)
-			case !exact(cfg) && math.Abs(float64(g-want)) > 1e-5*mag+1e-6+bf16ulp(act, want):
-				return fmt.Errorf("token %d element %d: combined %v, want %v (terms' magnitude %v)", tok, k, g, want, mag)
+			case !exact(cfg) && math.Abs(float64(g-want)) > 1e-5*mag[k]+1e-6+tol+bf16ulp(act, want):
+				return fmt.Errorf("token %d element %d: combined %v, want %v (terms' magnitude %v)", tok, k, g, want, mag[k])
 			}
 		}
 	}
 	return nil
+}
+
+// codeStep is, per element of a partial sum's row, the step between two codes of the
+// combine type t where it lies (fp8: 2^-3 of it, or a subnormal's 2^-9 of the block's
+// scale; int8: the row's scale), 0 for f32 and bf16: a partial sum that the test adds in
+// another order than the kernel may round to the neighbouring code.
+func codeStep(row []float32, t dtype.Type) []float32 {
+	st := make([]float32, len(row))
+	switch t {
+	case dtype.FP8E4M3:
+		for lo := 0; lo < len(row); lo += dtype.FP8Block {
+			hi := min(lo+dtype.FP8Block, len(row))
+			m := float32(0)
+			for _, v := range row[lo:hi] {
+				m = max(m, float32(math.Abs(float64(v))))
+			}
+			for i := lo; i < hi; i++ {
+				st[i] = max(float32(math.Abs(float64(row[i])))/8, m/448/512)
+			}
+		}
+	case dtype.I8:
+		m := float32(0)
+		for _, v := range row {
+			m = max(m, float32(math.Abs(float64(v))))
+		}
+		for i := range st {
+			st[i] = m / dtype.I8Max
+		}
+	}
+	return st
 }
 
 // bf16ulp is a bfloat16 step at v when the output is bfloat16 (a sum taken in another
@@ -451,6 +486,31 @@ func TestDispatchCombine(t *testing.T) {
 						}
 						check[dtype.BFloat16](t, defaultScenario(p), cfg, ccfg)
 					})
+				}
+			}
+		}
+	}
+}
+
+// fp8 and int8 partial sums: each serving rank's partial sum of a token quantised once,
+// the token's rank adding them in float32, bit for bit as the test's model of the
+// kernels where the values are exact. Both point-to-point modes, windows and messages,
+// both activation types, rows of three fp8 blocks (the last one short); the low-latency
+// mode sends the partial sums (SendPartials) where ranks could read them in place.
+func TestQuantizedCombine(t *testing.T) {
+	kinds := []string{"contiguous", "roundrobin", "replicated"}
+	for _, p := range []int{2, 3, 4, 8} {
+		for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+			for bi, back := range []dtype.Type{dtype.FP8E4M3, dtype.I8} {
+				for wi, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3} {
+					s := defaultScenario(p)
+					s.hid = 300
+					cfg := dispatch.Config{WireDType: wire, CombineDType: back, PowerOfTwoScales: true, Mode: mode,
+						Placement: placement(t, kinds[(p+wi+bi)%3], 2*p, p), SendPartials: mode == dispatch.LowLatency}
+					ccfg := coll.Config{NoWindows: (p+wi+bi)%2 == 1}
+					name := fmt.Sprintf("P=%d/%v/%v-back/%v/windows=%v", p, mode, back, wire, !ccfg.NoWindows)
+					t.Run(name+"/f32", func(t *testing.T) { check[float32](t, s, cfg, ccfg) })
+					t.Run(name+"/bf16", func(t *testing.T) { check[dtype.BFloat16](t, s, cfg, ccfg) })
 				}
 			}
 		}

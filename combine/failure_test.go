@@ -145,7 +145,10 @@ func TestBadInputs(t *testing.T) {
 		{Hidden: 4, TopK: 5, Placement: pl1},
 		{Hidden: 4, TopK: 1, Placement: pl1, WireDType: dtype.F16},
 		{Hidden: 4, TopK: 1, Placement: pl1, WireDType: dtype.U8},
-		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.FP8E4M3},
+		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.F16},
+		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.U8},
+		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.FP8E4M3, Mode: dispatch.Gathered}, // summed on the way
+		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.I8, Mode: dispatch.Gathered},
 		{Hidden: 4, TopK: 1, Placement: pl1, Quantized: true},
 		{Hidden: 4, TopK: 1},
 		{Hidden: 4, TopK: 1, Placement: pl},

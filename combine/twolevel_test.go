@@ -3,6 +3,7 @@ package combine_test
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -90,6 +91,28 @@ func TestTwoLevel(t *testing.T) {
 	}
 }
 
+// fp8 and int8 partial sums in both levels: every token's sum within the quantisation
+// of its host's partial sum and of the sum sent across hosts.
+func TestTwoLevelQuantizedCombine(t *testing.T) {
+	const experts, k, hid, tokens = 16, 4, 300, 11
+	hosts := []int{0, 0, 1, 1}
+	pl, err := router.NewPlacement(router.RoundRobin, experts, len(hosts))
+	require.NoError(t, err)
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		for _, back := range []dtype.Type{dtype.FP8E4M3, dtype.I8} {
+			t.Run(fmt.Sprintf("%v/%v", mode, back), func(t *testing.T) {
+				cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: pl, Mode: mode, MaxTokens: tokens, CombineDType: back, SendPartials: mode == dispatch.LowLatency}
+				errs := onRanks(t, len(hosts), coll.Config{Hosts: hosts}, true, func(c *coll.Comm) error {
+					return twoLevelRank(c, cfg, hosts, new([3]int), tokens)
+				})
+				for r, err := range errs {
+					require.NoError(t, err, "rank %d", r)
+				}
+			})
+		}
+	}
+}
+
 func twoLevelRank(c *coll.Comm, cfg dispatch.Config, hosts []int, crossed *[3]int, tokens int) error {
 	ctx := context.Background()
 	me := c.Rank()
@@ -134,8 +157,29 @@ func twoLevelRank(c *coll.Comm, cfg dispatch.Config, hosts []int, crossed *[3]in
 					sum += r.Weights[t*r.K+j] * float32(e+1)
 				}
 			}
+			// Quantised partial sums, taken twice (a host's sum, then the sum sent across):
+			// each within half a code step, an fp8 code's 2^-4 of the value or an int8
+			// code's half of the row's largest over 127.
+			tol := func(float32) float64 { return 0 }
+			if q := cfg.CombineDType; q == dtype.FP8E4M3 || q == dtype.I8 {
+				mag, rowMax := float64(0), float64(0)
+				for j := 0; j < r.K; j++ {
+					if e := r.Experts[t*r.K+j]; e >= 0 {
+						mag += math.Abs(float64(r.Weights[t*r.K+j] * float32(e+1)))
+					}
+				}
+				for i := 0; i < hid; i++ {
+					rowMax = max(rowMax, mag*math.Abs(float64(x[t*hid+i])))
+				}
+				tol = func(v float32) float64 {
+					if q == dtype.FP8E4M3 {
+						return 0x1p-3*mag*math.Abs(float64(v)) + 1e-6*rowMax
+					}
+					return 2 * rowMax / dtype.I8Max
+				}
+			}
 			for i := 0; i < hid; i++ {
-				if want := sum * x[t*hid+i]; got[t*hid+i] != want {
+				if want := sum * x[t*hid+i]; math.Abs(float64(got[t*hid+i]-want)) > tol(x[t*hid+i]) {
 					return fmt.Errorf("round %d, token %d element %d: %v, want %v", round, t, i, got[t*hid+i], want)
 				}
 			}

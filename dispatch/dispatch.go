@@ -115,8 +115,13 @@ type Config struct {
 	// WireDType is the type of the rows on the wire: F32, BF16, FP8E4M3 or I8 (default:
 	// the activation type; U8, and only U8, for opaque rows).
 	WireDType dtype.Type
-	// CombineDType is the type of the partial sums package combine sends back: F32 or
-	// BF16 (default: the activation type, F32 for opaque rows).
+	// CombineDType is the type of the partial sums package combine sends back: F32, BF16,
+	// or, to halve the bytes of bf16, FP8E4M3 (one scale per 128 elements) or I8 (one
+	// scale per row), quantised once on the rank that sums them and added in float32 on
+	// the token's rank (default: the activation type, F32 for opaque rows). The gathered
+	// mode adds the partial sums on the way, so it takes F32 or BF16 only. Where the
+	// combine reads the expert outputs in place (see SendPartials), no partial sums
+	// travel and the outputs are summed as the experts wrote them.
 	CombineDType dtype.Type
 	Placement    *router.Placement // which ranks hold which experts
 	Mode         Mode
@@ -502,8 +507,10 @@ func (cfg *Config) fill() error {
 		return fmt.Errorf("%w: top-k %d (want 1..64)", ErrConfig, cfg.TopK)
 	case cfg.WireDType != dtype.F32 && cfg.WireDType != dtype.BF16 && cfg.WireDType != dtype.FP8E4M3 && cfg.WireDType != dtype.I8 && cfg.WireDType != dtype.U8:
 		return fmt.Errorf("%w: wire type %v (want f32, bf16, fp8 or int8)", ErrConfig, cfg.WireDType)
-	case cfg.CombineDType != dtype.F32 && cfg.CombineDType != dtype.BF16:
-		return fmt.Errorf("%w: combine type %v (want f32 or bf16)", ErrConfig, cfg.CombineDType)
+	case cfg.CombineDType != dtype.F32 && cfg.CombineDType != dtype.BF16 && cfg.CombineDType != dtype.FP8E4M3 && cfg.CombineDType != dtype.I8:
+		return fmt.Errorf("%w: combine type %v (want f32, bf16, fp8 or int8)", ErrConfig, cfg.CombineDType)
+	case cfg.Mode == Gathered && cfg.CombineDType != dtype.F32 && cfg.CombineDType != dtype.BF16:
+		return fmt.Errorf("%w: combine type %v in the gathered mode, whose reduce-scatter adds the partial sums on the way (want f32 or bf16)", ErrConfig, cfg.CombineDType)
 	case cfg.Placement == nil:
 		return fmt.Errorf("%w: no placement", ErrConfig)
 	case cfg.TopK > cfg.Placement.Experts:

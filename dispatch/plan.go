@@ -25,8 +25,11 @@ type Format struct {
 	Meta     int        // the most bytes of a row's metadata (MetaBytes(TopK))
 	Payload  int        // bytes of a row's activations on the wire
 	Row      int        // the most bytes of a row in the normal mode (RowBytes(TopK))
-	Combined int        // bytes of a combined row (partial sum) on the wire
+	Combined int        // bytes of a combined row (partial sum) on the wire, scales included
 	Combine  dtype.Type // the combine's wire type
+	// CombineScales is the float32 scales of a combined row (fp8: one per 128 elements;
+	// int8: one), which follow its payload, 4-aligned.
+	CombineScales int
 }
 
 // NewFormat returns the format of cfg (whose defaults are filled).
@@ -43,8 +46,20 @@ func NewFormat(cfg Config) Format {
 	f.Row = f.RowBytes(cfg.TopK)
 	f.Combine = cfg.CombineDType
 	f.Combined = cfg.Hidden * cfg.CombineDType.Size()
+	switch cfg.CombineDType {
+	case dtype.FP8E4M3:
+		f.CombineScales = dtype.FP8Scales(cfg.Hidden)
+	case dtype.I8:
+		f.CombineScales = 1
+	}
+	if f.CombineScales > 0 {
+		f.Combined = f.CombineScaleAt() + 4*f.CombineScales
+	}
 	return f
 }
+
+// CombineScaleAt is where a combined row's scales start: after its payload, 4-aligned.
+func (f Format) CombineScaleAt() int { return (f.Hidden*f.Combine.Size() + 3) &^ 3 }
 
 func align8(n int) int { return (n + 7) &^ 7 }
 

@@ -134,7 +134,7 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 	fs.IntVar(&o.Tokens, "tokens", 512, "tokens per rank")
 	wire := fs.String("wire-dtype", "f32", "activations on the wire: f32, bf16, fp8 (e4m3, a scale per 128 values) or int8 (a scale per token)")
 	act := fs.String("act", "f32", "activations: f32 or bf16")
-	back := fs.String("combine-dtype", "", "partial sums on the way back: f32 or bf16 (default: f32 with an f32 wire, else bf16)")
+	back := fs.String("combine-dtype", "", "partial sums on the way back: f32, bf16, fp8 or int8 (default: f32 with an f32 wire, else bf16)")
 	mode := fs.String("mode", "normal", "normal (counts all-gather, then an exact-size AlltoAllv), low-latency (buffers sized for --tokens, counts travel with the rows) or gathered (every token all-gathered, the sums reduce-scattered back)")
 	fs.StringVar(&o.Placement, "placement", "contiguous", "expert placement: contiguous or roundrobin")
 	fs.BoolVar(&o.SendPartials, "send-partials", false, "low-latency mode: the combine sends partial sums even where ranks can read the expert outputs in each other's memory")
@@ -169,8 +169,12 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 			o.Combine = dtype.F32
 		case "bf16":
 			o.Combine = dtype.BF16
+		case "fp8", "fp8e4m3", "e4m3":
+			o.Combine = dtype.FP8E4M3
+		case "int8", "i8":
+			o.Combine = dtype.I8
 		default:
-			return &usageError{fmt.Sprintf("--combine-dtype %q: want f32 or bf16", *back)}
+			return &usageError{fmt.Sprintf("--combine-dtype %q: want f32, bf16, fp8 or int8", *back)}
 		}
 		m, err := dispatch.ParseMode(*mode)
 		if err != nil {
@@ -184,6 +188,9 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 		}
 		if o.Tokens < 0 || o.Tokens > dispatch.MaxLowLatencyTokens {
 			return &usageError{fmt.Sprintf("--tokens %d: want 0 to %d", o.Tokens, dispatch.MaxLowLatencyTokens)}
+		}
+		if o.Mode == dispatch.Gathered && o.Combine != 0 && o.Combine != dtype.F32 && o.Combine != dtype.BF16 {
+			return &usageError{fmt.Sprintf("--combine-dtype %s: the gathered mode adds the partial sums on the way; want f32 or bf16", *back)}
 		}
 		if o.SendPartials && o.Mode != dispatch.LowLatency {
 			return &usageError{"--send-partials: only with --mode low-latency"}

@@ -110,6 +110,8 @@ func TestCLIHygiene(t *testing.T) {
 		{"bench", "moe", "--placement", "random"},
 		{"bench", "moe", "--mode", "fast"},
 		{"bench", "moe", "--wire-dtype", "fp4"},
+		{"bench", "moe", "--combine-dtype", "fp4"},
+		{"bench", "moe", "--mode", "gathered", "--combine-dtype", "fp8"},
 		{"bench", "moe", "--ranks", "0"},
 		{"bench", "moe", "--plot", "x.svg", "--eplb", "4"},
 		{"bench", "moe", "stray"},
