@@ -24,7 +24,10 @@ func PlanMoE(o MoEOpts, p int) (*dispatch.Plan, models.Config, error) {
 	if o.Act == 0 {
 		o.Act = dtype32
 	}
-	if o.Combine == 0 {
+	switch {
+	case o.Combine == 0 && o.SumAtOrigin:
+		o.Combine = o.Act // the outputs travel as they are
+	case o.Combine == 0:
 		o.Combine = defaultCombine(o.Wire)
 	}
 	pl, err := placementOf(o.Placement, cfg.Experts, p)
@@ -43,7 +46,7 @@ func PlanMoE(o MoEOpts, p int) (*dispatch.Plan, models.Config, error) {
 		}
 	}
 	dcfg := dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, CombineDType: o.Combine, Placement: pl,
-		Mode: o.Mode, MaxTokens: max(o.Tokens, 1)}
+		Mode: o.Mode, MaxTokens: max(o.Tokens, 1), SumAtOrigin: o.SumAtOrigin}
 	plan, err := dispatch.NewPlan(dcfg, routings)
 	return plan, cfg, err
 }

@@ -36,6 +36,9 @@ type MoEOpts struct {
 	// SendPartials makes the low-latency combine send partial sums where it would read
 	// the expert outputs in place (dispatch.Config.SendPartials).
 	SendPartials bool
+	// SumAtOrigin sends the expert outputs back unsummed and sums them at the tokens'
+	// ranks (dispatch.Config.SumAtOrigin).
+	SumAtOrigin bool
 	// PushRows makes the low-latency dispatch write each token into every destination's
 	// memory where the experts would read it in place (dispatch.Config.PushRows).
 	PushRows bool
@@ -113,6 +116,8 @@ type MoEResult struct {
 	// CombineInPlace: the combine read the expert outputs where the experts wrote them
 	// (low-latency mode, every rank reading every rank's memory), not partial sums.
 	CombineInPlace bool `json:"combine_in_place"`
+	// SumAtOrigin: the expert outputs went back unsummed, summed at the tokens' ranks.
+	SumAtOrigin bool `json:"sum_at_origin"`
 	// DispatchInPlace: the experts read the tokens where their origins wrote them
 	// (dispatch.Dispatcher.RowsInPlace).
 	DispatchInPlace bool `json:"dispatch_in_place"`
@@ -219,7 +224,10 @@ func setup[T combine.Act](ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSe
 		o.Wire = dtype.F32
 	}
 	o.Act = dtype.Of[T]()
-	if o.Combine == 0 {
+	switch {
+	case o.Combine == 0 && o.SumAtOrigin:
+		o.Combine = o.Act // the outputs travel as they are
+	case o.Combine == 0:
 		o.Combine = defaultCombine(o.Wire)
 	}
 	if o.Warmup == 0 {
@@ -252,7 +260,7 @@ func setup[T combine.Act](ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSe
 	if err != nil {
 		return nil, fmt.Errorf("%w (use --compute none, a smaller model or fewer ranks per process)", err)
 	}
-	dcfg := dispatch.Config{WireDType: o.Wire, CombineDType: o.Combine, Placement: pl, Mode: o.Mode, MaxTokens: max(o.Tokens, 1), Quantized: o.Quantized, SendPartials: o.SendPartials, PushRows: o.PushRows}
+	dcfg := dispatch.Config{WireDType: o.Wire, CombineDType: o.Combine, Placement: pl, Mode: o.Mode, MaxTokens: max(o.Tokens, 1), Quantized: o.Quantized, SendPartials: o.SendPartials, PushRows: o.PushRows, SumAtOrigin: o.SumAtOrigin}
 	ep, err := models.NewEP[T](ctx, c, layer, dcfg)
 	if err != nil {
 		return nil, err
@@ -411,7 +419,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	res := &MoEResult{
 		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), TokensPerRank: o.Tokens,
 		Act: o.Act.String(), Hidden: cfg.Hidden, TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(), Quantized: o.Quantized,
-		CombineWire: ep.D.Config().CombineDType.String(), CombineInPlace: ep.C.InPlace(), DispatchInPlace: ep.D.RowsInPlace(), TokensInBuffer: inBuffer, Compute: o.Compute, Iters: iters,
+		CombineWire: ep.D.Config().CombineDType.String(), CombineInPlace: ep.C.InPlace(), SumAtOrigin: ep.D.Config().SumAtOrigin, DispatchInPlace: ep.D.RowsInPlace(), TokensInBuffer: inBuffer, Compute: o.Compute, Iters: iters,
 		GOMAXPROCS: runtime.GOMAXPROCS(0), HostCPUs: runtime.NumCPU(), HostRanks: HostRanks(c),
 	}
 	switch o.Mode {
@@ -576,12 +584,21 @@ func combineSent(h dispatch.Handle, rowBytes, p, me int, mode dispatch.Mode) int
 		}
 		return n
 	}
+	sum := h.Config().SumAtOrigin // a count per row and a row per (token, choice)
 	for q := 0; q < p; q++ {
 		if q == me {
 			continue
 		}
 		a, b := h.Incoming(q)
-		n += dispatch.BlockHeader + (b-a)*rowBytes
+		if !sum {
+			n += dispatch.BlockHeader + (b-a)*rowBytes
+			continue
+		}
+		n += dispatch.BlockHeader + 4*(b-a)
+		for i := a; i < b; i++ {
+			e, _ := h.Contributions(i)
+			n += len(e) * rowBytes
+		}
 	}
 	return n
 }
@@ -895,8 +912,11 @@ func StageFloor(bytes []int) time.Duration {
 // PrintMoE writes the result as a table.
 func PrintMoE(w io.Writer, r *MoEResult) {
 	back := r.CombineWire + " back"
-	if r.CombineInPlace {
+	switch {
+	case r.CombineInPlace:
 		back = "expert outputs read in place"
+	case r.SumAtOrigin:
+		back = "expert outputs back unsummed (" + r.CombineWire + "), summed at the tokens' ranks"
 	}
 	fmt.Fprintf(w, "# moex bench moe: %s (hidden %d, %d experts, top-%d), %d ranks over %s, %s mode, %d tokens per rank, %s activations, %s on the wire, %s, experts: %s\n",
 		r.Model, r.Hidden, r.Experts, r.TopK, r.Ranks, r.Transport, r.Mode, r.TokensPerRank, r.Act, r.Wire, back, r.Compute)

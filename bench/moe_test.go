@@ -144,6 +144,15 @@ func TestMoECombineTypes(t *testing.T) {
 		// tiny-deepseek's rows are 32 values: 64 B in bf16, 32 + 4 B in fp8 or int8.
 		assert.InDelta(t, 36.0/64, float64(bytes[dtype.FP8E4M3])/float64(bytes[dtype.BF16]), 0.02, "%v", mode)
 		assert.Equal(t, bytes[dtype.FP8E4M3], bytes[dtype.I8], "%v: one scale a row either way at 32 values", mode)
+		// Unsummed, the outputs come back a row per choice, in the activations' type:
+		// more bytes than a partial sum per (token, rank) in that type.
+		sum := runMoE(t, 3, MoEOpts{Model: "tiny-deepseek", Tokens: 64, Wire: dtype.FP8E4M3, SumAtOrigin: true, Mode: mode, SendPartials: mode == dispatch.LowLatency, Iters: 2, Pairs: 2, LocalRanks: 3})
+		part := runMoE(t, 3, MoEOpts{Model: "tiny-deepseek", Tokens: 64, Wire: dtype.FP8E4M3, Combine: dtype.F32, Mode: mode, SendPartials: mode == dispatch.LowLatency, Iters: 2, Pairs: 2, LocalRanks: 3})
+		require.NotNil(t, sum)
+		require.NotNil(t, part)
+		assert.True(t, sum.SumAtOrigin)
+		assert.Equal(t, "f32", sum.CombineWire)
+		assert.Greater(t, sum.Combine.Bytes, part.Combine.Bytes, "%v", mode)
 	}
 }
 

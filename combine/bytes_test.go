@@ -129,6 +129,7 @@ func TestLowLatencyBytesBeforehand(t *testing.T) {
 		{"bf16/pushed/partials", dispatch.Config{WireDType: dtype.BF16, PushRows: true, SendPartials: true}},
 		{"fp8/fp8-back/partials", dispatch.Config{WireDType: dtype.FP8E4M3, CombineDType: dtype.FP8E4M3, SendPartials: true}},
 		{"bf16/int8-back", dispatch.Config{WireDType: dtype.BF16, CombineDType: dtype.I8}},
+		{"fp8/sum-at-origin/partials", dispatch.Config{WireDType: dtype.FP8E4M3, SumAtOrigin: true, SendPartials: true}},
 		{"bf16/inflight3", dispatch.Config{WireDType: dtype.BF16, InFlight: 3}},
 	}
 	for _, windows := range []bool{true, false} {

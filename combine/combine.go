@@ -155,7 +155,7 @@ func New[T Act](ctx context.Context, d Source) (*Combiner[T], error) {
 		if err := cb.openBoard(ctx); err != nil {
 			return nil, err
 		}
-		x, err := cb.c.NewExchange(ctx, llExchange(cfg, cb.f, cb.board != nil))
+		x, err := cb.c.NewExchange(ctx, llExchange(cfg, cb.f, cb.board != nil, elemSize[T]()))
 		if err != nil {
 			cb.closeBoard()
 			return nil, err
@@ -166,11 +166,15 @@ func New[T Act](ctx context.Context, d Source) (*Combiner[T], error) {
 }
 
 // llExchange is the low-latency combine's exchange: per block a header and, unless the
-// outputs are read in place, the partial sums of MaxTokens rows.
-func llExchange(cfg dispatch.Config, f dispatch.Format, inPlace bool) coll.ExchangeConfig {
+// outputs are read in place, the partial sums of MaxTokens rows (or their terms, of es
+// bytes a value, with SumAtOrigin).
+func llExchange(cfg dispatch.Config, f dispatch.Format, inPlace bool, es int) coll.ExchangeConfig {
 	partials := cfg.MaxTokens * f.Combined
-	if inPlace {
+	switch {
+	case inPlace:
 		partials = 0 // the header alone
+	case cfg.SumAtOrigin:
+		partials = maxTermsBlock(cfg, es)
 	}
 	return coll.ExchangeConfig{Slots: cfg.InFlight, Fields: []int{dispatch.BlockHeader, partials}}
 }
@@ -194,8 +198,11 @@ func LowLatencyBytes[T Act](cfg dispatch.Config, shared bool) (int, error) {
 	if !shared {
 		board = 0
 	}
-	n := board + coll.ExchangeBytes(llExchange(cfg, dispatch.NewFormat(cfg), board > 0), p, shared)
-	if board == 0 && !isF32[T]() { // the sums in float32 (ownTerms)
+	n := board + coll.ExchangeBytes(llExchange(cfg, dispatch.NewFormat(cfg), board > 0, elemSize[T]()), p, shared)
+	switch {
+	case board == 0 && cfg.SumAtOrigin: // the own terms (ownTermsBlock)
+		n += cfg.InFlight * obuf.Capacity(maxTermsBlock(cfg, elemSize[T]()))
+	case board == 0 && !isF32[T](): // the sums in float32 (ownTerms)
 		n += cfg.InFlight * obuf.Capacity(cfg.MaxTokens*cfg.Hidden*4)
 	}
 	return n, nil
@@ -321,12 +328,18 @@ func (cb *Combiner[T]) start(ctx context.Context, h dispatch.Handle, y, out []T,
 		s.code, s.inErr = dispatch.CodeOutput, fmt.Errorf("%w: %d expert output values, the dispatch delivered %d rows of %d", ErrInput, len(y), h.Rows(), hid)
 	case rows && len(y) != h.IncomingRows()*hid:
 		s.code, s.inErr = dispatch.CodeOutput, fmt.Errorf("%w: %d summed values, %d rows of %d came to this rank", ErrInput, len(y), h.IncomingRows(), hid)
+	case rows && cb.cfg.SumAtOrigin:
+		s.code, s.inErr = dispatch.CodeOutput, fmt.Errorf("%w: CombineRows with SumAtOrigin (the rows are summed already)", dispatch.ErrConfig)
 	}
 	s.h, s.out, s.rows = h, out, rows
 	if s.code == dispatch.CodeOK {
 		h.Pin()
 		s.pinned = true
-		if cb.cfg.Mode != dispatch.Gathered && cb.board == nil {
+		switch {
+		case cb.cfg.Mode == dispatch.Gathered || cb.board != nil:
+		case cb.cfg.SumAtOrigin:
+			s.ownTermsBlock(y)
+		default:
 			s.ownTerms(y)
 		}
 	}
@@ -382,8 +395,11 @@ func (p *Pending[T]) Wait(ctx context.Context) error {
 	// Every rank has started this combine, so its experts read no more of the
 	// dispatch's rows: this rank may write its staging again.
 	s.h.Done()
-	if s.cb.board != nil {
+	switch {
+	case s.cb.board != nil:
 		return s.sumInPlace()
+	case s.cb.cfg.SumAtOrigin:
+		return s.sumTerms()
 	}
 	s.reduce()
 	return nil

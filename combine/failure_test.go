@@ -149,6 +149,8 @@ func TestBadInputs(t *testing.T) {
 		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.U8},
 		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.FP8E4M3, Mode: dispatch.Gathered}, // summed on the way
 		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.I8, Mode: dispatch.Gathered},
+		{Hidden: 4, TopK: 1, Placement: pl1, SumAtOrigin: true, Mode: dispatch.Gathered},
+		{Hidden: 4, TopK: 1, Placement: pl1, SumAtOrigin: true, CombineDType: dtype.BF16}, // the outputs travel as they are
 		{Hidden: 4, TopK: 1, Placement: pl1, Quantized: true},
 		{Hidden: 4, TopK: 1},
 		{Hidden: 4, TopK: 1, Placement: pl},
@@ -162,6 +164,8 @@ func TestBadInputs(t *testing.T) {
 	}
 	_, err = dispatch.New[byte](context.Background(), cs[0], dispatch.Config{Hidden: 4, TopK: 1, Placement: pl1, WireDType: dtype.BF16})
 	assert.ErrorIs(t, err, dispatch.ErrConfig, "opaque rows on a bf16 wire")
+	_, err = dispatch.New[byte](context.Background(), cs[0], dispatch.Config{Hidden: 4, TopK: 1, Placement: pl1, SumAtOrigin: true})
+	assert.ErrorIs(t, err, dispatch.ErrConfig, "opaque rows summed at the origin")
 }
 
 // Ranks whose placements differ (another kind, other replicas) or whose configurations
@@ -170,7 +174,10 @@ func TestBadInputs(t *testing.T) {
 func TestConfigurationMismatch(t *testing.T) {
 	ctx := context.Background()
 	for _, mode := range modes {
-		for _, what := range []string{"kind", "replicas", "hidden", "wire"} {
+		for _, what := range []string{"kind", "replicas", "hidden", "wire", "sum-at-origin"} {
+			if what == "sum-at-origin" && mode == dispatch.Gathered {
+				continue // refused by New on that rank alone: ErrConfig
+			}
 			t.Run(fmt.Sprintf("%v/%s", mode, what), func(t *testing.T) {
 				errs := onRanks(t, 4, quick, false, func(c *coll.Comm) error {
 					cfg := dispatch.Config{Hidden: 8, TopK: 2, Mode: mode, MaxTokens: 8, Placement: placement(t, "contiguous", 8, 4)}
@@ -184,6 +191,8 @@ func TestConfigurationMismatch(t *testing.T) {
 							cfg.Hidden = 16
 						case "wire":
 							cfg.WireDType = dtype.BF16
+						case "sum-at-origin":
+							cfg.SumAtOrigin = true
 						}
 					}
 					d, err := dispatch.New[float32](ctx, c, cfg)
@@ -206,14 +215,27 @@ func TestConfigurationMismatch(t *testing.T) {
 // A rank that passes Combine a stale handle, or buffers of the wrong length, fails with
 // its own error, and every other rank with a PeerInputError naming it, in the same call;
 // the communicator and the dispatch stay usable.
+//
+// With SumAtOrigin (the outputs sent unsummed) too, where a rank that calls CombineRows,
+// whose rows are summed already, gets ErrConfig and the others a PeerInputError.
 func TestCombineBadCall(t *testing.T) {
 	s := scenario{p: 4, hid: 8, k: 2, experts: 8, tokens: []int{6, 5, 7, 4}, seed: 3, maxTokens: 8}
 	ctx := context.Background()
+	type variant struct {
+		mode dispatch.Mode
+		sum  bool
+	}
+	variants := []variant{{dispatch.Normal, true}, {dispatch.LowLatency, true}}
 	for _, mode := range modes {
-		t.Run(mode.String(), func(t *testing.T) {
+		variants = append(variants, variant{mode, false})
+	}
+	for _, v := range variants {
+		mode := v.mode
+		t.Run(fmt.Sprintf("%v/sum-at-origin=%v", mode, v.sum), func(t *testing.T) {
 			pl := placement(t, "contiguous", s.experts, s.p)
 			runRanks(t, s.p, quick, func(c *coll.Comm) error {
-				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens})
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens,
+					SumAtOrigin: v.sum, SendPartials: v.sum && mode == dispatch.LowLatency})
 				if err != nil {
 					return err
 				}
@@ -239,7 +261,10 @@ func TestCombineBadCall(t *testing.T) {
 					rank int
 					want error
 					code int
-				}{{1, dispatch.ErrStale, dispatch.CodeStale}, {2, combine.ErrInput, dispatch.CodeOutput}, {0, combine.ErrInput, dispatch.CodeOutput}} {
+				}{{1, dispatch.ErrStale, dispatch.CodeStale}, {2, combine.ErrInput, dispatch.CodeOutput}, {0, combine.ErrInput, dispatch.CodeOutput}, {3, dispatch.ErrConfig, dispatch.CodeOutput}} {
+					if bad.rank == 3 && !v.sum {
+						continue
+					}
 					hh, yy, rr := h, y, res
 					if c.Rank() == bad.rank {
 						switch bad.rank {
@@ -251,7 +276,12 @@ func TestCombineBadCall(t *testing.T) {
 							rr = append(res, 0)
 						}
 					}
-					err := cb.Combine(ctx, hh, yy, rr)
+					var err error
+					if c.Rank() == 3 && bad.rank == 3 {
+						err = cb.CombineRows(ctx, hh, make([]float32, hh.IncomingRows()*s.hid), rr)
+					} else {
+						err = cb.Combine(ctx, hh, yy, rr)
+					}
 					switch {
 					case c.Rank() == bad.rank && !errors.Is(err, bad.want):
 						return fmt.Errorf("bad rank %d got %v, want %v", bad.rank, err, bad.want)

@@ -18,12 +18,11 @@ func (s *slot[T]) startNormal(ctx context.Context, y []T) error {
 	p, me := c.Size(), c.Rank()
 	h := s.h
 	back := h.Back()
-	rb := cb.f.Combined
 	for i := 0; i < p; i++ {
 		for j := 0; j < p; j++ {
 			s.bytes[i][j] = 0
 			if i != j {
-				s.bytes[i][j] = dispatch.BlockHeader + back[i][j]*rb
+				s.bytes[i][j] = dispatch.BlockHeader + s.normalBlock(h, i, j)
 			}
 		}
 	}
@@ -40,15 +39,18 @@ func (s *slot[T]) startNormal(ctx context.Context, y []T) error {
 		n := back[me][q]
 		dispatch.PutHeader(s.send[off:], s.code, n, h.Fingerprint(), h.Generation())
 		off += dispatch.BlockHeader
-		if s.code == dispatch.CodeOK {
-			a, _ := h.Incoming(q)
+		a, _ := h.Incoming(q)
+		switch {
+		case s.code != dispatch.CodeOK:
+		case cb.cfg.SumAtOrigin:
+			s.putTerms(s.send[off:], y, a, a+n)
+		default:
+			rb := cb.f.Combined
 			for i := a; i < a+n; i++ {
-				s.partial(s.send[off:off+rb], y, i)
-				off += rb
+				s.partial(s.send[off+(i-a)*rb:off+(i-a+1)*rb], y, i)
 			}
-		} else {
-			off += n * rb
 		}
+		off += s.normalBlock(h, me, q)
 	}
 	return c.IRunAlltoAllvWith(ctx, &s.plan, s.send, s.recv, &s.pend)
 }
@@ -61,7 +63,6 @@ func (s *slot[T]) waitNormal(ctx context.Context) error {
 	}
 	h := s.h
 	back := h.Back()
-	rb := cb.f.Combined
 	var first error
 	off := 0
 	for q := 0; q < p; q++ {
@@ -72,7 +73,7 @@ func (s *slot[T]) waitNormal(ctx context.Context) error {
 		if err := s.checkHeader(q, s.recv[off:off+dispatch.BlockHeader], n); err != nil && first == nil {
 			first = err
 		}
-		off += dispatch.BlockHeader + n*rb
+		off += dispatch.BlockHeader + s.normalBlock(h, q, me)
 	}
 	if s.inErr != nil || first != nil {
 		if s.inErr != nil {
@@ -86,11 +87,20 @@ func (s *slot[T]) waitNormal(ctx context.Context) error {
 			continue
 		}
 		off += dispatch.BlockHeader
-		n := len(h.RowsTo(q))
-		s.parts[q] = s.recv[off : off+n*rb]
-		off += n * rb
+		n := s.normalBlock(h, q, me)
+		s.parts[q] = s.recv[off : off+n]
+		off += n
 	}
 	return nil
+}
+
+// normalBlock is the size, after its header, of the block rank i sends rank j in the
+// normal mode: a partial sum per row, or with SumAtOrigin the rows' terms.
+func (s *slot[T]) normalBlock(h dispatch.Handle, i, j int) int {
+	if s.cb.cfg.SumAtOrigin {
+		return termsBytes(h.Back()[i][j], h.BackTerms()[i][j], s.cb.cfg.Hidden, elemSize[T]())
+	}
+	return h.Back()[i][j] * s.cb.f.Combined
 }
 
 // The low-latency mode: one exchange of two fields, the header and the partial sums; in
@@ -121,15 +131,19 @@ func (s *slot[T]) startLL(ctx context.Context, y []T) error {
 		if s.code == dispatch.CodeOK && q != me {
 			a, b := h.Incoming(q)
 			n = b - a
-			if cb.board == nil {
+			switch {
+			case cb.board != nil:
+			case cb.cfg.SumAtOrigin:
+				sums = s.putTerms(dst[1], y, a, b)
+			default:
 				for i := a; i < b; i++ {
 					s.partial(dst[1][(i-a)*rb:(i-a+1)*rb], y, i)
 				}
-				sums = n
+				sums = n * rb
 			}
 		}
 		dispatch.PutHeader(dst[0], s.code, n, h.Fingerprint(), h.Generation())
-		if err := op.Send(q, dispatch.BlockHeader, sums*rb); err != nil {
+		if err := op.Send(q, dispatch.BlockHeader, sums); err != nil {
 			return err
 		}
 	}
@@ -162,8 +176,12 @@ func (s *slot[T]) waitLL(ctx context.Context) error {
 			n = len(h.RowsTo(q))
 		}
 		err := s.checkHeader(q, hb, n)
-		if err == nil && s.code == dispatch.CodeOK && cb.board == nil && len(op.Recv(q, 1)) != n*rb {
-			err = fmt.Errorf("%w: rank %d sent %d bytes of partial sums for %d rows", dispatch.ErrMismatch, q, len(op.Recv(q, 1)), n)
+		want := n * rb
+		if cb.cfg.SumAtOrigin && s.code == dispatch.CodeOK {
+			want = s.termsExpected(q)
+		}
+		if err == nil && s.code == dispatch.CodeOK && cb.board == nil && len(op.Recv(q, 1)) != want {
+			err = fmt.Errorf("%w: rank %d sent %d bytes of partial sums for %d rows (want %d)", dispatch.ErrMismatch, q, len(op.Recv(q, 1)), n, want)
 		}
 		if err != nil && first == nil {
 			first = err

@@ -2,6 +2,7 @@ package combine_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -86,11 +87,16 @@ func (g *globalTokens) reference(t int, act dtype.Type) []float32 {
 // combineGlobal runs one low-latency dispatch and combine of g over p local ranks with
 // the placement kind, and returns every token's combined row, in global order.
 func combineGlobal[T combine.Act](t *testing.T, g *globalTokens, p int, plKind string, cfg dispatch.Config) ([]float32, bool) {
+	return combineGlobalOn[T](t, g, p, plKind, cfg, coll.Config{})
+}
+
+// combineGlobalOn is combineGlobal on ranks of ccfg.
+func combineGlobalOn[T combine.Act](t *testing.T, g *globalTokens, p int, plKind string, cfg dispatch.Config, ccfg coll.Config) ([]float32, bool) {
 	got := make([]float32, g.n*g.hid)
 	inPlace := make([]bool, p)
 	cfg.Hidden, cfg.TopK, cfg.MaxTokens = g.hid, g.k, g.n
 	cfg.Placement = placement(t, plKind, g.experts, p)
-	runRanks(t, p, coll.Config{}, func(c *coll.Comm) error {
+	runRanks(t, p, ccfg, func(c *coll.Comm) error {
 		ctx := context.Background()
 		d, cb, err := newPairOf[T](ctx, c, cfg)
 		if err != nil {
@@ -157,4 +163,36 @@ func TestInPlaceSumsAsOneProcess(t *testing.T) {
 			return combineGlobal[dtype.BFloat16](t, g, p, plKind, dispatch.Config{Mode: mode})
 		})
 	})
+}
+
+// With SumAtOrigin the expert outputs travel unsummed and each token's sum is the one a
+// single process makes, bit for bit, wherever the ranks are: in both point-to-point
+// modes, over messages (as between hosts) and over windows with the outputs sent
+// (SendPartials), for any number of ranks and placement.
+func TestSumAtOriginAsOneProcess(t *testing.T) {
+	g := newGlobalTokens(40, 4, 16, 48, 23)
+	for _, act := range []dtype.Type{dtype.F32, dtype.BF16} {
+		for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+			for _, p := range []int{1, 2, 3, 4, 8} {
+				for pi, plKind := range []string{"contiguous", "roundrobin", "replicated"} {
+					ccfg := coll.Config{NoWindows: (p+pi)%2 == 0}
+					cfg := dispatch.Config{Mode: mode, SumAtOrigin: true, SendPartials: !ccfg.NoWindows}
+					name := fmt.Sprintf("%v/%v/P=%d/%s/windows=%v", act, mode, p, plKind, !ccfg.NoWindows)
+					t.Run(name, func(t *testing.T) {
+						var got []float32
+						var inPlace bool
+						if act == dtype.F32 {
+							got, inPlace = combineGlobalOn[float32](t, g, p, plKind, cfg, ccfg)
+						} else {
+							got, inPlace = combineGlobalOn[dtype.BFloat16](t, g, p, plKind, cfg, ccfg)
+						}
+						require.False(t, inPlace, "the outputs travel")
+						for tok := 0; tok < g.n; tok++ {
+							require.Equal(t, g.reference(tok, act), got[tok*g.hid:(tok+1)*g.hid], "token %d", tok)
+						}
+					})
+				}
+			}
+		}
+	}
 }

@@ -256,3 +256,24 @@ func TestTwoLevelBytes(t *testing.T) {
 		})
 	}
 }
+
+// SumAtOrigin is refused on the two-level path, which sums each host's terms there
+// (ErrConfig, before anything collective), and ChooseTwoLevel keeps it flat.
+func TestTwoLevelSumAtOriginRefused(t *testing.T) {
+	hosts := []int{0, 0, 0, 0, 1, 1, 1, 1}
+	pl, err := router.NewPlacement(router.Contiguous, 256, len(hosts))
+	require.NoError(t, err)
+	chose := make([][2]bool, len(hosts))
+	errs := onRanks(t, len(hosts), coll.Config{Hosts: hosts}, false, func(c *coll.Comm) error {
+		cfg := dispatch.Config{Hidden: 7168, TopK: 8, Placement: pl, MaxTokens: 128}
+		chose[c.Rank()][0], _ = dispatch.ChooseTwoLevel(c, cfg)
+		cfg.SumAtOrigin = true
+		chose[c.Rank()][1], _ = dispatch.ChooseTwoLevel(c, cfg)
+		_, err := dispatch.NewTwoLevel[float32](context.Background(), c, cfg)
+		return err
+	})
+	for r, err := range errs {
+		assert.ErrorIs(t, err, dispatch.ErrConfig, "rank %d", r)
+		assert.Equal(t, [2]bool{true, false}, chose[r], "rank %d: two levels without SumAtOrigin, flat with it", r)
+	}
+}

@@ -145,6 +145,17 @@ type Config struct {
 	// can read every rank's memory (inproc; shm on one host), where by default the ranks
 	// that sent the tokens read the expert outputs in place (combine.Combiner.Buffer).
 	SendPartials bool
+	// SumAtOrigin makes the combine send each expert output back as the expert wrote it,
+	// in the activation type, rather than each rank's partial sum of a token, and the
+	// token's rank adds all of its terms in float32 in the order of its choices: the bits
+	// one process computes, whatever the number of ranks and hosts and the placement (the
+	// in-place combine sums so already, on one host). It costs bytes: a row per (token,
+	// choice) comes back instead of one per (token, rank), and y is copied at Start. Not
+	// in the gathered mode or on the two-level path, whose sums are made on the way; not
+	// with CombineRows (the rows are summed already); CombineDType, if set, must be the
+	// activation type. With SendPartials the outputs travel even where they could be
+	// read in place.
+	SumAtOrigin bool
 	// PushRows makes the low-latency dispatch write each token's row into every
 	// destination's memory even where every rank can map every rank's memory side by
 	// side (inproc on Linux; shm on one host), where by default each rank writes its
@@ -271,8 +282,9 @@ type slotCore struct {
 	entries     []int32
 	weights     []float32
 	rowsOut     int // entries (expert-major rows), padding included
-	// Normal mode: the row matrix; back[i][j] rows go from i to j in the combine.
-	matrix, back [][]int
+	// Normal mode: the row matrix; back[i][j] rows go from i to j in the combine, with
+	// backTerms[i][j] expert outputs (the choices they carry).
+	matrix, back, backTerms [][]int
 	// Low-latency mode: rows received from each rank.
 	from []int
 	// In place (rowsPer > 0): this rank's staging for the slot, the rows' payloads and
@@ -323,9 +335,9 @@ func New[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*Dispatcher[T], 
 	for i := 0; i < cfg.InFlight; i++ {
 		sc := &slotCore{idx: i}
 		if cfg.Mode == Normal {
-			sc.matrix, sc.back = make([][]int, p), make([][]int, p)
+			sc.matrix, sc.back, sc.backTerms = make([][]int, p), make([][]int, p), make([][]int, p)
 			for j := range sc.matrix {
-				sc.matrix[j], sc.back[j] = make([]int, p), make([]int, p)
+				sc.matrix[j], sc.back[j], sc.backTerms[j] = make([]int, p), make([]int, p), make([]int, p)
 			}
 		}
 		co.cores = append(co.cores, sc)
@@ -377,6 +389,10 @@ func Defaults[T Act](cfg Config) (Config, error) {
 		return cfg, fmt.Errorf("%w: wire type u8 is for opaque rows (Dispatcher[byte])", ErrConfig)
 	case cfg.Quantized && cfg.WireDType != dtype.FP8E4M3 && cfg.WireDType != dtype.I8:
 		return cfg, fmt.Errorf("%w: Quantized needs an fp8 or int8 wire, not %v", ErrConfig, cfg.WireDType)
+	case cfg.SumAtOrigin && act == dtype.U8:
+		return cfg, fmt.Errorf("%w: SumAtOrigin with opaque rows (the combine's outputs are float32 or bfloat16)", ErrConfig)
+	case cfg.SumAtOrigin && cfg.CombineDType != act:
+		return cfg, fmt.Errorf("%w: SumAtOrigin sends the outputs in the activation type %v, not the combine type %v", ErrConfig, act, cfg.CombineDType)
 	}
 	return cfg, nil
 }
@@ -509,6 +525,8 @@ func (cfg *Config) fill() error {
 		return fmt.Errorf("%w: wire type %v (want f32, bf16, fp8 or int8)", ErrConfig, cfg.WireDType)
 	case cfg.CombineDType != dtype.F32 && cfg.CombineDType != dtype.BF16 && cfg.CombineDType != dtype.FP8E4M3 && cfg.CombineDType != dtype.I8:
 		return fmt.Errorf("%w: combine type %v (want f32, bf16, fp8 or int8)", ErrConfig, cfg.CombineDType)
+	case cfg.Mode == Gathered && cfg.SumAtOrigin:
+		return fmt.Errorf("%w: SumAtOrigin in the gathered mode, whose reduce-scatter adds the partial sums on the way", ErrConfig)
 	case cfg.Mode == Gathered && cfg.CombineDType != dtype.F32 && cfg.CombineDType != dtype.BF16:
 		return fmt.Errorf("%w: combine type %v in the gathered mode, whose reduce-scatter adds the partial sums on the way (want f32 or bf16)", ErrConfig, cfg.CombineDType)
 	case cfg.Placement == nil:

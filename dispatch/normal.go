@@ -171,9 +171,9 @@ func (s *slot[T]) startNormal(ctx context.Context, x []T, r *router.Routing, cod
 				if n > 1<<30 || m > n*d.cfg.TopK {
 					return fmt.Errorf("%w: rank %d says it sends rank %d %d rows with %d choices", ErrMismatch, i, j, n, m)
 				}
-				sc.matrix[i][j], sc.back[j][i], s.bytes[i][j] = n, n, normalBlock(d.f, n, m)
+				sc.matrix[i][j], sc.back[j][i], sc.backTerms[j][i], s.bytes[i][j] = n, n, m, normalBlock(d.f, n, m)
 				if i == j {
-					sc.back[j][i], s.bytes[i][j] = 0, 0
+					sc.back[j][i], sc.backTerms[j][i], s.bytes[i][j] = 0, 0, 0
 				}
 			}
 		}

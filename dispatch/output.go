@@ -168,6 +168,15 @@ func (h Handle) RowsTo(q int) []int32 { return h.s.layout.Rows[q] }
 // rank i to rank j (diagonal zero: a rank's own rows never touch the wire).
 func (h Handle) Back() [][]int { return h.s.back }
 
+// BackTerms is, in the normal mode, the matrix of the expert outputs on the way back:
+// BackTerms()[i][j] of them (the choices the rows carry) go from rank i to rank j
+// (diagonal zero).
+func (h Handle) BackTerms() [][]int { return h.s.backTerms }
+
+// ChoicesTo is the number of this rank's (token, choice) pairs that went to rank q: the
+// expert outputs q computes for this rank's tokens.
+func (h Handle) ChoicesTo(q int) int { return h.s.layout.Choices[q] }
+
 // Rows is the number of entries (expert-major rows, padding included) the dispatch
 // delivered to this rank: the expert outputs passed to combine have this many rows.
 func (h Handle) Rows() int { return h.s.rowsOut }

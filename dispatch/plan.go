@@ -97,7 +97,7 @@ func Fingerprint(cfg Config) uint64 {
 		}
 		h.Write(b[:])
 	}
-	for _, v := range []int{cfg.Hidden, cfg.TopK, int(cfg.WireDType), int(cfg.CombineDType), int(cfg.Mode), cfg.MaxTokens, cfg.InFlight, b2i(cfg.SendPartials), b2i(cfg.PushRows)} {
+	for _, v := range []int{cfg.Hidden, cfg.TopK, int(cfg.WireDType), int(cfg.CombineDType), int(cfg.Mode), cfg.MaxTokens, cfg.InFlight, b2i(cfg.SendPartials), b2i(cfg.PushRows), b2i(cfg.SumAtOrigin)} {
 		put(v)
 	}
 	put(int(PlacementFingerprint(cfg.Placement)))
@@ -218,12 +218,18 @@ func normalBlock(f Format, n, m int) int { return blockHeader + n*f.RowBytes(0) 
 func llMeta(f Format, n, m int) int { return BlockHeader + n*f.MetaBytes(0) + 8*m }
 
 // CombineBytes[i][j] is what rank i puts on the wire for rank j in the combine: the
-// partial sums of the rows j sent i; in the gathered mode, of every token of j (the
-// volume of the reduce-scatter).
+// partial sums of the rows j sent i (with SumAtOrigin, a count per row and an output
+// row, in the activation type, per choice they carry); in the gathered mode, of every
+// token of j (the volume of the reduce-scatter).
 func (pl *Plan) CombineBytes() [][]int {
 	f := pl.Format
-	if pl.Cfg.Mode == Gathered {
+	switch {
+	case pl.Cfg.Mode == Gathered:
 		return pl.bytes(func(i, j int) int { return pl.Layouts[j].Tokens() * f.Combined })
+	case pl.Cfg.SumAtOrigin: // the combine type is the activations' (Defaults)
+		return pl.bytes(func(i, j int) int {
+			return BlockHeader + 4*pl.Rows[j][i] + pl.Choices[j][i]*f.Hidden*f.Combine.Size()
+		})
 	}
 	return pl.bytes(func(i, j int) int { return BlockHeader + pl.Rows[j][i]*f.Combined })
 }

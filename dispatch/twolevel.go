@@ -57,6 +57,8 @@ func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLeve
 	switch {
 	case cfg.Mode == Gathered:
 		return nil, fmt.Errorf("%w: the gathered mode has no two-level form", ErrConfig)
+	case cfg.SumAtOrigin:
+		return nil, fmt.Errorf("%w: SumAtOrigin on the two-level path, which sums each host's terms there", ErrConfig)
 	case cfg.Placement.Ranks != c.Size():
 		return nil, fmt.Errorf("%w: placement over %d ranks on a communicator of %d", ErrConfig, cfg.Placement.Ranks, c.Size())
 	}

@@ -98,7 +98,8 @@ type StageTraffic struct {
 // host), flat as planned and in two levels: the up stage's rows across hosts (a token
 // once per remote host, with its choices there), the down stage's within (each relayed
 // row once per other rank of the host with one of its experts), and the combine's
-// partial sums back the same ways. Headers are left out.
+// partial sums back the same ways (flat with SumAtOrigin, the outputs unsummed).
+// Headers are left out.
 func (pl *Plan) Hosts(hosts []int) (*HostTraffic, error) {
 	cfg := pl.Cfg
 	if cfg.Placement == nil {
@@ -127,6 +128,9 @@ func (pl *Plan) Hosts(hosts []int) (*HostTraffic, error) {
 				b = int64(len(rows))*int64(f.MetaBytes(0)+f.Payload+f.ScaleBytes()) + 8*int64(pl.Choices[o][q])
 			}
 			c := int64(len(rows) * f.Combined)
+			if cfg.SumAtOrigin { // a count per row, an output per choice
+				c = int64(4*len(rows) + pl.Choices[o][q]*f.Combined)
+			}
 			if hosts[q] == hosts[o] {
 				ht.Flat.DispatchWithin += b
 				ht.Flat.CombineWithin += c
@@ -214,6 +218,9 @@ func ChooseTwoLevel(c *coll.Comm, cfg Config) (bool, string) {
 	p := c.Size()
 	if cfg.Placement == nil || cfg.Placement.Ranks != p {
 		return false, "flat: no placement over this communicator"
+	}
+	if cfg.SumAtOrigin {
+		return false, "flat: SumAtOrigin sums every term at the token's rank"
 	}
 	hosts := make([]int, p)
 	for r := range hosts {

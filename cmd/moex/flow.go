@@ -134,6 +134,17 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 		fmt.Fprintf(w, "\n%d. combine (in place, every rank on one host): the expert outputs stay where the experts wrote them (combine.Combiner.Buffer); each rank reads its tokens' terms there, a row of %d B per (token, expert) choice, and sums them; an Exchange carries only every rank's %d B status header. Read in other ranks' memory:\n",
 			step, mc.Hidden*es, dispatch.BlockHeader)
 		combineB = pl.InPlaceBytes(es)
+	case cfg.SumAtOrigin:
+		how := "Exchange"
+		if cfg.Mode == dispatch.Normal {
+			algo, _, err := m.AlltoAllv(0, combineB, 1)
+			if err != nil {
+				return err
+			}
+			how = fmt.Sprintf("AlltoAllv, %v", algo)
+		}
+		fmt.Fprintf(w, "\n%d. combine (%s, summed at the origin): each rank sends its experts' outputs back unsummed, a row of %d B per (token, expert) choice and a 4 B count per (token, rank), after a %d B status header\n",
+			step, how, f.Combined, dispatch.BlockHeader)
 	case cfg.Mode == dispatch.Normal:
 		algo, _, err := m.AlltoAllv(0, combineB, 1)
 		if err != nil {
@@ -153,7 +164,9 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 	if cfg.Mode == dispatch.Gathered {
 		fmt.Fprintf(w, "\n%d. sum: the reduce-scatter's, in its order\n", step)
 	} else {
-		if inPlace {
+		if !inPlace && cfg.SumAtOrigin {
+			fmt.Fprintf(w, "\n%d. sum (every rank, local): each token's terms in one pass, in float32, in the order of its choices, as one process adds them (the same bits whatever the ranks, the hosts and the placement)\n", step)
+		} else if inPlace {
 			fmt.Fprintf(w, "\n%d. sum (every rank, as it reads): each token's terms in one pass, in float32, in the order of its choices, as one process adds them (the same bits whatever the ranks and the placement)\n", step)
 		} else {
 			fmt.Fprintf(w, "\n%d. sum (every rank, local): its own experts' terms first, then the other ranks' partial sums in rank order (bitwise reproducible)\n", step)

@@ -89,6 +89,18 @@ func TestFlow(t *testing.T) {
 			assert.Equal(t, pl.Choices[1][0]*mc.Hidden*4, pl.InPlaceBytes(4)[0][1], "rank 1 reads a row for each choice of its tokens that rank 0 took")
 		}
 	}
+	// Summed at the origin across hosts: the outputs come back unsummed, a count per row and
+	// an output row per choice, in both point-to-point modes.
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		o := bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40, Mode: mode, SumAtOrigin: true}
+		pl, mc, err := bench.PlanMoE(o, 4)
+		require.NoError(t, err)
+		var out bytes.Buffer
+		require.NoError(t, printFlow(&out, o, mc, pl, m, true))
+		assert.Contains(t, out.String(), "summed at the origin): each rank sends its experts' outputs back unsummed", "%v", mode)
+		assert.Contains(t, out.String(), "the same bits whatever the ranks, the hosts and the placement", "%v", mode)
+		assert.Equal(t, dispatch.BlockHeader+4*pl.Rows[0][1]+pl.Choices[0][1]*mc.Hidden*4, pl.CombineBytes()[1][0], "%v: rank 1 sends rank 0 an output per choice of its tokens there", mode)
+	}
 	require.ErrorAs(t, cmdFlow(context.Background(), []string{"--send-partials", "--mode", "normal"}), new(*usageError))
 	require.ErrorAs(t, cmdFlow(context.Background(), []string{"--push-rows", "--mode", "normal"}), new(*usageError))
 	// Planned bytes agree with the format: the dispatch matrix is blocks of rows.

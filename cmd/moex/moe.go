@@ -74,8 +74,8 @@ func benchMoE(ctx context.Context, args []string) error {
 	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && *plot != "" {
 		return &usageError{"--plot: only for the plain run (not with --eplb, --kill or --levels)"}
 	}
-	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && (o.SendPartials || o.PushRows || o.TokensInBuffer) {
-		return &usageError{"--send-partials, --push-rows, --tokens-in-buffer: only for the plain run (not with --eplb, --kill or --levels)"}
+	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && (o.SendPartials || o.PushRows || o.TokensInBuffer || o.SumAtOrigin) {
+		return &usageError{"--send-partials, --push-rows, --tokens-in-buffer, --sum-at-origin: only for the plain run (not with --eplb, --kill or --levels)"}
 	}
 	if eo.Every != 0 {
 		if ro.Victim >= 0 {
@@ -138,6 +138,7 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 	mode := fs.String("mode", "normal", "normal (counts all-gather, then an exact-size AlltoAllv), low-latency (buffers sized for --tokens, counts travel with the rows) or gathered (every token all-gathered, the sums reduce-scattered back)")
 	fs.StringVar(&o.Placement, "placement", "contiguous", "expert placement: contiguous or roundrobin")
 	fs.BoolVar(&o.SendPartials, "send-partials", false, "low-latency mode: the combine sends partial sums even where ranks can read the expert outputs in each other's memory")
+	fs.BoolVar(&o.SumAtOrigin, "sum-at-origin", false, "the combine sends the expert outputs back unsummed and each token's rank adds them in the order of its choices: the bits of one process, for more bytes")
 	fs.BoolVar(&o.PushRows, "push-rows", false, "low-latency mode: the dispatch writes each token into every destination's memory even where the experts could read it in its origin's")
 	return func() error {
 		if _, err := models.Get(o.Model); err != nil {
@@ -188,6 +189,12 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 		}
 		if o.Tokens < 0 || o.Tokens > dispatch.MaxLowLatencyTokens {
 			return &usageError{fmt.Sprintf("--tokens %d: want 0 to %d", o.Tokens, dispatch.MaxLowLatencyTokens)}
+		}
+		if o.SumAtOrigin && o.Mode == dispatch.Gathered {
+			return &usageError{"--sum-at-origin: not with --mode gathered, which adds the partial sums on the way"}
+		}
+		if o.SumAtOrigin && o.Combine != 0 && o.Combine != o.Act {
+			return &usageError{fmt.Sprintf("--sum-at-origin: the outputs travel in the activations' type (%v), not --combine-dtype %s", o.Act, *back)}
 		}
 		if o.Mode == dispatch.Gathered && o.Combine != 0 && o.Combine != dtype.F32 && o.Combine != dtype.BF16 {
 			return &usageError{fmt.Sprintf("--combine-dtype %s: the gathered mode adds the partial sums on the way; want f32 or bf16", *back)}
