@@ -974,6 +974,8 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 // SizeOf writes n bytes with one decimal in the largest unit that fits (KiB, MiB).
 func SizeOf(n int64) string {
 	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
 	case n >= 1<<20:
 		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
 	case n >= 1<<10:

@@ -150,6 +150,9 @@ func TestBadInputs(t *testing.T) {
 		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.FP8E4M3, Mode: dispatch.Gathered}, // summed on the way
 		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.I8, Mode: dispatch.Gathered},
 		{Hidden: 4, TopK: 1, Placement: pl1, SumAtOrigin: true, Mode: dispatch.Gathered},
+		{Hidden: 4, TopK: 1, Placement: pl1, MaxLocalExperts: 3}, // its one rank holds 4
+		{Hidden: 4, TopK: 1, Placement: pl1, MaxLocalExperts: 5}, // of 4 experts
+		{Hidden: 4, TopK: 1, Placement: pl1, MaxLocalExperts: -1},
 		{Hidden: 4, TopK: 1, Placement: pl1, SumAtOrigin: true, CombineDType: dtype.BF16}, // the outputs travel as they are
 		{Hidden: 4, TopK: 1, Placement: pl1, Quantized: true},
 		{Hidden: 4, TopK: 1},

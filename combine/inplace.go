@@ -48,10 +48,7 @@ func align(n, a int) int { return (n + a - 1) / a * a }
 // newRegions sizes a region for cfg on p ranks with outputs of es bytes per value: the
 // same on every rank (the largest number of local experts of any rank).
 func newRegions(cfg dispatch.Config, p, es int) regions {
-	nl := 0
-	for _, l := range cfg.Placement.Local {
-		nl = max(nl, len(l))
-	}
+	nl := cfg.MaxLocalExperts // under any placement the dispatcher uses
 	var r regions
 	r.maxIncoming = p * cfg.MaxTokens
 	r.maxContrib = r.maxIncoming * min(cfg.TopK, nl)

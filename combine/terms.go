@@ -21,13 +21,9 @@ import (
 func termsBytes(n, m, hid, es int) int { return 4*n + m*hid*es }
 
 // maxTermsBlock is the largest block of the low-latency mode: MaxTokens rows, each with
-// at most as many terms as a rank holds experts (or TopK).
+// at most as many terms as a rank holds experts (MaxLocalExperts), or TopK.
 func maxTermsBlock(cfg dispatch.Config, es int) int {
-	nl := 0
-	for _, l := range cfg.Placement.Local {
-		nl = max(nl, len(l))
-	}
-	return termsBytes(cfg.MaxTokens, cfg.MaxTokens*min(cfg.TopK, nl), cfg.Hidden, es)
+	return termsBytes(cfg.MaxTokens, cfg.MaxTokens*min(cfg.TopK, cfg.MaxLocalExperts), cfg.Hidden, es)
 }
 
 func elemSize[T Act]() int { return int(unsafe.Sizeof(*new(T))) }

@@ -73,8 +73,8 @@ type contrib struct {
 // putMeta writes the metadata of token t's row for rank q: its index, how many of q's
 // experts it goes to, and each (local expert, weight), in the order of its choices. It
 // returns the bytes written (f.MetaBytes of that count).
-func (d *core) putMeta(dst []byte, rt *router.Routing, t, q int) int {
-	pl, me, k := d.cfg.Placement, d.c.Rank(), d.cfg.TopK
+func (d *core) putMeta(dst []byte, pl *router.Placement, rt *router.Routing, t, q int) int {
+	me, k := d.c.Rank(), d.cfg.TopK
 	n := 0
 	for j := 0; j < k; j++ {
 		e := int(rt.Experts[t*k+j])

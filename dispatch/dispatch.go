@@ -145,6 +145,10 @@ type Config struct {
 	// can read every rank's memory (inproc; shm on one host), where by default the ranks
 	// that sent the tokens read the expert outputs in place (combine.Combiner.Buffer).
 	SendPartials bool
+	// MaxLocalExperts is the most experts any rank holds in any placement the dispatcher
+	// will use (UsePlacement): the combine's buffers are sized for it. Default, and
+	// least: the most any rank holds in Placement.
+	MaxLocalExperts int
 	// SumAtOrigin makes the combine send each expert output back as the expert wrote it,
 	// in the activation type, rather than each rank's partial sum of a token, and the
 	// token's rank adds all of its terms in float32 in the order of its choices: the bits
@@ -273,6 +277,8 @@ type slotCore struct {
 	valid  bool // holds a complete dispatch
 	tokens int
 	r      *router.Routing
+	pl     *router.Placement // the placement it was dispatched with
+	fp     uint64            // and its fingerprint
 	layout router.Layout
 	// Incoming rows, in order (origin rank ascending, then the origin's token order):
 	// originStart[s] is the first incoming row from origin s; the entries of row i (and
@@ -389,12 +395,54 @@ func Defaults[T Act](cfg Config) (Config, error) {
 		return cfg, fmt.Errorf("%w: wire type u8 is for opaque rows (Dispatcher[byte])", ErrConfig)
 	case cfg.Quantized && cfg.WireDType != dtype.FP8E4M3 && cfg.WireDType != dtype.I8:
 		return cfg, fmt.Errorf("%w: Quantized needs an fp8 or int8 wire, not %v", ErrConfig, cfg.WireDType)
+	case cfg.MaxLocalExperts < 0 || cfg.MaxLocalExperts > cfg.Placement.Experts:
+		return cfg, fmt.Errorf("%w: MaxLocalExperts %d (want 0 to the %d experts)", ErrConfig, cfg.MaxLocalExperts, cfg.Placement.Experts)
+	case cfg.MaxLocalExperts > 0 && cfg.MaxLocalExperts < maxLocal(cfg.Placement):
+		return cfg, fmt.Errorf("%w: MaxLocalExperts %d, but a rank holds %d experts", ErrConfig, cfg.MaxLocalExperts, maxLocal(cfg.Placement))
 	case cfg.SumAtOrigin && act == dtype.U8:
 		return cfg, fmt.Errorf("%w: SumAtOrigin with opaque rows (the combine's outputs are float32 or bfloat16)", ErrConfig)
 	case cfg.SumAtOrigin && cfg.CombineDType != act:
 		return cfg, fmt.Errorf("%w: SumAtOrigin sends the outputs in the activation type %v, not the combine type %v", ErrConfig, act, cfg.CombineDType)
 	}
+	if cfg.MaxLocalExperts == 0 {
+		cfg.MaxLocalExperts = maxLocal(cfg.Placement)
+	}
 	return cfg, nil
+}
+
+// maxLocal is the most experts any rank of pl holds.
+func maxLocal(pl *router.Placement) int {
+	n := 0
+	for _, l := range pl.Local {
+		n = max(n, len(l))
+	}
+	return n
+}
+
+// UsePlacement makes the dispatches started after it use pl, another layer's placement,
+// for instance: one dispatcher and combiner, their buffers made once, serve every layer
+// whose configuration differs only in its placement. Results already started keep the
+// placement they were dispatched with (Handle.Config), and so does Redispatch. Every rank
+// must use the same placement for a dispatch, or it fails on every rank with
+// ErrMismatch. pl must span the communicator's ranks, have at least TopK experts, and
+// give no rank more than MaxLocalExperts of them (ErrConfig); it must not change while
+// in use.
+func (d *core) UsePlacement(pl *router.Placement) error {
+	switch {
+	case pl == nil:
+		return fmt.Errorf("%w: no placement", ErrConfig)
+	case pl == d.cfg.Placement:
+		return nil
+	case pl.Ranks != d.c.Size():
+		return fmt.Errorf("%w: placement over %d ranks on a communicator of %d", ErrConfig, pl.Ranks, d.c.Size())
+	case pl.Experts < d.cfg.TopK:
+		return fmt.Errorf("%w: top-k %d with %d experts", ErrConfig, d.cfg.TopK, pl.Experts)
+	case maxLocal(pl) > d.cfg.MaxLocalExperts:
+		return fmt.Errorf("%w: a rank holds %d experts, MaxLocalExperts is %d", ErrConfig, maxLocal(pl), d.cfg.MaxLocalExperts)
+	}
+	d.cfg.Placement = pl
+	d.fp = Fingerprint(d.cfg)
+	return nil
 }
 
 // llExchange is the low-latency mode's exchange: per block a header and the rows'
@@ -632,6 +680,7 @@ func (d *Dispatcher[T]) take() (*slot[T], error) {
 	}
 	d.gen++
 	s.sc.gen, s.sc.valid = d.gen, false
+	s.sc.pl, s.sc.fp = d.cfg.Placement, d.fp
 	return s, nil
 }
 
@@ -674,7 +723,7 @@ func (p *Pending[T]) Wait(ctx context.Context) (*Output[T], Handle, error) {
 		return nil, Handle{}, err
 	}
 	s.sc.valid = true
-	return &s.out, Handle{d: s.d.core, s: s.sc, gen: s.sc.gen}, nil
+	return &s.out, Handle{d: s.d.core, s: s.sc, gen: s.sc.gen, pl: s.sc.pl, fp: s.sc.fp}, nil
 }
 
 // Abandon takes part in a dispatch that this rank cannot make (its router failed, for
@@ -791,7 +840,7 @@ func (d *core) MaxRows() int {
 	if d.cfg.Mode != LowLatency {
 		return 0
 	}
-	nLocal := len(d.cfg.Placement.Local[d.c.Rank()])
+	nLocal := d.cfg.MaxLocalExperts
 	per := min(d.cfg.TopK, nLocal)
 	return d.c.Size()*d.cfg.MaxTokens*per + nLocal*(d.cfg.Align-1)
 }

@@ -128,7 +128,7 @@ func (s *slot[T]) viewGathered() error {
 	d := s.d
 	sc := s.sc
 	p, me, hid, k := d.c.Size(), d.c.Rank(), d.cfg.Hidden, d.cfg.TopK
-	pl := d.cfg.Placement
+	pl := sc.pl
 	f := &d.f
 	gm := f.GatheredMeta()
 	nLocal := len(pl.Local[me])

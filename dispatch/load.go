@@ -60,7 +60,7 @@ func (r *LoadRecorder) Record(layer int, h Handle, counts []int) error {
 	if h.d == nil {
 		return fmt.Errorf("%w: a zero Handle", ErrStale)
 	}
-	pl, me := h.d.cfg.Placement, h.d.c.Rank()
+	pl, me := h.pl, h.d.c.Rank()
 	local := pl.Local[me]
 	switch {
 	case pl.Experts != r.experts:

@@ -40,7 +40,7 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 	sc := s.sc
 	me := d.c.Rank()
 	if !reuse && code == CodeOK {
-		if err := router.BuildLayoutInto(&sc.layout, r, d.cfg.Placement, me); err != nil {
+		if err := router.BuildLayoutInto(&sc.layout, r, sc.pl, me); err != nil {
 			code, inErr = CodeRouting, fmt.Errorf("%w: %v", ErrInput, err)
 		} else {
 			sc.tokens, sc.r = r.T, r
@@ -94,18 +94,18 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 			rows = sc.layout.Rows[q]
 		}
 		n := len(rows)
-		PutHeader(dst[0], code, n, d.fp, sc.gen)
+		PutHeader(dst[0], code, n, sc.fp, sc.gen)
 		mo := BlockHeader // the metadata, packed: each row's as long as its choices need
 		pay, scb := n*f.Payload, n*sb
 		if inPlace {
 			dst[0][24] = flagInPlace
 			for _, t := range rows {
-				mo += d.putMeta(dst[0][mo:], sc.r, int(t), q)
+				mo += d.putMeta(dst[0][mo:], sc.pl, sc.r, int(t), q)
 			}
 			pay, scb = 0, 0
 		} else {
 			for i, t := range rows {
-				mo += d.putMeta(dst[0][mo:], sc.r, int(t), q)
+				mo += d.putMeta(dst[0][mo:], sc.pl, sc.r, int(t), q)
 				d.put(int(t), dst[1][i*f.Payload:(i+1)*f.Payload], dtype.FromBytes[float32](dst[2][i*sb:(i+1)*sb]), stream && q != me && d.x.Pushes(q))
 			}
 		}
@@ -186,8 +186,8 @@ func (s *slot[T]) waitLL(ctx context.Context) error {
 		if len(h) < BlockHeader {
 			return fmt.Errorf("%w: rank %d sent a %d-byte block", ErrMismatch, q, len(h))
 		}
-		if _, _, fp, _ := ReadHeader(h); fp != d.fp {
-			return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, fp, d.fp)
+		if _, _, fp, _ := ReadHeader(h); fp != sc.fp {
+			return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, fp, sc.fp)
 		}
 	}
 	if s.inErr != nil {
@@ -235,7 +235,7 @@ func (s *slot[T]) viewLL(op interface {
 	d := s.d
 	sc := s.sc
 	p, me, hid, k := d.c.Size(), d.c.Rank(), d.cfg.Hidden, d.cfg.TopK
-	pl := d.cfg.Placement
+	pl := sc.pl
 	f := &d.f
 	nLocal := len(pl.Local[me])
 	mt := d.cfg.MaxTokens

@@ -142,7 +142,7 @@ func (s *slot[T]) startNormal(ctx context.Context, x []T, r *router.Routing, cod
 	p, me := c.Size(), c.Rank()
 	if !reuse {
 		if code == CodeOK {
-			if err := router.BuildLayoutInto(&sc.layout, r, d.cfg.Placement, me); err != nil {
+			if err := router.BuildLayoutInto(&sc.layout, r, sc.pl, me); err != nil {
 				code, inErr = CodeRouting, fmt.Errorf("%w: %v", ErrInput, err)
 			}
 		}
@@ -204,10 +204,10 @@ func (s *slot[T]) startNormal(ctx context.Context, x []T, r *router.Routing, cod
 		h := s.send[off : off+blockHeader]
 		binary.LittleEndian.PutUint32(h[0:], uint32(code))
 		binary.LittleEndian.PutUint32(h[4:], uint32(len(rows)))
-		binary.LittleEndian.PutUint64(h[8:], d.fp)
+		binary.LittleEndian.PutUint64(h[8:], sc.fp)
 		off += blockHeader
 		for _, t := range rows {
-			off += d.putMeta(s.send[off:], sc.r, int(t), q)
+			off += d.putMeta(s.send[off:], sc.pl, sc.r, int(t), q)
 			row := s.send[off : off+f.rowTail()]
 			d.put(int(t), row[:f.Payload], dtype.FromBytes[float32](row[f.scaleAt():f.scaleAt()+f.ScaleBytes()]), false)
 			off += len(row)
@@ -224,14 +224,15 @@ func (s *slot[T]) startNormal(ctx context.Context, x []T, r *router.Routing, cod
 func (s *slot[T]) agree(ctx context.Context, code int, inErr error) error {
 	d := s.d
 	p := d.c.Size()
-	s.hdr[0], s.hdr[1] = int64(code), int64(d.fp)
+	fp := s.sc.fp
+	s.hdr[0], s.hdr[1] = int64(code), int64(fp)
 	if err := coll.AllGather(ctx, d.c, s.hdr, s.all); err != nil {
 		return err
 	}
 	w := hdrLen + p
 	for q := 0; q < p; q++ {
-		if uint64(s.all[q*w+1]) != d.fp {
-			return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, uint64(s.all[q*w+1]), d.fp)
+		if uint64(s.all[q*w+1]) != fp {
+			return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, uint64(s.all[q*w+1]), fp)
 		}
 	}
 	if inErr != nil {
@@ -260,7 +261,7 @@ func (s *slot[T]) waitNormal(ctx context.Context) error {
 		}
 		hb := s.recv[off : off+blockHeader]
 		switch {
-		case binary.LittleEndian.Uint64(hb[8:]) != d.fp:
+		case binary.LittleEndian.Uint64(hb[8:]) != s.sc.fp:
 			return fmt.Errorf("%w: rank %d's rows are of another configuration or placement", ErrMismatch, q)
 		case binary.LittleEndian.Uint32(hb[0:]) != CodeOK && s.inErr == nil:
 			return &PeerInputError{Rank: q, Code: int(binary.LittleEndian.Uint32(hb[0:]))}
@@ -312,7 +313,7 @@ func (c *cursor[T]) next() bool {
 	d := s.d
 	sc := s.sc
 	p, me, k := d.c.Size(), d.c.Rank(), d.cfg.TopK
-	pl := d.cfg.Placement
+	pl := s.sc.pl
 	f := &d.f
 	for c.q < p {
 		c.i++
@@ -369,7 +370,7 @@ func (s *slot[T]) unpackNormal() error {
 	d := s.d
 	sc := s.sc
 	p, me, hid := d.c.Size(), d.c.Rank(), d.cfg.Hidden
-	pl := d.cfg.Placement
+	pl := s.sc.pl
 	f := &d.f
 	nLocal := len(pl.Local[me])
 	o := &s.out
@@ -484,7 +485,7 @@ func (s *slot[T]) padEntries(zero bool) {
 	o := &s.out
 	d := s.d
 	hid := d.cfg.Hidden
-	local := d.cfg.Placement.Local[d.c.Rank()]
+	local := s.sc.pl.Local[d.c.Rank()]
 	for i, c := range o.Counts {
 		for j := o.Offsets[i] + c; j < o.Offsets[i+1]; j++ {
 			if zero {

@@ -49,7 +49,7 @@ func (o *Output[T]) Handle() Handle {
 	if o.sc == nil {
 		return Handle{}
 	}
-	return Handle{d: o.co, s: o.sc, gen: o.sc.gen}
+	return Handle{d: o.co, s: o.sc, gen: o.sc.gen, pl: o.sc.pl, fp: o.sc.fp}
 }
 
 // Rows returns the number of entries (expert-major rows, padding included): the expert
@@ -96,6 +96,8 @@ type Handle struct {
 	d   *core
 	s   *slotCore
 	gen uint64
+	pl  *router.Placement // the placement the dispatch used
+	fp  uint64
 }
 
 // Valid reports whether h still describes its dispatcher's buffers.
@@ -104,14 +106,19 @@ func (h Handle) Valid() bool { return h.d != nil && !h.d.closed && h.s.valid && 
 // Generation is the dispatch's number on its dispatcher (1 for the first).
 func (h Handle) Generation() uint64 { return h.gen }
 
-// Config returns the dispatcher's configuration.
-func (h Handle) Config() Config { return h.d.cfg }
+// Config returns the dispatcher's configuration, with the placement the dispatch used.
+func (h Handle) Config() Config {
+	cfg := h.d.cfg
+	cfg.Placement = h.pl
+	return cfg
+}
 
 // Format returns the dispatcher's wire format.
 func (h Handle) Format() Format { return h.d.f }
 
-// Fingerprint is the fingerprint of the dispatcher's configuration and placement.
-func (h Handle) Fingerprint() uint64 { return h.d.fp }
+// Fingerprint is the fingerprint of the dispatcher's configuration and the dispatch's
+// placement.
+func (h Handle) Fingerprint() uint64 { return h.fp }
 
 // Owner reports whether h was made by the dispatcher that d is (any activation type).
 func (h Handle) Owner() any { return h.d }

@@ -97,7 +97,7 @@ func Fingerprint(cfg Config) uint64 {
 		}
 		h.Write(b[:])
 	}
-	for _, v := range []int{cfg.Hidden, cfg.TopK, int(cfg.WireDType), int(cfg.CombineDType), int(cfg.Mode), cfg.MaxTokens, cfg.InFlight, b2i(cfg.SendPartials), b2i(cfg.PushRows), b2i(cfg.SumAtOrigin)} {
+	for _, v := range []int{cfg.Hidden, cfg.TopK, int(cfg.WireDType), int(cfg.CombineDType), int(cfg.Mode), cfg.MaxTokens, cfg.InFlight, b2i(cfg.SendPartials), b2i(cfg.PushRows), b2i(cfg.SumAtOrigin), cfg.MaxLocalExperts} {
 		put(v)
 	}
 	put(int(PlacementFingerprint(cfg.Placement)))
@@ -154,6 +154,9 @@ func NewPlan(cfg Config, routings []*router.Routing) (*Plan, error) {
 	}
 	if err := cfg.fill(); err != nil {
 		return nil, err
+	}
+	if cfg.MaxLocalExperts == 0 {
+		cfg.MaxLocalExperts = maxLocal(cfg.Placement)
 	}
 	p := cfg.Placement.Ranks
 	if len(routings) != p {

@@ -92,13 +92,13 @@ func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLeve
 		return fail(fmt.Errorf("%w: %d hosts of %d ranks, but host communicators of %d and %d", ErrConfig, len(tl.members), len(d.members), inter.Size(), intra.Size()))
 	}
 	ucfg := cfg
-	ucfg.Placement, ucfg.Align, ucfg.Quantized, ucfg.Pool = upPl, 1, false, nil
+	ucfg.Placement, ucfg.Align, ucfg.Quantized, ucfg.Pool, ucfg.MaxLocalExperts = upPl, 1, false, nil, 0
 	if d.up, err = New[T](ctx, inter, ucfg); err != nil {
 		return fail(err)
 	}
 	d.up.arrival = true // a row once, in arrival order: the down stage's tokens as they are
 	dcfg := cfg
-	dcfg.Placement, dcfg.TopK = downPl, min(cfg.TopK, len(d.global))
+	dcfg.Placement, dcfg.TopK, dcfg.MaxLocalExperts = downPl, min(cfg.TopK, len(d.global)), 0
 	dcfg.MaxTokens = cfg.MaxTokens * inter.Size() // every host's relay may send each token here
 	if cfg.Mode != LowLatency {
 		dcfg.MaxTokens = cfg.MaxTokens

@@ -185,6 +185,10 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *dispatch.Plan
 		}
 		fmt.Fprintf(w, "\nbuffers per rank, made once for %d tokens per rank and %d dispatches in flight (%s; address space: a page takes memory when first written): dispatch %s, combine %s (dispatch.LowLatencyBytes, combine.LowLatencyBytes)\n",
 			cfg.MaxTokens, cfg.InFlight, how, bench.SizeOf(int64(dB)), bench.SizeOf(int64(cB)))
+		if mc.Layers > 1 {
+			fmt.Fprintf(w, "for the model's %d MoE layers: %s with one dispatcher and combiner for all (Dispatcher.UsePlacement before each layer), %s with a pair per layer\n",
+				mc.Layers, bench.SizeOf(int64(dB+cB)), bench.SizeOf(int64(mc.Layers)*int64(dB+cB)))
+		}
 	}
 	if m.Hosts() > 1 && cfg.Mode != dispatch.Gathered {
 		hosts := make([]int, p)

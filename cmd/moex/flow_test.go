@@ -101,6 +101,20 @@ func TestFlow(t *testing.T) {
 		assert.Contains(t, out.String(), "the same bits whatever the ranks, the hosts and the placement", "%v", mode)
 		assert.Equal(t, dispatch.BlockHeader+4*pl.Rows[0][1]+pl.Choices[0][1]*mc.Hidden*4, pl.CombineBytes()[1][0], "%v: rank 1 sends rank 0 an output per choice of its tokens there", mode)
 	}
+	// A real model's layers: one dispatcher and combiner for all of them, or a pair each.
+	{
+		o := bench.MoEOpts{Model: "mixtral-8x7b", Tokens: 4, Mode: dispatch.LowLatency}
+		pl, mc, err := bench.PlanMoE(o, 4)
+		require.NoError(t, err)
+		var out bytes.Buffer
+		require.NoError(t, printFlow(&out, o, mc, pl, one, false))
+		dB, err := dispatch.LowLatencyBytes[float32](pl.Cfg, true)
+		require.NoError(t, err)
+		cB, err := combine.LowLatencyBytes[float32](pl.Cfg, true)
+		require.NoError(t, err)
+		assert.Contains(t, out.String(), fmt.Sprintf("for the model's 32 MoE layers: %s with one dispatcher and combiner for all", bench.SizeOf(int64(dB+cB))))
+		assert.Contains(t, out.String(), fmt.Sprintf("%s with a pair per layer", bench.SizeOf(32*int64(dB+cB))))
+	}
 	require.ErrorAs(t, cmdFlow(context.Background(), []string{"--send-partials", "--mode", "normal"}), new(*usageError))
 	require.ErrorAs(t, cmdFlow(context.Background(), []string{"--push-rows", "--mode", "normal"}), new(*usageError))
 	// Planned bytes agree with the format: the dispatch matrix is blocks of rows.
