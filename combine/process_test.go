@@ -61,6 +61,20 @@ func TestHelperMoERank(t *testing.T) {
 			}
 		}
 	}
+	// Partial sums in fp8 and int8, and the outputs sent unsummed (SumAtOrigin), between
+	// processes.
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		pl, err := router.NewPlacement(router.RoundRobin, small.experts, p)
+		require.NoError(t, err)
+		for _, cfg := range []dispatch.Config{
+			{Placement: pl, Mode: mode, CombineDType: dtype.FP8E4M3, SendPartials: mode == dispatch.LowLatency},
+			{Placement: pl, Mode: mode, CombineDType: dtype.I8},
+			{Placement: pl, Mode: mode, SumAtOrigin: true, SendPartials: mode == dispatch.LowLatency},
+		} {
+			require.NoError(t, checkRank[float32](c, small, cfg, 2, coll.AlgoAuto), "rank %d, %v, %v back, sum at origin %v", c.Rank(), mode, cfg.CombineDType, cfg.SumAtOrigin)
+			require.NoError(t, checkRank[dtype.BFloat16](c, small, cfg, 1, coll.AlgoAuto), "rank %d, %v, %v back, sum at origin %v, bf16", c.Rank(), mode, cfg.CombineDType, cfg.SumAtOrigin)
+		}
+	}
 	if tr == "shm" {
 		// The normal mode's buffers are shared, so the others read them in place.
 		st, ok := c.Transport().(*shm.Transport)

@@ -282,6 +282,9 @@ func (r *runner) moe(w io.Writer) error {
 	if err := r.inPlace(w); err != nil {
 		return err
 	}
+	if err := r.combineTypes(w); err != nil {
+		return err
+	}
 	if err := r.dispatchInPlace(w); err != nil {
 		return err
 	}
@@ -358,6 +361,39 @@ func (r *runner) inPlace(w io.Writer) error {
 				return err
 			}
 			fmt.Fprintf(w, "| %s | %s | %.0f | %.2fx | %.2fx | %.0f |\n", wi.wire, how, res.Combine.P50US, res.Combine.OverP50, res.Combine.OverStepFloor, res.PairUS)
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+// combineTypes runs the low-latency combine over tcp with its partial sums in bf16, fp8
+// and int8, and with the outputs sent unsummed (--sum-at-origin): bytes against time
+// where a link is the bottleneck.
+func (r *runner) combineTypes(w io.Writer) error {
+	fmt.Fprintf(w, "### The combine over a link: partial sums in bf16, fp8 or int8, or the outputs unsummed\n\n")
+	fmt.Fprintf(w, "`moex bench moe --model M --ranks 4 --transport tcp --tokens 128 --mode low-latency --wire-dtype fp8\n")
+	fmt.Fprintf(w, "--act bf16 --iters I --pairs I [--combine-dtype B | --sum-at-origin] --json`: each rank's partial sum of\n")
+	fmt.Fprintf(w, "a token in bf16, or quantised once to fp8 (a scale per 128 values) or int8 (a scale per row), and the\n")
+	fmt.Fprintf(w, "expert outputs sent back unsummed (bf16) for the token's rank to add in the order of its choices\n")
+	fmt.Fprintf(w, "(the bits of one process). Combine p50 and p99 (us), its bytes on the wire (every rank), and the\n")
+	fmt.Fprintf(w, "pair (us).\n\n")
+	fmt.Fprintf(w, "| model | back | combine p50 | p99 | combine bytes | pair |\n| --- | --- | --- | --- | --- | --- |\n")
+	for _, model := range []string{"deepseek-v3", "qwen3-30b-a3b"} {
+		for _, back := range []string{"bf16", "fp8", "int8", "unsummed"} {
+			it := fmt.Sprint(r.iters(128))
+			args := []string{"--model", model, "--ranks", "4", "--transport", "tcp", "--tokens", "128", "--mode", "low-latency",
+				"--wire-dtype", "fp8", "--act", "bf16", "--iters", it, "--pairs", it}
+			if back == "unsummed" {
+				args = append(args, "--sum-at-origin")
+			} else {
+				args = append(args, "--combine-dtype", back)
+			}
+			res, _, err := r.bench(args...)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %s | %.0f |\n", model, back, res.Combine.P50US, res.Combine.P99US, bench.SizeOf(res.Combine.Bytes), res.PairUS)
 		}
 	}
 	fmt.Fprintln(w)
