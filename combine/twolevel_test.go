@@ -277,3 +277,111 @@ func TestTwoLevelSumAtOriginRefused(t *testing.T) {
 		assert.Equal(t, [2]bool{true, false}, chose[r], "rank %d: two levels without SumAtOrigin, flat with it", r)
 	}
 }
+
+// One two-level pair serves layers of different placements (UsePlacement): each layer's
+// rows and sums are those of a pair made for it alone, and the stages keep their buffers.
+func TestTwoLevelManyLayers(t *testing.T) {
+	const experts, k, hid, tokens = 16, 4, 24, 11
+	hosts := []int{0, 0, 1, 1}
+	p := len(hosts)
+	var layers []*router.Placement
+	for _, kind := range []router.PlacementKind{router.Contiguous, router.RoundRobin} {
+		pl, err := router.NewPlacement(kind, experts, p)
+		require.NoError(t, err)
+		layers = append(layers, pl)
+	}
+	rep, err := router.NewPlacement(router.Contiguous, experts, p)
+	require.NoError(t, err)
+	require.NoError(t, rep.Replicate([]int{0, 5}, 2))
+	layers = append(layers, rep)
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		t.Run(mode.String(), func(t *testing.T) {
+			type result struct {
+				experts []int32
+				out     []float32
+			}
+			shared, alone := make([][]result, p), make([][]result, p)
+			run := func(ctx context.Context, me int, d *dispatch.TwoLevel[float32], cb *combine.TwoLevel[float32]) (result, error) {
+				r, x := hostTokens(me, tokens-me%3, k, experts, hid)
+				out, h, err := d.Dispatch(ctx, x, r)
+				if err != nil {
+					return result{}, err
+				}
+				y := make([]float32, out.Rows()*hid)
+				for j := 0; j < out.Rows(); j++ {
+					if out.Origin[j] >= 0 {
+						for i, v := range out.Entry(j) {
+							y[j*hid+i] = v * float32(out.Expert[j]+1)
+						}
+					}
+				}
+				res := result{experts: append([]int32(nil), out.Expert...), out: make([]float32, len(x))}
+				return res, cb.Combine(ctx, h, y, res.out)
+			}
+			errs := onRanks(t, p, coll.Config{Hosts: hosts}, true, func(c *coll.Comm) error {
+				ctx := context.Background()
+				cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: layers[0], Mode: mode, MaxTokens: tokens, MaxLocalExperts: 6}
+				d, err := dispatch.NewTwoLevel[float32](ctx, c, cfg)
+				if err != nil {
+					return err
+				}
+				defer d.Close()
+				cb, err := combine.NewTwoLevel[float32](ctx, d)
+				if err != nil {
+					return err
+				}
+				defer cb.Close()
+				held := 0
+				for step := 0; step < 2; step++ {
+					for _, pl := range layers {
+						if err := d.UsePlacement(pl); err != nil {
+							return err
+						}
+						res, err := run(ctx, c.Rank(), d, cb)
+						if err != nil {
+							return err
+						}
+						if step == 1 {
+							shared[c.Rank()] = append(shared[c.Rank()], res)
+						}
+					}
+					if step == 0 {
+						held = d.Bytes() + cb.Bytes()
+					}
+				}
+				if mode == dispatch.LowLatency && d.Bytes()+cb.Bytes() != held {
+					return fmt.Errorf("buffers grew from %d to %d bytes", held, d.Bytes()+cb.Bytes())
+				}
+				for _, pl := range layers {
+					cfg.Placement = pl
+					d, err := dispatch.NewTwoLevel[float32](ctx, c, cfg)
+					if err != nil {
+						return err
+					}
+					cb, err := combine.NewTwoLevel[float32](ctx, d)
+					if err != nil {
+						d.Close()
+						return err
+					}
+					res, err := run(ctx, c.Rank(), d, cb)
+					cb.Close()
+					d.Close()
+					if err != nil {
+						return err
+					}
+					alone[c.Rank()] = append(alone[c.Rank()], res)
+				}
+				return nil
+			})
+			for r, err := range errs {
+				require.NoError(t, err, "rank %d", r)
+			}
+			for r := range shared {
+				for l := range layers {
+					assert.Equal(t, alone[r][l].experts, shared[r][l].experts, "rank %d layer %d: the rows' experts", r, l)
+					assert.Equal(t, alone[r][l].out, shared[r][l].out, "rank %d layer %d: the sums", r, l)
+				}
+			}
+		})
+	}
+}

@@ -37,6 +37,7 @@ type TwoLevel[T Act] struct {
 	global       []int32 // down's expert id -> global expert
 	local        []int32 // global expert -> down's expert id (-1: not on this host)
 	members      []int   // intra rank -> rank in c
+	maxLocal     int     // Config.MaxLocalExperts
 	r2           []router.Routing
 	n            int // dispatches
 	x2           obuf.Scratch
@@ -92,13 +93,16 @@ func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLeve
 		return fail(fmt.Errorf("%w: %d hosts of %d ranks, but host communicators of %d and %d", ErrConfig, len(tl.members), len(d.members), inter.Size(), intra.Size()))
 	}
 	ucfg := cfg
-	ucfg.Placement, ucfg.Align, ucfg.Quantized, ucfg.Pool, ucfg.MaxLocalExperts = upPl, 1, false, nil, 0
+	// A host holds at most its ranks' experts; a rank of the host, its own.
+	ucfg.Placement, ucfg.Align, ucfg.Quantized, ucfg.Pool = upPl, 1, false, nil
+	ucfg.MaxLocalExperts = min(upPl.Experts, cfg.MaxLocalExperts*len(d.members))
 	if d.up, err = New[T](ctx, inter, ucfg); err != nil {
 		return fail(err)
 	}
 	d.up.arrival = true // a row once, in arrival order: the down stage's tokens as they are
 	dcfg := cfg
-	dcfg.Placement, dcfg.TopK, dcfg.MaxLocalExperts = downPl, min(cfg.TopK, len(d.global)), 0
+	dcfg.Placement, dcfg.TopK = downPl, min(cfg.TopK, len(d.global))
+	dcfg.MaxLocalExperts = min(downPl.Experts, cfg.MaxLocalExperts)
 	dcfg.MaxTokens = cfg.MaxTokens * inter.Size() // every host's relay may send each token here
 	if cfg.Mode != LowLatency {
 		dcfg.MaxTokens = cfg.MaxTokens
@@ -107,8 +111,49 @@ func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLeve
 		return fail(err)
 	}
 	d.r2 = make([]router.Routing, cfg.InFlight)
+	d.maxLocal = cfg.MaxLocalExperts
 	d.x2.Pool = d.up.cfg.Pool
 	return d, nil
+}
+
+// UsePlacement makes the dispatches that follow use pl, another layer's placement, as
+// Dispatcher.UsePlacement does: the hosts' placement and this host's follow from it,
+// and both stages keep their buffers. Every rank must call it alike. pl must leave
+// experts on this host's ranks, at least the down stage's top-k of them, and give no
+// rank more than MaxLocalExperts (ErrConfig; the stages then keep the placement they
+// had).
+func (d *TwoLevel[T]) UsePlacement(pl *router.Placement) error {
+	if pl == nil {
+		return fmt.Errorf("%w: no placement", ErrConfig)
+	}
+	if pl.Ranks != d.c.Size() {
+		return fmt.Errorf("%w: placement over %d ranks on a communicator of %d", ErrConfig, pl.Ranks, d.c.Size())
+	}
+	if maxLocal(pl) > d.maxLocal {
+		return fmt.Errorf("%w: a rank holds %d experts, MaxLocalExperts is %d", ErrConfig, maxLocal(pl), d.maxLocal)
+	}
+	hosts := make([]int, d.c.Size())
+	for r := range hosts {
+		hosts[r] = d.c.Host(r)
+	}
+	tl, err := newTwoLevel(pl, hosts)
+	if err != nil {
+		return err
+	}
+	b := tl.hostIdx[d.c.Rank()]
+	if tl.down[b] == nil {
+		return fmt.Errorf("%w: no expert on the ranks of this host", ErrConfig)
+	}
+	old := d.up.cfg.Placement
+	if err := d.up.UsePlacement(tl.up); err != nil {
+		return err
+	}
+	if err := d.down.UsePlacement(tl.down[b]); err != nil {
+		d.up.UsePlacement(old)
+		return err
+	}
+	d.global, d.local = tl.global[b], tl.localOf[b]
+	return nil
 }
 
 // Up and Down are the stages' dispatchers (package combine makes a combiner for each).
