@@ -458,7 +458,8 @@ func TestNonFinite(t *testing.T) {
 	}
 }
 
-// In steady state a dispatch and a combine allocate nothing, in both modes.
+// In steady state a dispatch and a combine allocate nothing, in every mode, with fp8
+// partial sums and with the outputs sent unsummed too.
 func TestAllocs(t *testing.T) {
 	if race.Enabled {
 		t.Skip("allocation counts are meaningless under -race (sync.Pool drops items on purpose)")
@@ -466,8 +467,17 @@ func TestAllocs(t *testing.T) {
 	s := scenario{p: 2, hid: 64, k: 2, experts: 4, tokens: []int{100, 100}, seed: 1, maxTokens: 100}
 	pl := placement(t, "contiguous", s.experts, s.p)
 	ctx := context.Background()
+	type variant struct {
+		wire, back dtype.Type
+		sum        bool
+	}
 	for _, mode := range modes {
-		for _, wire := range []dtype.Type{dtype.BF16, dtype.FP8E4M3} {
+		variants := []variant{{wire: dtype.BF16}, {wire: dtype.FP8E4M3}}
+		if mode != dispatch.Gathered {
+			variants = append(variants, variant{wire: dtype.FP8E4M3, back: dtype.FP8E4M3}, variant{wire: dtype.BF16, sum: true})
+		}
+		for _, v := range variants {
+			wire := v.wire
 			cs, err := coll.Local(2, coll.Config{})
 			require.NoError(t, err)
 			type st struct {
@@ -482,7 +492,8 @@ func TestAllocs(t *testing.T) {
 			pools := []*obuf.Pool{obuf.NewPool(0), obuf.NewPool(0)}
 			errs := runOnComms(cs, func(c *coll.Comm) error {
 				i := c.Rank()
-				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, WireDType: wire, Pool: pools[i], Mode: mode, MaxTokens: s.maxTokens})
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, WireDType: wire, Pool: pools[i], Mode: mode, MaxTokens: s.maxTokens,
+					CombineDType: v.back, SumAtOrigin: v.sum, SendPartials: mode == dispatch.LowLatency && (v.back != 0 || v.sum)})
 				if err != nil {
 					return err
 				}
@@ -525,7 +536,7 @@ func TestAllocs(t *testing.T) {
 			close(other)
 			require.NoError(t, <-done)
 			require.NoError(t, first)
-			assert.Zero(t, n, "%v %v: allocations per dispatch+combine", mode, wire)
+			assert.Zero(t, n, "%v %+v: allocations per dispatch+combine", mode, v)
 			// The buffers came from the pool, and go back to it on Close.
 			for i, x := range sts {
 				ps := pools[i].Stats()
