@@ -153,6 +153,8 @@ func TestBadInputs(t *testing.T) {
 		{Hidden: 4, TopK: 1, Placement: pl1, MaxLocalExperts: 3}, // its one rank holds 4
 		{Hidden: 4, TopK: 1, Placement: pl1, MaxLocalExperts: 5}, // of 4 experts
 		{Hidden: 4, TopK: 1, Placement: pl1, MaxLocalExperts: -1},
+		{Hidden: 4, TopK: 1, Placement: pl1, SendPartials: true}, // the normal mode sends them anyway
+		{Hidden: 4, TopK: 1, Placement: pl1, PushRows: true, Mode: dispatch.Gathered},
 		{Hidden: 4, TopK: 1, Placement: pl1, SumAtOrigin: true, CombineDType: dtype.BF16}, // the outputs travel as they are
 		{Hidden: 4, TopK: 1, Placement: pl1, Quantized: true},
 		{Hidden: 4, TopK: 1},

@@ -573,6 +573,8 @@ func (cfg *Config) fill() error {
 		return fmt.Errorf("%w: wire type %v (want f32, bf16, fp8 or int8)", ErrConfig, cfg.WireDType)
 	case cfg.CombineDType != dtype.F32 && cfg.CombineDType != dtype.BF16 && cfg.CombineDType != dtype.FP8E4M3 && cfg.CombineDType != dtype.I8:
 		return fmt.Errorf("%w: combine type %v (want f32, bf16, fp8 or int8)", ErrConfig, cfg.CombineDType)
+	case cfg.Mode != LowLatency && (cfg.SendPartials || cfg.PushRows):
+		return fmt.Errorf("%w: SendPartials and PushRows are for the low-latency mode, not the %v mode", ErrConfig, cfg.Mode)
 	case cfg.Mode == Gathered && cfg.SumAtOrigin:
 		return fmt.Errorf("%w: SumAtOrigin in the gathered mode, whose reduce-scatter adds the partial sums on the way", ErrConfig)
 	case cfg.Mode == Gathered && cfg.CombineDType != dtype.F32 && cfg.CombineDType != dtype.BF16:

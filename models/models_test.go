@@ -333,7 +333,7 @@ func TestQuantizedWireError(t *testing.T) {
 									return err
 								}
 								ep, err := NewEP[float32](context.Background(), c, l, dispatch.Config{WireDType: w.dt, PowerOfTwoScales: w.pow2,
-									CombineDType: back, Placement: pl, Mode: mode, MaxTokens: tokens, SendPartials: true})
+									CombineDType: back, Placement: pl, Mode: mode, MaxTokens: tokens, SendPartials: mode == dispatch.LowLatency})
 								if err != nil {
 									return err
 								}
