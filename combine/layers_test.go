@@ -26,11 +26,14 @@ type layerResult struct {
 // runLayer dispatches this rank's share of g with d, runs the test's experts and
 // combines with cb.
 func runLayer(ctx context.Context, c *coll.Comm, g *globalTokens, d *dispatch.Dispatcher[float32], cb *combine.Combiner[float32]) (layerResult, error) {
-	return runLayerThen(ctx, c, g, d, cb, func() error { return nil })
+	return runLayerThen(ctx, c, g, d, cb, noop, nil, 0)
 }
 
-// runLayerThen is runLayer calling between after the dispatch's Start, before its Wait.
-func runLayerThen(ctx context.Context, c *coll.Comm, g *globalTokens, d *dispatch.Dispatcher[float32], cb *combine.Combiner[float32], between func() error) (layerResult, error) {
+func noop() error { return nil }
+
+// runLayerThen is runLayer calling between after the dispatch's Start and again after
+// its Wait, and then recording the layer's load into rec (if any) as layer.
+func runLayerThen(ctx context.Context, c *coll.Comm, g *globalTokens, d *dispatch.Dispatcher[float32], cb *combine.Combiner[float32], between func() error, rec *dispatch.LoadRecorder, layer int) (layerResult, error) {
 	x, r, _ := g.part(c.Rank(), c.Size())
 	pend, err := d.Start(ctx, x, r)
 	if err != nil {
@@ -42,6 +45,14 @@ func runLayerThen(ctx context.Context, c *coll.Comm, g *globalTokens, d *dispatc
 	out, h, err := pend.Wait(ctx)
 	if err != nil {
 		return layerResult{}, err
+	}
+	if err := between(); err != nil {
+		return layerResult{}, err
+	}
+	if rec != nil {
+		if err := rec.Record(layer, h, out.Counts); err != nil {
+			return layerResult{}, err
+		}
 	}
 	y := make([]float32, out.Rows()*g.hid)
 	for j := 0; j < out.Rows(); j++ {
@@ -85,12 +96,25 @@ func TestOneDispatcherManyLayers(t *testing.T) {
 					defer d.Close()
 					defer cb.Close()
 					held := 0
+					// The layers' loads, by logical expert: recorded from the shared pair's
+					// handles, and from each layer's own pair below.
+					recShared, err := dispatch.NewLoadRecorder(len(layers), experts, 1)
+					if err != nil {
+						return err
+					}
+					recAlone, err := dispatch.NewLoadRecorder(len(layers), experts, 1)
+					if err != nil {
+						return err
+					}
 					for step := 0; step < 2; step++ {
 						for l, pl := range layers {
 							if err := d.UsePlacement(pl); err != nil {
 								return err
 							}
-							res, err := runLayer(ctx, c, g, d, cb)
+							// The next layer's placement is set before this one's load is
+							// recorded: the handle keeps its own.
+							next := func() error { return d.UsePlacement(layers[(l+1)%len(layers)]) }
+							res, err := runLayerThen(ctx, c, g, d, cb, next, recShared, l)
 							if err != nil {
 								return fmt.Errorf("step %d layer %d: %w", step, l, err)
 							}
@@ -110,7 +134,7 @@ func TestOneDispatcherManyLayers(t *testing.T) {
 					if err := d.UsePlacement(layers[2]); err != nil {
 						return err
 					}
-					res, err := runLayerThen(ctx, c, g, d, cb, func() error { return d.UsePlacement(layers[0]) })
+					res, err := runLayerThen(ctx, c, g, d, cb, func() error { return d.UsePlacement(layers[0]) }, nil, 0)
 					if err != nil {
 						return err
 					}
@@ -125,13 +149,18 @@ func TestOneDispatcherManyLayers(t *testing.T) {
 						if err != nil {
 							return err
 						}
-						res, err := runLayer(ctx, c, g, d, cb)
+						res, err := runLayerThen(ctx, c, g, d, cb, noop, recAlone, len(alone[c.Rank()]))
 						cb.Close()
 						d.Close()
 						if err != nil {
 							return err
 						}
 						alone[c.Rank()] = append(alone[c.Rank()], res)
+					}
+					for l := range layers {
+						if a, b := recShared.Local(l, nil), recAlone.Local(l, nil); !slices.Equal(a, b) {
+							return fmt.Errorf("layer %d: load %v recorded through the shared pair, %v through the layer's own", l, a, b)
+						}
 					}
 					return nil
 				})
