@@ -91,8 +91,9 @@ func TestTwoLevel(t *testing.T) {
 	}
 }
 
-// fp8 and int8 partial sums in both levels: every token's sum within the quantisation
-// of its host's partial sum and of the sum sent across hosts.
+// fp8 and int8 partial sums: every token's sum within the quantisation of the host sums
+// sent across hosts (within a host they travel in the activation type, so the bound,
+// which allows for two quantisations, is loose).
 func TestTwoLevelQuantizedCombine(t *testing.T) {
 	const experts, k, hid, tokens = 16, 4, 300, 11
 	hosts := []int{0, 0, 1, 1}
@@ -103,6 +104,15 @@ func TestTwoLevelQuantizedCombine(t *testing.T) {
 			t.Run(fmt.Sprintf("%v/%v", mode, back), func(t *testing.T) {
 				cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: pl, Mode: mode, MaxTokens: tokens, CombineDType: back, SendPartials: mode == dispatch.LowLatency}
 				errs := onRanks(t, len(hosts), coll.Config{Hosts: hosts}, true, func(c *coll.Comm) error {
+					d, err := dispatch.NewTwoLevel[float32](context.Background(), c, cfg)
+					if err != nil {
+						return err
+					}
+					up, down := d.Up().Config().CombineDType, d.Down().Config().CombineDType
+					d.Close()
+					if up != back || down != dtype.F32 {
+						return fmt.Errorf("partial sums in %v across hosts and %v within, want %v and f32", up, down, back)
+					}
 					return twoLevelRank(c, cfg, hosts, new([3]int), tokens)
 				})
 				for r, err := range errs {

@@ -28,7 +28,8 @@ import (
 // token's expert outputs within each host first, and each host's sum crosses back once.
 //
 // Both stages run in cfg.Mode (normal or low-latency); the down stage takes cfg's Align
-// and Quantized. Hosts must hold equal numbers of ranks. The stages fail as a dispatch
+// and Quantized. An fp8 or int8 CombineDType applies to the host sums that cross hosts;
+// within a host the partial sums travel in the activation type. Hosts must hold equal numbers of ranks. The stages fail as a dispatch
 // does: a rank's bad input fails every rank in the same call.
 type TwoLevel[T Act] struct {
 	c            *coll.Comm
@@ -103,6 +104,9 @@ func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLeve
 	dcfg := cfg
 	dcfg.Placement, dcfg.TopK = downPl, min(cfg.TopK, len(d.global))
 	dcfg.MaxLocalExperts = min(downPl.Experts, cfg.MaxLocalExperts)
+	if q := cfg.CombineDType; q == dtype.FP8E4M3 || q == dtype.I8 {
+		dcfg.CombineDType = 0 // quantised across hosts only: within, the activations' type
+	}
 	dcfg.MaxTokens = cfg.MaxTokens * inter.Size() // every host's relay may send each token here
 	if cfg.Mode != LowLatency {
 		dcfg.MaxTokens = cfg.MaxTokens
