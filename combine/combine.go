@@ -224,10 +224,12 @@ func (cb *Combiner[T]) Plan() *coll.VPlan {
 // where the combine reads the expert outputs in place, the region the experts write them
 // into (InFlight of them, each with room for MaxRows rows) and an exchange of headers;
 // elsewhere the exchange of partial sums (coll.Exchange.Bytes: InFlight+1 blocks per
-// rank, each with room for MaxTokens rows); LowLatencyBytes says it beforehand. Besides,
-// scratch buffers grow to the largest combine so far, at their pool's capacity: the wire
-// buffers of the normal and gathered modes, and the float32 sums of bfloat16 outputs.
-// The caller's memory does not count. It is 0 after Close.
+// rank, each with room for MaxTokens rows, or their outputs with SumAtOrigin);
+// LowLatencyBytes says it beforehand. Besides, scratch buffers grow to the largest
+// combine so far, at their pool's capacity: the wire buffers of the normal and gathered
+// modes, the float32 sums of bfloat16 outputs, and with SumAtOrigin this rank's own
+// outputs (sized once for MaxTokens in the low-latency mode). The caller's memory does
+// not count. It is 0 after Close.
 func (cb *Combiner[T]) Bytes() int {
 	n := 0
 	if cb.x != nil {
