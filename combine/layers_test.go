@@ -13,6 +13,7 @@ import (
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
+	"github.com/moex-ai/moex/internal/race"
 	"github.com/moex-ai/moex/router"
 )
 
@@ -211,4 +212,33 @@ func TestUsePlacementChecked(t *testing.T) {
 	for r, err := range errs {
 		assert.ErrorIs(t, err, dispatch.ErrMismatch, "rank %d", r)
 	}
+}
+
+// Switching placements costs no allocation (once the encoding's buffer has grown).
+func TestUsePlacementAllocs(t *testing.T) {
+	if race.Enabled {
+		t.Skip("allocation counts are meaningless under -race")
+	}
+	const p, experts = 2, 256
+	a, b := placement(t, "contiguous", experts, p), placement(t, "roundrobin", experts, p)
+	runRanks(t, p, quick, func(c *coll.Comm) error {
+		d, err := dispatch.New[float32](context.Background(), c, dispatch.Config{Hidden: 64, TopK: 8, Placement: a})
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		var failed error
+		n := testing.AllocsPerRun(50, func() {
+			if err := errors.Join(d.UsePlacement(b), d.UsePlacement(a)); err != nil {
+				failed = err
+			}
+		})
+		if failed != nil {
+			return failed
+		}
+		if n != 0 {
+			return fmt.Errorf("%v allocations per two switches", n)
+		}
+		return nil
+	})
 }

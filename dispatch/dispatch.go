@@ -246,6 +246,7 @@ type core struct {
 	cfg   Config
 	f     Format
 	fp    uint64
+	fpBuf []byte // UsePlacement's encoding of the configuration
 	gen   uint64 // dispatches begun
 	cores []*slotCore
 	x     *coll.Exchange // low-latency
@@ -441,7 +442,7 @@ func (d *core) UsePlacement(pl *router.Placement) error {
 		return fmt.Errorf("%w: a rank holds %d experts, MaxLocalExperts is %d", ErrConfig, maxLocal(pl), d.cfg.MaxLocalExperts)
 	}
 	d.cfg.Placement = pl
-	d.fp = Fingerprint(d.cfg)
+	d.fp, d.fpBuf = fingerprint(d.fpBuf, d.cfg)
 	return nil
 }
 
