@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"sort"
@@ -139,6 +140,11 @@ type MoEResult struct {
 	PairP50US  float64 `json:"pair_p50_us"`
 	PairP99US  float64 `json:"pair_p99_us"`
 	TokensPerS float64 `json:"tokens_per_s"` // every rank's tokens per step time
+	// ErrorRel is, with identity experts, the last step's error against the exact sum:
+	// |out - ref| / |ref| over every rank's tokens (Frobenius norms), where ref is each
+	// token's input times its valid choices' weights, in float64. It measures the wire
+	// and combine types' rounding (and the activations'); 0 with computing experts.
+	ErrorRel float64 `json:"error_rel"`
 	// DeepEP counts a dispatch's bytes per valid (token, expert) choice: for fp8 the
 	// payload, its scales and 16 bytes of routing, for bf16 the payload.
 	Choices        int64   `json:"choices"`
@@ -399,6 +405,12 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		}
 	}
 	prof := c.ProfileOf(profiled(o.Mode))
+	var errRel float64
+	if o.Compute != "ffn" {
+		if errRel, err = identityError(ctx, c, x, r, out, cfg.Hidden); err != nil {
+			return nil, err
+		}
+	}
 	var conv func() int
 	if lastOut != nil {
 		conv = conversions(x, o.Tokens, cfg.Hidden, o.Wire, o.Quantized, decodedRows(lastOut))
@@ -437,6 +449,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		res.Path = st.Algo.String()
 	}
 	res.Kernels = dtype.Kernels()
+	res.ErrorRel = errRel
 	res.Dispatch = stageOf(times, 0, iters)
 	res.Combine = stageOf(times, 2, iters)
 	res.Dispatch.BufferBytes, res.Combine.BufferBytes = int64(held[0]), int64(held[1])
@@ -601,6 +614,37 @@ func combineSent(h dispatch.Handle, rowBytes, p, me int, mode dispatch.Mode) int
 		}
 	}
 	return n
+}
+
+// identityError is the relative error of out, this rank's combined tokens from identity
+// experts, against each token's input times the sum of its valid choices' weights (in
+// float64), over every rank's tokens: sqrt(sum (out-ref)^2 / sum ref^2).
+func identityError[T combine.Act](ctx context.Context, c *coll.Comm, x []T, r *router.Routing, out []T, hid int) (float64, error) {
+	sums := make([]float64, 2) // squared error, squared reference
+	xf, of := make([]float32, hid), make([]float32, hid)
+	for t := 0; t < r.T; t++ {
+		w := 0.0
+		for j := 0; j < r.K; j++ {
+			if r.Experts[t*r.K+j] >= 0 {
+				w += float64(r.Weights[t*r.K+j])
+			}
+		}
+		dtype.Convert(xf, x[t*hid:(t+1)*hid])
+		dtype.Convert(of, out[t*hid:(t+1)*hid])
+		for i := range xf {
+			ref := w * float64(xf[i])
+			d := float64(of[i]) - ref
+			sums[0] += d * d
+			sums[1] += ref * ref
+		}
+	}
+	if err := coll.AllReduce(ctx, c, nil, sums, dtype.Sum); err != nil {
+		return 0, err
+	}
+	if sums[1] == 0 {
+		return 0, nil
+	}
+	return math.Sqrt(sums[0] / sums[1]), nil
 }
 
 // stageOf is stage k's figures from the per-iteration times (seconds, [iteration][3]).
@@ -942,6 +986,9 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 	row("step", fmt.Sprintf("%.1f us (slowest rank per stage, mean of %d)", r.StepUS, r.Iters))
 	row("buffers", fmt.Sprintf("dispatch %s, combine %s per rank (the most of any rank)", SizeOf(r.Dispatch.BufferBytes), SizeOf(r.Combine.BufferBytes)))
 	row("tokens/s", fmt.Sprintf("%.0f", r.TokensPerS))
+	if r.Compute != "ffn" {
+		row("error", fmt.Sprintf("%.2e relative to the exact weighted sums (every rank's tokens; the wire's, the combine's and the activations' rounding)", r.ErrorRel))
+	}
 	row("dispatch+combine pair", fmt.Sprintf("%.1f us back to back (mean; p50 %.1f us, p99 %.1f us)", r.PairUS, r.PairP50US, r.PairP99US))
 	row("bytes per choice", fmt.Sprintf("%d (DeepEP's count; %d choices, %s)", r.BytesPerChoice, r.Choices, SizeOf(int64(r.BytesPerChoice)*r.Choices)))
 	row("load imbalance", fmt.Sprintf("experts %.2f, ranks %.2f (max/mean); aux loss %.3f", r.ExpertImbal, r.RankImbal, r.AuxLoss))

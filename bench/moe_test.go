@@ -72,6 +72,7 @@ func TestMoEBenchRuns(t *testing.T) {
 			}
 			require.NotNil(t, r)
 			assert.Equal(t, mode.String(), r.Mode)
+			assert.Zero(t, r.ErrorRel, "no reference for computing experts")
 			assert.Equal(t, runtime.GOMAXPROCS(0), r.GOMAXPROCS)
 			assert.Equal(t, runtime.NumCPU(), r.HostCPUs)
 			assert.Equal(t, 3, r.HostRanks, "the ranks of one process share a host")
@@ -133,15 +134,25 @@ func TestMoEBenchRuns(t *testing.T) {
 // mode sending partial sums; the report names the type.
 func TestMoECombineTypes(t *testing.T) {
 	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
-		bytes := map[dtype.Type]int64{}
+		bytes, errs := map[dtype.Type]int64{}, map[dtype.Type]float64{}
 		for _, back := range []dtype.Type{dtype.BF16, dtype.FP8E4M3, dtype.I8} {
-			r := runMoE(t, 3, MoEOpts{Model: "tiny-deepseek", Tokens: 64, Wire: dtype.FP8E4M3, Combine: back, Mode: mode, SendPartials: mode == dispatch.LowLatency, Iters: 2, Pairs: 2, LocalRanks: 3})
+			r := runMoE(t, 3, MoEOpts{Model: "tiny-deepseek", Tokens: 64, Wire: dtype.BF16, Combine: back, Mode: mode, SendPartials: mode == dispatch.LowLatency, Iters: 2, Pairs: 2, LocalRanks: 3})
 			require.NotNil(t, r)
 			assert.Equal(t, back.String(), r.CombineWire)
 			assert.False(t, r.CombineInPlace)
-			bytes[back] = r.Combine.Bytes
+			bytes[back], errs[back] = r.Combine.Bytes, r.ErrorRel
 		}
-		// tiny-deepseek's rows are 32 values: 64 B in bf16, 32 + 4 B in fp8 or int8.
+		// The error against the exact sums: bf16's rounding, then more for fp8 (3 bits of
+		// mantissa) than for int8 (a row's 127 steps); none to speak of in f32.
+		assert.Positive(t, errs[dtype.BF16], "%v", mode)
+		assert.Less(t, errs[dtype.BF16], errs[dtype.I8], "%v", mode)
+		assert.Less(t, errs[dtype.I8], errs[dtype.FP8E4M3], "%v", mode)
+		assert.Less(t, errs[dtype.FP8E4M3], 0.1, "%v", mode)
+		f32 := runMoE(t, 3, MoEOpts{Model: "tiny-deepseek", Tokens: 64, Mode: mode, SendPartials: mode == dispatch.LowLatency, Iters: 2, Pairs: 2, LocalRanks: 3})
+		require.NotNil(t, f32)
+		assert.Less(t, f32.ErrorRel, 1e-6, "%v: f32 throughout", mode)
+		// tiny-deepseek's rows are 32 values: 64 B in bf16, 32 + 4 B in fp8 or int8 (the
+		// partial sums; the headers are the same).
 		assert.InDelta(t, 36.0/64, float64(bytes[dtype.FP8E4M3])/float64(bytes[dtype.BF16]), 0.02, "%v", mode)
 		assert.Equal(t, bytes[dtype.FP8E4M3], bytes[dtype.I8], "%v: one scale a row either way at 32 values", mode)
 		// Unsummed, the outputs come back a row per choice, in the activations' type:

@@ -376,9 +376,10 @@ func (r *runner) combineTypes(w io.Writer) error {
 	fmt.Fprintf(w, "--act bf16 --iters I --pairs I [--combine-dtype B | --sum-at-origin] --json`: each rank's partial sum of\n")
 	fmt.Fprintf(w, "a token in bf16, or quantised once to fp8 (a scale per 128 values) or int8 (a scale per row), and the\n")
 	fmt.Fprintf(w, "expert outputs sent back unsummed (bf16) for the token's rank to add in the order of its choices\n")
-	fmt.Fprintf(w, "(the bits of one process). Combine p50 and p99 (us), its bytes on the wire (every rank), and the\n")
-	fmt.Fprintf(w, "pair (us).\n\n")
-	fmt.Fprintf(w, "| model | back | combine p50 | p99 | combine bytes | pair |\n| --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(w, "(the bits of one process). Combine p50 and p99 (us), its bytes on the wire (every rank), the\n")
+	fmt.Fprintf(w, "pair (us), and the step's error against the exact weighted sums (identity experts; the fp8 wire's,\n")
+	fmt.Fprintf(w, "the partial sums' and the bf16 output's rounding; MoEResult.ErrorRel).\n\n")
+	fmt.Fprintf(w, "| model | back | combine p50 | p99 | combine bytes | pair | error |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, model := range []string{"deepseek-v3", "qwen3-30b-a3b"} {
 		for _, back := range []string{"bf16", "fp8", "int8", "unsummed"} {
 			it := fmt.Sprint(r.iters(128))
@@ -393,7 +394,7 @@ func (r *runner) combineTypes(w io.Writer) error {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %s | %.0f |\n", model, back, res.Combine.P50US, res.Combine.P99US, bench.SizeOf(res.Combine.Bytes), res.PairUS)
+			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %s | %.0f | %.2e |\n", model, back, res.Combine.P50US, res.Combine.P99US, bench.SizeOf(res.Combine.Bytes), res.PairUS, res.ErrorRel)
 		}
 	}
 	fmt.Fprintln(w)
