@@ -372,19 +372,21 @@ func (r *runner) inPlace(w io.Writer) error {
 // where a link is the bottleneck.
 func (r *runner) combineTypes(w io.Writer) error {
 	fmt.Fprintf(w, "### The combine over a link: partial sums in bf16, fp8 or int8, or the outputs unsummed\n\n")
-	fmt.Fprintf(w, "`moex bench moe --model M --ranks 4 --transport tcp --tokens 128 --mode low-latency --wire-dtype fp8\n")
+	fmt.Fprintf(w, "`moex bench moe --model M --ranks 4 --transport tcp --tokens 128 --mode low-latency --wire-dtype bf16\n")
 	fmt.Fprintf(w, "--act bf16 --iters I --pairs I [--combine-dtype B | --sum-at-origin] --json`: each rank's partial sum of\n")
 	fmt.Fprintf(w, "a token in bf16, or quantised once to fp8 (a scale per 128 values) or int8 (a scale per row), and the\n")
 	fmt.Fprintf(w, "expert outputs sent back unsummed (bf16) for the token's rank to add in the order of its choices\n")
 	fmt.Fprintf(w, "(the bits of one process). Combine p50 and p99 (us), its bytes on the wire (every rank), the\n")
-	fmt.Fprintf(w, "pair (us), and the step's error against the exact weighted sums (identity experts; the fp8 wire's,\n")
-	fmt.Fprintf(w, "the partial sums' and the bf16 output's rounding; MoEResult.ErrorRel).\n\n")
+	fmt.Fprintf(w, "pair (us), and the step's error against the exact weighted sums (identity experts; the bf16 rows',\n")
+	fmt.Fprintf(w, "the partial sums' and the bf16 output's rounding; MoEResult.ErrorRel). The rows go in bf16: with\n")
+	fmt.Fprintf(w, "identity experts a rank's partial sum of fp8 rows is a multiple of an fp8 row, which fp8 holds\n")
+	fmt.Fprintf(w, "exactly, so an fp8 wire would hide the partial sums' error.\n\n")
 	fmt.Fprintf(w, "| model | back | combine p50 | p99 | combine bytes | pair | error |\n| --- | --- | --- | --- | --- | --- | --- |\n")
 	for _, model := range []string{"deepseek-v3", "qwen3-30b-a3b"} {
 		for _, back := range []string{"bf16", "fp8", "int8", "unsummed"} {
 			it := fmt.Sprint(r.iters(128))
 			args := []string{"--model", model, "--ranks", "4", "--transport", "tcp", "--tokens", "128", "--mode", "low-latency",
-				"--wire-dtype", "fp8", "--act", "bf16", "--iters", it, "--pairs", it}
+				"--wire-dtype", "bf16", "--act", "bf16", "--iters", it, "--pairs", it}
 			if back == "unsummed" {
 				args = append(args, "--sum-at-origin")
 			} else {
