@@ -144,6 +144,8 @@ type MoEResult struct {
 	// |out - ref| / |ref| over every rank's tokens (Frobenius norms), where ref is each
 	// token's input times its valid choices' weights, in float64. It measures the wire
 	// and combine types' rounding (and the activations'); 0 with computing experts.
+	// With an fp8 wire, fp8 partial sums add nothing to it here: a rank's partial sum of
+	// identity outputs is a multiple of an fp8 row, which fp8 holds exactly.
 	ErrorRel float64 `json:"error_rel"`
 	// DeepEP counts a dispatch's bytes per valid (token, expert) choice: for fp8 the
 	// payload, its scales and 16 bytes of routing, for bf16 the payload.
