@@ -123,20 +123,31 @@ func TestTwoLevelQuantizedCombine(t *testing.T) {
 	}
 }
 
+// newTwoLevelPair makes a two-level dispatcher of cfg on c and its combiner, as newPair
+// does for the flat ones.
+func newTwoLevelPair(ctx context.Context, c *coll.Comm, cfg dispatch.Config) (*dispatch.TwoLevel[float32], *combine.TwoLevel[float32], error) {
+	d, err := dispatch.NewTwoLevel[float32](ctx, c, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	cb, err := combine.NewTwoLevel[float32](ctx, d)
+	if err != nil {
+		d.Close()
+		return nil, nil, err
+	}
+	return d, cb, nil
+}
+
 func twoLevelRank(c *coll.Comm, cfg dispatch.Config, hosts []int, crossed *[3]int, tokens int) error {
 	ctx := context.Background()
 	me := c.Rank()
 	hid := cfg.Hidden
 	r, x := hostTokens(me, tokens-me%3, cfg.TopK, cfg.Placement.Experts, hid)
-	d, err := dispatch.NewTwoLevel[float32](ctx, c, cfg)
+	d, cb, err := newTwoLevelPair(ctx, c, cfg)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	cb, err := combine.NewTwoLevel[float32](ctx, d)
-	if err != nil {
-		return err
-	}
 	defer cb.Close()
 	for round := 0; round < 2; round++ {
 		out, h, err := d.Dispatch(ctx, x, r)
@@ -331,15 +342,11 @@ func TestTwoLevelManyLayers(t *testing.T) {
 			errs := onRanks(t, p, coll.Config{Hosts: hosts}, true, func(c *coll.Comm) error {
 				ctx := context.Background()
 				cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: layers[0], Mode: mode, MaxTokens: tokens, MaxLocalExperts: 6}
-				d, err := dispatch.NewTwoLevel[float32](ctx, c, cfg)
+				d, cb, err := newTwoLevelPair(ctx, c, cfg)
 				if err != nil {
 					return err
 				}
 				defer d.Close()
-				cb, err := combine.NewTwoLevel[float32](ctx, d)
-				if err != nil {
-					return err
-				}
 				defer cb.Close()
 				held := 0
 				for step := 0; step < 2; step++ {
@@ -364,13 +371,8 @@ func TestTwoLevelManyLayers(t *testing.T) {
 				}
 				for _, pl := range layers {
 					cfg.Placement = pl
-					d, err := dispatch.NewTwoLevel[float32](ctx, c, cfg)
+					d, cb, err := newTwoLevelPair(ctx, c, cfg)
 					if err != nil {
-						return err
-					}
-					cb, err := combine.NewTwoLevel[float32](ctx, d)
-					if err != nil {
-						d.Close()
 						return err
 					}
 					res, err := run(ctx, c.Rank(), d, cb)
