@@ -26,8 +26,8 @@ type LoadRecorder struct {
 }
 
 type layerLoad struct {
-	steps [][]int32           // ring of Window steps: rows per local expert
-	pls   []*router.Placement // the placement each step was recorded under
+	steps  [][]int32 // ring of Window steps: rows per local expert
+	locals [][]int   // the global ids of the local experts of each step
 	next  int
 	n     int     // steps recorded, at most Window
 	sum   []int64 // per logical expert, over the window
@@ -46,7 +46,7 @@ func NewLoadRecorder(layers, experts, window int) (*LoadRecorder, error) {
 	}
 	r := &LoadRecorder{experts: experts, window: window, layers: make([]layerLoad, layers)}
 	for i := range r.layers {
-		r.layers[i] = layerLoad{steps: make([][]int32, window), pls: make([]*router.Placement, window), sum: make([]int64, experts)}
+		r.layers[i] = layerLoad{steps: make([][]int32, window), locals: make([][]int, window), sum: make([]int64, experts)}
 	}
 	return r, nil
 }
@@ -57,21 +57,20 @@ func (r *LoadRecorder) Record(layer int, h Handle, counts []int) error {
 	if layer < 0 || layer >= len(r.layers) {
 		return fmt.Errorf("%w: layer %d of %d", ErrConfig, layer, len(r.layers))
 	}
-	if h.d == nil {
+	local := h.Local()
+	if local == nil {
 		return fmt.Errorf("%w: a zero Handle", ErrStale)
 	}
-	pl, me := h.pl, h.d.c.Rank()
-	local := pl.Local[me]
 	switch {
-	case pl.Experts != r.experts:
-		return fmt.Errorf("%w: a placement of %d experts into a recorder of %d", ErrConfig, pl.Experts, r.experts)
+	case h.Placement().Experts != r.experts:
+		return fmt.Errorf("%w: a placement of %d experts into a recorder of %d", ErrConfig, h.Placement().Experts, r.experts)
 	case len(counts) != len(local):
 		return fmt.Errorf("%w: %d counts for %d local experts", ErrConfig, len(counts), len(local))
 	}
 	l := &r.layers[layer]
 	if l.n == r.window {
-		old, opl := l.steps[l.next], l.pls[l.next]
-		for i, e := range opl.Local[me] {
+		old, olocal := l.steps[l.next], l.locals[l.next]
+		for i, e := range olocal {
 			l.sum[e] -= int64(old[i])
 		}
 	} else {
@@ -82,7 +81,7 @@ func (r *LoadRecorder) Record(layer int, h Handle, counts []int) error {
 		step = append(step, int32(n))
 		l.sum[local[i]] += int64(n)
 	}
-	l.steps[l.next], l.pls[l.next] = step, pl
+	l.steps[l.next], l.locals[l.next] = step, local
 	l.next = (l.next + 1) % r.window
 	return nil
 }
@@ -103,7 +102,7 @@ func (r *LoadRecorder) Reset() {
 		l := &r.layers[i]
 		l.next, l.n = 0, 0
 		clear(l.sum)
-		clear(l.pls)
+		clear(l.locals)
 	}
 }
 

@@ -22,9 +22,10 @@ var level = map[string]int{
 	"transport/shm": 4, "transport/tcp": 4,
 	"transport/bootstrap": 5,
 	"coll":                6,
-	"dispatch":            7, "combine": 8, "models": 9,
-	"bench": 10, "internal/envvars": 10, "bench/peers/twocopy": 10,
-	"bench/perfdoc": 11, "cmd/moex": 11,
+	"internal/ep":         7,
+	"dispatch":            8, "combine": 9, "models": 10,
+	"bench": 11, "internal/envvars": 11, "bench/peers/twocopy": 11,
+	"bench/perfdoc": 12, "cmd/moex": 12,
 }
 
 // debt lists the imports that break DESIGN.md's rule that coll imports the transport

@@ -1,4 +1,4 @@
-package combine
+package ep
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/coll"
-	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/router"
 )
 
@@ -36,7 +35,7 @@ func checkTermsMismatch(t *testing.T, both bool) {
 	}()
 	pl, err := router.NewPlacement(router.Contiguous, 4, 2) // experts 2 and 3 on rank 1
 	require.NoError(t, err)
-	cfg := dispatch.Config{Hidden: hid, TopK: 2, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: 2}
+	cfg := Config{Hidden: hid, TopK: 2, Placement: pl, Mode: LowLatency, MaxTokens: 2}
 	published := make(chan struct{})
 	errs := make([]error, 2)
 	var wg sync.WaitGroup
@@ -46,12 +45,12 @@ func checkTermsMismatch(t *testing.T, both bool) {
 			defer wg.Done()
 			errs[c.Rank()] = func() error {
 				ctx := context.Background()
-				d, err := dispatch.New[float32](ctx, c, cfg)
+				d, err := New[float32](ctx, c, cfg)
 				if err != nil {
 					return err
 				}
 				defer d.Close()
-				cb, err := New[float32](ctx, d)
+				cb, err := NewCombiner[float32](ctx, d)
 				if err != nil {
 					return err
 				}
@@ -90,5 +89,5 @@ func checkTermsMismatch(t *testing.T, both bool) {
 		}()
 	}
 	wg.Wait()
-	require.ErrorIs(t, errs[0], dispatch.ErrMismatch)
+	require.ErrorIs(t, errs[0], ErrMismatch)
 }

@@ -1,18 +1,17 @@
-package combine
+package ep
 
 import (
 	"context"
 	"fmt"
 
-	"github.com/moex-ai/moex/dispatch"
 )
 
-// The normal mode: one AlltoAllv of blocks, each a dispatch.BlockHeader and the partial
+// The normal mode: one AlltoAllv of blocks, each a BlockHeader and the partial
 // sums of the rows the destination sent this rank, in the order it sent them. A rank
 // whose call is bad still sends every block its handle's layout calls for (header set,
 // rows left as they are), so that the sizes agree and every rank learns.
 
-func (s *slot[T]) startNormal(ctx context.Context, y []T) error {
+func (s *cslot[T]) startNormal(ctx context.Context, y []T) error {
 	cb := s.cb
 	c := cb.c
 	p, me := c.Size(), c.Rank()
@@ -22,7 +21,7 @@ func (s *slot[T]) startNormal(ctx context.Context, y []T) error {
 		for j := 0; j < p; j++ {
 			s.bytes[i][j] = 0
 			if i != j {
-				s.bytes[i][j] = dispatch.BlockHeader + s.normalBlock(h, i, j)
+				s.bytes[i][j] = BlockHeader + s.normalBlock(h, i, j)
 			}
 		}
 	}
@@ -37,11 +36,11 @@ func (s *slot[T]) startNormal(ctx context.Context, y []T) error {
 			continue
 		}
 		n := back[me][q]
-		dispatch.PutHeader(s.send[off:], s.code, n, h.Fingerprint(), h.Generation())
-		off += dispatch.BlockHeader
+		PutHeader(s.send[off:], s.code, n, h.Fingerprint(), h.Generation())
+		off += BlockHeader
 		a, _ := h.Incoming(q)
 		switch {
-		case s.code != dispatch.CodeOK:
+		case s.code != CodeOK:
 		case cb.cfg.SumAtOrigin:
 			s.putTerms(s.send[off:], y, a, a+n)
 		default:
@@ -55,7 +54,7 @@ func (s *slot[T]) startNormal(ctx context.Context, y []T) error {
 	return c.IRunAlltoAllvWith(ctx, &s.plan, s.send, s.recv, &s.pend)
 }
 
-func (s *slot[T]) waitNormal(ctx context.Context) error {
+func (s *cslot[T]) waitNormal(ctx context.Context) error {
 	cb := s.cb
 	p, me := cb.c.Size(), cb.c.Rank()
 	if err := s.pend.Wait(ctx); err != nil {
@@ -70,10 +69,10 @@ func (s *slot[T]) waitNormal(ctx context.Context) error {
 			continue
 		}
 		n := back[q][me]
-		if err := s.checkHeader(q, s.recv[off:off+dispatch.BlockHeader], n); err != nil && first == nil {
+		if err := s.checkHeader(q, s.recv[off:off+BlockHeader], n); err != nil && first == nil {
 			first = err
 		}
-		off += dispatch.BlockHeader + s.normalBlock(h, q, me)
+		off += BlockHeader + s.normalBlock(h, q, me)
 	}
 	if s.inErr != nil || first != nil {
 		if s.inErr != nil {
@@ -86,7 +85,7 @@ func (s *slot[T]) waitNormal(ctx context.Context) error {
 		if q == me {
 			continue
 		}
-		off += dispatch.BlockHeader
+		off += BlockHeader
 		n := s.normalBlock(h, q, me)
 		s.parts[q] = s.recv[off : off+n]
 		off += n
@@ -96,7 +95,7 @@ func (s *slot[T]) waitNormal(ctx context.Context) error {
 
 // normalBlock is the size, after its header, of the block rank i sends rank j in the
 // normal mode: a partial sum per row, or with SumAtOrigin the rows' terms.
-func (s *slot[T]) normalBlock(h dispatch.Handle, i, j int) int {
+func (s *cslot[T]) normalBlock(h Handle, i, j int) int {
 	if s.cb.cfg.SumAtOrigin {
 		return termsBytes(h.Back()[i][j], h.BackTerms()[i][j], s.cb.cfg.Hidden, elemSize[T]())
 	}
@@ -106,12 +105,12 @@ func (s *slot[T]) normalBlock(h dispatch.Handle, i, j int) int {
 // The low-latency mode: one exchange of two fields, the header and the partial sums; in
 // place (inplace.go), the header alone, once this rank's outputs are published.
 
-func (s *slot[T]) startLL(ctx context.Context, y []T) error {
+func (s *cslot[T]) startLL(ctx context.Context, y []T) error {
 	cb := s.cb
 	me := cb.c.Rank()
 	h := s.h
 	rb := cb.f.Combined
-	if cb.board != nil && s.code == dispatch.CodeOK {
+	if cb.board != nil && s.code == CodeOK {
 		s.publish(y)
 	}
 	op, err := cb.x.Begin(ctx)
@@ -128,7 +127,7 @@ func (s *slot[T]) startLL(ctx context.Context, y []T) error {
 			return nil
 		}
 		n, sums := 0, 0
-		if s.code == dispatch.CodeOK && q != me {
+		if s.code == CodeOK && q != me {
 			a, b := h.Incoming(q)
 			n = b - a
 			switch {
@@ -142,14 +141,14 @@ func (s *slot[T]) startLL(ctx context.Context, y []T) error {
 				sums = n * rb
 			}
 		}
-		dispatch.PutHeader(dst[0], s.code, n, h.Fingerprint(), h.Generation())
-		if err := op.Send(q, dispatch.BlockHeader, sums); err != nil {
+		PutHeader(dst[0], s.code, n, h.Fingerprint(), h.Generation())
+		if err := op.Send(q, BlockHeader, sums); err != nil {
 			return err
 		}
 	}
 }
 
-func (s *slot[T]) waitLL(ctx context.Context) error {
+func (s *cslot[T]) waitLL(ctx context.Context) error {
 	cb := s.cb
 	p, me := cb.c.Size(), cb.c.Rank()
 	op := s.op
@@ -165,23 +164,23 @@ func (s *slot[T]) waitLL(ctx context.Context) error {
 			continue
 		}
 		hb := op.Recv(q, 0)
-		if len(hb) < dispatch.BlockHeader {
+		if len(hb) < BlockHeader {
 			if first == nil {
-				first = fmt.Errorf("%w: rank %d sent a %d-byte combine block", dispatch.ErrMismatch, q, len(hb))
+				first = fmt.Errorf("%w: rank %d sent a %d-byte combine block", ErrMismatch, q, len(hb))
 			}
 			continue
 		}
 		n := 0
-		if s.code == dispatch.CodeOK {
+		if s.code == CodeOK {
 			n = len(h.RowsTo(q))
 		}
 		err := s.checkHeader(q, hb, n)
 		want := n * rb
-		if cb.cfg.SumAtOrigin && s.code == dispatch.CodeOK {
+		if cb.cfg.SumAtOrigin && s.code == CodeOK {
 			want = s.termsExpected(q)
 		}
-		if err == nil && s.code == dispatch.CodeOK && cb.board == nil && len(op.Recv(q, 1)) != want {
-			err = fmt.Errorf("%w: rank %d sent %d bytes of partial sums for %d rows (want %d)", dispatch.ErrMismatch, q, len(op.Recv(q, 1)), n, want)
+		if err == nil && s.code == CodeOK && cb.board == nil && len(op.Recv(q, 1)) != want {
+			err = fmt.Errorf("%w: rank %d sent %d bytes of partial sums for %d rows (want %d)", ErrMismatch, q, len(op.Recv(q, 1)), n, want)
 		}
 		if err != nil && first == nil {
 			first = err

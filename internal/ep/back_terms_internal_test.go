@@ -1,4 +1,4 @@
-package combine
+package ep
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/coll"
-	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/router"
 )
 
@@ -24,7 +23,7 @@ func FuzzSumTerms(f *testing.F) {
 	run := termsFixture(f)
 	f.Fuzz(func(t *testing.T, patch []byte, at uint8, ll bool) {
 		if err := run(patch, at, ll); err != nil {
-			require.ErrorIs(t, err, dispatch.ErrMismatch)
+			require.ErrorIs(t, err, ErrMismatch)
 		}
 	})
 }
@@ -35,9 +34,9 @@ func TestSumTermsMismatch(t *testing.T) {
 	run := termsFixture(t)
 	for _, ll := range []bool{false, true} {
 		require.NoError(t, run(nil, 0, ll))
-		require.ErrorIs(t, run([]byte{1, 0, 0, 0, 2, 0, 0, 0}, 0, ll), dispatch.ErrMismatch, "low-latency %v: a term moved to token 1", ll)
-		require.ErrorIs(t, run([]byte{0xff, 0xff, 0xff, 0x7f}, 8, ll), dispatch.ErrMismatch, "low-latency %v: past the block", ll)
-		require.ErrorIs(t, run([]byte{0xff, 0xff, 0xff, 0xff}, 0, ll), dispatch.ErrMismatch, "low-latency %v: a negative count", ll)
+		require.ErrorIs(t, run([]byte{1, 0, 0, 0, 2, 0, 0, 0}, 0, ll), ErrMismatch, "low-latency %v: a term moved to token 1", ll)
+		require.ErrorIs(t, run([]byte{0xff, 0xff, 0xff, 0x7f}, 8, ll), ErrMismatch, "low-latency %v: past the block", ll)
+		require.ErrorIs(t, run([]byte{0xff, 0xff, 0xff, 0xff}, 0, ll), ErrMismatch, "low-latency %v: a negative count", ll)
 		require.NoError(t, run(nil, 0, ll), "low-latency %v: after the failures", ll)
 	}
 }
@@ -54,18 +53,18 @@ func termsFixture(tb testing.TB) func(patch []byte, at uint8, ll bool) error {
 	require.NoError(tb, err)
 	ctx := context.Background()
 	type pair struct {
-		d  *dispatch.Dispatcher[float32]
+		d  *Dispatcher[float32]
 		cb *Combiner[float32]
 	}
 	pairs := map[bool]pair{}
 	for _, ll := range []bool{false, true} {
-		mode := dispatch.Normal
+		mode := Normal
 		if ll {
-			mode = dispatch.LowLatency
+			mode = LowLatency
 		}
-		d, err := dispatch.New[float32](ctx, cs[0], dispatch.Config{Hidden: hid, TopK: 2, Placement: pl, Mode: mode, MaxTokens: tokens, SumAtOrigin: true})
+		d, err := New[float32](ctx, cs[0], Config{Hidden: hid, TopK: 2, Placement: pl, Mode: mode, MaxTokens: tokens, SumAtOrigin: true})
 		require.NoError(tb, err)
-		cb, err := New[float32](ctx, d)
+		cb, err := NewCombiner[float32](ctx, d)
 		require.NoError(tb, err)
 		tb.Cleanup(func() { cb.Close(); d.Close() })
 		pairs[ll] = pair{d, cb}

@@ -1,46 +1,45 @@
-package combine
+package ep
 
 import (
 	"context"
 
 	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/obuf"
 )
 
-// TwoLevel combines the dispatches of a dispatch.TwoLevel: the down stage sums, on the
+// TwoLevelCombiner combines the dispatches of a TwoLevel: the down stage sums, on the
 // rank that relayed each row, the weighted outputs of the host's experts for it (every
 // rank of the host sends that rank one partial sum per row), and the up stage sends each
 // such host sum back to the token's rank once, where the hosts' sums are added in
 // ascending order of host. Bitwise reproducible for a fixed placement, as Combiner is;
 // the sum is grouped by host, then by rank, so it agrees with the flat combine to
 // rounding, not bit for bit.
-type TwoLevel[T Act] struct {
+type TwoLevelCombiner[T Out] struct {
 	up, down *Combiner[T]
 	hidden   int
 	mid      obuf.Scratch // each relayed row's host sum
 }
 
-// NewTwoLevel returns the combiner of d's dispatches (collective in the low-latency
+// NewTwoLevelCombiner returns the combiner of d's dispatches (collective in the low-latency
 // mode, as New is).
-func NewTwoLevel[T Act](ctx context.Context, d *dispatch.TwoLevel[T]) (*TwoLevel[T], error) {
-	down, err := New[T](ctx, d.Down())
+func NewTwoLevelCombiner[T Out](ctx context.Context, d *TwoLevel[T]) (*TwoLevelCombiner[T], error) {
+	down, err := NewCombiner[T](ctx, d.Down())
 	if err != nil {
 		return nil, err
 	}
-	up, err := New[T](ctx, d.Up())
+	up, err := NewCombiner[T](ctx, d.Up())
 	if err != nil {
 		down.Close()
 		return nil, err
 	}
-	cb := &TwoLevel[T]{up: up, down: down, hidden: d.Up().Config().Hidden}
+	cb := &TwoLevelCombiner[T]{up: up, down: down, hidden: d.Up().Config().Hidden}
 	cb.mid.Pool = d.Up().Config().Pool
 	return cb, nil
 }
 
 // Combine takes the experts' outputs y (a row per entry of the dispatch's Output, as
 // Combiner.Combine does) and writes this rank's tokens' weighted sums into out.
-func (cb *TwoLevel[T]) Combine(ctx context.Context, h dispatch.TwoLevelHandle, y, out []T) error {
+func (cb *TwoLevelCombiner[T]) Combine(ctx context.Context, h TwoLevelHandle, y, out []T) error {
 	mid := dtype.FromBytes[T](cb.mid.Bytes(h.Up.IncomingRows() * cb.hidden * dtype.Of[T]().Size()))
 	if err := cb.down.Combine(ctx, h.Down, y, mid); err != nil {
 		return err
@@ -51,11 +50,11 @@ func (cb *TwoLevel[T]) Combine(ctx context.Context, h dispatch.TwoLevelHandle, y
 // Close releases both stages' buffers.
 // Bytes is the memory this rank holds for both stages' buffers (Combiner.Bytes of each,
 // and the relayed rows' host sums). It is 0 after Close.
-func (cb *TwoLevel[T]) Bytes() int {
+func (cb *TwoLevelCombiner[T]) Bytes() int {
 	return cb.mid.Cap() + cb.up.Bytes() + cb.down.Bytes()
 }
 
-func (cb *TwoLevel[T]) Close() error {
+func (cb *TwoLevelCombiner[T]) Close() error {
 	cb.mid.Release()
 	cb.up.Close()
 	return cb.down.Close()

@@ -1,4 +1,4 @@
-package combine
+package ep
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/dispatch"
 )
 
 // The low-latency mode in place: where every rank can read every rank's memory (a
@@ -20,12 +19,12 @@ import (
 // by the rank that needs them. The exchange that remains carries only each rank's
 // header, which says that its outputs are in place (and its status).
 //
-// The board holds one region per dispatch slot (dispatch.Handle.Slot): a rank fills the
+// The board holds one region per dispatch slot (Handle.Slot): a rank fills the
 // region of a slot only after a later dispatch into that slot has completed, which every
 // rank enters only after its combine of the dispatch before (whose reads are then over).
 //
 // A region: its header (regionHeader bytes: kind, rows), then the handle's map
-// (dispatch.Handle.Map: originStart, start, entries, weights as 32-bit values), then the
+// (Handle.Map: originStart, start, entries, weights as 32-bit values), then the
 // outputs, one row of Hidden T per entry (kindEntries) or per incoming row (kindRows:
 // CombineRows, summed already).
 
@@ -47,7 +46,7 @@ func align(n, a int) int { return (n + a - 1) / a * a }
 
 // newRegions sizes a region for cfg on p ranks with outputs of es bytes per value: the
 // same on every rank (the largest number of local experts of any rank).
-func newRegions(cfg dispatch.Config, p, es int) regions {
+func newRegions(cfg Config, p, es int) regions {
 	nl := cfg.MaxLocalExperts // under any placement the dispatcher uses
 	var r regions
 	r.maxIncoming = p * cfg.MaxTokens
@@ -88,8 +87,8 @@ const maxBoard = 8 << 30
 // boardSize is the size of an in-place combiner's board on p ranks (InFlight regions),
 // or 0 where the combine sends partial sums whichever ranks may map each other's memory:
 // another mode, SendPartials, a single rank, or more than maxBoard.
-func boardSize[T Act](cfg dispatch.Config, p int) int {
-	if cfg.Mode != dispatch.LowLatency || cfg.SendPartials || p == 1 {
+func boardSize[T Out](cfg Config, p int) int {
+	if cfg.Mode != LowLatency || cfg.SendPartials || p == 1 {
 		return 0
 	}
 	total := newRegions(cfg, p, int(unsafe.Sizeof(*new(T)))).size * cfg.InFlight
@@ -109,7 +108,7 @@ func (cb *Combiner[T]) InPlace() bool { return cb.board != nil }
 // per rank for InFlight dispatches at MaxTokens), or for a handle that is not valid. The memory is this dispatch's until the next dispatch into the same buffers
 // (Handle.Slot). Combine with y anywhere else copies y there first; CombineRows takes
 // the first IncomingRows() x Hidden values of it the same way.
-func (cb *Combiner[T]) Buffer(h dispatch.Handle) []T {
+func (cb *Combiner[T]) Buffer(h Handle) []T {
 	if cb.board == nil || h.Owner() != cb.owner || !h.Valid() {
 		return nil
 	}
@@ -126,7 +125,7 @@ func (cb *Combiner[T]) region(q, i int) []byte {
 func i32s(b []byte, n int) []int32 { return dtype.FromBytes[int32](b[:4*n]) }
 
 // publish puts this rank's outputs and map into its region (before the header says so).
-func (s *slot[T]) publish(y []T) {
+func (s *cslot[T]) publish(y []T) {
 	cb := s.cb
 	h := s.h
 	rg := &cb.rg
@@ -159,7 +158,7 @@ func (s *slot[T]) publish(y []T) {
 }
 
 // view is what this rank reads of one rank's region.
-type view[T Act] struct {
+type view[T Out] struct {
 	kind           int
 	first          int // its first incoming row from this rank
 	start, entries []int32
@@ -179,7 +178,7 @@ func (cb *Combiner[T]) readView(v *view[T], q, slot, sent int) error {
 	nc := int(binary.LittleEndian.Uint32(reg[12:]))
 	origin := i32s(reg[rg.origin:], p+1)
 	bad := func(what string) error {
-		return fmt.Errorf("%w: rank %d's outputs in place: %s", dispatch.ErrMismatch, q, what)
+		return fmt.Errorf("%w: rank %d's outputs in place: %s", ErrMismatch, q, what)
 	}
 	switch {
 	case kind != kindEntries && kind != kindRows:
@@ -207,7 +206,7 @@ func (cb *Combiner[T]) readView(v *view[T], q, slot, sent int) error {
 // summed in float32 in one pass in the order of the token's choices (as one process sums
 // them: the same bits whatever the ranks and placement). Rows summed already
 // (CombineRows) are added rank by rank in ascending order.
-func (s *slot[T]) sumInPlace() error {
+func (s *cslot[T]) sumInPlace() error {
 	cb := s.cb
 	h := s.h
 	hid, p, me := cb.cfg.Hidden, cb.c.Size(), cb.c.Rank()
@@ -244,12 +243,12 @@ func (s *slot[T]) sumInPlace() error {
 			} else {
 				a, b := v.start[r], v.start[r+1]
 				if a < 0 || b < a || int(b) > len(v.entries) {
-					return fmt.Errorf("%w: rank %d's outputs in place: row %d's entries [%d,%d) of %d", dispatch.ErrMismatch, q, r, a, b, len(v.entries))
+					return fmt.Errorf("%w: rank %d's outputs in place: row %d's entries [%d,%d) of %d", ErrMismatch, q, r, a, b, len(v.entries))
 				}
 				for j := a; j < b; j++ {
 					e := int(v.entries[j])
 					if e < 0 || e >= v.rows {
-						return fmt.Errorf("%w: rank %d's outputs in place: entry %d of %d", dispatch.ErrMismatch, q, e, v.rows)
+						return fmt.Errorf("%w: rank %d's outputs in place: entry %d of %d", ErrMismatch, q, e, v.rows)
 					}
 					ws, rows = append(ws, v.wts[j]), append(rows, v.y[e*hid:(e+1)*hid])
 				}
@@ -274,14 +273,14 @@ func (s *slot[T]) sumInPlace() error {
 					d++
 				}
 				if d == len(dests) || cur[d] == at[d+1] {
-					return fmt.Errorf("%w: rank %d's outputs in place: fewer terms for token %d than its choices there", dispatch.ErrMismatch, q, t)
+					return fmt.Errorf("%w: rank %d's outputs in place: fewer terms for token %d than its choices there", ErrMismatch, q, t)
 				}
 				ows, orows = append(ows, ws[cur[d]]), append(orows, rows[cur[d]])
 				cur[d]++
 			}
 			for d := range dests {
 				if cur[d] != at[d+1] {
-					return fmt.Errorf("%w: rank %d's outputs in place: more terms for token %d than its choices there", dispatch.ErrMismatch, dests[d], t)
+					return fmt.Errorf("%w: rank %d's outputs in place: more terms for token %d than its choices there", ErrMismatch, dests[d], t)
 				}
 			}
 			cb.ows, cb.orows, cb.cur = ows, orows, cur

@@ -1,4 +1,4 @@
-package combine
+package ep
 
 import (
 	"context"
@@ -6,7 +6,6 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/dispatch"
 )
 
 // The gathered mode: every rank sums its experts' outputs for every token (zeros for the
@@ -15,7 +14,7 @@ import (
 // small all-gather of every rank's status and dispatch runs beside it, so that a rank
 // whose call is bad (it sends zeros) fails every rank in the same call.
 
-func (s *slot[T]) startGathered(ctx context.Context, y []T) error {
+func (s *cslot[T]) startGathered(ctx context.Context, y []T) error {
 	cb := s.cb
 	c := cb.c
 	p := c.Size()
@@ -31,7 +30,7 @@ func (s *slot[T]) startGathered(ctx context.Context, y []T) error {
 	part := s.sendS.Bytes(total * rb)
 	for g := 0; g < total; g++ {
 		dst := part[g*rb : (g+1)*rb]
-		if s.code == dispatch.CodeOK {
+		if s.code == CodeOK {
 			s.partial(dst, y, g)
 		} else {
 			clear(dst)
@@ -45,21 +44,21 @@ func (s *slot[T]) startGathered(ctx context.Context, y []T) error {
 	mine := s.gcounts[c.Rank()]
 	if cb.f.Combine == dtype.F32 {
 		recv := dtype.FromBytes[float32](s.accS.Bytes(mine * 4))
-		if isF32[T]() && s.code == dispatch.CodeOK {
+		if isF32[T]() && s.code == CodeOK {
 			recv = dtype.FromBytes[float32](dtype.Bytes(s.out))
 		}
 		s.acc = recv
 		return coll.IReduceScattervWith(ctx, c, dtype.FromBytes[float32](part), recv, s.gcounts, dtype.Sum, &s.pend)
 	}
 	recv := dtype.FromBytes[dtype.BFloat16](s.accS.Bytes(mine * 2))
-	if !isF32[T]() && s.code == dispatch.CodeOK {
+	if !isF32[T]() && s.code == CodeOK {
 		recv = dtype.FromBytes[dtype.BFloat16](dtype.Bytes(s.out))
 	}
 	s.accB = recv
 	return coll.IReduceScattervWith(ctx, c, dtype.FromBytes[dtype.BFloat16](part), recv, s.gcounts, dtype.Sum, &s.pend)
 }
 
-func (s *slot[T]) waitGathered(ctx context.Context) error {
+func (s *cslot[T]) waitGathered(ctx context.Context) error {
 	err := s.pend.Wait(ctx)
 	if e := s.sh.Wait(ctx); err == nil {
 		err = e
@@ -74,11 +73,11 @@ func (s *slot[T]) waitGathered(ctx context.Context) error {
 		code, fp, gen := s.stAll[3*q], uint64(s.stAll[3*q+1]), uint64(s.stAll[3*q+2])
 		switch {
 		case fp != s.h.Fingerprint():
-			return fmt.Errorf("%w: rank %d combines the dispatches of another configuration or placement", dispatch.ErrMismatch, q)
-		case code != dispatch.CodeOK:
-			return &dispatch.PeerInputError{Rank: q, Code: int(code)}
+			return fmt.Errorf("%w: rank %d combines the dispatches of another configuration or placement", ErrMismatch, q)
+		case code != CodeOK:
+			return &PeerInputError{Rank: q, Code: int(code)}
 		case gen != s.h.Generation():
-			return fmt.Errorf("%w: rank %d combines dispatch %d, this rank dispatch %d", dispatch.ErrMismatch, q, gen, s.h.Generation())
+			return fmt.Errorf("%w: rank %d combines dispatch %d, this rank dispatch %d", ErrMismatch, q, gen, s.h.Generation())
 		}
 	}
 	// The sum arrived in the combine type: into out, unless out is of another type.

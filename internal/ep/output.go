@@ -1,4 +1,4 @@
-package dispatch
+package ep
 
 import (
 	"github.com/moex-ai/moex/coll/dtype"
@@ -228,3 +228,19 @@ func growF32(s []float32, n int) []float32 {
 	}
 	return s[:n]
 }
+
+// Local returns the global ids of the experts this rank held in h's dispatch (its
+// placement's Local[rank]): local expert i of the Output is expert Local()[i]. Nil for a
+// zero Handle.
+func (h Handle) Local() []int {
+	if h.d == nil {
+		return nil
+	}
+	if l := h.pl.Local[h.d.c.Rank()]; l != nil {
+		return l
+	}
+	return []int{}
+}
+
+// Placement is the placement h's dispatch used (nil for a zero Handle).
+func (h Handle) Placement() *router.Placement { return h.pl }

@@ -1,4 +1,4 @@
-package combine
+package ep
 
 import (
 	"encoding/binary"
@@ -6,10 +6,9 @@ import (
 	"unsafe"
 
 	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/dispatch"
 )
 
-// Summing at the origin (dispatch.Config.SumAtOrigin) over messages: each rank sends a
+// Summing at the origin (Config.SumAtOrigin) over messages: each rank sends a
 // token's rank its expert outputs unsummed, as the experts wrote them, and the token's
 // rank adds every term of a token in the order of its choices, as one process does (as
 // the in-place combine does, inplace.go). A block, for the rows one origin sent this
@@ -22,14 +21,14 @@ func termsBytes(n, m, hid, es int) int { return 4*n + m*hid*es }
 
 // maxTermsBlock is the largest block of the low-latency mode: MaxTokens rows, each with
 // at most as many terms as a rank holds experts (MaxLocalExperts), or TopK.
-func maxTermsBlock(cfg dispatch.Config, es int) int {
+func maxTermsBlock(cfg Config, es int) int {
 	return termsBytes(cfg.MaxTokens, cfg.MaxTokens*min(cfg.TopK, cfg.MaxLocalExperts), cfg.Hidden, es)
 }
 
-func elemSize[T Act]() int { return int(unsafe.Sizeof(*new(T))) }
+func elemSize[T Out]() int { return int(unsafe.Sizeof(*new(T))) }
 
 // putTerms writes into dst the block of incoming rows [a, b) and returns its size.
-func (s *slot[T]) putTerms(dst []byte, y []T, a, b int) int {
+func (s *cslot[T]) putTerms(dst []byte, y []T, a, b int) int {
 	hid := s.cb.cfg.Hidden
 	rb := hid * elemSize[T]()
 	off := 4 * (b - a)
@@ -46,14 +45,14 @@ func (s *slot[T]) putTerms(dst []byte, y []T, a, b int) int {
 
 // ownTermsBlock keeps this rank's own terms (the block of its rows to itself) for
 // sumTerms: y is not read after Start.
-func (s *slot[T]) ownTermsBlock(y []T) {
+func (s *cslot[T]) ownTermsBlock(y []T) {
 	cb := s.cb
 	h := s.h
 	me := cb.c.Rank()
 	a, b := h.Incoming(me)
 	need := termsBytes(b-a, h.ChoicesTo(me), cb.cfg.Hidden, elemSize[T]())
 	size := need
-	if cb.cfg.Mode == dispatch.LowLatency {
+	if cb.cfg.Mode == LowLatency {
 		size = max(need, maxTermsBlock(cb.cfg, elemSize[T]())) // sized once
 	}
 	blk := s.accS.Bytes(size)[:need]
@@ -63,13 +62,13 @@ func (s *slot[T]) ownTermsBlock(y []T) {
 
 // termsExpected is the size of the block rank q sends this rank: a row per token of this
 // rank that went to q, a term per choice there.
-func (s *slot[T]) termsExpected(q int) int {
+func (s *cslot[T]) termsExpected(q int) int {
 	return termsBytes(len(s.h.RowsTo(q)), s.h.ChoicesTo(q), s.cb.cfg.Hidden, elemSize[T]())
 }
 
 // sumTerms writes out: each token's terms, from the blocks in s.parts, weighted by its
 // routing and added in float32 in one pass in the order of its choices.
-func (s *slot[T]) sumTerms() error {
+func (s *cslot[T]) sumTerms() error {
 	cb := s.cb
 	h := s.h
 	hid, p := cb.cfg.Hidden, cb.c.Size()
@@ -88,7 +87,7 @@ func (s *slot[T]) sumTerms() error {
 			m := int(int32(binary.LittleEndian.Uint32(blk[4*i:])))
 			first := 4*len(h.RowsTo(int(q))) + term[q]*rb
 			if m < 0 || first+m*rb > len(blk) {
-				return fmt.Errorf("%w: rank %d says token %d has %d terms, past its block of %d bytes", dispatch.ErrMismatch, q, t, m, len(blk))
+				return fmt.Errorf("%w: rank %d says token %d has %d terms, past its block of %d bytes", ErrMismatch, q, t, m, len(blk))
 			}
 			cur, end = append(cur, term[q]), append(end, term[q]+m)
 			term[q] += m
@@ -103,7 +102,7 @@ func (s *slot[T]) sumTerms() error {
 				d++
 			}
 			if d == len(dests) || cur[d] == end[d] {
-				return fmt.Errorf("%w: rank %d sent fewer terms for token %d than its choices there", dispatch.ErrMismatch, q, t)
+				return fmt.Errorf("%w: rank %d sent fewer terms for token %d than its choices there", ErrMismatch, q, t)
 			}
 			off := 4*len(h.RowsTo(int(q))) + cur[d]*rb
 			cur[d]++
@@ -111,7 +110,7 @@ func (s *slot[T]) sumTerms() error {
 		}
 		for d := range dests {
 			if cur[d] != end[d] {
-				return fmt.Errorf("%w: rank %d sent more terms for token %d than its choices there", dispatch.ErrMismatch, dests[d], t)
+				return fmt.Errorf("%w: rank %d sent more terms for token %d than its choices there", ErrMismatch, dests[d], t)
 			}
 		}
 		cb.cur, cb.at, cb.ows, cb.orows = cur, end, ws, rows
