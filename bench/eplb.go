@@ -176,7 +176,7 @@ func EPLB(ctx context.Context, c *coll.Comm, o EPLBOpts) (*EPLBResult, error) {
 		if d, err = dispatch.New[float32](ctx, c, dcfg); err != nil {
 			return err
 		}
-		cb, err = combine.New[float32](ctx, d)
+		cb, err = combine.New[float32](ctx, d, combine.Config{})
 		return err
 	}
 	if err := open(pl); err != nil {

@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/models"
 	"github.com/moex-ai/moex/router"
@@ -8,9 +10,9 @@ import (
 
 // PlanMoE plans one MoE step of o's model on p ranks without running them: every rank's
 // tokens routed by the model's router (as `moex bench moe` routes them), the placement,
-// and the dispatch and combine that follow (dispatch.NewPlan). Nothing touches a
-// transport.
-func PlanMoE(o MoEOpts, p int) (*dispatch.Plan, models.Config, error) {
+// and the dispatch and combine that follow (combine.NewPlan; shared: the ranks map each
+// other's memory, one host). Nothing touches a transport.
+func PlanMoE(o MoEOpts, p int, shared bool) (*combine.Plan, models.Config, error) {
 	cfg, err := models.Get(o.Model)
 	if err != nil {
 		return nil, cfg, err
@@ -45,8 +47,13 @@ func PlanMoE(o MoEOpts, p int) (*dispatch.Plan, models.Config, error) {
 			return nil, cfg, err
 		}
 	}
-	dcfg := dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, CombineDType: o.Combine, Placement: pl,
-		Mode: o.Mode, MaxTokens: max(o.Tokens, 1), SumAtOrigin: o.SumAtOrigin}
-	plan, err := dispatch.NewPlan(dcfg, routings)
+	dcfg := dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Placement: pl,
+		Mode: o.Mode, MaxTokens: max(o.Tokens, 1), PushRows: o.PushRows, Quantized: o.Quantized}
+	ccfg := combine.Config{PartialDType: o.Combine, SumAtOrigin: o.SumAtOrigin, SendPartials: o.SendPartials}
+	if o.Act == dtype.BF16 {
+		plan, err := combine.NewPlan[dtype.BFloat16](dcfg, ccfg, routings, shared)
+		return plan, cfg, err
+	}
+	plan, err := combine.NewPlan[float32](dcfg, ccfg, routings, shared)
 	return plan, cfg, err
 }

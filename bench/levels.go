@@ -53,7 +53,7 @@ func Levels(ctx context.Context, c *coll.Comm, o MoEOpts, levels string) (*Level
 	if o.Seed == 0 {
 		o.Seed = 1
 	}
-	plan, _, err := PlanMoE(o, c.Size())
+	plan, _, err := PlanMoE(o, c.Size(), false)
 	if err != nil {
 		return nil, err
 	}
@@ -93,7 +93,7 @@ func Levels(ctx context.Context, c *coll.Comm, o MoEOpts, levels string) (*Level
 			return nil, err
 		}
 		defer d.Close()
-		cb, err := combine.NewTwoLevel[float32](ctx, d)
+		cb, err := combine.NewTwoLevel[float32](ctx, d, plan.Combine)
 		if err != nil {
 			return nil, err
 		}
@@ -119,7 +119,7 @@ func Levels(ctx context.Context, c *coll.Comm, o MoEOpts, levels string) (*Level
 			return nil, err
 		}
 		defer d.Close()
-		cb, err := combine.New[float32](ctx, d)
+		cb, err := combine.New[float32](ctx, d, plan.Combine)
 		if err != nil {
 			return nil, err
 		}

@@ -268,8 +268,9 @@ func setup[T combine.Act](ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSe
 	if err != nil {
 		return nil, fmt.Errorf("%w (use --compute none, a smaller model or fewer ranks per process)", err)
 	}
-	dcfg := dispatch.Config{WireDType: o.Wire, CombineDType: o.Combine, Placement: pl, Mode: o.Mode, MaxTokens: max(o.Tokens, 1), Quantized: o.Quantized, SendPartials: o.SendPartials, PushRows: o.PushRows, SumAtOrigin: o.SumAtOrigin}
-	ep, err := models.NewEP[T](ctx, c, layer, dcfg)
+	dcfg := dispatch.Config{WireDType: o.Wire, Placement: pl, Mode: o.Mode, MaxTokens: max(o.Tokens, 1), Quantized: o.Quantized, PushRows: o.PushRows}
+	ccfg := combine.Config{PartialDType: o.Combine, SendPartials: o.SendPartials, SumAtOrigin: o.SumAtOrigin}
+	ep, err := models.NewEP[T](ctx, c, layer, dcfg, ccfg)
 	if err != nil {
 		return nil, err
 	}
@@ -370,9 +371,9 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		if rec != nil {
 			rec[0], rec[1], rec[2] = t1.Sub(t0).Seconds(), t2.Sub(t1b).Seconds(), t3.Sub(t2b).Seconds()
 		}
-		combineBytes = combineSent(h, ep.C.RowBytes(), p, me, o.Mode)
+		combineBytes = ep.C.Stats().BytesSent
 		if ep.C.InPlace() { // the expert outputs this rank read in other ranks' memory
-			combineBytes = ep.C.LastRead()
+			combineBytes = ep.C.Stats().BytesRead
 		}
 		lastOut = dout
 		return nil
@@ -418,7 +419,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		conv = conversions(x, o.Tokens, cfg.Hidden, o.Wire, o.Quantized, decodedRows(lastOut))
 	}
 	dFloor, cFloor, err := stepFloors(ctx, c, lastOut, x, o.Tokens, cfg.Hidden, ep.Output, experts, min(iters, 30),
-		ep.D.Format().Payload, ep.D.Stats().BytesSent, conv)
+		dispatch.NewFormat(ep.D.Config()).Payload, ep.D.Stats().BytesSent, conv)
 	if err != nil {
 		return nil, err
 	}
@@ -433,7 +434,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	res := &MoEResult{
 		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), TokensPerRank: o.Tokens,
 		Act: o.Act.String(), Hidden: cfg.Hidden, TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(), Quantized: o.Quantized,
-		CombineWire: ep.D.Config().CombineDType.String(), CombineInPlace: ep.C.InPlace(), SumAtOrigin: ep.D.Config().SumAtOrigin, DispatchInPlace: ep.D.RowsInPlace(), TokensInBuffer: inBuffer, Compute: o.Compute, Iters: iters,
+		CombineWire: ep.C.Config().PartialDType.String(), CombineInPlace: ep.C.InPlace(), SumAtOrigin: ep.C.Config().SumAtOrigin, DispatchInPlace: ep.D.RowsInPlace(), TokensInBuffer: inBuffer, Compute: o.Compute, Iters: iters,
 		GOMAXPROCS: runtime.GOMAXPROCS(0), HostCPUs: runtime.NumCPU(), HostRanks: HostRanks(c),
 	}
 	switch o.Mode {
@@ -478,7 +479,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 
 	// Bytes, loads and DeepEP's count, summed over the ranks.
 	stats := r.Stats()
-	f := ep.D.Format()
+	f := dispatch.NewFormat(ep.D.Config())
 	loads := make([]int64, 3+p+cfg.Experts)
 	loads[0], loads[1], loads[2] = int64(st.BytesSent), int64(combineBytes), int64(st.Assignments)
 	for q, n := range st.RowsPerRank {
@@ -584,38 +585,6 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 		return nil, nil
 	}
 	return res, nil
-}
-
-// combineSent is the bytes this rank's combine put on the wire: a header to every other
-// rank (low-latency mode and the normal one alike) and a partial sum per row received;
-// in the gathered mode a partial sum of every other rank's every token.
-func combineSent(h dispatch.Handle, rowBytes, p, me int, mode dispatch.Mode) int {
-	n := 0
-	if mode == dispatch.Gathered {
-		for q := 0; q < p; q++ {
-			if a, b := h.Incoming(q); q != me {
-				n += (b - a) * rowBytes
-			}
-		}
-		return n
-	}
-	sum := h.Config().SumAtOrigin // a count per row and a row per (token, choice)
-	for q := 0; q < p; q++ {
-		if q == me {
-			continue
-		}
-		a, b := h.Incoming(q)
-		if !sum {
-			n += dispatch.BlockHeader + (b-a)*rowBytes
-			continue
-		}
-		n += dispatch.BlockHeader + 4*(b-a)
-		for i := a; i < b; i++ {
-			e, _ := h.Contributions(i)
-			n += len(e) * rowBytes
-		}
-	}
-	return n
 }
 
 // identityError is the relative error of out, this rank's combined tokens from identity

@@ -125,7 +125,7 @@ func Recover(ctx context.Context, c *coll.Comm, o RecoverOpts, kill func()) (*co
 		if err != nil {
 			return nil, nil, err
 		}
-		cb, err := combine.New[float32](ctx, d)
+		cb, err := combine.New[float32](ctx, d, combine.Config{})
 		if err != nil {
 			d.Close()
 			return nil, nil, err

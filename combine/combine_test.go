@@ -118,9 +118,15 @@ func wireRound(x []float32, wire, act dtype.Type, pow2 bool) []float32 {
 // exact reports whether every value the test computes is exact in cfg's types (the
 // combined sums are then compared bit for bit): small integers and dyadic weights are
 // exact in f32 and bf16, and in fp8 with power-of-two scales.
-func exact(cfg dispatch.Config) bool {
+func exact(cfg step) bool {
 	return cfg.WireDType != dtype.I8 && (cfg.WireDType != dtype.FP8E4M3 || cfg.PowerOfTwoScales) &&
-		(cfg.Mode != dispatch.Gathered || cfg.CombineDType == dtype.F32) // the gathered mode sums bf16 in bf16
+		(cfg.Mode != dispatch.Gathered || cfg.Back.PartialDType == dtype.F32) // the gathered mode sums bf16 in bf16
+}
+
+// step is a dispatch's configuration and its combine's: what the helpers take.
+type step struct {
+	dispatch.Config
+	Back combine.Config
 }
 
 func runRanks(t *testing.T, p int, ccfg coll.Config, f func(c *coll.Comm) error) {
@@ -183,7 +189,7 @@ func placement(t *testing.T, kind string, experts, p int) *router.Placement {
 // checkRank is one rank's part of a check: rounds of dispatch, the test experts, combine
 // and redispatch on c, every row, weight and sum compared with what the scenario
 // implies. algo, unless AlgoAuto, is the algorithm the normal mode's plans must have.
-func checkRank[T combine.Act](c *coll.Comm, s scenario, cfg dispatch.Config, rounds int, algo coll.Algo) error {
+func checkRank[T combine.Act](c *coll.Comm, s scenario, cfg step, rounds int, algo coll.Algo) error {
 	ctx := context.Background()
 	routings := make([]*router.Routing, s.p)
 	inputs := make([][]float32, s.p)
@@ -196,19 +202,15 @@ func checkRank[T combine.Act](c *coll.Comm, s scenario, cfg dispatch.Config, rou
 	if cfg.Mode == dispatch.LowLatency {
 		cfg.MaxTokens = s.maxTokens
 	}
-	d, err := dispatch.New[T](ctx, c, cfg)
+	d, cb, err := newPairOf[T](ctx, c, cfg.Config, cfg.Back)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	cb, err := combine.New[T](ctx, d)
-	if err != nil {
-		return err
-	}
 	defer cb.Close()
-	cfg = d.Config()
+	cfg = step{d.Config(), cb.Config()}
 	act := dtype.Of[T]()
-	f := d.Format()
+	f := dispatch.NewFormat(cfg.Config)
 	// What each token looks like to the experts.
 	seen := make([][]float32, s.p)
 	for o := range seen {
@@ -298,8 +300,8 @@ func checkRank[T combine.Act](c *coll.Comm, s scenario, cfg dispatch.Config, rou
 		if err := cb.Combine(ctx, h, y, got); err != nil {
 			return err
 		}
-		if cfg.Mode == dispatch.Normal && algo != coll.AlgoAuto && (d.Stats().Algo != algo || cb.Plan().Algo != algo) {
-			return fmt.Errorf("dispatch ran %v, combine %v, want %v", d.Stats().Algo, cb.Plan().Algo, algo)
+		if cfg.Mode == dispatch.Normal && algo != coll.AlgoAuto && (d.Stats().Algo != algo || cb.Stats().Algo != algo) {
+			return fmt.Errorf("dispatch ran %v, combine %v, want %v", d.Stats().Algo, cb.Stats().Algo, algo)
 		}
 		if err := checkCombined(toF32(got), r, seen[me], pl, me, s, cfg, act, cb.InPlace()); err != nil {
 			return fmt.Errorf("round %d: %w", round, err)
@@ -345,7 +347,7 @@ func sameRow(got, want []float32) error {
 // rank order; or, in place, every term in float32, in choice order. Bit for bit where
 // exact, within a relative 1e-5 of the terms' magnitudes otherwise, and a code step of
 // each quantised partial sum.
-func checkCombined(got []float32, r *router.Routing, seen []float32, pl *router.Placement, me int, s scenario, cfg dispatch.Config, act dtype.Type, inPlace bool) error {
+func checkCombined(got []float32, r *router.Routing, seen []float32, pl *router.Placement, me int, s scenario, cfg step, act dtype.Type, inPlace bool) error {
 	term := func(tok, j, k int) float32 {
 		e := r.Experts[tok*s.k+j]
 		y := expert(e, seen[tok*s.hid+k])
@@ -369,7 +371,7 @@ func checkCombined(got []float32, r *router.Routing, seen []float32, pl *router.
 				}
 			}
 			if q != me {
-				part[q], step[q] = wireRound(row, cfg.CombineDType, dtype.F32, false), codeStep(row, cfg.CombineDType)
+				part[q], step[q] = wireRound(row, cfg.Back.PartialDType, dtype.F32, false), codeStep(row, cfg.Back.PartialDType)
 			}
 		}
 		for k := 0; k < s.hid; k++ {
@@ -446,7 +448,7 @@ func bf16ulp(act dtype.Type, v float32) float64 {
 }
 
 // check runs checkRank on p local ranks for every rank.
-func check[T combine.Act](t *testing.T, s scenario, cfg dispatch.Config, ccfg coll.Config) {
+func check[T combine.Act](t *testing.T, s scenario, cfg step, ccfg coll.Config) {
 	t.Helper()
 	runRanks(t, s.p, ccfg, func(c *coll.Comm) error { return checkRank[T](c, s, cfg, 2, coll.AlgoAuto) })
 }
@@ -475,7 +477,7 @@ func TestDispatchCombine(t *testing.T) {
 					if (pi+wi+p)%3 != 0 && wire != dtype.F32 {
 						continue
 					}
-					cfg := dispatch.Config{WireDType: wire, Placement: placement(t, plKind, 2*p, p), Mode: mode}
+					cfg := step{Config: dispatch.Config{WireDType: wire, Placement: placement(t, plKind, 2*p, p), Mode: mode}}
 					ccfg := coll.Config{NoWindows: (p+wi)%2 == 1}
 					name := fmt.Sprintf("P=%d/%s/%v/%v/windows=%v", p, plKind, mode, wire, !ccfg.NoWindows)
 					t.Run(name+"/f32", func(t *testing.T) { check[float32](t, defaultScenario(p), cfg, ccfg) })
@@ -505,8 +507,8 @@ func TestQuantizedCombine(t *testing.T) {
 				for wi, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3} {
 					s := defaultScenario(p)
 					s.hid = 300
-					cfg := dispatch.Config{WireDType: wire, CombineDType: back, PowerOfTwoScales: true, Mode: mode,
-						Placement: placement(t, kinds[(p+wi+bi)%3], 2*p, p), SendPartials: mode == dispatch.LowLatency}
+					cfg := step{dispatch.Config{WireDType: wire, PowerOfTwoScales: true, Mode: mode, Placement: placement(t, kinds[(p+wi+bi)%3], 2*p, p)},
+						combine.Config{PartialDType: back, SendPartials: mode == dispatch.LowLatency}}
 					ccfg := coll.Config{NoWindows: (p+wi+bi)%2 == 1}
 					name := fmt.Sprintf("P=%d/%v/%v-back/%v/windows=%v", p, mode, back, wire, !ccfg.NoWindows)
 					t.Run(name+"/f32", func(t *testing.T) { check[float32](t, s, cfg, ccfg) })
@@ -524,16 +526,16 @@ func TestDispatchQuantizedAlignSkew(t *testing.T) {
 	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
 		for _, wire := range []dtype.Type{dtype.FP8E4M3, dtype.I8} {
 			t.Run(fmt.Sprintf("%v/%v", mode, wire), func(t *testing.T) {
-				cfg := dispatch.Config{WireDType: wire, Quantized: true, Placement: placement(t, "replicated", 16, 4), Mode: mode, Align: 8}
+				cfg := step{Config: dispatch.Config{WireDType: wire, Quantized: true, Placement: placement(t, "replicated", 16, 4), Mode: mode, Align: 8}}
 				check[float32](t, s, cfg, coll.Config{})
-				cfg.CombineDType = dtype.BF16
+				cfg.Back.PartialDType = dtype.BF16
 				cfg.Quantized = false
 				cfg.PowerOfTwoScales = true
 				check[float32](t, s, cfg, coll.Config{})
 			})
 		}
 	}
-	check[float32](t, s, dispatch.Config{Placement: placement(t, "contiguous", 16, 4), Align: 8}, coll.Config{})
+	check[float32](t, s, step{Config: dispatch.Config{Placement: placement(t, "contiguous", 16, 4), Align: 8}}, coll.Config{})
 }
 
 // Opaque rows (Dispatcher[byte]) travel as they are; the combine runs in float32.
@@ -570,7 +572,7 @@ func TestDispatchOpaque(t *testing.T) {
 				}
 			}
 			// The combine needs its own hidden size for opaque rows: Hidden bytes.
-			cb, err := combine.New[float32](ctx, d)
+			cb, err := combine.New[float32](ctx, d, combine.Config{})
 			if err != nil {
 				return err
 			}
@@ -610,7 +612,7 @@ func TestReproducible(t *testing.T) {
 					return err
 				}
 				defer d.Close()
-				cb, err := combine.New[float32](ctx, d)
+				cb, err := combine.New[float32](ctx, d, combine.Config{})
 				if err != nil {
 					return err
 				}
@@ -670,12 +672,12 @@ func TestModesAgree(t *testing.T) {
 		res := make([][]float32, s.p)
 		runRanks(t, s.p, coll.Config{}, func(c *coll.Comm) error {
 			ctx := context.Background()
-			d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: ru.mode, MaxTokens: s.maxTokens, WireDType: dtype.FP8E4M3, SendPartials: ru.partials, PushRows: ru.push})
+			d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: ru.mode, MaxTokens: s.maxTokens, WireDType: dtype.FP8E4M3, PushRows: ru.push})
 			if err != nil {
 				return err
 			}
 			defer d.Close()
-			cb, err := combine.New[float32](ctx, d)
+			cb, err := combine.New[float32](ctx, d, combine.Config{SendPartials: ru.partials})
 			if err != nil {
 				return err
 			}

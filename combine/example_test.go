@@ -37,7 +37,7 @@ func Example() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[c.Rank()] = step(ctx, c, pl, hidden, experts, topK)
+			results[c.Rank()] = layerStep(ctx, c, pl, hidden, experts, topK)
 		}()
 	}
 	wg.Wait()
@@ -48,14 +48,14 @@ func Example() {
 	// rank 1: [2.5 2.5 2.5 2.5 2.5 2.5 2.5 2.5]
 }
 
-// step is one rank's layer step: two tokens of ones, routed by fixed logits.
-func step(ctx context.Context, c *coll.Comm, pl *router.Placement, hidden, experts, topK int) []float32 {
+// layerStep is one rank's layer step: two tokens of ones, routed by fixed logits.
+func layerStep(ctx context.Context, c *coll.Comm, pl *router.Placement, hidden, experts, topK int) []float32 {
 	d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: hidden, TopK: topK, Placement: pl, WireDType: dtype.BF16})
 	if err != nil {
 		panic(err)
 	}
 	defer d.Close()
-	cb, err := combine.New[float32](ctx, d)
+	cb, err := combine.New[float32](ctx, d, combine.Config{})
 	if err != nil {
 		panic(err)
 	}

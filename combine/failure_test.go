@@ -34,18 +34,18 @@ func goodRouting() (*router.Routing, []float32) {
 	return r, make([]float32, 8)
 }
 
-// newPair makes a dispatcher of cfg on c and its combiner (float32 activations unless
-// newPairOf's T says otherwise).
-func newPair(ctx context.Context, c *coll.Comm, cfg dispatch.Config) (*dispatch.Dispatcher[float32], *combine.Combiner[float32], error) {
-	return newPairOf[float32](ctx, c, cfg)
+// newPair makes a dispatcher of cfg on c and its combiner of ccfg (float32 activations
+// unless newPairOf's T says otherwise).
+func newPair(ctx context.Context, c *coll.Comm, cfg dispatch.Config, ccfg combine.Config) (*dispatch.Dispatcher[float32], *combine.Combiner[float32], error) {
+	return newPairOf[float32](ctx, c, cfg, ccfg)
 }
 
-func newPairOf[T combine.Act](ctx context.Context, c *coll.Comm, cfg dispatch.Config) (*dispatch.Dispatcher[T], *combine.Combiner[T], error) {
+func newPairOf[T combine.Act](ctx context.Context, c *coll.Comm, cfg dispatch.Config, ccfg combine.Config) (*dispatch.Dispatcher[T], *combine.Combiner[T], error) {
 	d, err := dispatch.New[T](ctx, c, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	cb, err := combine.New[T](ctx, d)
+	cb, err := combine.New[T](ctx, d, ccfg)
 	if err != nil {
 		d.Close()
 		return nil, nil, err
@@ -61,7 +61,7 @@ func TestBadInputs(t *testing.T) {
 	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
 			runRanks(t, 3, quick, func(c *coll.Comm) error {
-				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: 4, TopK: 2, Placement: pl, Mode: mode, MaxTokens: 4})
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: 4, TopK: 2, Placement: pl, Mode: mode, MaxTokens: 4}, combine.Config{})
 				if err != nil {
 					return err
 				}
@@ -145,17 +145,10 @@ func TestBadInputs(t *testing.T) {
 		{Hidden: 4, TopK: 5, Placement: pl1},
 		{Hidden: 4, TopK: 1, Placement: pl1, WireDType: dtype.F16},
 		{Hidden: 4, TopK: 1, Placement: pl1, WireDType: dtype.U8},
-		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.F16},
-		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.U8},
-		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.FP8E4M3, Mode: dispatch.Gathered}, // summed on the way
-		{Hidden: 4, TopK: 1, Placement: pl1, CombineDType: dtype.I8, Mode: dispatch.Gathered},
-		{Hidden: 4, TopK: 1, Placement: pl1, SumAtOrigin: true, Mode: dispatch.Gathered},
 		{Hidden: 4, TopK: 1, Placement: pl1, MaxLocalExperts: 3}, // its one rank holds 4
 		{Hidden: 4, TopK: 1, Placement: pl1, MaxLocalExperts: 5}, // of 4 experts
 		{Hidden: 4, TopK: 1, Placement: pl1, MaxLocalExperts: -1},
-		{Hidden: 4, TopK: 1, Placement: pl1, SendPartials: true}, // the normal mode sends them anyway
 		{Hidden: 4, TopK: 1, Placement: pl1, PushRows: true, Mode: dispatch.Gathered},
-		{Hidden: 4, TopK: 1, Placement: pl1, SumAtOrigin: true, CombineDType: dtype.BF16}, // the outputs travel as they are
 		{Hidden: 4, TopK: 1, Placement: pl1, Quantized: true},
 		{Hidden: 4, TopK: 1},
 		{Hidden: 4, TopK: 1, Placement: pl},
@@ -169,8 +162,34 @@ func TestBadInputs(t *testing.T) {
 	}
 	_, err = dispatch.New[byte](context.Background(), cs[0], dispatch.Config{Hidden: 4, TopK: 1, Placement: pl1, WireDType: dtype.BF16})
 	assert.ErrorIs(t, err, dispatch.ErrConfig, "opaque rows on a bf16 wire")
-	_, err = dispatch.New[byte](context.Background(), cs[0], dispatch.Config{Hidden: 4, TopK: 1, Placement: pl1, SumAtOrigin: true})
-	assert.ErrorIs(t, err, dispatch.ErrConfig, "opaque rows summed at the origin")
+	// The combine's configuration, checked by combine.New.
+	for _, c := range []struct {
+		mode dispatch.Mode
+		cfg  combine.Config
+	}{
+		{dispatch.Normal, combine.Config{PartialDType: dtype.F16}},
+		{dispatch.Normal, combine.Config{PartialDType: dtype.U8}},
+		{dispatch.Gathered, combine.Config{PartialDType: dtype.FP8E4M3}}, // summed on the way
+		{dispatch.Gathered, combine.Config{PartialDType: dtype.I8}},
+		{dispatch.Gathered, combine.Config{SumAtOrigin: true}},
+		{dispatch.Normal, combine.Config{SendPartials: true}},                          // the normal mode sends them anyway
+		{dispatch.Normal, combine.Config{SumAtOrigin: true, PartialDType: dtype.BF16}}, // the outputs travel as they are
+	} {
+		d, err := dispatch.New[float32](context.Background(), cs[0], dispatch.Config{Hidden: 4, TopK: 1, Placement: pl1, Mode: c.mode})
+		require.NoError(t, err)
+		_, err = combine.New[float32](context.Background(), d, c.cfg)
+		assert.ErrorIs(t, err, dispatch.ErrConfig, "%v: %+v", c.mode, c.cfg)
+		require.NoError(t, d.Close())
+	}
+	// A dispatcher serves one combine configuration.
+	d, err := dispatch.New[float32](context.Background(), cs[0], dispatch.Config{Hidden: 4, TopK: 1, Placement: pl1})
+	require.NoError(t, err)
+	defer d.Close()
+	cb, err := combine.New[float32](context.Background(), d, combine.Config{})
+	require.NoError(t, err)
+	defer cb.Close()
+	_, err = combine.New[float32](context.Background(), d, combine.Config{PartialDType: dtype.BF16})
+	assert.ErrorIs(t, err, dispatch.ErrConfig, "a second combine configuration")
 }
 
 // Ranks whose placements differ (another kind, other replicas) or whose configurations
@@ -186,6 +205,7 @@ func TestConfigurationMismatch(t *testing.T) {
 			t.Run(fmt.Sprintf("%v/%s", mode, what), func(t *testing.T) {
 				errs := onRanks(t, 4, quick, false, func(c *coll.Comm) error {
 					cfg := dispatch.Config{Hidden: 8, TopK: 2, Mode: mode, MaxTokens: 8, Placement: placement(t, "contiguous", 8, 4)}
+					var ccfg combine.Config
 					if c.Rank() == 2 {
 						switch what {
 						case "kind":
@@ -197,17 +217,22 @@ func TestConfigurationMismatch(t *testing.T) {
 						case "wire":
 							cfg.WireDType = dtype.BF16
 						case "sum-at-origin":
-							cfg.SumAtOrigin = true
+							ccfg.SumAtOrigin = true
 						}
 					}
-					d, err := dispatch.New[float32](ctx, c, cfg)
+					d, cb, err := newPair(ctx, c, cfg, ccfg)
 					if err != nil {
 						return err
 					}
 					defer d.Close()
+					defer cb.Close()
 					r := &router.Routing{T: 3, K: 2, E: 8, Experts: []int32{0, 1, 2, 3, 6, 7}, Weights: []float32{1, 1, 1, 1, 1, 1}}
-					_, _, err = d.Dispatch(ctx, make([]float32, 3*cfg.Hidden), r)
-					return err
+					out, h, err := d.Dispatch(ctx, make([]float32, 3*cfg.Hidden), r)
+					if err != nil {
+						return err
+					}
+					// The combine's configuration is checked by the combine.
+					return cb.Combine(ctx, h, make([]float32, out.Rows()*cfg.Hidden), make([]float32, 3*cfg.Hidden))
 				})
 				for r, err := range errs {
 					assert.ErrorIs(t, err, coll.ErrMismatch, "rank %d", r)
@@ -239,8 +264,8 @@ func TestCombineBadCall(t *testing.T) {
 		t.Run(fmt.Sprintf("%v/sum-at-origin=%v", mode, v.sum), func(t *testing.T) {
 			pl := placement(t, "contiguous", s.experts, s.p)
 			runRanks(t, s.p, quick, func(c *coll.Comm) error {
-				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens,
-					SumAtOrigin: v.sum, SendPartials: v.sum && mode == dispatch.LowLatency})
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens},
+					combine.Config{SumAtOrigin: v.sum, SendPartials: v.sum && mode == dispatch.LowLatency})
 				if err != nil {
 					return err
 				}
@@ -265,8 +290,8 @@ func TestCombineBadCall(t *testing.T) {
 				for _, bad := range []struct {
 					rank int
 					want error
-					code int
-				}{{1, dispatch.ErrStale, dispatch.CodeStale}, {2, combine.ErrInput, dispatch.CodeOutput}, {0, combine.ErrInput, dispatch.CodeOutput}, {3, dispatch.ErrConfig, dispatch.CodeOutput}} {
+					peer error // what the others learn the bad rank found wrong
+				}{{1, dispatch.ErrStale, dispatch.ErrStale}, {2, combine.ErrInput, combine.ErrInput}, {0, combine.ErrInput, combine.ErrInput}, {3, dispatch.ErrConfig, combine.ErrInput}} {
 					if bad.rank == 3 && !v.sum {
 						continue
 					}
@@ -290,8 +315,8 @@ func TestCombineBadCall(t *testing.T) {
 					switch {
 					case c.Rank() == bad.rank && !errors.Is(err, bad.want):
 						return fmt.Errorf("bad rank %d got %v, want %v", bad.rank, err, bad.want)
-					case c.Rank() != bad.rank && (!errors.As(err, &pie) || pie.Rank != bad.rank || pie.Code != bad.code):
-						return fmt.Errorf("rank %d got %v, want a PeerInputError naming rank %d (code %d)", c.Rank(), err, bad.rank, bad.code)
+					case c.Rank() != bad.rank && (!errors.As(err, &pie) || pie.Rank != bad.rank || !errors.Is(pie, bad.peer) || !errors.Is(pie, dispatch.ErrInput)):
+						return fmt.Errorf("rank %d got %v, want a PeerInputError naming rank %d (%v)", c.Rank(), err, bad.rank, bad.peer)
 					}
 				}
 				if err := cb.Combine(ctx, h, y, res); err != nil {
@@ -316,7 +341,7 @@ func TestInFlight(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			pl := placement(t, "replicated", s.experts, s.p)
 			runRanks(t, s.p, quick, func(c *coll.Comm) error {
-				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens})
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens}, combine.Config{})
 				if err != nil {
 					return err
 				}
@@ -494,8 +519,8 @@ func TestAllocs(t *testing.T) {
 			pools := []*obuf.Pool{obuf.NewPool(0), obuf.NewPool(0)}
 			errs := runOnComms(cs, func(c *coll.Comm) error {
 				i := c.Rank()
-				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, WireDType: wire, Pool: pools[i], Mode: mode, MaxTokens: s.maxTokens,
-					CombineDType: v.back, SumAtOrigin: v.sum, SendPartials: mode == dispatch.LowLatency && (v.back != 0 || v.sum)})
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, WireDType: wire, Pool: pools[i], Mode: mode, MaxTokens: s.maxTokens},
+					combine.Config{PartialDType: v.back, SumAtOrigin: v.sum, SendPartials: mode == dispatch.LowLatency && (v.back != 0 || v.sum)})
 				if err != nil {
 					return err
 				}
@@ -580,7 +605,7 @@ func TestPipeline(t *testing.T) {
 		t.Run(mode.String(), func(t *testing.T) {
 			pl := placement(t, "replicated", s.experts, s.p)
 			runRanks(t, s.p, quick, func(c *coll.Comm) error {
-				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens, WireDType: dtype.BF16})
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens, WireDType: dtype.BF16}, combine.Config{})
 				if err != nil {
 					return err
 				}
@@ -669,7 +694,7 @@ func TestCorruptLowLatencyBlock(t *testing.T) {
 			}
 			errs := onRanks(t, 3, ccfg, true, func(c *coll.Comm) error {
 				ctx := context.Background()
-				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: 64, TopK: 2, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: 4})
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: 64, TopK: 2, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: 4}, combine.Config{})
 				if err != nil {
 					return err
 				}
@@ -720,7 +745,7 @@ func checkTimeoutNames(t *testing.T, mode dispatch.Mode, windows, inExperts bool
 	pl := placement(t, "contiguous", s.experts, p)
 	errs := onRanks(t, p, coll.Config{Timeout: 300 * time.Millisecond, NoWindows: !windows}, false, func(c *coll.Comm) error {
 		ctx := context.Background()
-		d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens})
+		d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: mode, MaxTokens: s.maxTokens}, combine.Config{})
 		if err != nil {
 			return err
 		}

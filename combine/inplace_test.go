@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/coll"
-	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/router"
@@ -43,7 +42,7 @@ func TestInPlaceBuffer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			runRanks(t, s.p, tc.ccfg, func(c *coll.Comm) error {
 				ctx := context.Background()
-				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: tc.mode, MaxTokens: s.maxTokens, SendPartials: tc.partial, InFlight: 1})
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: tc.mode, MaxTokens: s.maxTokens, InFlight: 1}, combine.Config{SendPartials: tc.partial})
 				if err != nil {
 					return err
 				}
@@ -109,7 +108,7 @@ func TestInPlaceReuse(t *testing.T) {
 			runRanks(t, s.p, coll.Config{}, func(c *coll.Comm) error {
 				ctx := context.Background()
 				me := c.Rank()
-				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: s.maxTokens, InFlight: inFlight})
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: s.maxTokens, InFlight: inFlight}, combine.Config{})
 				if err != nil {
 					return err
 				}
@@ -192,7 +191,7 @@ func TestCombineRows(t *testing.T) {
 		t.Run(fmt.Sprintf("%v/partials=%v", ru.mode, ru.partial), func(t *testing.T) {
 			runRanks(t, s.p, coll.Config{}, func(c *coll.Comm) error {
 				ctx := context.Background()
-				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: ru.mode, MaxTokens: s.maxTokens, SendPartials: ru.partial})
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: ru.mode, MaxTokens: s.maxTokens}, combine.Config{SendPartials: ru.partial})
 				if err != nil {
 					return err
 				}
@@ -239,7 +238,7 @@ func TestInPlaceBadCall(t *testing.T) {
 	pl := placement(t, "contiguous", s.experts, s.p)
 	errs := onRanks(t, s.p, coll.Config{}, false, func(c *coll.Comm) error {
 		ctx := context.Background()
-		d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: s.maxTokens})
+		d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: s.maxTokens}, combine.Config{})
 		if err != nil {
 			return err
 		}
@@ -317,7 +316,7 @@ func TestDispatchInPlaceReuse(t *testing.T) {
 			runRanks(t, s.p, coll.Config{}, func(c *coll.Comm) error {
 				ctx := context.Background()
 				me := c.Rank()
-				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: s.maxTokens, InFlight: inFlight})
+				d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: s.maxTokens, InFlight: inFlight}, combine.Config{})
 				if err != nil {
 					return err
 				}
@@ -381,63 +380,6 @@ func TestDispatchInPlaceReuse(t *testing.T) {
 					}
 					if err := checkSums(res, at(me, step), r, s, 0); err != nil {
 						return fmt.Errorf("step %d: %w", step, err)
-					}
-				}
-				return nil
-			})
-		})
-	}
-}
-
-// Ranks that disagree on whether a slot's staging is free (one marked its dispatch done
-// without a combine) still deliver every row: the rows of those in place are copied in
-// beside the pushed ones.
-func TestDispatchInPlaceMixed(t *testing.T) {
-	s := scenario{p: 3, hid: 16, k: 2, experts: 6, tokens: []int{5, 7, 4}, seed: 9, maxTokens: 8}
-	pl := placement(t, "contiguous", s.experts, s.p)
-	for _, wire := range []dtype.Type{dtype.F32, dtype.FP8E4M3} {
-		t.Run(wire.String(), func(t *testing.T) {
-			runRanks(t, s.p, coll.Config{}, func(c *coll.Comm) error {
-				ctx := context.Background()
-				me := c.Rank()
-				d, err := dispatch.New[float32](ctx, c, dispatch.Config{Hidden: s.hid, TopK: s.k, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: s.maxTokens, InFlight: 1, WireDType: wire})
-				if err != nil {
-					return err
-				}
-				defer d.Close()
-				if (d.Buffer() != nil) != (wire == dtype.F32) {
-					return fmt.Errorf("Buffer of %d values with a %v wire", len(d.Buffer()), wire)
-				}
-				r, x := s.routing(me)
-				_, h, err := d.Dispatch(ctx, x, r)
-				if err != nil {
-					return err
-				}
-				if me == 0 {
-					h.Done() // rank 0 alone: its next dispatch is in place, the others push
-				}
-				out, _, err := d.Dispatch(ctx, x, r)
-				if err != nil {
-					return err
-				}
-				if d.Stats().InPlace != (me == 0) {
-					return fmt.Errorf("in place %v", d.Stats().InPlace)
-				}
-				for j := 0; j < out.Rows(); j++ {
-					if out.Origin[j] < 0 {
-						continue
-					}
-					q, src := int(out.Origin[j]), int(out.Source[j])
-					_, xq := s.routing(q)
-					want := xq[src*s.hid : (src+1)*s.hid]
-					if wire == dtype.FP8E4M3 { // the wire's rounding, as the origin made it
-						want = slices.Clone(want)
-						q8, sc := make([]byte, s.hid), make([]float32, dtype.FP8Scales(s.hid))
-						dtype.QuantizeFP8(q8, sc, xq[src*s.hid:(src+1)*s.hid], false)
-						dtype.DequantizeFP8(want, q8, sc)
-					}
-					if !slices.Equal(out.Entry(j), want) {
-						return fmt.Errorf("entry %d (rank %d's token %d): %v, want %v", j, q, src, out.Entry(j), want)
 					}
 				}
 				return nil

@@ -90,7 +90,7 @@ func TestOneDispatcherManyLayers(t *testing.T) {
 				runRanks(t, p, ccfg, func(c *coll.Comm) error {
 					ctx := context.Background()
 					cfg := dispatch.Config{Hidden: g.hid, TopK: g.k, Mode: mode, MaxTokens: g.n, Placement: layers[0], MaxLocalExperts: most}
-					d, cb, err := newPair(ctx, c, cfg)
+					d, cb, err := newPair(ctx, c, cfg, combine.Config{})
 					if err != nil {
 						return err
 					}
@@ -146,7 +146,7 @@ func TestOneDispatcherManyLayers(t *testing.T) {
 					shared[c.Rank()] = append(shared[c.Rank()], res)
 					for _, pl := range layers {
 						cfg.Placement = pl
-						d, cb, err := newPair(ctx, c, cfg)
+						d, cb, err := newPair(ctx, c, cfg, combine.Config{})
 						if err != nil {
 							return err
 						}
@@ -186,7 +186,7 @@ func TestUsePlacementChecked(t *testing.T) {
 	a, b := placement(t, "contiguous", experts, p), placement(t, "roundrobin", experts, p)
 	errs := onRanks(t, p, quick, false, func(c *coll.Comm) error {
 		ctx := context.Background()
-		d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: g.hid, TopK: g.k, Mode: dispatch.LowLatency, MaxTokens: g.n, Placement: a})
+		d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: g.hid, TopK: g.k, Mode: dispatch.LowLatency, MaxTokens: g.n, Placement: a}, combine.Config{})
 		if err != nil {
 			return err
 		}

@@ -86,19 +86,19 @@ func (g *globalTokens) reference(t int, act dtype.Type) []float32 {
 
 // combineGlobal runs one low-latency dispatch and combine of g over p local ranks with
 // the placement kind, and returns every token's combined row, in global order.
-func combineGlobal[T combine.Act](t *testing.T, g *globalTokens, p int, plKind string, cfg dispatch.Config) ([]float32, bool) {
+func combineGlobal[T combine.Act](t *testing.T, g *globalTokens, p int, plKind string, cfg step) ([]float32, bool) {
 	return combineGlobalOn[T](t, g, p, plKind, cfg, coll.Config{})
 }
 
 // combineGlobalOn is combineGlobal on ranks of ccfg.
-func combineGlobalOn[T combine.Act](t *testing.T, g *globalTokens, p int, plKind string, cfg dispatch.Config, ccfg coll.Config) ([]float32, bool) {
+func combineGlobalOn[T combine.Act](t *testing.T, g *globalTokens, p int, plKind string, cfg step, ccfg coll.Config) ([]float32, bool) {
 	got := make([]float32, g.n*g.hid)
 	inPlace := make([]bool, p)
 	cfg.Hidden, cfg.TopK, cfg.MaxTokens = g.hid, g.k, g.n
 	cfg.Placement = placement(t, plKind, g.experts, p)
 	runRanks(t, p, ccfg, func(c *coll.Comm) error {
 		ctx := context.Background()
-		d, cb, err := newPairOf[T](ctx, c, cfg)
+		d, cb, err := newPairOf[T](ctx, c, cfg.Config, cfg.Back)
 		if err != nil {
 			return err
 		}
@@ -155,12 +155,12 @@ func TestInPlaceSumsAsOneProcess(t *testing.T) {
 	}
 	t.Run("f32", func(t *testing.T) {
 		check(t, dtype.F32, func(p int, plKind string, mode dispatch.Mode) ([]float32, bool) {
-			return combineGlobal[float32](t, g, p, plKind, dispatch.Config{Mode: mode})
+			return combineGlobal[float32](t, g, p, plKind, step{Config: dispatch.Config{Mode: mode}})
 		})
 	})
 	t.Run("bf16", func(t *testing.T) {
 		check(t, dtype.BF16, func(p int, plKind string, mode dispatch.Mode) ([]float32, bool) {
-			return combineGlobal[dtype.BFloat16](t, g, p, plKind, dispatch.Config{Mode: mode})
+			return combineGlobal[dtype.BFloat16](t, g, p, plKind, step{Config: dispatch.Config{Mode: mode}})
 		})
 	})
 }
@@ -176,7 +176,7 @@ func TestSumAtOriginAsOneProcess(t *testing.T) {
 			for _, p := range []int{1, 2, 3, 4, 8} {
 				for pi, plKind := range []string{"contiguous", "roundrobin", "replicated"} {
 					ccfg := coll.Config{NoWindows: (p+pi)%2 == 0}
-					cfg := dispatch.Config{Mode: mode, SumAtOrigin: true, SendPartials: mode == dispatch.LowLatency && !ccfg.NoWindows}
+					cfg := step{dispatch.Config{Mode: mode}, combine.Config{SumAtOrigin: true, SendPartials: mode == dispatch.LowLatency && !ccfg.NoWindows}}
 					name := fmt.Sprintf("%v/%v/P=%d/%s/windows=%v", act, mode, p, plKind, !ccfg.NoWindows)
 					t.Run(name, func(t *testing.T) {
 						var got []float32

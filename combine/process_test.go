@@ -53,7 +53,7 @@ func TestHelperMoERank(t *testing.T) {
 		for _, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3} {
 			pl, err := router.NewPlacement(router.Contiguous, small.experts, p)
 			require.NoError(t, err)
-			cfg := dispatch.Config{WireDType: wire, Placement: pl, Mode: mode}
+			cfg := step{Config: dispatch.Config{WireDType: wire, Placement: pl, Mode: mode}}
 			require.NoError(t, checkRank[float32](c, small, cfg, 2, algo), "rank %d, %v, %v on the wire", c.Rank(), mode, wire)
 			require.NoError(t, checkRank[dtype.BFloat16](c, small, cfg, 1, algo), "rank %d, %v, %v on the wire, bf16", c.Rank(), mode, wire)
 			if wire != dtype.BF16 {
@@ -66,13 +66,13 @@ func TestHelperMoERank(t *testing.T) {
 	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
 		pl, err := router.NewPlacement(router.RoundRobin, small.experts, p)
 		require.NoError(t, err)
-		for _, cfg := range []dispatch.Config{
-			{Placement: pl, Mode: mode, CombineDType: dtype.FP8E4M3, SendPartials: mode == dispatch.LowLatency},
-			{Placement: pl, Mode: mode, CombineDType: dtype.I8},
-			{Placement: pl, Mode: mode, SumAtOrigin: true, SendPartials: mode == dispatch.LowLatency},
+		for _, cfg := range []step{
+			{dispatch.Config{Placement: pl, Mode: mode}, combine.Config{PartialDType: dtype.FP8E4M3, SendPartials: mode == dispatch.LowLatency}},
+			{dispatch.Config{Placement: pl, Mode: mode}, combine.Config{PartialDType: dtype.I8}},
+			{dispatch.Config{Placement: pl, Mode: mode}, combine.Config{SumAtOrigin: true, SendPartials: mode == dispatch.LowLatency}},
 		} {
-			require.NoError(t, checkRank[float32](c, small, cfg, 2, coll.AlgoAuto), "rank %d, %v, %v back, sum at origin %v", c.Rank(), mode, cfg.CombineDType, cfg.SumAtOrigin)
-			require.NoError(t, checkRank[dtype.BFloat16](c, small, cfg, 1, coll.AlgoAuto), "rank %d, %v, %v back, sum at origin %v, bf16", c.Rank(), mode, cfg.CombineDType, cfg.SumAtOrigin)
+			require.NoError(t, checkRank[float32](c, small, cfg, 2, coll.AlgoAuto), "rank %d, %v, %v back, sum at origin %v", c.Rank(), mode, cfg.Back.PartialDType, cfg.Back.SumAtOrigin)
+			require.NoError(t, checkRank[dtype.BFloat16](c, small, cfg, 1, coll.AlgoAuto), "rank %d, %v, %v back, sum at origin %v, bf16", c.Rank(), mode, cfg.Back.PartialDType, cfg.Back.SumAtOrigin)
 		}
 	}
 	if tr == "shm" {
@@ -105,7 +105,7 @@ func TestHelperMoERank(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 	// Its combine reads the expert outputs in place over shm (every rank on this host).
-	cb, err := combine.New[float32](ctx, d)
+	cb, err := combine.New[float32](ctx, d, combine.Config{})
 	require.NoError(t, err)
 	defer cb.Close()
 	require.Equal(t, tr == "shm", cb.InPlace(), "combine in place over %s", tr)

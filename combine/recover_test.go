@@ -96,7 +96,7 @@ func newServer(ctx context.Context, c *coll.Comm, pl *router.Placement, ws store
 	if err != nil {
 		return nil, err
 	}
-	cb, err := combine.New[float32](ctx, d)
+	cb, err := combine.New[float32](ctx, d, combine.Config{})
 	if err != nil {
 		d.Close()
 		return nil, err

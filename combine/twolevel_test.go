@@ -53,7 +53,7 @@ func TestTwoLevel(t *testing.T) {
 			for _, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3} {
 				name := fmt.Sprintf("%v/%v/%v", hosts, mode, wire)
 				t.Run(name, func(t *testing.T) {
-					cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: pl, Mode: mode, MaxTokens: tokens, WireDType: wire, PowerOfTwoScales: true}
+					cfg := step{Config: dispatch.Config{Hidden: hid, TopK: k, Placement: pl, Mode: mode, MaxTokens: tokens, WireDType: wire, PowerOfTwoScales: true}}
 					crossed := make([][3]int, p) // rows to other hosts: two-level, flat; relayed within hosts
 					errs := onRanks(t, p, coll.Config{Hosts: hosts}, true, func(c *coll.Comm) error {
 						return twoLevelRank(c, cfg, hosts, &crossed[c.Rank()], tokens)
@@ -70,7 +70,7 @@ func TestTwoLevel(t *testing.T) {
 					for o := range rs {
 						rs[o], _ = hostTokens(o, tokens-o%3, k, experts, hid)
 					}
-					plan, err := dispatch.NewPlan(cfg, rs)
+					plan, err := combine.NewPlan[float32](cfg.Config, cfg.Back, rs, false)
 					require.NoError(t, err)
 					ht, err := plan.Hosts(hosts)
 					require.NoError(t, err)
@@ -102,13 +102,14 @@ func TestTwoLevelQuantizedCombine(t *testing.T) {
 	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
 		for _, back := range []dtype.Type{dtype.FP8E4M3, dtype.I8} {
 			t.Run(fmt.Sprintf("%v/%v", mode, back), func(t *testing.T) {
-				cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: pl, Mode: mode, MaxTokens: tokens, CombineDType: back, SendPartials: mode == dispatch.LowLatency}
+				cfg := step{dispatch.Config{Hidden: hid, TopK: k, Placement: pl, Mode: mode, MaxTokens: tokens}, combine.Config{PartialDType: back, SendPartials: mode == dispatch.LowLatency}}
 				errs := onRanks(t, len(hosts), coll.Config{Hosts: hosts}, true, func(c *coll.Comm) error {
-					d, err := dispatch.NewTwoLevel[float32](context.Background(), c, cfg)
+					d, cb, err := newTwoLevelPair(context.Background(), c, cfg)
 					if err != nil {
 						return err
 					}
-					up, down := d.Up().Config().CombineDType, d.Down().Config().CombineDType
+					up, down := cb.Up().Config().PartialDType, cb.Down().Config().PartialDType
+					cb.Close()
 					d.Close()
 					if up != back || down != dtype.F32 {
 						return fmt.Errorf("partial sums in %v across hosts and %v within, want %v and f32", up, down, back)
@@ -125,12 +126,12 @@ func TestTwoLevelQuantizedCombine(t *testing.T) {
 
 // newTwoLevelPair makes a two-level dispatcher of cfg on c and its combiner, as newPair
 // does for the flat ones.
-func newTwoLevelPair(ctx context.Context, c *coll.Comm, cfg dispatch.Config) (*dispatch.TwoLevel[float32], *combine.TwoLevel[float32], error) {
-	d, err := dispatch.NewTwoLevel[float32](ctx, c, cfg)
+func newTwoLevelPair(ctx context.Context, c *coll.Comm, cfg step) (*dispatch.TwoLevel[float32], *combine.TwoLevel[float32], error) {
+	d, err := dispatch.NewTwoLevel[float32](ctx, c, cfg.Config)
 	if err != nil {
 		return nil, nil, err
 	}
-	cb, err := combine.NewTwoLevel[float32](ctx, d)
+	cb, err := combine.NewTwoLevel[float32](ctx, d, cfg.Back)
 	if err != nil {
 		d.Close()
 		return nil, nil, err
@@ -138,7 +139,7 @@ func newTwoLevelPair(ctx context.Context, c *coll.Comm, cfg dispatch.Config) (*d
 	return d, cb, nil
 }
 
-func twoLevelRank(c *coll.Comm, cfg dispatch.Config, hosts []int, crossed *[3]int, tokens int) error {
+func twoLevelRank(c *coll.Comm, cfg step, hosts []int, crossed *[3]int, tokens int) error {
 	ctx := context.Background()
 	me := c.Rank()
 	hid := cfg.Hidden
@@ -182,7 +183,7 @@ func twoLevelRank(c *coll.Comm, cfg dispatch.Config, hosts []int, crossed *[3]in
 			// each within half a code step, an fp8 code's 2^-4 of the value or an int8
 			// code's half of the row's largest over 127.
 			tol := func(float32) float64 { return 0 }
-			if q := cfg.CombineDType; q == dtype.FP8E4M3 || q == dtype.I8 {
+			if q := cfg.Back.PartialDType; q == dtype.FP8E4M3 || q == dtype.I8 {
 				mag, rowMax := float64(0), float64(0)
 				for j := 0; j < r.K; j++ {
 					if e := r.Experts[t*r.K+j]; e >= 0 {
@@ -247,7 +248,7 @@ func TestTwoLevelBytes(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				cb, err := combine.NewTwoLevel[float32](ctx, d)
+				cb, err := combine.NewTwoLevel[float32](ctx, d, combine.Config{})
 				if err != nil {
 					d.Close()
 					return err
@@ -279,23 +280,27 @@ func TestTwoLevelBytes(t *testing.T) {
 }
 
 // SumAtOrigin is refused on the two-level path, which sums each host's terms there
-// (ErrConfig, before anything collective), and ChooseTwoLevel keeps it flat.
+// (ErrConfig from combine.NewTwoLevel, before anything collective), where the cost model
+// would pick two levels for DeepSeek-V3's top-8.
 func TestTwoLevelSumAtOriginRefused(t *testing.T) {
 	hosts := []int{0, 0, 0, 0, 1, 1, 1, 1}
 	pl, err := router.NewPlacement(router.Contiguous, 256, len(hosts))
 	require.NoError(t, err)
-	chose := make([][2]bool, len(hosts))
+	chose := make([]bool, len(hosts))
 	errs := onRanks(t, len(hosts), coll.Config{Hosts: hosts}, false, func(c *coll.Comm) error {
 		cfg := dispatch.Config{Hidden: 7168, TopK: 8, Placement: pl, MaxTokens: 128}
-		chose[c.Rank()][0], _ = dispatch.ChooseTwoLevel(c, cfg)
-		cfg.SumAtOrigin = true
-		chose[c.Rank()][1], _ = dispatch.ChooseTwoLevel(c, cfg)
-		_, err := dispatch.NewTwoLevel[float32](context.Background(), c, cfg)
+		chose[c.Rank()], _ = dispatch.ChooseTwoLevel(c, cfg)
+		d, err := dispatch.NewTwoLevel[float32](context.Background(), c, cfg)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		_, err = combine.NewTwoLevel[float32](context.Background(), d, combine.Config{SumAtOrigin: true})
 		return err
 	})
 	for r, err := range errs {
 		assert.ErrorIs(t, err, dispatch.ErrConfig, "rank %d", r)
-		assert.Equal(t, [2]bool{true, false}, chose[r], "rank %d: two levels without SumAtOrigin, flat with it", r)
+		assert.True(t, chose[r], "rank %d: two levels chosen", r)
 	}
 }
 
@@ -341,7 +346,7 @@ func TestTwoLevelManyLayers(t *testing.T) {
 			}
 			errs := onRanks(t, p, coll.Config{Hosts: hosts}, true, func(c *coll.Comm) error {
 				ctx := context.Background()
-				cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: layers[0], Mode: mode, MaxTokens: tokens, MaxLocalExperts: 6}
+				cfg := step{Config: dispatch.Config{Hidden: hid, TopK: k, Placement: layers[0], Mode: mode, MaxTokens: tokens, MaxLocalExperts: 6}}
 				d, cb, err := newTwoLevelPair(ctx, c, cfg)
 				if err != nil {
 					return err

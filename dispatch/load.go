@@ -28,9 +28,9 @@ type LoadRecorder struct {
 type layerLoad struct {
 	steps  [][]int32 // ring of Window steps: rows per local expert
 	locals [][]int   // the global ids of the local experts of each step
-	next  int
-	n     int     // steps recorded, at most Window
-	sum   []int64 // per logical expert, over the window
+	next   int
+	n      int     // steps recorded, at most Window
+	sum    []int64 // per logical expert, over the window
 }
 
 // NewLoadRecorder makes a recorder for layers MoE layers of experts logical experts,
@@ -57,13 +57,14 @@ func (r *LoadRecorder) Record(layer int, h Handle, counts []int) error {
 	if layer < 0 || layer >= len(r.layers) {
 		return fmt.Errorf("%w: layer %d of %d", ErrConfig, layer, len(r.layers))
 	}
-	local := h.Local()
-	if local == nil {
+	pl := h.Placement()
+	if pl == nil {
 		return fmt.Errorf("%w: a zero Handle", ErrStale)
 	}
+	local := pl.Local[h.Schedule().Rank]
 	switch {
-	case h.Placement().Experts != r.experts:
-		return fmt.Errorf("%w: a placement of %d experts into a recorder of %d", ErrConfig, h.Placement().Experts, r.experts)
+	case pl.Experts != r.experts:
+		return fmt.Errorf("%w: a placement of %d experts into a recorder of %d", ErrConfig, pl.Experts, r.experts)
 	case len(counts) != len(local):
 		return fmt.Errorf("%w: %d counts for %d local experts", ErrConfig, len(counts), len(local))
 	}

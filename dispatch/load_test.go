@@ -2,6 +2,7 @@ package dispatch_test
 
 import (
 	"context"
+	"math/rand/v2"
 	"sync"
 	"testing"
 
@@ -154,4 +155,25 @@ func TestLoadRecorderBadInput(t *testing.T) {
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
+}
+
+// routings makes every rank's routing of tokens[o] tokens, each to k distinct experts
+// (one choice in nine dropped), from seed.
+func routings(p, experts, k int, tokens []int, seed uint64) []*router.Routing {
+	rs := make([]*router.Routing, p)
+	for o := range rs {
+		rng := rand.New(rand.NewPCG(seed, uint64(o)))
+		t := tokens[o]
+		r := &router.Routing{T: t, K: k, E: experts, Experts: make([]int32, t*k), Weights: make([]float32, t*k)}
+		for i := 0; i < t; i++ {
+			for j, e := range rng.Perm(experts)[:k] {
+				r.Experts[i*k+j], r.Weights[i*k+j] = int32(e), 0.5
+				if rng.IntN(9) == 0 {
+					r.Experts[i*k+j] = -1
+				}
+			}
+		}
+		rs[o] = r
+	}
+	return rs
 }

@@ -122,7 +122,7 @@ func TestMigrateRefusedOnEveryRank(t *testing.T) {
 			var pe *dispatch.PeerInputError
 			require.ErrorAs(t, err, &pe)
 			assert.Equal(t, 1, pe.Rank)
-			assert.Equal(t, dispatch.CodeWeights, pe.Code)
+			assert.ErrorIs(t, pe, dispatch.ErrWeights)
 		}, func(r int, w *dispatch.Weights, _ **router.Placement) {
 			if r == 1 {
 				full := w.New

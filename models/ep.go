@@ -32,16 +32,17 @@ type EP[T combine.Act] struct {
 }
 
 // NewEP prepares the expert-parallel form of l on c, with the dispatch configured by
-// cfg (its Hidden and TopK come from the layer; Placement is required). To run the
+// cfg (its Hidden and TopK come from the layer; Placement is required) and the combine
+// by ccfg. To run the
 // experts (Experts, Forward) l must materialise the experts that the placement puts on
 // this rank. In the low-latency mode it is collective.
-func NewEP[T combine.Act](ctx context.Context, c *coll.Comm, l *Layer, cfg dispatch.Config) (*EP[T], error) {
+func NewEP[T combine.Act](ctx context.Context, c *coll.Comm, l *Layer, cfg dispatch.Config, ccfg combine.Config) (*EP[T], error) {
 	cfg.Hidden, cfg.TopK = l.Cfg.Hidden, l.Cfg.TopK
 	d, err := dispatch.New[T](ctx, c, cfg)
 	if err != nil {
 		return nil, err
 	}
-	cb, err := combine.New[T](ctx, d)
+	cb, err := combine.New[T](ctx, d, ccfg)
 	if err != nil {
 		d.Close()
 		return nil, err

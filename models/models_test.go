@@ -16,6 +16,7 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/internal/race"
 	"github.com/moex-ai/moex/router"
@@ -164,7 +165,7 @@ func checkEP(t *testing.T, cfg Config, ref *Layer, seed uint64, tokens, p int, k
 				if err != nil {
 					return err
 				}
-				ep, err := NewEP[float32](context.Background(), c, l, dispatch.Config{WireDType: wire, Placement: pl})
+				ep, err := NewEP[float32](context.Background(), c, l, dispatch.Config{WireDType: wire, Placement: pl}, combine.Config{})
 				if err != nil {
 					return err
 				}
@@ -248,7 +249,7 @@ func TestNonFiniteLogitsOnOneRank(t *testing.T) {
 			r := c.Rank()
 			errs[r] = func() error {
 				l, _ := NewLayer(cfg, 3, pl.Local[r], 0)
-				ep, err := NewEP[float32](context.Background(), c, l, dispatch.Config{Placement: pl})
+				ep, err := NewEP[float32](context.Background(), c, l, dispatch.Config{Placement: pl}, combine.Config{})
 				if err != nil {
 					return err
 				}
@@ -333,7 +334,7 @@ func TestQuantizedWireError(t *testing.T) {
 									return err
 								}
 								ep, err := NewEP[float32](context.Background(), c, l, dispatch.Config{WireDType: w.dt, PowerOfTwoScales: w.pow2,
-									CombineDType: back, Placement: pl, Mode: mode, MaxTokens: tokens, SendPartials: mode == dispatch.LowLatency})
+									Placement: pl, Mode: mode, MaxTokens: tokens}, combine.Config{PartialDType: back, SendPartials: mode == dispatch.LowLatency})
 								if err != nil {
 									return err
 								}
@@ -402,7 +403,7 @@ func TestEPQuantizedRows(t *testing.T) {
 							if err != nil {
 								return err
 							}
-							ep, err := NewEP[dtype.BFloat16](context.Background(), c, l, dispatch.Config{WireDType: wire, Quantized: q, Placement: pl, Mode: mode, MaxTokens: tokens})
+							ep, err := NewEP[dtype.BFloat16](context.Background(), c, l, dispatch.Config{WireDType: wire, Quantized: q, Placement: pl, Mode: mode, MaxTokens: tokens}, combine.Config{})
 							if err != nil {
 								return err
 							}

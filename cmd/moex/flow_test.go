@@ -25,7 +25,7 @@ func TestFlow(t *testing.T) {
 	require.NoError(t, err)
 	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency, dispatch.Gathered} {
 		o := bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40, Mode: mode}
-		pl, mc, err := bench.PlanMoE(o, 4)
+		pl, mc, err := bench.PlanMoE(o, 4, false)
 		require.NoError(t, err)
 		for q := range pl.Rows {
 			in, rows := 0, 0
@@ -66,16 +66,17 @@ func TestFlow(t *testing.T) {
 	// Likewise its experts read the tokens in their origins' memory, unless --push-rows.
 	for _, partials := range []bool{false, true} {
 		o := bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40, Mode: dispatch.LowLatency, SendPartials: partials, PushRows: partials}
-		pl, mc, err := bench.PlanMoE(o, 4)
+		pl, mc, err := bench.PlanMoE(o, 4, true)
 		require.NoError(t, err)
 		var out bytes.Buffer
 		require.NoError(t, printFlow(&out, o, mc, pl, one, false))
 		// The buffers it will hold, before any rank runs: as the stages' functions say.
-		cfg := pl.Cfg
-		cfg.PushRows, cfg.SendPartials = partials, partials
+		cfg, ccfg := pl.Cfg, pl.Combine
+		assert.Equal(t, partials, cfg.PushRows)
+		assert.Equal(t, partials, ccfg.SendPartials)
 		dB, err := dispatch.LowLatencyBytes[float32](cfg, true)
 		require.NoError(t, err)
-		cB, err := combine.LowLatencyBytes[float32](cfg, true)
+		cB, err := combine.LowLatencyBytes[float32](cfg, ccfg, true)
 		require.NoError(t, err)
 		assert.Contains(t, out.String(), "every rank mapping every rank's memory")
 		assert.Contains(t, out.String(), fmt.Sprintf("dispatch %s, combine %s", bench.SizeOf(int64(dB)), bench.SizeOf(int64(cB))))
@@ -86,31 +87,32 @@ func TestFlow(t *testing.T) {
 		} else {
 			assert.Contains(t, out.String(), "2. dispatch (in place")
 			assert.Contains(t, out.String(), "4. combine (in place")
-			assert.Equal(t, pl.Choices[1][0]*mc.Hidden*4, pl.InPlaceBytes(4)[0][1], "rank 1 reads a row for each choice of its tokens that rank 0 took")
+			assert.Equal(t, pl.Choices[1][0]*mc.Hidden*4, pl.Schedules[0].Combine.Send[1].Read, "rank 1 reads a row for each choice of its tokens that rank 0 took")
+			assert.Equal(t, pl.Schedules[0].Combine.Send[1].Read+pl.Schedules[0].Combine.Send[1].Total(), pl.CombineBytes()[0][1], "the matrix sums the schedule")
 		}
 	}
 	// Summed at the origin across hosts: the outputs come back unsummed, a count per row and
 	// an output row per choice, in both point-to-point modes.
 	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
 		o := bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40, Mode: mode, SumAtOrigin: true}
-		pl, mc, err := bench.PlanMoE(o, 4)
+		pl, mc, err := bench.PlanMoE(o, 4, false)
 		require.NoError(t, err)
 		var out bytes.Buffer
 		require.NoError(t, printFlow(&out, o, mc, pl, m, true))
 		assert.Contains(t, out.String(), "summed at the origin): each rank sends its experts' outputs back unsummed", "%v", mode)
 		assert.Contains(t, out.String(), "the same bits whatever the ranks, the hosts and the placement", "%v", mode)
-		assert.Equal(t, dispatch.BlockHeader+4*pl.Rows[0][1]+pl.Choices[0][1]*mc.Hidden*4, pl.CombineBytes()[1][0], "%v: rank 1 sends rank 0 an output per choice of its tokens there", mode)
+		assert.Equal(t, 32+4*pl.Rows[0][1]+pl.Choices[0][1]*mc.Hidden*4, pl.CombineBytes()[1][0], "%v: rank 1 sends rank 0 a 32-byte header and an output per choice of its tokens there", mode)
 	}
 	// A real model's layers: one dispatcher and combiner for all of them, or a pair each.
 	{
 		o := bench.MoEOpts{Model: "mixtral-8x7b", Tokens: 4, Mode: dispatch.LowLatency}
-		pl, mc, err := bench.PlanMoE(o, 4)
+		pl, mc, err := bench.PlanMoE(o, 4, true)
 		require.NoError(t, err)
 		var out bytes.Buffer
 		require.NoError(t, printFlow(&out, o, mc, pl, one, false))
 		dB, err := dispatch.LowLatencyBytes[float32](pl.Cfg, true)
 		require.NoError(t, err)
-		cB, err := combine.LowLatencyBytes[float32](pl.Cfg, true)
+		cB, err := combine.LowLatencyBytes[float32](pl.Cfg, pl.Combine, true)
 		require.NoError(t, err)
 		assert.Contains(t, out.String(), fmt.Sprintf("for the model's 32 MoE layers: %s with one dispatcher and combiner for all", bench.SizeOf(int64(dB+cB))))
 		assert.Contains(t, out.String(), fmt.Sprintf("%s with a pair per layer", bench.SizeOf(32*int64(dB+cB))))
@@ -118,10 +120,10 @@ func TestFlow(t *testing.T) {
 	require.ErrorAs(t, cmdFlow(context.Background(), []string{"--send-partials", "--mode", "normal"}), new(*usageError))
 	require.ErrorAs(t, cmdFlow(context.Background(), []string{"--push-rows", "--mode", "normal"}), new(*usageError))
 	// Planned bytes agree with the format: the dispatch matrix is blocks of rows.
-	pl, _, err := bench.PlanMoE(bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40}, 4)
+	pl, _, err := bench.PlanMoE(bench.MoEOpts{Model: "tiny-mixtral", Tokens: 40}, 4, false)
 	require.NoError(t, err)
 	b := pl.DispatchBytes()
-	assert.Equal(t, 16+pl.Rows[0][1]*pl.Format.RowBytes(0)+8*pl.Choices[0][1], b[0][1])
+	assert.Equal(t, 32+pl.Rows[0][1]*pl.Format.RowBytes(0)+8*pl.Choices[0][1], b[0][1], "a 32-byte header")
 	assert.Greater(t, pl.Choices[0][1], pl.Rows[0][1], "tiny-mixtral's tokens choose 2 experts, some on one rank")
 	assert.Zero(t, b[2][2])
 	assert.True(t, strings.Contains(pl.Cfg.Mode.String(), "normal"))

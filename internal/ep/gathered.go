@@ -7,153 +7,171 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/router"
+	"github.com/moex-ai/moex/obuf"
 )
 
 // The gathered mode (data-parallel attention with expert parallelism, vLLM's AgRs): a
 // small all-gather of every rank's status and token count, then three AllGathervs issued
 // together: every token's routing (GatheredMeta bytes: its index, its choices and their
 // weights), its row, its scales. Every rank then sees every token, and its experts take
-// the ones that chose them; package combine reduce-scatters the weighted sums back.
-// Every token crosses to every rank: the mode trades bytes for the simplest exchange.
+// the ones that chose them. The combine: every rank sums its experts' outputs for every
+// token (zeros for the tokens none of its experts took) and one ReduceScatterv, in the
+// partial sums' type, brings each rank the sum of its own tokens' rows, summed in the
+// reduce-scatter's order; a small all-gather of every rank's status beside it makes a
+// rank whose call is bad (it sends zeros) fail every rank in the same call. Every token
+// crosses to every rank: the mode trades bytes for the simplest exchange.
 
-// GatheredMeta is the bytes of a token's routing in the gathered mode.
-func (f Format) GatheredMeta() int { return 8 + 8*f.TopK }
+type gathered struct {
+	d  *core
+	ss []gatheredSlot
+}
 
-func (s *slot[T]) startGathered(ctx context.Context, x []T, r *router.Routing, code int, inErr error, reuse bool) error {
-	d := s.d
-	sc := s.sc
-	c := d.c
-	p := c.Size()
-	f := &d.f
-	if !reuse && code == CodeOK {
-		sc.tokens, sc.r = r.T, r
+type gatheredSlot struct {
+	hdr, all     []int64
+	sendS, recvS obuf.Scratch
+	field        [3][]byte // every rank's routing, rows and scales
+	counts       []int
+	gh           [3]coll.Handle
+}
+
+func newGathered(d *core) *gathered {
+	p := d.c.Size()
+	m := &gathered{d: d, ss: make([]gatheredSlot, len(d.slots))}
+	for i := range m.ss {
+		gs := &m.ss[i]
+		gs.hdr, gs.all = make([]int64, hdrLen+p), make([]int64, (hdrLen+p)*p)
+		gs.sendS.Pool, gs.recvS.Pool = d.cfg.Pool, d.cfg.Pool
 	}
-	for q := 0; q < p; q++ {
-		s.hdr[hdrLen+q] = 0
+	return m
+}
+
+func (m *gathered) bytes() int {
+	n := 0
+	for i := range m.ss {
+		n += m.ss[i].sendS.Cap() + m.ss[i].recvS.Cap()
 	}
-	if code == CodeOK {
-		s.hdr[hdrLen] = int64(sc.tokens)
-	}
-	if err := s.agree(ctx, code, inErr); err != nil {
-		return err
-	}
-	w := hdrLen + p
-	sc.from = growInts(sc.from, p)
-	total := 0
-	for q := 0; q < p; q++ {
-		n := int(s.all[q*w+hdrLen])
-		if n < 0 || n > 1<<24 {
-			return fmt.Errorf("%w: rank %d says it has %d tokens", ErrMismatch, q, n)
-		}
-		sc.from[q] = n
-		total += n
-	}
-	s.x, s.code, s.inErr = x, code, inErr
-	// This rank's routing, rows and scales, each packed; then every rank's.
-	gm, sb := f.GatheredMeta(), f.ScaleBytes()
-	t := sc.tokens
-	own := s.sendS.Bytes(t * (gm + f.Payload + sb))
-	meta, pay, sca := own[:t*gm], own[t*gm:t*(gm+f.Payload)], own[t*(gm+f.Payload):]
-	for i := 0; i < t; i++ {
-		m := meta[i*gm : (i+1)*gm]
-		binary.LittleEndian.PutUint32(m[0:], uint32(i))
-		binary.LittleEndian.PutUint32(m[4:], uint32(r.K))
-		for j := 0; j < r.K; j++ {
-			binary.LittleEndian.PutUint32(m[8+8*j:], uint32(r.Experts[i*r.K+j]))
-			putF32(m[12+8*j:], r.Weights[i*r.K+j])
-		}
-	}
-	if f.Wire == d.act {
-		pay = dtype.Bytes(x) // no copy: the rows are gathered from x itself
-	} else {
-		hid := d.cfg.Hidden
-		for i := 0; i < t; i++ {
-			encode(f, pay[i*f.Payload:(i+1)*f.Payload], dtype.FromBytes[float32](sca[i*sb:(i+1)*sb]), dtype.Bytes(x[i*hid:(i+1)*hid]), d.act, d.cfg.PowerOfTwoScales)
-		}
-	}
-	all := s.recvS.Bytes(total * (gm + f.Payload + sb))
-	s.gMeta, s.gPay, s.gSca = all[:total*gm], all[total*gm:total*(gm+f.Payload)], all[total*(gm+f.Payload):]
-	s.gcounts = growInts(s.gcounts, p)
-	var err error
-	for k, v := range [3]struct {
-		per       int
-		send, got []byte
-	}{{gm, meta, s.gMeta}, {f.Payload, pay, s.gPay}, {sb, sca, s.gSca}} {
-		for q := range s.gcounts {
-			s.gcounts[q] = sc.from[q] * v.per
-		}
-		if err = coll.IAllGathervWith(ctx, c, v.send, v.got, s.gcounts, nil, &s.gh[k]); err != nil {
-			return err
-		}
-	}
-	st := &s.stats
-	st.RowsSent, st.Assignments = t*(p-1), 0
-	for _, e := range r.Experts {
-		if e >= 0 {
-			st.Assignments++
-		}
-	}
-	st.BytesSent = (p - 1) * t * (gm + f.Payload + sb)
-	st.RowsReceived = total - t
-	st.BytesReceived = (total - t) * (gm + f.Payload + sb)
-	st.RowsPerRank = growInts(st.RowsPerRank, p)
-	for q := range st.RowsPerRank {
-		st.RowsPerRank[q] = t
+	return n
+}
+
+func (m *gathered) close() error {
+	for i := range m.ss {
+		gs := &m.ss[i]
+		gs.field = [3][]byte{}
+		gs.sendS.Release()
+		gs.recvS.Release()
 	}
 	return nil
 }
 
-func (s *slot[T]) waitGathered(ctx context.Context) error {
-	d := s.d
+func (m *gathered) start(ctx context.Context, s *slot) error {
+	d := m.d
+	c := d.c
+	p, me := c.Size(), c.Rank()
+	f := &d.f
+	gs := &m.ss[s.idx]
+	ok := s.code == CodeOK
+	k := s.countsOf(ok)
+	clear(gs.hdr[hdrLen:])
+	gs.hdr[hdrLen] = int64(k.tokens[me])
+	if err := agree(ctx, c, gs.hdr, gs.all, s.fp, s.code, s.inErr); err != nil {
+		return err
+	}
+	w := hdrLen + p
+	for q := 0; q < p; q++ {
+		n := int(gs.all[q*w+hdrLen])
+		if n < 0 || n > 1<<24 {
+			return fmt.Errorf("%w: rank %d says it has %d tokens", ErrMismatch, q, n)
+		}
+		k.tokens[q] = n
+	}
+	d.plan(s)
+	// This rank's routing, rows and scales, each packed; then every rank's.
+	sc := &s.sched.Dispatch
+	own := sc.Send[me]
+	t, r := s.tokens, s.r
+	buf := gs.sendS.Bytes(own.Total())
+	meta, pay, sca := buf[:own.Bytes[0]], buf[own.Bytes[0]:own.Bytes[0]+own.Bytes[1]], buf[own.Bytes[0]+own.Bytes[1]:]
+	gm, sb := f.GatheredMeta(), f.ScaleBytes()
+	for i := 0; i < t; i++ {
+		mt := meta[i*gm : (i+1)*gm]
+		binary.LittleEndian.PutUint32(mt[0:], uint32(i))
+		binary.LittleEndian.PutUint32(mt[4:], uint32(r.K))
+		for j := 0; j < r.K; j++ {
+			binary.LittleEndian.PutUint32(mt[8+8*j:], uint32(r.Experts[i*r.K+j]))
+			putF32(mt[12+8*j:], r.Weights[i*r.K+j])
+		}
+	}
+	if f.Wire == d.act {
+		pay = s.x // no copy: the rows are gathered from x itself
+	} else {
+		pk := d.packer()
+		pk.x = s.x
+		for i := 0; i < t; i++ {
+			pk.encodeRow(i, pay[i*f.Payload:(i+1)*f.Payload], dtype.FromBytes[float32](sca[i*sb:(i+1)*sb]))
+		}
+	}
+	all := gs.recvS.Bytes(extent(sc.Recv, 0) + extent(sc.Recv, 1) + extent(sc.Recv, 2))
+	n0, n1 := extent(sc.Recv, 0), extent(sc.Recv, 1)
+	gs.field = [3][]byte{all[:n0], all[n0 : n0+n1], all[n0+n1:]}
+	gs.counts = growInts(gs.counts, p)
+	for fi, send := range [3][]byte{meta, pay, sca} {
+		for q := range gs.counts {
+			gs.counts[q] = sc.Recv[q].Bytes[fi]
+		}
+		if err := coll.IAllGathervWith(ctx, c, send, gs.field[fi], gs.counts, nil, &gs.gh[fi]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *gathered) wait(ctx context.Context, s *slot) error {
+	gs := &m.ss[s.idx]
 	var first error
-	for k := range s.gh {
-		if err := s.gh[k].Wait(ctx); err != nil && first == nil {
+	for k := range gs.gh {
+		if err := gs.gh[k].Wait(ctx); err != nil && first == nil {
 			first = err
 		}
 	}
 	if first != nil {
 		return first
 	}
-	if err := s.viewGathered(); err != nil {
-		return err
-	}
-	d.stats = s.stats
-	return nil
+	s.finishStats()
+	s.stats.Algo, s.stats.Pushed, s.stats.InPlace = 0, 0, false
+	return m.view(s, gs)
 }
 
-// viewGathered builds the expert-major view over every rank's tokens (in rank order, then
-// each rank's token order): an entry per choice of a local expert.
-func (s *slot[T]) viewGathered() error {
-	d := s.d
-	sc := s.sc
+// view builds the expert-major view over every rank's tokens (in rank order, then each
+// rank's token order): an entry per choice of a local expert.
+func (m *gathered) view(s *slot, gs *gatheredSlot) error {
+	d := m.d
 	p, me, hid, k := d.c.Size(), d.c.Rank(), d.cfg.Hidden, d.cfg.TopK
-	pl := sc.pl
+	es := d.act.Size()
+	pl := s.pl
 	f := &d.f
 	gm := f.GatheredMeta()
+	gMeta, gPay, gSca := gs.field[0], gs.field[1], gs.field[2]
 	nLocal := len(pl.Local[me])
-	total := len(s.gMeta) / gm
-	o := &s.out
-	o.hidden, o.ExpertMajor, o.format = hid, false, f
-	o.Counts = growInts(o.Counts, nLocal)
-	clear(o.Counts)
-	o.Offsets = growInts(o.Offsets, nLocal+1)
+	total := len(gMeta) / gm
+	v := &s.view
+	v.expertMajor = false
+	v.startCounts(nLocal)
 	// each calls fn for every local choice of every token, checking what came from the wire.
 	each := func(fn func(q, i, g, le int, w float32)) error {
 		g := 0
 		for q := 0; q < p; q++ {
-			for i := 0; i < sc.from[q]; i++ {
-				m := s.gMeta[g*gm : (g+1)*gm]
-				if int(binary.LittleEndian.Uint32(m[0:])) != i || int(binary.LittleEndian.Uint32(m[4:])) != k {
+			for i := 0; i < s.k.tokens[q]; i++ {
+				mt := gMeta[g*gm : (g+1)*gm]
+				if int(binary.LittleEndian.Uint32(mt[0:])) != i || int(binary.LittleEndian.Uint32(mt[4:])) != k {
 					return fmt.Errorf("%w: rank %d's token %d came with bad routing", ErrMismatch, q, i)
 				}
 				for j := 0; j < k; j++ {
-					e := int(int32(binary.LittleEndian.Uint32(m[8+8*j:])))
+					e := int(int32(binary.LittleEndian.Uint32(mt[8+8*j:])))
 					if e < -1 || e >= pl.Experts {
 						return fmt.Errorf("%w: rank %d's token %d chose expert %d of %d", ErrMismatch, q, i, e, pl.Experts)
 					}
 					if e >= 0 && pl.RankOf(e, q, i) == me {
-						fn(q, i, g, pl.LocalIndex(me, e), getF32(m[12+8*j:]))
+						fn(q, i, g, pl.LocalIndex(me, e), getF32(mt[12+8*j:]))
 					}
 				}
 				g++
@@ -162,21 +180,21 @@ func (s *slot[T]) viewGathered() error {
 		return nil
 	}
 	contribs := 0
-	if err := each(func(_, _, _, le int, _ float32) { o.Counts[le]++; contribs++ }); err != nil {
+	if err := each(func(_, _, _, le int, _ float32) { v.counts[le]++; contribs++ }); err != nil {
 		return err
 	}
-	entries := layoutEntries(o, d.cfg.Align)
+	entries := v.layoutEntries(d.cfg.Align)
 	s.allocEntries(entries, total, contribs)
 	switch {
 	case d.cfg.Quantized:
-		o.X, o.Q, o.Scales = nil, s.gPay, dtype.FromBytes[float32](s.gSca)
+		v.x, v.q, v.scales = nil, gPay, dtype.FromBytes[float32](gSca)
 	case f.Wire == d.act:
-		o.X, o.Q, o.Scales = dtype.FromBytes[T](s.gPay), nil, nil // where the rows arrived
+		v.x, v.q, v.scales = gPay, nil, nil // where the rows arrived
 	default:
-		o.X, o.Q, o.Scales = dtype.FromBytes[T](s.xS.Bytes(total*hid*int(sizeOf[T]()))), nil, nil
-		sca := dtype.FromBytes[float32](s.gSca)
+		v.x, v.q, v.scales = s.xS.Bytes(total*hid*es), nil, nil
+		sca := dtype.FromBytes[float32](gSca)
 		for g := 0; g < total; g++ {
-			decode(f, dtype.Bytes(o.X[g*hid:(g+1)*hid]), d.act, s.gPay[g*f.Payload:(g+1)*f.Payload], sca[g*f.Scales:(g+1)*f.Scales])
+			decode(f, v.x[g*hid*es:(g+1)*hid*es], d.act, gPay[g*f.Payload:(g+1)*f.Payload], sca[g*f.Scales:(g+1)*f.Scales])
 		}
 	}
 	s.padEntries(false)
@@ -185,28 +203,159 @@ func (s *slot[T]) viewGathered() error {
 	// the order of its choices), none for the others.
 	ci, row := 0, 0
 	for q := 0; q <= p; q++ {
-		sc.originStart[q] = row
+		s.originStart[q] = row
 		if q < p {
-			row += sc.from[q]
+			row += s.k.tokens[q]
 		}
 	}
 	last := -1
 	_ = each(func(q, i, g, le int, w float32) {
 		for last < g {
 			last++
-			sc.start[last] = int32(ci)
+			s.start[last] = int32(ci)
 		}
-		dst := o.Offsets[le] + fill[le]
+		dst := v.offsets[le] + fill[le]
 		fill[le]++
-		o.Row[dst] = int32(g)
-		o.Origin[dst], o.Source[dst], o.Weight[dst] = int32(q), int32(i), w
-		o.Expert[dst] = int32(pl.Local[me][le])
-		sc.entries[ci], sc.weights[ci] = int32(dst), w
+		v.row[dst] = int32(g)
+		v.origin[dst], v.source[dst], v.weight[dst] = int32(q), int32(i), w
+		v.expert[dst] = int32(pl.Local[me][le])
+		s.entries[ci], s.weights[ci] = int32(dst), w
 		ci++
 	})
 	for last < total {
 		last++
-		sc.start[last] = int32(ci)
+		s.start[last] = int32(ci)
+	}
+	return nil
+}
+
+// The combine half: the partial sums of every token, one ReduceScatterv, and every
+// rank's status beside it.
+
+type gatheredBack struct {
+	m  *gathered
+	cb *backCore
+	cs []gatheredBackSlot
+}
+
+type gatheredBackSlot struct {
+	sendS, recvS obuf.Scratch
+	counts       []int
+	st           [3]int64
+	stAll        []int64
+	sh, pend     coll.Handle
+	sum          []byte // the reduce-scatter's result, in the partial sums' type
+}
+
+func (m *gathered) newBack(_ context.Context, cb *backCore) (back, error) {
+	b := &gatheredBack{m: m, cb: cb, cs: make([]gatheredBackSlot, len(cb.slots))}
+	for i := range b.cs {
+		b.cs[i].sendS.Pool, b.cs[i].recvS.Pool = m.d.cfg.Pool, m.d.cfg.Pool
+	}
+	return b, nil
+}
+
+func (b *gatheredBack) inPlace() bool { return false }
+
+func (b *gatheredBack) bytes() int {
+	n := 0
+	for i := range b.cs {
+		n += b.cs[i].sendS.Cap() + b.cs[i].recvS.Cap()
+	}
+	return n
+}
+
+func (b *gatheredBack) close() error {
+	for i := range b.cs {
+		b.cs[i].sum = nil
+		b.cs[i].sendS.Release()
+		b.cs[i].recvS.Release()
+	}
+	return nil
+}
+
+func (b *gatheredBack) start(ctx context.Context, cs *cslot) error {
+	cb := b.cb
+	c := cb.d.c
+	p, me := c.Size(), c.Rank()
+	s := cs.s
+	bs := &b.cs[cs.idx]
+	st := &s.sched.Combine
+	part := bs.sendS.Bytes(extent(st.Send, 0))
+	if cs.code == CodeOK {
+		cb.sums.put(part, cs, 0, s.incomingRows())
+	} else {
+		clear(part)
+	}
+	bs.st[0], bs.st[1], bs.st[2] = int64(cs.code), int64(cs.fp), int64(cs.gen)
+	bs.stAll = growI64(bs.stAll, 3*p)
+	if err := coll.IAllGatherWith(ctx, c, bs.st[:], bs.stAll, &bs.sh); err != nil {
+		return err
+	}
+	bs.counts = growInts(bs.counts, p)
+	es := cb.f.Partial.Size()
+	for q := range bs.counts {
+		bs.counts[q] = st.Send[q].Bytes[0] / es
+	}
+	bs.sum = cs.out // the sum in place where it is of the outputs' type
+	if cb.f.Partial != cb.out || cs.code != CodeOK {
+		bs.sum = bs.recvS.Bytes(st.Recv[me].Bytes[0])
+	}
+	if cb.f.Partial == dtype.F32 {
+		return coll.IReduceScattervWith(ctx, c, dtype.FromBytes[float32](part), dtype.FromBytes[float32](bs.sum), bs.counts, dtype.Sum, &bs.pend)
+	}
+	return coll.IReduceScattervWith(ctx, c, dtype.FromBytes[dtype.BFloat16](part), dtype.FromBytes[dtype.BFloat16](bs.sum), bs.counts, dtype.Sum, &bs.pend)
+}
+
+func (b *gatheredBack) wait(ctx context.Context, cs *cslot) error {
+	bs := &b.cs[cs.idx]
+	err := bs.pend.Wait(ctx)
+	if e := bs.sh.Wait(ctx); err == nil {
+		err = e
+	}
+	if err != nil {
+		return err
+	}
+	if cs.inErr != nil {
+		return cs.inErr
+	}
+	for q := 0; q < b.cb.d.c.Size(); q++ {
+		code, fp, gen := bs.stAll[3*q], uint64(bs.stAll[3*q+1]), uint64(bs.stAll[3*q+2])
+		switch {
+		case fp != cs.fp:
+			return fmt.Errorf("%w: rank %d combines the dispatches of another configuration or placement", ErrMismatch, q)
+		case code != CodeOK:
+			return PeerInput(q, int(code))
+		case gen != cs.gen:
+			return fmt.Errorf("%w: rank %d combines dispatch %d, this rank dispatch %d", ErrMismatch, q, gen, cs.gen)
+		}
+	}
+	cs.parts[b.cb.d.c.Rank()] = bs.sum
+	return nil
+}
+
+// gatheredSums: the partial sums of every incoming row (every rank's tokens), and the
+// reduce-scatter's sum of this rank's tokens into out.
+type gatheredSums[T Out] struct{ *partialSums[T] }
+
+func newGatheredSums[T Out](cb *backCore) gatheredSums[T] {
+	return gatheredSums[T]{newPartialSums[T](cb)}
+}
+
+func (gs gatheredSums[T]) own(*cslot) {}
+
+// finish puts the sum, which arrived in the partial sums' type, into out.
+func (gs gatheredSums[T]) finish(cs *cslot) error {
+	sum := cs.parts[gs.cb.d.c.Rank()]
+	switch {
+	case gs.cb.f.Partial == outType[T]():
+		if len(sum) > 0 && &sum[0] != &cs.out[0] {
+			copy(cs.out, sum)
+		}
+	case isF32[T](): // bf16 sums
+		dtype.BF16ToF32(dtype.FromBytes[float32](cs.out), dtype.FromBytes[dtype.BFloat16](sum))
+	default: // f32 sums
+		dtype.F32ToBF16(dtype.FromBytes[dtype.BFloat16](cs.out), dtype.FromBytes[float32](sum))
 	}
 	return nil
 }

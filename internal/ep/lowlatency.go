@@ -2,85 +2,241 @@ package ep
 
 import (
 	"context"
-	"encoding/binary"
+	"errors"
 	"fmt"
+	"os"
 
+	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/router"
+	"github.com/moex-ai/moex/obuf"
 )
 
-// The low-latency mode: one coll.Exchange per dispatch, three fields per block: a
-// BlockHeader and the rows' metadata; the rows' payloads; their scales (fp8, int8).
-// Every rank sends every rank a block, a header-only one when it has no rows for it or
-// its input is bad, so the counts and the status travel with the rows and nobody waits
-// for a rank that gave up.
+// The low-latency mode (decode): buffers sized once for MaxTokens tokens per rank; one
+// coll.Exchange per dispatch, three fields per block: a header and the rows' metadata,
+// their payloads, their scales (fp8, int8). Every rank sends every rank a block, a
+// header-only one when it has no rows for it or its input is bad, so the counts and the
+// status travel with the rows and nobody waits for a rank that gave up. The receive
+// buffer is indexed by source rank (it grows with ranks, not with local experts).
+//
+// Where every rank can map every rank's memory side by side (inproc; shm on one host),
+// each rank writes its tokens once into its own staging and the experts read them there
+// (the blocks then carry the metadata alone), unless Config.PushRows. The combine's half
+// sends the partial sums back the same way, or, where every rank reads every rank's
+// memory, the origins read the expert outputs where the experts wrote them
+// (lowlatency_inplace.go).
 
-// BlockHeader is the size of the header that starts every block of a low-latency
-// dispatch and of every combine: status (u32), rows (u32), fingerprint (u64), the
-// dispatch's generation (u64), reserved (u64).
-const BlockHeader = 32
-
-// PutHeader writes a block header.
-func PutHeader(b []byte, status, rows int, fp, gen uint64) {
-	binary.LittleEndian.PutUint32(b[0:], uint32(status))
-	binary.LittleEndian.PutUint32(b[4:], uint32(rows))
-	binary.LittleEndian.PutUint64(b[8:], fp)
-	binary.LittleEndian.PutUint64(b[16:], gen)
-	binary.LittleEndian.PutUint64(b[24:], 0)
+type lowLatency struct {
+	d *core
+	x *coll.Exchange
+	// rowsPer is, when the rows are read in place, the rows of each source rank's part
+	// of the view (MaxTokens rounded up so that a part is whole pages); 0 when they are
+	// pushed. stage[i] holds slot i's staging: payloads and scales (nil without).
+	rowsPer int
+	stage   [][2]*coll.Board
+	ss      []llSlot
 }
 
-// ReadHeader reads a block header.
-func ReadHeader(b []byte) (status, rows int, fp, gen uint64) {
-	return int(binary.LittleEndian.Uint32(b[0:])), int(binary.LittleEndian.Uint32(b[4:])),
-		binary.LittleEndian.Uint64(b[8:]), binary.LittleEndian.Uint64(b[16:])
+type llSlot struct {
+	op *coll.XOp
+	// stageFree: no rank reads what this rank last wrote into the slot's staging (its
+	// combine has completed since).
+	stageFree bool
 }
 
-func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code int, inErr error, reuse bool) error {
-	d := s.d
-	sc := s.sc
-	me := d.c.Rank()
-	if !reuse && code == CodeOK {
-		if err := router.BuildLayoutInto(&sc.layout, r, sc.pl, me); err != nil {
-			code, inErr = CodeRouting, fmt.Errorf("%w: %v", ErrInput, err)
-		} else {
-			sc.tokens, sc.r = r.T, r
+// llExchange is the mode's exchange: per block a header and the rows' metadata, their
+// payloads and their scales, each for MaxTokens rows.
+func llExchange(cfg Config, f Format) coll.ExchangeConfig {
+	return coll.ExchangeConfig{Slots: cfg.InFlight, Fields: []int{
+		blockHeader + cfg.MaxTokens*f.Meta, cfg.MaxTokens * f.Payload, cfg.MaxTokens * f.ScaleBytes()}}
+}
+
+func newLowLatency(ctx context.Context, d *core) (*lowLatency, error) {
+	m := &lowLatency{d: d, stage: make([][2]*coll.Board, len(d.slots)), ss: make([]llSlot, len(d.slots))}
+	x, err := d.c.NewExchange(ctx, llExchange(d.cfg, d.f))
+	if err != nil {
+		return nil, err
+	}
+	m.x = x
+	if !d.cfg.PushRows && d.c.Size() > 1 {
+		if err := m.openStaging(ctx); err != nil {
+			x.Close()
+			return nil, err
 		}
 	}
-	s.x, s.code, s.inErr = x, code, inErr
+	return m, nil
+}
+
+// LowLatencyBytes is the memory (Dispatcher.Bytes) that a Dispatcher[T] of cfg in the
+// low-latency mode holds on each rank of cfg.Placement once every slot has taken a
+// dispatch of MaxTokens tokens: where every rank maps every rank's memory (shared: one
+// host, over shm or inproc; the experts then read the rows in place unless PushRows), or
+// where blocks travel as messages (coll.ExchangeBytes says what a mix adds). It runs
+// nothing, so that an engine can size its other buffers first (moex flow prints it).
+func LowLatencyBytes[T Act](cfg Config, shared bool) (int, error) {
+	cfg, err := Defaults[T](cfg)
+	if err != nil {
+		return 0, err
+	}
+	if cfg.Mode != LowLatency {
+		return 0, fmt.Errorf("%w: LowLatencyBytes of the %v mode", ErrConfig, cfg.Mode)
+	}
+	p, f := cfg.Placement.Ranks, NewFormat(cfg)
+	n := coll.ExchangeBytes(llExchange(cfg, f), p, shared)
+	perSrc := cfg.MaxTokens // rows per source rank in the experts' view
+	if rows := stagingRows(f, cfg.MaxTokens, p); shared && !cfg.PushRows && p > 1 && rows > 0 {
+		n += cfg.InFlight * rows * (f.Payload + f.ScaleBytes())
+		perSrc = rows
+	}
+	if act := actType[T](); !cfg.Quantized && f.Wire != act { // the rows decoded for the experts
+		n += cfg.InFlight * obuf.Capacity(p*perSrc*cfg.Hidden*act.Size())
+	}
+	return n, nil
+}
+
+// maxStaging bounds the staging of one slot (every rank's part) for the rows read in
+// place; above it the rows are pushed.
+const maxStaging = 4 << 30
+
+// stagingRows is how many rows each rank's part of a slot's staging holds: MaxTokens,
+// rounded up so that the payloads (and the scales) of a part fill whole pages, the parts
+// then lying side by side as one array of rows; 0 where every rank's parts together
+// would pass maxStaging (the rows are then pushed).
+func stagingRows(f Format, maxTokens, p int) int {
+	pg := os.Getpagesize()
+	unit := pg / gcd(f.Payload, pg)
+	if sb := f.ScaleBytes(); sb > 0 {
+		u := pg / gcd(sb, pg)
+		unit = unit / gcd(unit, u) * u
+	}
+	rows := (maxTokens + unit - 1) / unit * unit
+	if rows*(f.Payload+f.ScaleBytes())*p > maxStaging {
+		return 0
+	}
+	return rows
+}
+
+func gcd(a, b int) int {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// openStaging makes each slot's staging where every rank can map every rank's side by
+// side (coll.Comm.NewSpanBoard), so that the experts read the rows in place; where some
+// rank cannot, every rank pushes its rows instead.
+func (m *lowLatency) openStaging(ctx context.Context) error {
+	d := m.d
+	f := &d.f
+	rows := stagingRows(*f, d.cfg.MaxTokens, d.c.Size())
+	if rows == 0 {
+		return nil
+	}
+	for i := range m.stage {
+		for j, size := range []int{rows * f.Payload, rows * f.ScaleBytes()} {
+			if size == 0 {
+				continue
+			}
+			b, err := d.c.NewSpanBoard(ctx, size)
+			if errors.Is(err, coll.ErrNoBoard) {
+				m.closeStaging()
+				return nil
+			}
+			if err != nil {
+				m.closeStaging()
+				return err
+			}
+			m.stage[i][j] = b
+		}
+		m.ss[i].stageFree = true
+	}
+	m.rowsPer = rows
+	return nil
+}
+
+func (m *lowLatency) closeStaging() {
+	for i := range m.stage {
+		for j, b := range m.stage[i] {
+			if b != nil {
+				b.Close()
+				m.stage[i][j] = nil
+			}
+		}
+	}
+	m.rowsPer = 0
+}
+
+func (m *lowLatency) close() error {
+	m.closeStaging()
+	return m.x.Close()
+}
+
+func (m *lowLatency) bytes() int {
+	n := m.x.Bytes()
+	for i := range m.stage {
+		for _, b := range m.stage[i] {
+			if b != nil {
+				n += b.Size()
+			}
+		}
+	}
+	return n
+}
+
+// buffer is slot s's staging, where the next Start may write its tokens (Buffer); nil
+// where the rows are not read in place in the activation type or the staging is busy.
+func (m *lowLatency) buffer(s *slot) []byte {
+	if m.rowsPer == 0 || m.d.f.Wire != m.d.act || !m.ss[s.idx].stageFree || s.state == slotStarted || s.pins > 0 {
+		return nil
+	}
+	return m.stage[s.idx][0].Local()
+}
+
+// done marks slot s's staging free to write again: every rank has started the combine
+// of its dispatch, and experts read no row of a dispatch after the combine of it starts.
+func (m *lowLatency) done(s *slot) { m.ss[s.idx].stageFree = true }
+
+func (m *lowLatency) start(ctx context.Context, s *slot) error {
+	d := m.d
+	me := d.c.Rank()
+	ok := s.code == CodeOK
+	ls := &m.ss[s.idx]
 	// In place: this rank's tokens go once into its staging, where the experts read
 	// them, if no rank still reads what it last wrote there.
-	inPlace := d.rowsPer > 0 && sc.stageFree && code == CodeOK
+	inPlace := m.rowsPer > 0 && ls.stageFree && ok
+	pk := d.packer()
 	if inPlace {
-		sc.stageFree = false
-		d.stageTokens(x, sc)
-	} else if code == CodeOK {
-		d.beginPack(x, sc.tokens)
+		ls.stageFree = false
+		m.stageTokens(s)
+	} else if ok {
+		pk.begin(s.x, s.tokens)
 	}
-	op, err := d.x.Begin(ctx)
+	k := s.countsOf(ok)
+	k.sentInPlace = inPlace
+	k.fromInPlace = growBools(k.fromInPlace, d.c.Size())
+	clear(k.fromInPlace) // until the headers say
+	d.plan(s)
+	op, err := m.x.Begin(ctx)
 	if err != nil {
 		return err
 	}
-	s.op = op
+	ls.op = op
 	f := &d.f
 	sb := f.ScaleBytes()
-	st := &s.stats
-	st.RowsSent, st.BytesSent, st.Pushed, st.Assignments, st.InPlace = 0, 0, 0, 0, inPlace
-	if code == CodeOK {
-		st.Assignments = sc.layout.Assignments
-	}
 	// Rows written into other ranks' memory, which they read only once all have
 	// arrived, go past the caches (non-temporal stores) when the exchange touches more
 	// than the last-level cache holds: each line would go to memory anyway.
 	stream := false
-	if code == CodeOK && d.llc > 0 && !inPlace {
+	if ok && d.llc > 0 && !inPlace {
 		sent := 0
-		for q, rows := range sc.layout.Rows {
+		for q, b := range s.sched.Dispatch.Send {
 			if q != me {
-				sent += len(rows) * f.Payload
+				sent += b.Bytes[1]
 			}
 		}
 		stream = sent*d.c.Size() > d.llc // about every rank's share, all of them
 	}
+	pushed := 0
 	for {
 		q, dst, err := op.NextDest(ctx)
 		if err != nil {
@@ -89,192 +245,159 @@ func (s *slot[T]) startLL(ctx context.Context, x []T, r *router.Routing, code in
 		if q < 0 {
 			break
 		}
-		var rows []int32
-		if code == CodeOK {
-			rows = sc.layout.Rows[q]
-		}
-		n := len(rows)
-		PutHeader(dst[0], code, n, sc.fp, sc.gen)
-		mo := BlockHeader // the metadata, packed: each row's as long as its choices need
-		pay, scb := n*f.Payload, n*sb
+		b := &s.sched.Dispatch.Send[q]
+		h := header{status: s.code, rows: b.Rows, fp: s.fp, gen: s.gen}
 		if inPlace {
-			dst[0][24] = flagInPlace
-			for _, t := range rows {
-				mo += d.putMeta(dst[0][mo:], sc.pl, sc.r, int(t), q)
-			}
-			pay, scb = 0, 0
-		} else {
-			for i, t := range rows {
-				mo += d.putMeta(dst[0][mo:], sc.pl, sc.r, int(t), q)
-				d.put(int(t), dst[1][i*f.Payload:(i+1)*f.Payload], dtype.FromBytes[float32](dst[2][i*sb:(i+1)*sb]), stream && q != me && d.x.Pushes(q))
+			h.flags = flagInPlace
+		}
+		h.put(dst[0])
+		mo := blockHeader // the metadata, packed: each row's as long as its choices need
+		if ok {
+			for i, t := range s.layout.Rows[q] {
+				mo += putMeta(dst[0][mo:], s.pl, s.r, me, int(t), q)
+				if !inPlace {
+					pk.put(int(t), dst[1][i*f.Payload:(i+1)*f.Payload], dtype.FromBytes[float32](dst[2][i*sb:(i+1)*sb]), stream && q != me && m.x.Pushes(q))
+				}
 			}
 		}
-		if err := op.Send(q, mo, pay, scb); err != nil {
+		if mo != b.Bytes[0] {
+			return fmt.Errorf("ep: rank %d's block for rank %d has %d bytes of metadata, its schedule %d", me, q, mo, b.Bytes[0])
+		}
+		if err := op.Send(q, b.Bytes[0], b.Bytes[1], b.Bytes[2]); err != nil {
 			return err
 		}
-		if q != me {
-			st.RowsSent += n
-			st.BytesSent += mo + n*(f.Payload+sb) // in place: read by q where they are
-			if d.x.Pushes(q) && !inPlace {
-				st.Pushed++
-			}
+		if q != me && m.x.Pushes(q) && !inPlace {
+			pushed++
 		}
 	}
+	s.stats.Pushed, s.stats.InPlace = pushed, inPlace
 	return nil
-}
-
-// flagInPlace, in a block header's reserved word: the block's rows are in its sender's
-// staging, at their token indices, to be read in place.
-const flagInPlace = 1
-
-// rowsInPlace reports whether the block whose header starts h has its rows in place.
-func rowsInPlace(h []byte) bool { return h[24]&flagInPlace != 0 }
-
-// Buffer is where this rank may write the tokens of its next Start (Hidden values per
-// token, at most MaxTokens tokens) so that the dispatch copies nothing of them: the
-// staging the experts read in place. It is nil unless the rows are read in place
-// (RowsInPlace) in the activation type (the wire type is the activation type) and the
-// staging is free (the combine of the last dispatch into it has completed). A Start
-// whose x is Buffer()[:T*Hidden] stages nothing; the memory is the other ranks' to read
-// until the combine of that dispatch completes, and must not be written meanwhile.
-func (d *Dispatcher[T]) Buffer() []T {
-	if d.rowsPer == 0 || d.f.Wire != d.act || d.closed {
-		return nil
-	}
-	sc := d.slots[int(d.gen%uint64(len(d.slots)))].sc
-	if !sc.stageFree || sc.state == slotStarted || sc.pins > 0 {
-		return nil
-	}
-	return dtype.FromBytes[T](sc.stage[0].Local())[: d.cfg.MaxTokens*d.cfg.Hidden : d.cfg.MaxTokens*d.cfg.Hidden]
 }
 
 // stageTokens writes this rank's tokens into the slot's staging, in the wire format, at
 // their token indices: each token once, whatever ranks it goes to.
-func (d *Dispatcher[T]) stageTokens(x []T, sc *slotCore) {
+func (m *lowLatency) stageTokens(s *slot) {
+	d := m.d
 	f := &d.f
-	hid := d.cfg.Hidden
-	pay := sc.stage[0].Local()
+	pk := d.packer()
+	pay := m.stage[s.idx][0].Local()
 	var sca []float32
-	if sc.stage[1] != nil {
-		sca = dtype.FromBytes[float32](sc.stage[1].Local())
+	if b := m.stage[s.idx][1]; b != nil {
+		sca = dtype.FromBytes[float32](b.Local())
 	}
-	if f.Wire == d.act && len(x) > 0 && len(pay) > 0 && &dtype.Bytes(x)[0] == &pay[0] {
+	if f.Wire == d.act && len(s.x) > 0 && len(pay) > 0 && &s.x[0] == &pay[0] {
 		return // the tokens were written there (Buffer)
 	}
-	for t := 0; t < sc.tokens; t++ {
-		src := dtype.Bytes(x[t*hid : (t+1)*hid])
-		encode(f, pay[t*f.Payload:(t+1)*f.Payload], sca[t*f.Scales:(t+1)*f.Scales], src, d.act, d.cfg.PowerOfTwoScales)
+	pk.x = s.x
+	for t := 0; t < s.tokens; t++ {
+		pk.encodeRow(t, pay[t*f.Payload:(t+1)*f.Payload], sca[t*f.Scales:(t+1)*f.Scales])
 	}
 }
 
-func (s *slot[T]) waitLL(ctx context.Context) error {
-	d := s.d
-	sc := s.sc
-	op := s.op
-	s.op = nil
+func (m *lowLatency) wait(ctx context.Context, s *slot) error {
+	d := m.d
+	ls := &m.ss[s.idx]
+	op := ls.op
+	ls.op = nil
 	if err := op.Wait(ctx); err != nil {
 		return err
 	}
-	p, me := d.c.Size(), d.c.Rank()
+	p := d.c.Size()
 	f := &d.f
-	sb := f.ScaleBytes()
-	sc.from = growInts(sc.from, p)
 	// Headers first: another configuration on any rank, then a rank's bad input, fail
 	// every rank alike.
 	for q := 0; q < p; q++ {
 		h := op.Recv(q, 0)
-		if len(h) < BlockHeader {
+		if len(h) < blockHeader {
 			return fmt.Errorf("%w: rank %d sent a %d-byte block", ErrMismatch, q, len(h))
 		}
-		if _, _, fp, _ := ReadHeader(h); fp != sc.fp {
-			return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, fp, sc.fp)
+		if hd := readHeader(h); hd.fp != s.fp {
+			return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, hd.fp, s.fp)
 		}
 	}
 	if s.inErr != nil {
 		return s.inErr
 	}
-	st := &s.stats
-	st.RowsReceived, st.BytesReceived = 0, 0
+	// The receive side of the schedule, from the headers: the counts travel with the
+	// rows. Each block is checked against it before anything is read.
+	k := &s.k
 	for q := 0; q < p; q++ {
-		h := op.Recv(q, 0)
-		status, n, _, _ := ReadHeader(h)
-		if status != CodeOK {
-			return &PeerInputError{Rank: q, Code: status}
+		h := readHeader(op.Recv(q, 0))
+		if h.status != CodeOK {
+			return PeerInput(q, h.status)
 		}
-		pay, scb := n*f.Payload, n*sb
-		if rowsInPlace(h) {
-			pay, scb = 0, 0
+		meta := len(op.Recv(q, 0)) - blockHeader - h.rows*f.MetaBytes(0)
+		if h.rows > d.cfg.MaxTokens || meta < 0 || meta%8 != 0 {
+			return fmt.Errorf("%w: rank %d's block says %d rows but carries %d bytes of metadata", ErrMismatch, q, h.rows, len(op.Recv(q, 0)))
 		}
-		if n > d.cfg.MaxTokens || len(h) < BlockHeader+n*f.MetaBytes(0) || len(h) > BlockHeader+n*f.Meta || len(op.Recv(q, 1)) != pay || len(op.Recv(q, 2)) != scb || (pay == 0 && n > 0 && d.rowsPer == 0) {
-			return fmt.Errorf("%w: rank %d's block says %d rows but carries %d, %d and %d bytes", ErrMismatch, q, n, len(h), len(op.Recv(q, 1)), len(op.Recv(q, 2)))
-		}
-		sc.from[q] = n
-		if q != me {
-			st.RowsReceived += n
-			st.BytesReceived += len(h) + n*(f.Payload+sb)
-		}
+		k.rowsFrom[q], k.choicesFrom[q] = h.rows, meta/8
+		k.fromInPlace[q] = h.flags&flagInPlace != 0 && h.rows > 0
 	}
-	st.RowsPerRank = growInts(st.RowsPerRank, p)
+	d.plan(s)
 	for q := 0; q < p; q++ {
-		st.RowsPerRank[q] = len(sc.layout.Rows[q])
+		b := s.sched.Dispatch.Recv[q]
+		n := b.Rows
+		switch {
+		case len(op.Recv(q, 0)) > blockHeader+n*f.Meta || len(op.Recv(q, 1)) != b.Bytes[1] || len(op.Recv(q, 2)) != b.Bytes[2]:
+			return fmt.Errorf("%w: rank %d's block says %d rows but carries %d, %d and %d bytes", ErrMismatch, q, n, len(op.Recv(q, 0)), len(op.Recv(q, 1)), len(op.Recv(q, 2)))
+		case b.InPlace && m.rowsPer == 0:
+			return fmt.Errorf("%w: rank %d's rows are in place, where this rank cannot read them", ErrMismatch, q)
+		}
 	}
-	if err := s.viewLL(op); err != nil {
-		return err
-	}
-	d.stats = *st
-	return nil
+	s.finishStats()
+	return m.view(s, op)
 }
 
-// viewLL builds the expert-major view of the rows where they arrived (MaxTokens rows
-// per source rank), and the handle's maps; it converts the rows into X only when the
-// wire type is not the activation type.
-func (s *slot[T]) viewLL(op interface {
-	Recv(q, f int) []byte
-	Field(f int) []byte
-}) error {
-	d := s.d
-	sc := s.sc
+func growBools(s []bool, n int) []bool {
+	if cap(s) < n {
+		return make([]bool, n)
+	}
+	return s[:n]
+}
+
+// view builds the expert-major view of the rows where they arrived (MaxTokens rows per
+// source rank), and the handle's maps; it converts the rows into X only when the wire
+// type is not the activation type.
+func (m *lowLatency) view(s *slot, op *coll.XOp) error {
+	d := m.d
 	p, me, hid, k := d.c.Size(), d.c.Rank(), d.cfg.Hidden, d.cfg.TopK
-	pl := sc.pl
+	es := d.act.Size()
+	pl := s.pl
 	f := &d.f
 	nLocal := len(pl.Local[me])
 	mt := d.cfg.MaxTokens
-	o := &s.out
-	o.hidden, o.ExpertMajor, o.format = hid, false, f
-	if cap(d.cs) < k {
-		d.cs = make([]contrib, 0, k)
-	}
-	o.Counts = growInts(o.Counts, nLocal)
-	clear(o.Counts)
-	o.Offsets = growInts(o.Offsets, nLocal+1)
+	v := &s.view
+	v.expertMajor = false
+	cs := d.contribs()
+	v.startCounts(nLocal)
 	// Where the rows are: all in their senders' staging, the view then spanning every
 	// rank's (in place), or all here. A mix (ranks that disagree on whether their last
 	// combine completed) is made all here: the rows in place are copied in.
 	nIn, nAll := 0, 0
 	for q := 0; q < p; q++ {
-		if sc.from[q] > 0 {
+		if s.k.rowsFrom[q] > 0 {
 			nAll++
-			if rowsInPlace(op.Recv(q, 0)) {
+			if s.k.fromInPlace[q] {
 				nIn++
 			}
 		}
 	}
 	inPlace, mixed := nIn > 0 && nIn == nAll, nIn > 0 && nIn < nAll
 	var span, spanSca []byte
-	if nIn > 0 { // waitLL refused rows in place where this rank has no staging
-		span = sc.stage[0].Span()
-		if sc.stage[1] != nil {
-			spanSca = sc.stage[1].Span()
+	if nIn > 0 { // wait refused rows in place where this rank has no staging
+		span = m.stage[s.idx][0].Span()
+		if b := m.stage[s.idx][1]; b != nil {
+			spanSca = b.Span()
 		}
 	}
-	R := d.rowsPer
+	R := m.rowsPer
 	sb := f.ScaleBytes()
 	incomingRows, contribs := 0, 0
 	for q := 0; q < p; q++ {
-		meta := op.Recv(q, 0)[BlockHeader:]
-		copyIn := mixed && sc.from[q] > 0 && rowsInPlace(op.Recv(q, 0))
-		for i := 0; i < sc.from[q]; i++ {
-			src, cs, n, ok := getMeta(meta, k, nLocal, d.cs[:0])
+		meta := op.Recv(q, 0)[blockHeader:]
+		copyIn := mixed && s.k.fromInPlace[q]
+		for i := 0; i < s.k.rowsFrom[q]; i++ {
+			src, got, n, ok := getMeta(meta, k, nLocal, cs[:0])
 			if !ok || (nIn > 0 && src >= mt) {
 				return fmt.Errorf("%w: rank %d sent a row whose metadata is out of bounds", ErrMismatch, q)
 			}
@@ -285,16 +408,16 @@ func (s *slot[T]) viewLL(op interface {
 			}
 			meta = meta[n:]
 			incomingRows++
-			contribs += len(cs)
-			for _, x := range cs {
-				o.Counts[x.le]++
+			contribs += len(got)
+			for _, x := range got {
+				v.counts[x.le]++
 			}
 		}
 		if len(meta) != 0 {
-			return fmt.Errorf("%w: rank %d sent %d bytes of metadata past its %d rows", ErrMismatch, q, len(meta), sc.from[q])
+			return fmt.Errorf("%w: rank %d sent %d bytes of metadata past its %d rows", ErrMismatch, q, len(meta), s.k.rowsFrom[q])
 		}
 	}
-	total := layoutEntries(o, d.cfg.Align)
+	total := v.layoutEntries(d.cfg.Align)
 	s.allocEntries(total, incomingRows, contribs)
 	pay, sca := op.Field(1), op.Field(2)
 	perSrc := mt
@@ -304,11 +427,11 @@ func (s *slot[T]) viewLL(op interface {
 	decoding := false
 	switch {
 	case d.cfg.Quantized:
-		o.X, o.Q, o.Scales = nil, pay, dtype.FromBytes[float32](sca)
+		v.x, v.q, v.scales = nil, pay, dtype.FromBytes[float32](sca)
 	case f.Wire == d.act:
-		o.X, o.Q, o.Scales = dtype.FromBytes[T](pay), nil, nil // where the rows are
+		v.x, v.q, v.scales = pay, nil, nil // where the rows are
 	default:
-		o.X, o.Q, o.Scales = dtype.FromBytes[T](s.xS.Bytes(p*perSrc*hid*int(sizeOf[T]()))), nil, nil
+		v.x, v.q, v.scales = s.xS.Bytes(p*perSrc*hid*es), nil, nil
 		decoding = true
 	}
 	scales := dtype.FromBytes[float32](sca)
@@ -316,32 +439,141 @@ func (s *slot[T]) viewLL(op interface {
 	fill := d.fillScratch(nLocal)
 	row, ci := 0, 0
 	for q := 0; q < p; q++ {
-		sc.originStart[q] = row
-		meta := op.Recv(q, 0)[BlockHeader:]
-		for i := 0; i < sc.from[q]; i++ {
-			src, cs, n, _ := getMeta(meta, k, nLocal, d.cs[:0])
+		s.originStart[q] = row
+		meta := op.Recv(q, 0)[blockHeader:]
+		for i := 0; i < s.k.rowsFrom[q]; i++ {
+			src, got, n, _ := getMeta(meta, k, nLocal, cs[:0])
 			meta = meta[n:]
 			r := q*perSrc + i
 			if inPlace {
 				r = q*perSrc + src
 			}
 			if decoding {
-				decode(f, dtype.Bytes(o.X[r*hid:(r+1)*hid]), d.act, pay[r*f.Payload:(r+1)*f.Payload], scales[r*f.Scales:(r+1)*f.Scales])
+				decode(f, v.x[r*hid*es:(r+1)*hid*es], d.act, pay[r*f.Payload:(r+1)*f.Payload], scales[r*f.Scales:(r+1)*f.Scales])
 			}
-			sc.start[row] = int32(ci)
-			for _, x := range cs {
-				dst := o.Offsets[x.le] + fill[x.le]
+			s.start[row] = int32(ci)
+			for _, x := range got {
+				dst := v.offsets[x.le] + fill[x.le]
 				fill[x.le]++
-				o.Row[dst] = int32(r)
-				o.Origin[dst], o.Source[dst], o.Weight[dst] = int32(q), int32(src), x.w
-				o.Expert[dst] = int32(pl.Local[me][x.le])
-				sc.entries[ci], sc.weights[ci] = int32(dst), x.w
+				v.row[dst] = int32(r)
+				v.origin[dst], v.source[dst], v.weight[dst] = int32(q), int32(src), x.w
+				v.expert[dst] = int32(pl.Local[me][x.le])
+				s.entries[ci], s.weights[ci] = int32(dst), x.w
 				ci++
 			}
 			row++
 		}
 	}
-	sc.originStart[p] = row
-	sc.start[row] = int32(ci)
+	s.originStart[p] = row
+	s.start[row] = int32(ci)
+	return nil
+}
+
+// The combine half over messages: one exchange of two fields, the header and the
+// answers to the rows the destination sent (partial sums, or terms with SumAtOrigin).
+
+type llBack struct {
+	m  *lowLatency
+	cb *backCore
+	x  *coll.Exchange
+	op []*coll.XOp
+}
+
+// llBackExchange is the combine's exchange: per block a header and, unless the outputs
+// are read in place, the answers to MaxTokens rows.
+func llBackExchange(cfg Config, f *CombineFormat, inPlace bool) coll.ExchangeConfig {
+	answers := f.Block(cfg.MaxTokens, cfg.MaxTokens*min(cfg.TopK, cfg.MaxLocalExperts))
+	if inPlace {
+		answers = 0 // the header alone
+	}
+	return coll.ExchangeConfig{Slots: cfg.InFlight, Fields: []int{blockHeader, answers}}
+}
+
+func (m *lowLatency) newBack(ctx context.Context, cb *backCore) (back, error) {
+	if !cb.cfg.SendPartials && m.d.c.Size() > 1 {
+		b, err := newInPlaceBack(ctx, m, cb)
+		if b != nil || err != nil {
+			return b, err
+		}
+	}
+	x, err := m.d.c.NewExchange(ctx, llBackExchange(m.d.cfg, &cb.f, false))
+	if err != nil {
+		return nil, err
+	}
+	return &llBack{m: m, cb: cb, x: x, op: make([]*coll.XOp, len(cb.slots))}, nil
+}
+
+func (b *llBack) inPlace() bool { return false }
+func (b *llBack) bytes() int    { return b.x.Bytes() }
+func (b *llBack) close() error  { return b.x.Close() }
+
+func (b *llBack) start(ctx context.Context, cs *cslot) error {
+	op, err := b.x.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	b.op[cs.idx] = op
+	st := &cs.s.sched.Combine
+	for {
+		q, dst, err := op.NextDest(ctx)
+		if err != nil {
+			return err
+		}
+		if q < 0 {
+			return nil
+		}
+		blk := st.Send[q]
+		n := 0
+		if cs.code == CodeOK && q != b.cb.d.c.Rank() {
+			n = blk.Rows
+			a, _ := cs.s.incoming(q)
+			b.cb.sums.put(dst[1], cs, a, a+n)
+		}
+		header{status: cs.code, rows: n, fp: cs.fp, gen: cs.gen}.put(dst[0])
+		answers := blk.Bytes[1]
+		if cs.code != CodeOK {
+			answers = 0
+		}
+		if err := op.Send(q, blockHeader, answers); err != nil {
+			return err
+		}
+	}
+}
+
+func (b *llBack) wait(ctx context.Context, cs *cslot) error {
+	cb := b.cb
+	p, me := cb.d.c.Size(), cb.d.c.Rank()
+	op := b.op[cs.idx]
+	b.op[cs.idx] = nil
+	if err := op.Wait(ctx); err != nil {
+		return err
+	}
+	var first error
+	for q := 0; q < p; q++ {
+		if q == me {
+			continue
+		}
+		err := cs.checkBlock(q, op.Recv(q, 0))
+		if err == nil && cs.code == CodeOK {
+			blk := cs.s.sched.Combine.Recv[q]
+			if got := len(op.Recv(q, 1)); got != blk.Bytes[1] {
+				err = fmt.Errorf("%w: rank %d sent %d bytes of partial sums for %d rows (want %d)", ErrMismatch, q, got, blk.Rows, blk.Bytes[1])
+			}
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if cs.inErr != nil {
+		return cs.inErr
+	}
+	if first != nil {
+		return first
+	}
+	for q := 0; q < p; q++ {
+		if q != me {
+			cs.parts[q] = op.Recv(q, 1)
+		}
+	}
 	return nil
 }

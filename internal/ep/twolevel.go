@@ -28,8 +28,7 @@ import (
 // token's expert outputs within each host first, and each host's sum crosses back once.
 //
 // Both stages run in cfg.Mode (normal or low-latency); the down stage takes cfg's Align
-// and Quantized. An fp8 or int8 CombineDType applies to the host sums that cross hosts;
-// within a host the partial sums travel in the activation type. Hosts must hold equal numbers of ranks. The stages fail as a dispatch
+// and Quantized. Hosts must hold equal numbers of ranks. The stages fail as a dispatch
 // does: a rank's bad input fails every rank in the same call.
 type TwoLevel[T Act] struct {
 	c            *coll.Comm
@@ -59,8 +58,6 @@ func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLeve
 	switch {
 	case cfg.Mode == Gathered:
 		return nil, fmt.Errorf("%w: the gathered mode has no two-level form", ErrConfig)
-	case cfg.SumAtOrigin:
-		return nil, fmt.Errorf("%w: SumAtOrigin on the two-level path, which sums each host's terms there", ErrConfig)
 	case cfg.Placement.Ranks != c.Size():
 		return nil, fmt.Errorf("%w: placement over %d ranks on a communicator of %d", ErrConfig, cfg.Placement.Ranks, c.Size())
 	}
@@ -97,16 +94,13 @@ func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLeve
 	// A host holds at most its ranks' experts; a rank of the host, its own.
 	ucfg.Placement, ucfg.Align, ucfg.Quantized, ucfg.Pool = upPl, 1, false, nil
 	ucfg.MaxLocalExperts = min(upPl.Experts, cfg.MaxLocalExperts*len(d.members))
-	if d.up, err = New[T](ctx, inter, ucfg); err != nil {
+	// The up stage keeps a row once, in arrival order: the down stage's tokens as they are.
+	if d.up, err = NewWith[T](ctx, inter, ucfg, Options{Arrival: true}); err != nil {
 		return fail(err)
 	}
-	d.up.arrival = true // a row once, in arrival order: the down stage's tokens as they are
 	dcfg := cfg
 	dcfg.Placement, dcfg.TopK = downPl, min(cfg.TopK, len(d.global))
 	dcfg.MaxLocalExperts = min(downPl.Experts, cfg.MaxLocalExperts)
-	if q := cfg.CombineDType; q == dtype.FP8E4M3 || q == dtype.I8 {
-		dcfg.CombineDType = 0 // quantised across hosts only: within, the activations' type
-	}
 	dcfg.MaxTokens = cfg.MaxTokens * inter.Size() // every host's relay may send each token here
 	if cfg.Mode != LowLatency {
 		dcfg.MaxTokens = cfg.MaxTokens
@@ -184,7 +178,7 @@ func (d *TwoLevel[T]) Dispatch(ctx context.Context, x []T, r *router.Routing) (*
 	if d.up.cfg.Mode == Normal {
 		x2 = out1.X[:n*hid] // row i of X is incoming row i
 	} else { // low-latency: the rows stay where they arrived, gathered here
-		x2 = dtype.FromBytes[T](d.x2.Bytes(n * hid * int(sizeOf[T]())))
+		x2 = dtype.FromBytes[T](d.x2.Bytes(n * hid * d.up.act.Size()))
 	}
 	for i := 0; i < n; i++ {
 		entries, ws := h1.Contributions(i)
@@ -241,4 +235,74 @@ func (d *TwoLevel[T]) Close() error {
 		}
 	}
 	return nil
+}
+
+// TwoLevelCombiner combines the dispatches of a TwoLevel: the down stage sums, on the
+// rank that relayed each row, the weighted outputs of the host's experts for it (every
+// rank of the host sends that rank one partial sum per row), and the up stage sends each
+// such host sum back to the token's rank once, where the hosts' sums are added in
+// ascending order of host. Bitwise reproducible for a fixed placement, as Combiner is;
+// the sum is grouped by host, then by rank, so it agrees with the flat combine to
+// rounding, not bit for bit.
+type TwoLevelCombiner[T Out] struct {
+	up, down *Combiner[T]
+	hidden   int
+	mid      obuf.Scratch // each relayed row's host sum
+}
+
+// NewTwoLevelCombiner returns the combiner of d's dispatches (collective in the
+// low-latency mode, as NewCombiner is). An fp8 or int8 PartialDType applies to the host
+// sums that cross hosts; within a host the partial sums travel in the outputs' type.
+// SumAtOrigin is refused: the two-level path sums each host's terms there.
+func NewTwoLevelCombiner[T Out](ctx context.Context, d *TwoLevel[T], ccfg CombineConfig) (*TwoLevelCombiner[T], error) {
+	if ccfg.SumAtOrigin {
+		return nil, fmt.Errorf("%w: SumAtOrigin on the two-level path, which sums each host's terms there", ErrConfig)
+	}
+	within := ccfg
+	if q := ccfg.PartialDType; q == dtype.FP8E4M3 || q == dtype.I8 {
+		within.PartialDType = 0 // quantised across hosts only: within, the outputs' type
+	}
+	down, err := NewCombiner[T](ctx, d.down, within)
+	if err != nil {
+		return nil, err
+	}
+	up, err := NewCombiner[T](ctx, d.up, ccfg)
+	if err != nil {
+		down.Close()
+		return nil, err
+	}
+	cb := &TwoLevelCombiner[T]{up: up, down: down, hidden: d.up.cfg.Hidden}
+	cb.mid.Pool = d.up.cfg.Pool
+	return cb, nil
+}
+
+// Combine takes the experts' outputs y (a row per entry of the dispatch's Output, as
+// Combiner.Combine does) and writes this rank's tokens' weighted sums into out.
+func (cb *TwoLevelCombiner[T]) Combine(ctx context.Context, h TwoLevelHandle, y, out []T) error {
+	n := 0
+	if h.Up.s != nil {
+		n = h.Up.IncomingRows()
+	}
+	mid := dtype.FromBytes[T](cb.mid.Bytes(n * cb.hidden * outType[T]().Size()))
+	if err := cb.down.Combine(ctx, h.Down, y, mid); err != nil {
+		return err
+	}
+	return cb.up.CombineRows(ctx, h.Up, mid, out)
+}
+
+// Up and Down are the stages' combiners.
+func (cb *TwoLevelCombiner[T]) Up() *Combiner[T]   { return cb.up }
+func (cb *TwoLevelCombiner[T]) Down() *Combiner[T] { return cb.down }
+
+// Bytes is the memory this rank holds for both stages' buffers (Combiner.Bytes of each,
+// and the relayed rows' host sums). It is 0 after Close.
+func (cb *TwoLevelCombiner[T]) Bytes() int {
+	return cb.mid.Cap() + cb.up.Bytes() + cb.down.Bytes()
+}
+
+// Close releases both stages' buffers.
+func (cb *TwoLevelCombiner[T]) Close() error {
+	cb.mid.Release()
+	cb.up.Close()
+	return cb.down.Close()
 }

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/moex-ai/moex/coll"
-	"github.com/moex-ai/moex/coll/dtype"
 	hostgroups "github.com/moex-ai/moex/internal/hosts"
 	"github.com/moex-ai/moex/router"
 )
@@ -109,7 +108,7 @@ func (pl *Plan) Hosts(hosts []int) (*HostTraffic, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := pl.Format
+	f, cf := pl.Format, pl.CombineFormat
 	rowBytes := func(m int) int64 {
 		if cfg.Mode == LowLatency {
 			return int64(f.MetaBytes(0) + 8*m + f.Payload + f.ScaleBytes())
@@ -127,10 +126,7 @@ func (pl *Plan) Hosts(hosts []int) (*HostTraffic, error) {
 			if cfg.Mode == LowLatency {
 				b = int64(len(rows))*int64(f.MetaBytes(0)+f.Payload+f.ScaleBytes()) + 8*int64(pl.Choices[o][q])
 			}
-			c := int64(len(rows) * f.Combined)
-			if cfg.SumAtOrigin { // a count per row, an output per choice
-				c = int64(4*len(rows) + pl.Choices[o][q]*f.Combined)
-			}
+			c := int64(cf.Block(len(rows), pl.Choices[o][q])) // with SumAtOrigin, a count per row and an output per choice
 			if hosts[q] == hosts[o] {
 				ht.Flat.DispatchWithin += b
 				ht.Flat.CombineWithin += c
@@ -170,7 +166,7 @@ func (pl *Plan) Hosts(hosts []int) (*HostTraffic, error) {
 					es := per[b]
 					if b != oh {
 						ht.TwoLevel.DispatchAcross += rowBytes(len(es))
-						ht.TwoLevel.CombineAcross += int64(f.Combined)
+						ht.TwoLevel.CombineAcross += int64(cf.Row)
 						ht.TwoLevel.RowsAcross++
 					}
 					relay := tl.members[b][tl.local[o]]
@@ -194,7 +190,7 @@ func (pl *Plan) Hosts(hosts []int) (*HostTraffic, error) {
 			for d, m := range seen {
 				if d != tl.local[relay] {
 					ht.TwoLevel.DispatchWithin += rowBytes(m)
-					ht.TwoLevel.CombineWithin += int64(f.Combined)
+					ht.TwoLevel.CombineWithin += int64(cf.Row)
 					ht.TwoLevel.RowsWithin++
 				}
 			}
@@ -202,9 +198,6 @@ func (pl *Plan) Hosts(hosts []int) (*HostTraffic, error) {
 	}
 	return ht, nil
 }
-
-// Routing is rank o's routing, as the plan was made from it.
-func (pl *Plan) Routing(o int) *router.Routing { return pl.routings[o] }
 
 // ChooseTwoLevel reports whether the two-level dispatch (TwoLevel) is expected to take
 // less time than the flat one for cfg on c, and says why. It models a token's TopK
@@ -218,9 +211,6 @@ func ChooseTwoLevel(c *coll.Comm, cfg Config) (bool, string) {
 	p := c.Size()
 	if cfg.Placement == nil || cfg.Placement.Ranks != p {
 		return false, "flat: no placement over this communicator"
-	}
-	if cfg.SumAtOrigin {
-		return false, "flat: SumAtOrigin sums every term at the token's rank"
 	}
 	hosts := make([]int, p)
 	for r := range hosts {
@@ -264,14 +254,9 @@ func ChooseTwoLevel(c *coll.Comm, cfg Config) (bool, string) {
 		}
 		twoRows += hit(n)
 	}
-	if cfg.WireDType == 0 {
-		cfg.WireDType = dtype.F32
-	}
-	if cfg.CombineDType == 0 {
-		cfg.CombineDType = dtype.F32
-	}
 	f := NewFormat(cfg)
-	row := float64(f.RowBytes(k/len(tl.members)+1) + f.Combined) // a row there and its partial sum back
+	back := NewCombineFormat(cfg.Hidden, CombineConfig{PartialDType: f.Wire}, f.Wire)
+	row := float64(f.RowBytes(k/len(tl.members)+1) + back.Row) // a row there and its partial sum back
 	m := len(tl.members[0])
 	tokens := float64(max(cfg.MaxTokens, 1))
 	msg := func(l coll.LinkCost, n int) float64 {

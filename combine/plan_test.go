@@ -1,10 +1,9 @@
-package dispatch_test
+package combine_test
 
 import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/router"
 )
@@ -47,8 +47,8 @@ func TestPlan(t *testing.T) {
 	rs := routings(p, experts, k, tokens, 3)
 	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency, dispatch.Gathered} {
 		for _, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3, dtype.I8} {
-			cfg := dispatch.Config{Hidden: hid, TopK: k, WireDType: wire, CombineDType: dtype.BF16, Placement: pl, Mode: mode, MaxTokens: 30}
-			plan, err := dispatch.NewPlan(cfg, rs)
+			cfg := dispatch.Config{Hidden: hid, TopK: k, WireDType: wire, Placement: pl, Mode: mode, MaxTokens: 30}
+			plan, err := combine.NewPlan[float32](cfg, combine.Config{PartialDType: dtype.BF16}, rs, false)
 			require.NoError(t, err)
 			choices, rows := 0, 0
 			for o, r := range rs {
@@ -86,7 +86,7 @@ func TestPlan(t *testing.T) {
 				assert.Equal(t, 2*hid, f.Payload)
 				assert.Zero(t, f.Scales)
 			}
-			assert.Equal(t, 2*hid, f.Combined)
+			assert.Equal(t, 2*hid, plan.CombineFormat.Row)
 			db, cb := plan.DispatchBytes(), plan.CombineBytes()
 			for i := 0; i < p; i++ {
 				assert.Zero(t, db[i][i])
@@ -96,15 +96,15 @@ func TestPlan(t *testing.T) {
 					}
 					switch mode {
 					case dispatch.LowLatency:
-						assert.Equal(t, dispatch.BlockHeader+plan.Rows[i][j]*(f.MetaBytes(0)+f.Payload+f.ScaleBytes())+8*plan.Choices[i][j], db[i][j])
+						assert.Equal(t, 32+plan.Rows[i][j]*(f.MetaBytes(0)+f.Payload+f.ScaleBytes())+8*plan.Choices[i][j], db[i][j], "a 32-byte header")
 					case dispatch.Gathered: // every token to every rank, every token's sum back
 						assert.Equal(t, tokens[i]*(f.GatheredMeta()+f.Payload+f.ScaleBytes()), db[i][j])
-						assert.Equal(t, tokens[j]*f.Combined, cb[i][j])
+						assert.Equal(t, tokens[j]*plan.CombineFormat.Row, cb[i][j])
 						continue
 					default: // rows of metadata, payload and scales, 8-aligned
-						assert.Equal(t, 16+plan.Rows[i][j]*align8(8+f.Payload+f.ScaleBytes())+8*plan.Choices[i][j], db[i][j], "a 16-byte header")
+						assert.Equal(t, 32+plan.Rows[i][j]*align8(8+f.Payload+f.ScaleBytes())+8*plan.Choices[i][j], db[i][j], "a 32-byte header")
 					}
-					assert.Equal(t, dispatch.BlockHeader+plan.Rows[j][i]*f.Combined, cb[i][j], "combine %d->%d: the rows %d sent %d", i, j, j, i)
+					assert.Equal(t, 32+plan.Rows[j][i]*plan.CombineFormat.Row, cb[i][j], "combine %d->%d: the rows %d sent %d", i, j, j, i)
 				}
 			}
 		}
@@ -112,67 +112,19 @@ func TestPlan(t *testing.T) {
 	// Bad routing, and too many tokens for the low-latency mode, are ErrInput.
 	bad := routings(p, experts, k, tokens, 3)
 	bad[3].Experts[0] = experts
-	_, err = dispatch.NewPlan(dispatch.Config{Hidden: hid, TopK: k, Placement: pl}, bad)
+	_, err = combine.NewPlan[float32](dispatch.Config{Hidden: hid, TopK: k, Placement: pl}, combine.Config{}, bad, false)
 	assert.ErrorIs(t, err, dispatch.ErrInput)
-	_, err = dispatch.NewPlan(dispatch.Config{Hidden: hid, TopK: k, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: 10}, rs)
+	_, err = combine.NewPlan[float32](dispatch.Config{Hidden: hid, TopK: k, Placement: pl, Mode: dispatch.LowLatency, MaxTokens: 10}, combine.Config{}, rs, false)
 	assert.ErrorIs(t, err, dispatch.ErrInput)
-	_, err = dispatch.NewPlan(dispatch.Config{Hidden: hid, TopK: k, Placement: pl}, rs[:2])
+	_, err = combine.NewPlan[float32](dispatch.Config{Hidden: hid, TopK: k, Placement: pl}, combine.Config{}, rs[:2], false)
 	assert.ErrorIs(t, err, dispatch.ErrConfig)
-}
-
-// What the executors move is what the planner plans: rows per destination and bytes on
-// the wire of every rank, in both point-to-point modes.
-func TestExecutorFollowsPlan(t *testing.T) {
-	const p, experts, k, hid = 4, 8, 2, 64
-	pl, err := router.NewPlacement(router.RoundRobin, experts, p)
-	require.NoError(t, err)
-	tokens := []int{11, 20, 0, 7}
-	rs := routings(p, experts, k, tokens, 8)
-	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
-		cfg := dispatch.Config{Hidden: hid, TopK: k, WireDType: dtype.FP8E4M3, Placement: pl, Mode: mode, MaxTokens: 20}
-		plan, err := dispatch.NewPlan(cfg, rs)
-		require.NoError(t, err)
-		cs, err := coll.Local(p, coll.Config{})
-		require.NoError(t, err)
-		stats := make([]dispatch.Stats, p)
-		var wg sync.WaitGroup
-		errs := make([]error, p)
-		for _, c := range cs {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				d, err := dispatch.New[float32](context.Background(), c, cfg)
-				if err != nil {
-					errs[c.Rank()] = err
-					return
-				}
-				defer d.Close()
-				_, _, errs[c.Rank()] = d.Dispatch(context.Background(), make([]float32, tokens[c.Rank()]*hid), rs[c.Rank()])
-				stats[c.Rank()] = d.Stats()
-			}()
-		}
-		wg.Wait()
-		for _, c := range cs {
-			c.Close()
-		}
-		db := plan.DispatchBytes()
-		for r := 0; r < p; r++ {
-			require.NoError(t, errs[r])
-			assert.Equal(t, plan.Rows[r], stats[r].RowsPerRank, "%v rank %d rows per destination", mode, r)
-			want := 0
-			for q := 0; q < p; q++ {
-				want += db[r][q]
-			}
-			assert.Equal(t, want, stats[r].BytesSent, "%v rank %d bytes on the wire", mode, r)
-		}
-	}
 }
 
 // The fingerprint tells configurations and placements apart.
 func TestFingerprint(t *testing.T) {
 	a, _ := router.NewPlacement(router.Contiguous, 8, 4)
 	b, _ := router.NewPlacement(router.Contiguous, 8, 4)
-	cfg := dispatch.Config{Hidden: 8, TopK: 2, Placement: a, WireDType: dtype.BF16, CombineDType: dtype.BF16, InFlight: 2}
+	cfg := dispatch.Config{Hidden: 8, TopK: 2, Placement: a, WireDType: dtype.BF16, InFlight: 2}
 	same := cfg
 	same.Placement = b
 	assert.Equal(t, dispatch.Fingerprint(cfg), dispatch.Fingerprint(same))
@@ -201,7 +153,7 @@ func TestFP8WireBytes(t *testing.T) {
 		for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
 			total := map[dtype.Type]int{}
 			for _, wire := range []dtype.Type{dtype.BF16, dtype.FP8E4M3} {
-				plan, err := dispatch.NewPlan(dispatch.Config{Hidden: m.hidden, TopK: m.topK, WireDType: wire, Placement: pl, Mode: mode, MaxTokens: 16}, rs)
+				plan, err := combine.NewPlan[float32](dispatch.Config{Hidden: m.hidden, TopK: m.topK, WireDType: wire, Placement: pl, Mode: mode, MaxTokens: 16}, combine.Config{}, rs, false)
 				require.NoError(t, err)
 				for _, row := range plan.DispatchBytes() {
 					for _, n := range row {
@@ -228,7 +180,7 @@ func TestTwoLevelHalvesDeepSeekCrossing(t *testing.T) {
 	require.NoError(t, err)
 	rs := routings(8, 256, 8, []int{64, 64, 64, 64, 64, 64, 64, 64}, 11)
 	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
-		plan, err := dispatch.NewPlan(dispatch.Config{Hidden: 7168, TopK: 8, WireDType: dtype.BF16, Placement: pl, Mode: mode, MaxTokens: 64}, rs)
+		plan, err := combine.NewPlan[float32](dispatch.Config{Hidden: 7168, TopK: 8, WireDType: dtype.BF16, Placement: pl, Mode: mode, MaxTokens: 64}, combine.Config{}, rs, false)
 		require.NoError(t, err)
 		for _, hosts := range [][]int{{0, 0, 0, 0, 1, 1, 1, 1}, {0, 1, 0, 1, 0, 1, 0, 1}} {
 			ht, err := plan.Hosts(hosts)
@@ -245,7 +197,7 @@ func TestTwoLevelHalvesDeepSeekCrossing(t *testing.T) {
 		assert.Equal(t, ht.Flat.DispatchAcross, ht.TwoLevel.DispatchAcross, "a rank a host: the same rows across")
 		assert.Zero(t, ht.TwoLevel.DispatchWithin)
 	}
-	_, err = (&dispatch.Plan{}).Hosts([]int{0})
+	_, err = (&combine.Plan{}).Hosts([]int{0})
 	assert.Error(t, err)
 }
 
@@ -261,7 +213,7 @@ func TestChooseTwoLevel(t *testing.T) {
 	}{{256, 8, 0, true}, {256, 8, 1, true}, {8, 2, 0, false}} {
 		pl, err := router.NewPlacement(router.Contiguous, c.experts, 8)
 		require.NoError(t, err)
-		errs := onRanksCfg(t, 8, coll.Config{Hosts: hosts, NetGbits: c.gbits}, func(cm *coll.Comm) error {
+		errs := onRanks(t, 8, coll.Config{Hosts: hosts, NetGbits: c.gbits}, false, func(cm *coll.Comm) error {
 			got, why := dispatch.ChooseTwoLevel(cm, dispatch.Config{Hidden: 7168, TopK: c.k, Placement: pl, MaxTokens: 128})
 			if cm.Rank() == 0 {
 				t.Logf("%d experts, top-%d, %v Gbit/s: %s", c.experts, c.k, c.gbits, why)
@@ -277,7 +229,7 @@ func TestChooseTwoLevel(t *testing.T) {
 	}
 	pl, err := router.NewPlacement(router.Contiguous, 256, 4)
 	require.NoError(t, err)
-	errs := onRanksCfg(t, 4, coll.Config{}, func(cm *coll.Comm) error {
+	errs := onRanks(t, 4, coll.Config{}, false, func(cm *coll.Comm) error {
 		if got, why := dispatch.ChooseTwoLevel(cm, dispatch.Config{Hidden: 7168, TopK: 8, Placement: pl}); got {
 			return fmt.Errorf("one host: two-level (%s)", why)
 		}
@@ -286,4 +238,116 @@ func TestChooseTwoLevel(t *testing.T) {
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
 	}
+}
+
+// What the executors move is what the planner plans: on every mode, wire type, way back
+// and P=1..8, the schedule each rank's executors laid out at run time (Handle.Schedule,
+// from the counts they exchanged and the headers they read) is, block by block, the one
+// the pure planner made for that rank from every rank's routing; the bytes each rank's
+// stats count (what its executors put on the wire and read in place) sum it; and the
+// combined rows are right.
+func TestExecutorsFollowSchedule(t *testing.T) {
+	const experts, k, hid = 12, 3, 64
+	type back struct {
+		name string
+		cfg  combine.Config
+	}
+	for p := 1; p <= 8; p++ {
+		pl, err := router.NewPlacement(router.RoundRobin, experts, p)
+		require.NoError(t, err)
+		tokens := make([]int, p)
+		for r := range tokens {
+			tokens[r] = (r*7 + 5) % 13 // 0 for some ranks at some P
+		}
+		rs := routings(p, experts, k, tokens, uint64(p))
+		for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency, dispatch.Gathered} {
+			backs := []back{{"partials", combine.Config{}}, {"bf16 partials", combine.Config{PartialDType: dtype.BF16}}}
+			if mode != dispatch.Gathered {
+				backs = append(backs, back{"fp8 partials", combine.Config{PartialDType: dtype.FP8E4M3, SendPartials: mode == dispatch.LowLatency}},
+					back{"sum at origin", combine.Config{SumAtOrigin: true, SendPartials: mode == dispatch.LowLatency}})
+			}
+			for _, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3, dtype.I8} {
+				for _, b := range backs {
+					name := fmt.Sprintf("P=%d/%v/%v/%s", p, mode, wire, b.name)
+					cfg := dispatch.Config{Hidden: hid, TopK: k, WireDType: wire, Placement: pl, Mode: mode, MaxTokens: 13}
+					checkSchedules(t, name, cfg, b.cfg, rs)
+				}
+			}
+		}
+	}
+}
+
+// checkSchedules runs one step of rs on coll.Local ranks and compares each rank's
+// schedule and stats with the plan's.
+func checkSchedules(t *testing.T, name string, cfg dispatch.Config, ccfg combine.Config, rs []*router.Routing) {
+	t.Helper()
+	p, hid := len(rs), cfg.Hidden
+	plan, err := combine.NewPlan[float32](cfg, ccfg, rs, true) // coll.Local maps every rank's memory
+	require.NoError(t, err, name)
+	got := make([]dispatch.Schedule, p)
+	dstats, cstats := make([]dispatch.Stats, p), make([]combine.Stats, p)
+	errs := onRanks(t, p, coll.Config{}, true, func(c *coll.Comm) error {
+		ctx := context.Background()
+		me := c.Rank()
+		d, cb, err := newPairOf[float32](ctx, c, cfg, ccfg)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		defer cb.Close()
+		x := make([]float32, rs[me].T*hid)
+		for i := range x {
+			x[i] = float32(i%7) - 3
+		}
+		out, h, err := d.Dispatch(ctx, x, rs[me])
+		if err != nil {
+			return err
+		}
+		y := make([]float32, out.Rows()*hid)
+		for j := 0; j < out.Rows(); j++ {
+			if e := out.Entry(j); e != nil {
+				copy(y[j*hid:], e)
+			} else if out.Q != nil && out.Row[j] >= 0 {
+				out.Dequantize(j, y[j*hid:(j+1)*hid])
+			}
+		}
+		res := make([]float32, len(x))
+		if err := cb.Combine(ctx, h, y, res); err != nil {
+			return err
+		}
+		got[me] = cloneSchedule(*h.Schedule())
+		dstats[me], cstats[me] = d.Stats(), cb.Stats()
+		return nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "%s: rank %d", name, r)
+	}
+	for r := 0; r < p; r++ {
+		want := plan.Schedules[r]
+		require.Equal(t, *want, got[r], "%s: rank %d's schedule", name, r)
+		var sent, recv, csent int
+		for q := 0; q < p; q++ {
+			if q != r {
+				sent += want.Dispatch.Send[q].Total() + want.Dispatch.Send[q].Read
+				recv += want.Dispatch.Recv[q].Total() + want.Dispatch.Recv[q].Read
+				csent += want.Combine.Send[q].Total()
+			}
+		}
+		assert.Equal(t, sent, dstats[r].BytesSent, "%s: rank %d's dispatch bytes sent", name, r)
+		assert.Equal(t, recv, dstats[r].BytesReceived, "%s: rank %d's dispatch bytes received", name, r)
+		assert.Equal(t, csent, cstats[r].BytesSent, "%s: rank %d's combine bytes sent", name, r)
+		for q := 0; q < p; q++ {
+			assert.Equal(t, want.Dispatch.Send[q].Rows, dstats[r].RowsPerRank[q], "%s: rank %d's rows for rank %d", name, r, q)
+			if cfg.Mode != dispatch.Gathered { // where every token goes to every rank
+				assert.Equal(t, plan.Rows[r][q], dstats[r].RowsPerRank[q], "%s: rank %d's rows for rank %d", name, r, q)
+			}
+		}
+	}
+}
+
+func cloneSchedule(s dispatch.Schedule) dispatch.Schedule {
+	for _, st := range []*dispatch.Stage{&s.Dispatch, &s.Combine} {
+		st.Send, st.Recv = append([]dispatch.Block(nil), st.Send...), append([]dispatch.Block(nil), st.Recv...)
+	}
+	return s
 }

@@ -20,14 +20,14 @@ type Experts[T Out] func(o *Output[T]) ([]T, error)
 // sizes may differ); the dispatcher needs InFlight of at least 2. With one chunk it is
 // Dispatch, Experts, Combine.
 func (cb *Combiner[T]) Pipeline(ctx context.Context, d *Dispatcher[T], x []T, r *router.Routing, chunks int, experts Experts[T], out []T) error {
-	hid := cb.cfg.Hidden
+	hid := cb.d.cfg.Hidden
 	switch {
-	case d.Owner() != cb.owner:
+	case d.core != cb.d:
 		return fmt.Errorf("%w: the dispatcher is not this combiner's", ErrStale)
 	case chunks < 1 || chunks > 1<<16:
 		return fmt.Errorf("%w: %d chunks", ErrCombineInput, chunks)
-	case chunks > 1 && cb.cfg.InFlight < 2:
-		return fmt.Errorf("%w: a pipeline needs InFlight 2 or more, not %d", ErrCombineInput, cb.cfg.InFlight)
+	case chunks > 1 && cb.d.cfg.InFlight < 2:
+		return fmt.Errorf("%w: a pipeline needs InFlight 2 or more, not %d", ErrCombineInput, cb.d.cfg.InFlight)
 	case r == nil || len(x) != r.T*hid || len(out) != len(x):
 		return fmt.Errorf("%w: %d values, %d output values for a routing of the wrong shape or %d tokens of %d", ErrCombineInput, len(x), len(out), tokensOf(r), hid)
 	}

@@ -50,7 +50,7 @@ func checkTermsMismatch(t *testing.T, both bool) {
 					return err
 				}
 				defer d.Close()
-				cb, err := NewCombiner[float32](ctx, d)
+				cb, err := NewCombiner[float32](ctx, d, CombineConfig{})
 				if err != nil {
 					return err
 				}
@@ -76,9 +76,10 @@ func checkTermsMismatch(t *testing.T, both bool) {
 				}
 				// Rank 0's token 0 has two entries here (experts 2 and 3): give one of
 				// them to its next row.
-				reg := cb.region(1, h.Slot())
-				a, _ := h.Incoming(0)
-				start := i32s(reg[cb.rg.start:], a+2)
+				b := cb.back.(*inPlaceBack)
+				reg := b.region(1, h.s.idx)
+				a, _ := h.s.incoming(0)
+				start := i32s(reg[b.rg.start:], a+2)
 				start[a+1]--
 				close(published)
 				return p.Wait(ctx)

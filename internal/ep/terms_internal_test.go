@@ -62,9 +62,9 @@ func termsFixture(tb testing.TB) func(patch []byte, at uint8, ll bool) error {
 		if ll {
 			mode = LowLatency
 		}
-		d, err := New[float32](ctx, cs[0], Config{Hidden: hid, TopK: 2, Placement: pl, Mode: mode, MaxTokens: tokens, SumAtOrigin: true})
+		d, err := New[float32](ctx, cs[0], Config{Hidden: hid, TopK: 2, Placement: pl, Mode: mode, MaxTokens: tokens})
 		require.NoError(tb, err)
-		cb, err := NewCombiner[float32](ctx, d)
+		cb, err := NewCombiner[float32](ctx, d, CombineConfig{SumAtOrigin: true})
 		require.NoError(tb, err)
 		tb.Cleanup(func() { cb.Close(); d.Close() })
 		pairs[ll] = pair{d, cb}
@@ -85,7 +85,7 @@ func termsFixture(tb testing.TB) func(patch []byte, at uint8, ll bool) error {
 		if err != nil {
 			return err
 		}
-		counts := p.s.parts[0][:4*tokens]
+		counts := p.cs.parts[0][:4*tokens]
 		copy(counts[int(at)%len(counts):], patch)
 		return p.Wait(ctx)
 	}

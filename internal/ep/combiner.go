@@ -1,0 +1,359 @@
+package ep
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/router"
+)
+
+// The combine: each expert rank first sums, weighted, the outputs of its experts for the
+// same token (in the order of the token's choices), so one answer per (token, rank) goes
+// back, in the dispatch's mode, over the layout the dispatch left in its slot. The
+// origin starts from the terms of the experts it holds itself (in float32), then adds
+// the other ranks' partial sums in ascending rank order: a fixed order, so the result is
+// bitwise identical run to run. How the answers move is the mode's (its back); what they
+// are and how they are summed is the combiner's arithmetic (sums), picked at New:
+// partial sums, unsummed terms (SumAtOrigin), the outputs read in place, or the gathered
+// mode's reduce-scatter.
+
+// back is a mode's combine half: it moves the blocks the slot's schedule lays out.
+type back interface {
+	// start sends this rank's answers (filled by the combiner's sums) and returns; wait
+	// receives the others', checks every header and points cs.parts at the answers.
+	start(ctx context.Context, cs *cslot) error
+	wait(ctx context.Context, cs *cslot) error
+	// inPlace reports whether the origins read the expert outputs where they were
+	// written (no partial sums travel).
+	inPlace() bool
+	bytes() int
+	close() error
+}
+
+// sums is the combiner's arithmetic, which depends on the outputs' type.
+type sums interface {
+	// own, at Start, keeps what this rank's own tokens need of y.
+	own(cs *cslot)
+	// put writes into dst the answers to incoming rows [a, b).
+	put(dst []byte, cs *cslot, a, b int)
+	// finish, at Wait, writes the sums into out.
+	finish(cs *cslot) error
+}
+
+// backCore is the part of a combiner that does not depend on the outputs' type.
+type backCore struct {
+	d      *core
+	cfg    CombineConfig
+	f      CombineFormat
+	out    dtype.Type
+	slots  []*cslot
+	n      uint64 // combines started
+	back   back
+	sums   sums
+	stats  CombineStats
+	closed bool
+}
+
+// CombineStats describes the last combine.
+type CombineStats struct {
+	BytesSent, BytesReceived int // on the wire, this rank's own answers aside
+	// BytesRead is what the last in-place combine read of other ranks' memory (the
+	// expert outputs of this rank's tokens; 0 where the combine does not read in place).
+	BytesRead int
+	InPlace   bool
+	// Algo is the AlltoAllv algorithm of the normal mode.
+	Algo coll.Algo
+}
+
+// cslot is one combine in flight.
+type cslot struct {
+	cb      *backCore
+	idx     int
+	started bool
+	s       *slot  // the dispatch being combined
+	gen     uint64 // its generation
+	fp      uint64 // the combine's fingerprint
+	pinned  bool
+	y, out  []byte
+	rows    bool // CombineRows: y holds a summed row per incoming row, not a row per entry
+	code    int
+	inErr   error
+	parts   [][]byte // the answers each rank sent, where they arrived
+	cnt     []int
+	acc     []float32 // the sum being made: out itself for float32, else accS
+	accS    obuf.Scratch
+	algo    coll.Algo // the normal mode's AlltoAllv
+}
+
+// Combiner brings expert outputs back. One per dispatcher; as many combines may be in
+// flight as the dispatcher's InFlight.
+type Combiner[T Out] struct {
+	*backCore
+	pending []CombinePending[T]
+	chunkR  []router.Routing // Pipeline's chunks
+}
+
+// NewCombiner returns a combiner for the dispatches of d. In the low-latency mode it is
+// collective (every rank calls it): it makes the exchange's buffers. A dispatcher serves
+// one combine configuration: its schedules plan that combine's bytes.
+func NewCombiner[T Out](ctx context.Context, src Source, ccfg CombineConfig) (*Combiner[T], error) {
+	d := src.source()
+	ccfg, err := CombineDefaults(d.cfg, ccfg, outType[T]())
+	if err != nil {
+		return nil, err
+	}
+	if err := d.declare(ccfg, outType[T]()); err != nil {
+		return nil, err
+	}
+	p := d.c.Size()
+	cb := &backCore{d: d, cfg: ccfg, f: NewCombineFormat(d.cfg.Hidden, ccfg, outType[T]()), out: outType[T]()}
+	for i := 0; i < d.cfg.InFlight; i++ {
+		cs := &cslot{cb: cb, idx: i, parts: make([][]byte, p)}
+		cs.accS.Pool = d.cfg.Pool
+		cb.slots = append(cb.slots, cs)
+	}
+	if cb.back, err = d.mode.newBack(ctx, cb); err != nil {
+		return nil, err
+	}
+	d.backInPlace = cb.back.inPlace()
+	switch {
+	case cb.back.inPlace():
+		cb.sums = newInPlaceSums[T](cb)
+	case d.cfg.Mode == Gathered:
+		cb.sums = newGatheredSums[T](cb)
+	case ccfg.SumAtOrigin:
+		cb.sums = &termSums[T]{cb: cb}
+	default:
+		cb.sums = newPartialSums[T](cb)
+	}
+	return &Combiner[T]{backCore: cb, pending: make([]CombinePending[T], len(cb.slots))}, nil
+}
+
+// declare records the combine configuration the dispatcher serves: its schedules plan
+// that combine. A second combiner of another configuration is ErrConfig.
+func (d *core) declare(ccfg CombineConfig, out dtype.Type) error {
+	if d.back != nil && (d.back.cfg != ccfg || d.back.out != out) {
+		return fmt.Errorf("%w: a dispatcher serves one combine configuration (it has %+v of %v)", ErrConfig, d.back.cfg, d.back.out)
+	}
+	d.back = &declared{cfg: ccfg, out: out, f: NewCombineFormat(d.cfg.Hidden, ccfg, out)}
+	return nil
+}
+
+// declared is what a dispatcher's combiner declared.
+type declared struct {
+	cfg CombineConfig
+	out dtype.Type
+	f   CombineFormat
+}
+
+// Buffer returns where this rank's experts should write their outputs for the dispatch
+// that h belongs to (Output.Rows() x Hidden values, in entry order) for the combine to
+// read them in place; nil where it does not (the normal and gathered modes, ranks that
+// cannot all read one another's memory, SendPartials, outputs of more than 8 GiB per
+// rank for InFlight dispatches at MaxTokens), or for a handle that is not valid. The
+// memory is this dispatch's until the next dispatch into the same buffers. Combine with
+// y anywhere else copies y there first; CombineRows takes the first IncomingRows() x
+// Hidden values of it the same way.
+func (cb *Combiner[T]) Buffer(h Handle) []T {
+	b, ok := cb.back.(*inPlaceBack)
+	if !ok || !h.of(cb.d) {
+		return nil
+	}
+	return dtype.FromBytes[T](b.buffer(h.s))
+}
+
+// InPlace reports whether the combine reads the expert outputs in place (Buffer).
+func (cb *backCore) InPlace() bool { return cb.back.inPlace() }
+
+// Stats describes the last combine.
+func (cb *backCore) Stats() CombineStats { return cb.stats }
+
+// Config returns the combine's configuration (defaults filled).
+func (cb *backCore) Config() CombineConfig { return cb.cfg }
+
+// Bytes is the memory this rank holds for the combiner's buffers (address space: a page
+// takes memory when first written). In the low-latency mode most of it is fixed by New:
+// where the combine reads the expert outputs in place, the region the experts write them
+// into (InFlight of them, each with room for the most rows a dispatch delivers) and an
+// exchange of headers; elsewhere the exchange of partial sums (coll.Exchange.Bytes:
+// InFlight+1 blocks per rank, each with room for MaxTokens rows, or their outputs with
+// SumAtOrigin); CombineLowLatencyBytes says it beforehand. Besides, scratch buffers grow
+// to the largest combine so far, at their pool's capacity: the wire buffers of the
+// normal and gathered modes, the float32 sums of bfloat16 outputs, and with SumAtOrigin
+// this rank's own outputs. The caller's memory does not count. It is 0 after Close.
+func (cb *backCore) Bytes() int {
+	if cb.closed {
+		return 0
+	}
+	n := cb.back.bytes()
+	for _, cs := range cb.slots {
+		n += cs.accS.Cap()
+	}
+	return n
+}
+
+// Close gives the combiner's buffers back to their pool; it must not be used again.
+func (cb *backCore) Close() error {
+	if cb.closed {
+		return nil
+	}
+	cb.closed = true
+	for _, cs := range cb.slots {
+		cs.acc = nil
+		cs.accS.Release()
+	}
+	return cb.back.close()
+}
+
+// CombinePending is a combine in flight: Wait completes it.
+type CombinePending[T Out] struct {
+	cs *cslot
+	n  uint64
+}
+
+// Combine takes the experts' outputs y (one row of Hidden values per entry of the
+// dispatch Output that h belongs to, in entry order: Output.Rows() x Hidden) and writes
+// into out (Tokens x Hidden) the weighted sum, for each of this rank's tokens, of its
+// experts' outputs. Every rank must call it. Tokens whose every choice was dropped get
+// zeros. It is Start followed by Wait.
+func (cb *Combiner[T]) Combine(ctx context.Context, h Handle, y, out []T) error {
+	p, err := cb.Start(ctx, h, y, out)
+	if err != nil {
+		return err
+	}
+	return p.Wait(ctx)
+}
+
+// Start is the send half of Combine: it sums this rank's experts' outputs per token and
+// sends them; y is not read after Start returns, out is written until Wait returns. In
+// place (Buffer), Start only says that the outputs are there (copying y there first if
+// it is elsewhere), and Wait does the sums.
+func (cb *Combiner[T]) Start(ctx context.Context, h Handle, y, out []T) (*CombinePending[T], error) {
+	return cb.start(ctx, h, dtype.Bytes(y), dtype.Bytes(out), len(y), len(out), false)
+}
+
+// CombineRows is Combine for expert outputs already weighted and summed on this rank:
+// y holds one row per incoming row of the dispatch (a token that came to this rank,
+// however many of its experts it chose here: Handle.IncomingRows() x Hidden, origin
+// rank ascending, then the origin's token order), and each goes back to its origin as
+// it is, to be added there to the token's other partial sums. Not in the gathered mode.
+func (cb *Combiner[T]) CombineRows(ctx context.Context, h Handle, y, out []T) error {
+	p, err := cb.start(ctx, h, dtype.Bytes(y), dtype.Bytes(out), len(y), len(out), true)
+	if err != nil {
+		return err
+	}
+	return p.Wait(ctx)
+}
+
+func (cb *Combiner[T]) start(ctx context.Context, h Handle, y, out []byte, ny, nout int, rows bool) (*CombinePending[T], error) {
+	d := cb.d
+	if rows && d.cfg.Mode == Gathered {
+		return nil, fmt.Errorf("%w: summed rows in the gathered mode", ErrConfig)
+	}
+	cs := cb.slots[cb.n%uint64(len(cb.slots))]
+	if cs.started {
+		return nil, fmt.Errorf("%w: combine %d would reuse the buffers of a combine not waited for", ErrBusy, cb.n+1)
+	}
+	if h.s == nil || h.s.d != d {
+		return nil, fmt.Errorf("%w: the handle is not from this combiner's dispatcher", ErrStale)
+	}
+	s := h.s
+	hid := d.cfg.Hidden
+	cs.code, cs.inErr = CodeOK, nil
+	switch {
+	case !h.Valid():
+		cs.code, cs.inErr = CodeStale, ErrStale
+	case nout != s.tokens*hid:
+		cs.code, cs.inErr = CodeOutput, fmt.Errorf("%w: output of %d values for %d tokens of %d", ErrCombineInput, nout, s.tokens, hid)
+	case !rows && ny != s.rowsOut*hid:
+		cs.code, cs.inErr = CodeOutput, fmt.Errorf("%w: %d expert output values, the dispatch delivered %d rows of %d", ErrCombineInput, ny, s.rowsOut, hid)
+	case rows && ny != s.incomingRows()*hid:
+		cs.code, cs.inErr = CodeOutput, fmt.Errorf("%w: %d summed values, %d rows of %d came to this rank", ErrCombineInput, ny, s.incomingRows(), hid)
+	case rows && cb.cfg.SumAtOrigin:
+		cs.code, cs.inErr = CodeOutput, fmt.Errorf("%w: CombineRows with SumAtOrigin (the rows are summed already)", ErrConfig)
+	}
+	cs.s, cs.gen, cs.y, cs.out, cs.rows = s, h.gen, y, out, rows
+	cs.fp = combineFingerprint(s.fp, cb.cfg, cb.out)
+	if cs.code == CodeOK {
+		s.pins++
+		cs.pinned = true
+		cb.sums.own(cs)
+	}
+	if err := cb.back.start(ctx, cs); err != nil {
+		cs.unpin()
+		return nil, err
+	}
+	cb.n++
+	cs.started = true
+	p := &cb.pending[cs.idx]
+	*p = CombinePending[T]{cs: cs, n: cb.n}
+	return p, nil
+}
+
+func (cs *cslot) unpin() {
+	if cs.pinned {
+		cs.s.pins--
+		cs.pinned = false
+	}
+}
+
+// Wait is the receive half of Combine: it adds the other ranks' partial sums into out.
+func (p *CombinePending[T]) Wait(ctx context.Context) error {
+	cs := p.cs
+	if !cs.started {
+		return fmt.Errorf("%w: Wait called twice", ErrStale)
+	}
+	cs.started = false
+	defer cs.unpin()
+	cb := cs.cb
+	err := cb.back.wait(ctx, cs)
+	cs.y = nil
+	if err == nil && cs.inErr != nil {
+		err = cs.inErr
+	}
+	if err != nil {
+		return err
+	}
+	// Every rank has started this combine, so its experts read no more of the
+	// dispatch's rows: this rank may write its staging again.
+	if ll, ok := cb.d.mode.(*lowLatency); ok && (Handle{s: cs.s, gen: cs.gen}).Valid() {
+		ll.done(cs.s)
+	}
+	me := cb.d.c.Rank()
+	st := &cs.s.sched.Combine
+	cb.stats = CombineStats{BytesSent: st.Sent(me), BytesReceived: st.Received(me), InPlace: cb.back.inPlace(), Algo: cs.algo}
+	return cb.sums.finish(cs)
+}
+
+// checkBlock checks the header of the block rank q sent: the same configuration, the
+// same dispatch, and its status (it answers the rows this rank sent q).
+func (cs *cslot) checkBlock(q int, hb []byte) error {
+	if len(hb) < blockHeader {
+		return fmt.Errorf("%w: rank %d sent a %d-byte combine block", ErrMismatch, q, len(hb))
+	}
+	rows := 0
+	if cs.code == CodeOK {
+		rows = cs.s.sched.Combine.Recv[q].Rows
+	}
+	return cs.checkHeader(q, hb, rows)
+}
+
+// checkHeader checks the header of the block rank q sent, which should answer rows
+// rows.
+func (cs *cslot) checkHeader(q int, hb []byte, rows int) error {
+	h := readHeader(hb)
+	switch {
+	case h.fp != cs.fp:
+		return fmt.Errorf("%w: rank %d combines the dispatches of another configuration or placement", ErrMismatch, q)
+	case h.status == CodeOK && cs.code == CodeOK && h.gen != cs.gen:
+		return fmt.Errorf("%w: rank %d combines dispatch %d, this rank dispatch %d", ErrMismatch, q, h.gen, cs.gen)
+	case h.status != CodeOK:
+		return PeerInput(q, h.status)
+	case cs.code == CodeOK && h.rows != rows:
+		return fmt.Errorf("%w: rank %d sends %d partial sums for the %d rows this rank sent it", ErrMismatch, q, h.rows, rows)
+	}
+	return nil
+}

@@ -1,0 +1,613 @@
+package ep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/internal/memx"
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/router"
+)
+
+// Stats describes the last dispatch.
+type Stats struct {
+	RowsSent      int   // rows this rank sent to other ranks (each token once per rank)
+	RowsReceived  int   // rows received from other ranks
+	BytesSent     int   // bytes on the wire from this rank (excluding its own rows)
+	BytesReceived int   //
+	Assignments   int   // (token, expert) pairs of this rank's tokens
+	RowsPerRank   []int // rows this rank sent to each rank, itself included
+	// Algo is the AlltoAllv algorithm of the normal mode; Pushed, in the low-latency
+	// mode, says how many ranks this rank wrote its rows into directly.
+	Algo   coll.Algo
+	Pushed int
+	// InPlace, in the low-latency mode: this rank wrote its tokens once into its own
+	// staging and the other ranks read them there (the bytes above count those reads).
+	InPlace bool
+}
+
+// mode is one way of moving a step. It owns both halves of its protocol: the dispatch
+// (start sends this rank's rows of a slot, wait receives the others' and builds the
+// view) and, through newBack, the combine's. Its executors iterate the slot's
+// Schedule. New picks it once; nothing on a step's path asks which it is.
+type mode interface {
+	start(ctx context.Context, s *slot) error
+	wait(ctx context.Context, s *slot) error
+	// newBack makes the combine half for a combiner of cb's configuration.
+	newBack(ctx context.Context, cb *backCore) (back, error)
+	// bytes is the memory the mode holds beyond the slots' scratch; close frees it.
+	bytes() int
+	close() error
+}
+
+// core is the part of a dispatcher that does not depend on the activation type: its
+// configuration, its slots and its mode.
+type core struct {
+	c     *coll.Comm
+	cfg   Config
+	act   dtype.Type
+	f     Format
+	fp    uint64
+	fpBuf []byte // UsePlacement's encoding of the configuration
+	gen   uint64 // dispatches begun
+	slots []*slot
+	mode  mode
+	llc   int // the host's last-level cache, bytes (0: unknown)
+	stats Stats
+	// arrival (the normal mode, for TwoLevel's up stage): the rows stay in arrival
+	// order, one per incoming row (X row i is incoming row i), and the entries point at
+	// them, instead of a copy per entry in expert-major blocks.
+	arrival bool
+	closed  bool
+	stage   obuf.Scratch // this rank's own rows in the wire format (the normal mode)
+	pk      packer
+	cs      []contrib // a row's (local expert, weight) pairs, as read
+	fill    []int     // entries filled per local expert
+	// The combine the dispatcher's combiner declared (nil until one is made), and
+	// whether it reads the outputs in place: the schedules plan it.
+	back        *declared
+	backInPlace bool
+}
+
+// slot states.
+const (
+	slotIdle    = iota
+	slotStarted // a dispatch was started and not waited for
+)
+
+// slot is one dispatch result's layout, its view and its schedule: what the modes fill
+// and the combine reads, through the Handle.
+type slot struct {
+	d      *core
+	idx    int
+	gen    uint64 // the dispatch it holds
+	state  int
+	pins   int  // running combines
+	valid  bool // holds a complete dispatch
+	tokens int
+	r      *router.Routing
+	pl     *router.Placement // the placement it was dispatched with
+	fp     uint64            // and its fingerprint
+	layout router.Layout
+	sched  Schedule
+	k      counts
+	// This dispatch's input (as bytes), and its input error, if any: the rank still
+	// takes part, then Wait returns it.
+	x     []byte
+	code  int
+	inErr error
+	reuse bool // Redispatch: the layout and schedule of the last dispatch
+	// Incoming rows, in order (origin rank ascending, then the origin's token order):
+	// originStart[s] is the first incoming row from origin s; the entries of row i (and
+	// their router weights) are entries[start[i]:start[i+1]].
+	originStart []int
+	start       []int32
+	entries     []int32
+	weights     []float32
+	rowsOut     int // entries (expert-major rows), padding included
+	view        view
+	xS          obuf.Scratch // the rows decoded for the experts
+	stats       Stats
+	// done (the low-latency rows read in place): every rank has started the combine
+	// of this slot's dispatch, so no rank reads this rank's staging of it any more.
+	done bool
+}
+
+// view is the non-generic part of an Output.
+type view struct {
+	x, q                []byte
+	scales              []float32
+	offsets, counts     []int
+	row, origin, source []int32
+	weight              []float32
+	expert              []int32
+	expertMajor         bool
+}
+
+// Dispatcher moves tokens to experts over one communicator.
+type Dispatcher[T Act] struct {
+	*core
+	outs    []Output[T]
+	pending []Pending[T]
+}
+
+// Options are what the engine's own stages set beside a Config.
+type Options struct {
+	// Arrival keeps the normal mode's rows in arrival order (TwoLevel's up stage).
+	Arrival bool
+}
+
+// New returns a dispatcher for c. In the low-latency mode it is collective (every rank
+// calls it with the same configuration): it makes the exchange's buffers.
+func New[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*Dispatcher[T], error) {
+	return NewWith[T](ctx, c, cfg, Options{})
+}
+
+// NewWith is New with the engine's options.
+func NewWith[T Act](ctx context.Context, c *coll.Comm, cfg Config, o Options) (*Dispatcher[T], error) {
+	cfg, err := Defaults[T](cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Placement.Ranks != c.Size() {
+		return nil, fmt.Errorf("%w: placement over %d ranks on a communicator of %d", ErrConfig, cfg.Placement.Ranks, c.Size())
+	}
+	if cfg.Pool == nil {
+		cfg.Pool = obuf.Default
+		if c.SharedMemory() {
+			cfg.Pool = obuf.Shared
+		}
+	}
+	co := &core{c: c, cfg: cfg, act: actType[T](), f: NewFormat(cfg), llc: memx.LastLevelCache(), arrival: o.Arrival}
+	co.fp, co.fpBuf = fingerprint(nil, cfg)
+	co.stage.Pool = cfg.Pool
+	d := &Dispatcher[T]{core: co, outs: make([]Output[T], cfg.InFlight), pending: make([]Pending[T], cfg.InFlight)}
+	for i := 0; i < cfg.InFlight; i++ {
+		s := &slot{d: co, idx: i}
+		s.xS.Pool = cfg.Pool
+		co.slots = append(co.slots, s)
+	}
+	co.stats.RowsPerRank = make([]int, c.Size())
+	switch cfg.Mode {
+	case LowLatency:
+		co.mode, err = newLowLatency(ctx, co)
+	case Gathered:
+		co.mode = newGathered(co)
+	default:
+		co.mode = newNormal(co)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// source makes every dispatcher a Source of a combiner.
+func (d *core) source() *core { return d }
+
+// Source is what a combiner is made for: a dispatcher, of any activation type.
+type Source interface{ source() *core }
+
+// UsePlacement makes the dispatches started after it use pl, another layer's placement,
+// for instance: one dispatcher and combiner, their buffers made once, serve every layer
+// whose configuration differs only in its placement. Results already started keep the
+// placement they were dispatched with (Handle.Placement), and so does Redispatch. Every
+// rank must use the same placement for a dispatch, or it fails on every rank with
+// ErrMismatch. pl must span the communicator's ranks, have at least TopK experts, and
+// give no rank more than MaxLocalExperts of them (ErrConfig); it must not change while
+// in use.
+func (d *core) UsePlacement(pl *router.Placement) error {
+	switch {
+	case pl == nil:
+		return fmt.Errorf("%w: no placement", ErrConfig)
+	case pl == d.cfg.Placement:
+		return nil
+	case pl.Ranks != d.c.Size():
+		return fmt.Errorf("%w: placement over %d ranks on a communicator of %d", ErrConfig, pl.Ranks, d.c.Size())
+	case pl.Experts < d.cfg.TopK:
+		return fmt.Errorf("%w: top-k %d with %d experts", ErrConfig, d.cfg.TopK, pl.Experts)
+	case maxLocal(pl) > d.cfg.MaxLocalExperts:
+		return fmt.Errorf("%w: a rank holds %d experts, MaxLocalExperts is %d", ErrConfig, maxLocal(pl), d.cfg.MaxLocalExperts)
+	}
+	d.cfg.Placement = pl
+	d.fp, d.fpBuf = fingerprint(d.fpBuf, d.cfg)
+	return nil
+}
+
+// Config returns the dispatcher's configuration (defaults filled; the placement is the
+// one the next dispatch uses).
+func (d *core) Config() Config { return d.cfg }
+
+// Comm returns the communicator.
+func (d *core) Comm() *coll.Comm { return d.c }
+
+// Stats describes the last dispatch.
+func (d *core) Stats() Stats { return d.stats }
+
+// Pending is a dispatch whose rows are on their way: Wait completes it.
+type Pending[T Act] struct {
+	d   *Dispatcher[T]
+	s   *slot
+	gen uint64
+}
+
+// Dispatch sends this rank's T tokens x (T x Hidden, row-major) to the experts r chose
+// and returns what this rank's experts receive. Every rank must call it (a rank with no
+// tokens passes empty x and routing). It is Start followed by Wait.
+func (d *Dispatcher[T]) Dispatch(ctx context.Context, x []T, r *router.Routing) (*Output[T], Handle, error) {
+	p, err := d.Start(ctx, x, r)
+	if err != nil {
+		return nil, Handle{}, err
+	}
+	return p.Wait(ctx)
+}
+
+// Start is the send half of Dispatch: it checks the input, plans, packs and sends, and
+// returns without waiting for the other ranks' rows. x and r must stay unchanged until
+// Wait returns.
+func (d *Dispatcher[T]) Start(ctx context.Context, x []T, r *router.Routing) (*Pending[T], error) {
+	s, err := d.take()
+	if err != nil {
+		return nil, err
+	}
+	code, inErr := d.check(len(x), r)
+	return d.startSlot(ctx, s, dtype.Bytes(x), r, code, inErr, false)
+}
+
+// take reserves the next slot, unless its buffers are still in use.
+func (d *core) take() (*slot, error) {
+	if d.closed {
+		return nil, fmt.Errorf("%w: dispatcher closed", coll.ErrClosed)
+	}
+	s := d.slots[int(d.gen%uint64(len(d.slots)))]
+	switch {
+	case s.state == slotStarted:
+		return nil, fmt.Errorf("%w: dispatch %d would reuse the buffers of dispatch %d, not waited for (InFlight %d)", ErrBusy, d.gen+1, s.gen, len(d.slots))
+	case s.pins > 0:
+		return nil, fmt.Errorf("%w: dispatch %d would reuse the buffers of dispatch %d, whose combine runs (InFlight %d)", ErrBusy, d.gen+1, s.gen, len(d.slots))
+	}
+	d.gen++
+	s.gen, s.valid = d.gen, false
+	s.pl, s.fp = d.cfg.Placement, d.fp
+	return s, nil
+}
+
+// startSlot hands the slot to the mode. A rank whose input is bad (code) still takes
+// part, so that every rank fails in the same call.
+func (d *Dispatcher[T]) startSlot(ctx context.Context, s *slot, x []byte, r *router.Routing, code int, inErr error, reuse bool) (*Pending[T], error) {
+	if !reuse && code == CodeOK {
+		if err := router.BuildLayoutInto(&s.layout, r, s.pl, d.c.Rank()); err != nil {
+			code, inErr = CodeRouting, fmt.Errorf("%w: %v", ErrInput, err)
+		} else {
+			s.tokens, s.r = r.T, r
+		}
+	}
+	s.x, s.code, s.inErr, s.reuse = x, code, inErr, reuse
+	if err := d.mode.start(ctx, s); err != nil {
+		return nil, err
+	}
+	s.state = slotStarted
+	p := &d.pending[s.idx]
+	*p = Pending[T]{d: d, s: s, gen: s.gen}
+	return p, nil
+}
+
+// Wait is the receive half of Dispatch: it waits for the other ranks' rows and returns
+// this rank's experts' inputs and the handle for the combine.
+func (p *Pending[T]) Wait(ctx context.Context) (*Output[T], Handle, error) {
+	s, d := p.s, p.d
+	if p.gen != s.gen || s.state != slotStarted {
+		return nil, Handle{}, fmt.Errorf("%w: Wait called twice, or after the dispatcher moved on", ErrStale)
+	}
+	err := d.mode.wait(ctx, s)
+	s.state = slotIdle
+	s.x = nil
+	if err != nil {
+		return nil, Handle{}, err
+	}
+	s.valid = true
+	d.stats = s.stats
+	o := &d.outs[s.idx]
+	o.fill(s)
+	return o, o.h, nil
+}
+
+// Abandon takes part in a dispatch that this rank cannot make (its router failed, for
+// instance): the other ranks' Dispatch returns a PeerInputError naming this rank, in the
+// same call, instead of waiting; the communicator stays usable. It returns cause.
+func (d *Dispatcher[T]) Abandon(ctx context.Context, cause error) error {
+	s, err := d.take()
+	if err != nil {
+		return errors.Join(cause, err)
+	}
+	p, err := d.startSlot(ctx, s, nil, nil, CodeRouting, cause, false)
+	if err != nil {
+		return errors.Join(cause, err)
+	}
+	if _, _, err := p.Wait(ctx); err != nil && !errors.Is(err, cause) {
+		return errors.Join(cause, err)
+	}
+	return cause
+}
+
+// Redispatch moves new activations x with the routing of h (same tokens, same experts):
+// the layout and plan of h are reused (in the normal mode: no counts exchange), and h
+// and its Output stay valid. Every rank must call it.
+func (d *Dispatcher[T]) Redispatch(ctx context.Context, h Handle, x []T) (*Output[T], error) {
+	if h.s == nil || h.s.d != d.core || !h.Valid() {
+		return nil, ErrStale
+	}
+	s := h.s
+	if s.state == slotStarted || s.pins > 0 {
+		return nil, fmt.Errorf("%w: the dispatch's buffers are in use", ErrBusy)
+	}
+	code, inErr := CodeOK, error(nil)
+	if len(x) != s.tokens*d.cfg.Hidden {
+		code, inErr = CodeShape, fmt.Errorf("%w: %d values for %d tokens of %d", ErrInput, len(x), s.tokens, d.cfg.Hidden)
+	}
+	p, err := d.startSlot(ctx, s, dtype.Bytes(x), s.r, code, inErr, true)
+	if err != nil {
+		return nil, err
+	}
+	out, _, err := p.Wait(ctx)
+	return out, err
+}
+
+// check validates this rank's input of n values, returning its status code.
+func (d *core) check(n int, r *router.Routing) (int, error) {
+	t, err := checkRouting(d.cfg, r)
+	if err != nil {
+		return CodeRouting, err
+	}
+	if n != t*d.cfg.Hidden {
+		return CodeShape, fmt.Errorf("%w: %d values for %d tokens of %d", ErrInput, n, t, d.cfg.Hidden)
+	}
+	if d.cfg.Mode == LowLatency && t > d.cfg.MaxTokens {
+		return CodeTooMany, fmt.Errorf("%w: %d tokens, MaxTokens is %d", ErrInput, t, d.cfg.MaxTokens)
+	}
+	return CodeOK, nil
+}
+
+// Close gives the dispatcher's buffers back to their pool. Outputs and Handles are
+// invalid afterwards, and the Dispatcher must not be used again.
+func (d *core) Close() error {
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	d.gen++
+	for _, s := range d.slots {
+		s.valid = false
+		s.view = view{}
+		s.xS.Release()
+	}
+	d.stage.Release()
+	return d.mode.close()
+}
+
+// Bytes is the memory this rank holds for the dispatcher's buffers (address space: a
+// page takes memory when first written). In the low-latency mode most of it is fixed by
+// New: the exchange (coll.Exchange.Bytes: InFlight+1 blocks per source rank, each with
+// room for MaxTokens rows and their metadata, so that it grows with the ranks and
+// MaxTokens, not with the experts) and, where the experts read the rows in place, the
+// staging of this rank's tokens (InFlight of them); LowLatencyBytes says it beforehand.
+// Besides, in every mode, scratch buffers grow to the largest dispatch so far, at their
+// pool's capacity: the wire buffers of the normal mode, and the rows decoded for the
+// experts where the wire type is not the activations'. The caller's memory (tokens,
+// routing) does not count. It is 0 after Close.
+func (d *core) Bytes() int {
+	if d.closed {
+		return 0
+	}
+	n := d.stage.Cap() + d.mode.bytes()
+	for _, s := range d.slots {
+		n += s.xS.Cap()
+	}
+	return n
+}
+
+// RowsInPlace reports whether the low-latency dispatch writes each token once into
+// its origin's staging, where the experts read it (PushRows unset, and every rank can
+// map every rank's staging side by side).
+func (d *core) RowsInPlace() bool {
+	ll, ok := d.mode.(*lowLatency)
+	return ok && ll.rowsPer > 0
+}
+
+// Buffer is where this rank may write the tokens of its next Start (Hidden values per
+// token, at most MaxTokens tokens) so that the dispatch copies nothing of them: the
+// staging the experts read in place. It is nil unless the rows are read in place
+// (RowsInPlace) in the activation type (the wire type is the activation type) and the
+// staging is free (the combine of the last dispatch into it has completed). A Start
+// whose x is Buffer()[:T*Hidden] stages nothing; the memory is the other ranks' to read
+// until the combine of that dispatch completes, and must not be written meanwhile.
+func (d *Dispatcher[T]) Buffer() []T {
+	ll, ok := d.mode.(*lowLatency)
+	if !ok || d.closed {
+		return nil
+	}
+	b := ll.buffer(d.slots[int(d.gen%uint64(len(d.slots)))])
+	if b == nil {
+		return nil
+	}
+	n := d.cfg.MaxTokens * d.cfg.Hidden
+	return dtype.FromBytes[T](b)[:n:n]
+}
+
+// plan lays out the slot's schedule from its counts: the dispatch, and the combine the
+// dispatcher's combiner declared (partial sums in the activation type, f32 for opaque
+// rows, where none did yet).
+func (d *core) plan(s *slot) {
+	me, p := d.c.Rank(), d.c.Size()
+	sc := &s.sched
+	sc.Mode, sc.Rank, sc.Ranks, sc.Control = d.cfg.Mode, me, p, 0
+	if d.cfg.Mode != LowLatency {
+		sc.Control = 8 * (hdrLen + p)
+	}
+	planDispatch(&sc.Dispatch, d.cfg.Mode, &d.f, me, &s.k)
+	var f CombineFormat
+	if d.back != nil {
+		f = d.back.f
+	} else {
+		out := d.act
+		if out == dtype.U8 {
+			out = dtype.F32
+		}
+		f = NewCombineFormat(d.cfg.Hidden, CombineConfig{PartialDType: out}, out)
+	}
+	planCombine(&sc.Combine, d.cfg.Mode, &f, me, &s.k, d.backInPlace)
+}
+
+// contribs is a scratch of TopK (local expert, weight) pairs.
+func (d *core) contribs() []contrib {
+	if cap(d.cs) < d.cfg.TopK {
+		d.cs = make([]contrib, 0, d.cfg.TopK)
+	}
+	return d.cs[:0]
+}
+
+// fillScratch returns a zeroed counter per local expert.
+func (d *core) fillScratch(n int) []int {
+	d.fill = growInts(d.fill, n)
+	clear(d.fill)
+	return d.fill
+}
+
+// incoming fills the slot's incoming-row maps from per-origin rows: it sizes them.
+func (s *slot) allocEntries(total, incomingRows, contribs int) {
+	v := &s.view
+	v.row = growI32(v.row, total)
+	v.origin = growI32(v.origin, total)
+	v.source = growI32(v.source, total)
+	v.weight = growF32(v.weight, total)
+	v.expert = growI32(v.expert, total)
+	s.originStart = growInts(s.originStart, s.d.c.Size()+1)
+	s.start = growI32(s.start, incomingRows+1)
+	s.entries = growI32(s.entries, contribs)
+	s.weights = growF32(s.weights, contribs)
+	s.rowsOut = total
+}
+
+// layoutEntries sets the view's offsets from its counts (each block padded to align)
+// and returns the number of entries.
+func (v *view) layoutEntries(align int) int {
+	total := 0
+	for i, c := range v.counts {
+		v.offsets[i] = total
+		total += (c + align - 1) / align * align
+	}
+	v.offsets[len(v.counts)] = total
+	return total
+}
+
+// startCounts sizes the view's per-expert counts for n local experts, zeroed.
+func (v *view) startCounts(n int) {
+	v.counts = growInts(v.counts, n)
+	clear(v.counts)
+	v.offsets = growInts(v.offsets, n+1)
+}
+
+// padEntries marks the padding entries, zeroing their rows when the rows are
+// expert-major (zero).
+func (s *slot) padEntries(zero bool) {
+	v := &s.view
+	d := s.d
+	hid := d.cfg.Hidden
+	es := d.act.Size()
+	local := s.pl.Local[d.c.Rank()]
+	for i, c := range v.counts {
+		for j := v.offsets[i] + c; j < v.offsets[i+1]; j++ {
+			if zero {
+				if v.x != nil {
+					clear(v.x[j*hid*es : (j+1)*hid*es])
+				} else {
+					clear(v.q[j*d.f.Payload : (j+1)*d.f.Payload])
+					clear(v.scales[j*d.f.Scales : (j+1)*d.f.Scales])
+				}
+			}
+			v.row[j], v.origin[j], v.source[j], v.weight[j], v.expert[j] = -1, -1, -1, 0, int32(local[i])
+		}
+	}
+}
+
+// countsOf sets the counts of what this rank sends from its layout (rows and choices
+// per destination) and sizes the rest.
+func (s *slot) countsOf(ok bool) *counts {
+	p := s.d.c.Size()
+	k := &s.k
+	k.rowsTo, k.choicesTo = growInts(k.rowsTo, p), growInts(k.choicesTo, p)
+	k.rowsFrom, k.choicesFrom = growInts(k.rowsFrom, p), growInts(k.choicesFrom, p)
+	k.tokens = growInts(k.tokens, p)
+	clear(k.rowsTo)
+	clear(k.choicesTo)
+	clear(k.rowsFrom)
+	clear(k.choicesFrom)
+	clear(k.tokens)
+	if ok {
+		for q, rows := range s.layout.Rows {
+			k.rowsTo[q], k.choicesTo[q] = len(rows), s.layout.Choices[q]
+		}
+		k.tokens[s.d.c.Rank()] = s.tokens
+	}
+	return k
+}
+
+// finishStats fills the stats the schedule says (rows and bytes each way).
+func (s *slot) finishStats() {
+	d := s.d
+	p, me := d.c.Size(), d.c.Rank()
+	st := &s.stats
+	sc := &s.sched
+	st.RowsSent, st.RowsReceived = 0, 0
+	st.RowsPerRank = growInts(st.RowsPerRank, p)
+	for q := 0; q < p; q++ {
+		st.RowsPerRank[q] = sc.Dispatch.Send[q].Rows
+		if q != me {
+			st.RowsSent += sc.Dispatch.Send[q].Rows
+			st.RowsReceived += sc.Dispatch.Recv[q].Rows
+		}
+	}
+	// Rows read in place count as the bytes the reader takes from the sender's memory.
+	st.BytesSent, st.BytesReceived = sc.Dispatch.Sent(me), sc.Dispatch.Received(me)
+	for q := 0; q < p; q++ {
+		if q != me {
+			st.BytesSent += sc.Dispatch.Send[q].Read
+			st.BytesReceived += sc.Dispatch.Recv[q].Read
+		}
+	}
+	st.Assignments = 0
+	if s.code == CodeOK {
+		st.Assignments = s.layout.Assignments
+	}
+}
+
+func growInts(s []int, n int) []int {
+	if cap(s) < n {
+		return make([]int, n)
+	}
+	return s[:n]
+}
+
+func growI32(s []int32, n int) []int32 {
+	if cap(s) < n {
+		return make([]int32, n)
+	}
+	return s[:n]
+}
+
+func growF32(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+func growI64(s []int64, n int) []int64 {
+	if cap(s) < n {
+		return make([]int64, n)
+	}
+	return s[:n]
+}
