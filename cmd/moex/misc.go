@@ -8,7 +8,6 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/moex-ai/moex/internal/envvars"
 )
 
 func cmdEnv(args []string) error {
@@ -23,8 +22,8 @@ func cmdEnv(args []string) error {
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "VARIABLE\tVALUE\tDEFAULT\tMEANING")
-	for _, v := range envvars.Vars {
-		if v.Kind == envvars.Internal && !*all {
+	for _, v := range envVars {
+		if v.Kind == Internal && !*all {
 			continue
 		}
 		val := os.Getenv(v.Name)
@@ -40,8 +39,8 @@ func cmdEnv(args []string) error {
 func envMarkdown(w io.Writer) error {
 	var b strings.Builder
 	b.WriteString("| variable | default | meaning |\n|---|---|---|\n")
-	for _, v := range envvars.Vars {
-		if v.Kind == envvars.Internal {
+	for _, v := range envVars {
+		if v.Kind == Internal {
 			continue
 		}
 		fmt.Fprintf(&b, "| `%s` | %s | %s |\n", v.Name, v.Default, strings.ReplaceAll(v.Meaning, "|", "\\|"))

@@ -24,7 +24,7 @@ var level = map[string]int{
 	"coll":                6,
 	"internal/ep":         7,
 	"dispatch":            8, "combine": 9, "models": 10,
-	"bench": 11, "internal/envvars": 11, "bench/peers/twocopy": 11,
+	"bench": 11, "bench/peers/twocopy": 11,
 	"bench/perfdoc": 12, "cmd/moex": 12,
 }
 
@@ -60,6 +60,11 @@ func TestForbiddenImports(t *testing.T) {
 			assert.Less(t, dl, lv, "%s (level %d) imports %s (level %d): a lower package imports a higher one", pkg, lv, dep, dl)
 			if pkg == "coll" && strings.HasPrefix(dep, "transport/") && dep != "transport/bootstrap" {
 				concrete = append(concrete, dep)
+			}
+		}
+		if strings.HasPrefix(pkg, "internal/") && pkg != "internal/ep" {
+			for _, imp := range f[1:] {
+				assert.False(t, strings.HasPrefix(imp, module), "%s imports %s: the internal packages are leaves (internal/ep, the MoE engine, aside)", pkg, imp)
 			}
 		}
 		if pkg == "coll" {

@@ -1,8 +1,10 @@
-// Package envvars is the one registry of the environment variables moex reads: name,
-// default, meaning and the package that reads it. `moex env` prints it, the README's table
-// is generated from it (moex env --markdown), and a test fails when the code reads a MOEX_
-// variable that is not registered here, or registers one that nothing reads.
-package envvars
+package main
+
+// The one registry of the environment variables moex reads: name, default, meaning and
+// the package that reads it. `moex env` prints it, the README's table is generated from
+// it (moex env --markdown), and a test fails when the code reads a MOEX_ variable that is
+// not registered here, or registers one that nothing reads. It lives with the command,
+// the one package that may import every package that owns a variable.
 
 import (
 	"fmt"
@@ -16,31 +18,31 @@ import (
 	"github.com/moex-ai/moex/transport/tcp"
 )
 
-// Kind says who sets a variable.
-type Kind int
+// varKind says who sets a variable.
+type varKind int
 
 const (
 	// User variables are set by whoever starts the job: what moex, its launchers and
 	// its tuning read.
-	User Kind = iota
+	User varKind = iota
 	// Internal variables are set by moex for its own child processes (the launcher, the
 	// benchmark's ranks) or by developers profiling moex; users leave them alone.
 	Internal
 )
 
-// Var is one registered variable.
-type Var struct {
+// envVar is one registered variable.
+type envVar struct {
 	Name    string
 	Default string // what applies when it is unset, from the code's constant where there is one
 	Meaning string
 	Owner   string // the package that reads it
-	Kind    Kind
+	Kind    varKind
 }
 
 func us(d time.Duration) string { return strconv.FormatInt(d.Microseconds(), 10) }
 
-// Vars lists every variable, user ones first, in the order a reader meets them.
-var Vars = []Var{
+// envVars lists every variable, user ones first, in the order a reader meets them.
+var envVars = []envVar{
 	{"MOEX_RANK", "RANK, OMPI_COMM_WORLD_RANK, SLURM_PROCID", "this process's rank", "bootstrap", User},
 	{"MOEX_WORLD_SIZE", "WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS", "number of ranks", "bootstrap", User},
 	{"MOEX_LOCAL_RANK", "LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID", "rank among the ranks of this host", "bootstrap", User},
@@ -78,12 +80,12 @@ var Vars = []Var{
 	{"MOEX_TCP_WAIT_SPIN", "0", "1: with MOEX_POLL=spin, tcp senders spin on their completions too (an experiment)", "transport/tcp", Internal},
 }
 
-// Lookup returns the registered variable name.
-func Lookup(name string) (Var, bool) {
-	for _, v := range Vars {
+// lookupVar returns the registered variable name.
+func lookupVar(name string) (envVar, bool) {
+	for _, v := range envVars {
 		if v.Name == name {
 			return v, true
 		}
 	}
-	return Var{}, false
+	return envVar{}, false
 }
