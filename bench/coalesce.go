@@ -19,8 +19,6 @@ import (
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
 	"github.com/moex-ai/moex/transport"
-	"github.com/moex-ai/moex/transport/shm"
-	"github.com/moex-ai/moex/transport/tcp"
 )
 
 // CoalesceOpts selects the coalescing study: one MoE dispatch, sent five ways.
@@ -288,30 +286,11 @@ func checkRows(b []byte, rowBytes, src int) int {
 	return wrong
 }
 
-// transportCounters sums the system calls (tcp) and frames (shm) of the transports
+// transportCounters sums the system calls (tcp) and ring slots (shm) of the transports
 // under tr so far.
 func transportCounters(tr transport.Transport) (syscalls, frames uint64) {
-	seen := map[transport.Transport]bool{}
-	var walk func(t transport.Transport)
-	walk = func(t transport.Transport) {
-		if t == nil || seen[t] {
-			return
-		}
-		seen[t] = true
-		switch t := t.(type) {
-		case *transport.Mux:
-			for q := 0; q < t.Size(); q++ {
-				walk(t.For(q))
-			}
-		case *tcp.Transport:
-			s := t.Stats()
-			syscalls += s.Writevs + s.DirectWrites + s.Reads
-		case *shm.Transport:
-			frames += t.Stats().SlotsOut
-		}
-	}
-	walk(tr)
-	return syscalls, frames
+	c, _ := transport.CountersOf(tr)
+	return c.Syscalls, c.Slots
 }
 
 // cpuTime is this process's user and system CPU time so far.

@@ -20,6 +20,21 @@ func (e *EnvError) Error() string {
 	return fmt.Sprintf("transport: %s=%q: %s", e.Var, e.Value, e.Reason)
 }
 
+// EnvVar describes one environment variable that moex reads: the package that reads it
+// lists it, and `moex env` prints them all (coll.EnvVars gathers them).
+type EnvVar struct {
+	Name     string
+	Default  string // what applies when it is unset, from the code's constant where there is one
+	Meaning  string
+	Owner    string // the package that reads it
+	Internal bool   // set by moex for its own processes, or for developers: users leave it alone
+}
+
+// EnvVars are the variables package transport reads.
+var EnvVars = []EnvVar{
+	{Name: "MOEX_HOST_ID", Default: "hostname and boot id", Meaning: "the host identity that decides which ranks share memory", Owner: "transport"},
+}
+
 // HostID identifies the machine: ranks with equal HostIDs share memory. MOEX_HOST_ID
 // overrides it (tests use that to pretend ranks are on different hosts).
 func HostID() string {

@@ -21,9 +21,7 @@ import (
 	"github.com/moex-ai/moex/internal/launch"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport/bootstrap"
-	"github.com/moex-ai/moex/transport/shm"
 	"github.com/moex-ai/moex/transport/topo"
-	"github.com/moex-ai/moex/transport/ucx"
 )
 
 // doctorReport is what `moex doctor` finds: facts about this machine, then, per link of
@@ -262,7 +260,7 @@ func sharedBuffers() string {
 		return fmt.Sprintf("unavailable (%v): obuf.Shared hands out private buffers", obuf.SharedErr())
 	}
 	return fmt.Sprintf("obuf.Shared works (memfd); over shm, send buffers of %s and more from it are read in place by the other ranks (AlltoAll(v), AllGather, the MoE dispatch and combine); shared-memory huge pages: %s",
-		humanBytes(shm.SharedMin), readTrim("/sys/kernel/mm/transparent_hugepage/shmem_enabled"))
+		humanBytes(bootstrap.HostFacts().SharedMin), readTrim("/sys/kernel/mm/transparent_hugepage/shmem_enabled"))
 }
 
 func humanBytes(n int) string {
@@ -297,8 +295,9 @@ func (r *doctorReport) machine(c *coll.Comm) {
 	}
 	add("cpu idle", cpuIdle())
 	add("SO_BUSY_POLL", "net.core.busy_poll="+sysctl("net/core/busy_poll")+" busy_read="+sysctl("net/core/busy_read")+" (moex sets it per socket; see the tcp paths below)")
+	facts := bootstrap.HostFacts()
 	var st unix.Statfs_t
-	if unix.Statfs(shm.DevShm, &st) == nil {
+	if unix.Statfs(facts.ShmDir, &st) == nil {
 		add("/dev/shm", fmt.Sprintf("%.1f GiB free", float64(st.Bavail)*float64(st.Bsize)/(1<<30)))
 	}
 	add("huge pages", "transparent: "+readTrim("/sys/kernel/mm/transparent_hugepage/enabled")+" (obuf maps buffers from 2 MiB with MADV_HUGEPAGE; shm's single copy across, process_vm_readv, runs about twice as fast from them as from 4 KiB pages)")
@@ -306,17 +305,7 @@ func (r *doctorReport) machine(c *coll.Comm) {
 	if v := readTrim("/proc/sys/kernel/yama/ptrace_scope"); v != "" {
 		add("ptrace_scope", v+" (shm's single copy, process_vm_readv, needs ptrace rights between ranks; moex grants them to its peers)")
 	}
-	stale := 0
-	for _, s := range shm.Segments() {
-		var pid int
-		if i := strings.LastIndex(s, "-p"); i >= 0 {
-			fmt.Sscan(s[i+2:], &pid)
-		}
-		if pid > 0 && unix.Kill(pid, 0) == unix.ESRCH {
-			stale++
-		}
-	}
-	add("shm segments", fmt.Sprintf("%d stale in %s (left by crashed jobs; removed when a job starts)", stale, shm.DevShm))
+	add("shm segments", fmt.Sprintf("%d stale in %s (left by crashed jobs; removed when a job starts)", facts.StaleSegments, facts.ShmDir))
 	tp := topo.Discover(topo.Options{})
 	var nodes []string
 	for _, n := range tp.NUMA {
@@ -338,7 +327,7 @@ func (r *doctorReport) machine(c *coll.Comm) {
 			names = append(names, d.Name)
 		}
 		add("RDMA devices", strings.Join(names, " "))
-		if !ucx.Built() {
+		if !facts.UCX {
 			r.warnings = append(r.warnings, "RDMA devices are present but this moex was built without UCX: build with -tags ucx (libucx-dev) to use them")
 		}
 	}
@@ -347,8 +336,8 @@ func (r *doctorReport) machine(c *coll.Comm) {
 	} else {
 		add("GPUs", fmt.Sprintf("%d (%s); moex topo prints their links", len(tp.GPUs), tp.GPUs[0].Name))
 	}
-	if ucx.Built() {
-		add("UCX", "built, UCX "+ucx.Version()+"; UCX_TLS="+os.Getenv("UCX_TLS"))
+	if facts.UCX {
+		add("UCX", "built, UCX "+facts.UCXVersion+"; UCX_TLS="+os.Getenv("UCX_TLS"))
 	} else {
 		add("UCX", "not built (go build -tags ucx, with libucx-dev, for RDMA and GPU memory)")
 	}

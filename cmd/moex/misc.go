@@ -7,7 +7,6 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
-
 )
 
 func cmdEnv(args []string) error {
@@ -23,7 +22,7 @@ func cmdEnv(args []string) error {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "VARIABLE\tVALUE\tDEFAULT\tMEANING")
 	for _, v := range envVars {
-		if v.Kind == Internal && !*all {
+		if v.Internal && !*all {
 			continue
 		}
 		val := os.Getenv(v.Name)
@@ -40,7 +39,7 @@ func envMarkdown(w io.Writer) error {
 	var b strings.Builder
 	b.WriteString("| variable | default | meaning |\n|---|---|---|\n")
 	for _, v := range envVars {
-		if v.Kind == Internal {
+		if v.Internal {
 			continue
 		}
 		fmt.Fprintf(&b, "| `%s` | %s | %s |\n", v.Name, v.Default, strings.ReplaceAll(v.Meaning, "|", "\\|"))

@@ -17,7 +17,7 @@ import (
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/internal/launch"
-	"github.com/moex-ai/moex/transport/inproc"
+	"github.com/moex-ai/moex/transport"
 )
 
 // MaxRecoverRuns bounds --runs.
@@ -69,7 +69,7 @@ func recoverOnce(ctx context.Context, rf rankFlags, ro bench.RecoverOpts, args [
 		}
 		defer closeAll(cs)
 		results, err := onEvery(cs, func(c *coll.Comm) (*bench.RecoverResult, error) {
-			sub, res, err := bench.Recover(ctx, c, ro, func() { c.Transport().(*inproc.Transport).Kill() })
+			sub, res, err := bench.Recover(ctx, c, ro, func() { transport.Kill(c.Transport()) })
 			if sub != c {
 				sub.Close()
 			}

@@ -62,6 +62,13 @@ func TestForbiddenImports(t *testing.T) {
 				concrete = append(concrete, dep)
 			}
 		}
+		if strings.HasPrefix(pkg, "bench") || strings.HasPrefix(pkg, "cmd/") {
+			for _, imp := range f[1:] {
+				for _, tr := range []string{"inproc", "shm", "tcp", "ucx"} {
+					assert.NotEqual(t, module+"transport/"+tr, imp, "%s names a concrete transport: ask for a capability (transport.Counting, transport.Killer) or the bootstrap instead", pkg)
+				}
+			}
+		}
 		if strings.HasPrefix(pkg, "internal/") && pkg != "internal/ep" {
 			for _, imp := range f[1:] {
 				assert.False(t, strings.HasPrefix(imp, module), "%s imports %s: the internal packages are leaves (internal/ep, the MoE engine, aside)", pkg, imp)

@@ -74,10 +74,21 @@ type Transport struct {
 	mu     sync.Mutex
 	posted core.Queue[*req] // receives posted on this endpoint, by source
 	unexp  core.Queue[*req] // messages that reached this endpoint before their receive, by source
+
+	msgsOut, bytesOut atomic.Uint64 // sends posted, and their bytes
 }
 
-var _ transport.Transport = (*Transport)(nil)
-var _ transport.PathReporter = (*Transport)(nil)
+var (
+	_ transport.Transport    = (*Transport)(nil)
+	_ transport.PathReporter = (*Transport)(nil)
+	_ transport.Counting     = (*Transport)(nil)
+	_ transport.Killer       = (*Transport)(nil)
+)
+
+// Counters implements transport.Counting: the sends posted and their bytes.
+func (t *Transport) Counters() transport.Counters {
+	return transport.Counters{MessagesOut: t.msgsOut.Load(), BytesOut: t.bytesOut.Load()}
+}
 
 type kind uint8
 
@@ -138,6 +149,8 @@ func (t *Transport) Isend(peer int, tag transport.Tag, buf []byte) (transport.Re
 	if t.closed.Load() {
 		return nil, transport.ErrClosed
 	}
+	t.msgsOut.Add(1)
+	t.bytesOut.Add(uint64(len(buf)))
 	s := t.w.get(kSend, nil, t.rank, tag, buf)
 	dst := t.w.eps[peer]
 	dst.mu.Lock()

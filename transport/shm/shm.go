@@ -120,6 +120,14 @@ func (c *Config) ConfigFromEnv(getenv func(string) string) error {
 	return nil
 }
 
+// EnvVars are the variables the shared-memory transport reads.
+var EnvVars = []transport.EnvVar{
+	{Name: "MOEX_SHM_CMA", Default: "auto", Meaning: "auto, 1 or 0: large shared-memory messages with process_vm_readv, or through the rings", Owner: "transport/shm"},
+	{Name: "MOEX_SHM_REWIND", Default: "auto (on when ranks outnumber cores)", Meaning: "auto, 1 or 0: a producer that finds its shared-memory ring empty starts again at its first slot", Owner: "transport/shm"},
+	{Name: "MOEX_SHM_STREAM", Default: "auto (when an operation touches more than the last-level cache)", Meaning: "auto, 1 or 0: copy blocks read in place with non-temporal stores", Owner: "transport/shm"},
+	{Name: "MOEX_SHM_AREA", Default: strconv.Itoa(DefaultAreaBytes >> 10), Meaning: "KiB: the largest send buffer a shared-area collective takes (0: no area)", Owner: "transport/shm"},
+}
+
 // Stats counts traffic.
 type Stats struct {
 	SlotsOut, SlotsIn uint64
@@ -422,6 +430,17 @@ func (t *Transport) Stats() Stats {
 		Rewinds: t.rewinds.Load(), DirectOps: t.directOps.Load(), DirectParks: t.directParks.Load(),
 		DirectTimeouts: t.directTimeouts.Load(), SharedBytes: t.sharedBytes.Load()}
 }
+
+// Counters implements transport.Counting.
+func (t *Transport) Counters() transport.Counters {
+	return transport.Counters{MessagesOut: t.slotsOut.Load(), MessagesIn: t.slotsIn.Load(),
+		BytesIn: t.ringBytes.Load() + t.cmaBytes.Load() + t.sharedBytes.Load(), Slots: t.slotsOut.Load()}
+}
+
+var (
+	_ transport.Counting = (*Transport)(nil)
+	_ transport.Killer   = (*Transport)(nil)
+)
 
 // Close tells the peers, stops the progress loop and unmaps everything. Pending requests
 // complete with ErrClosed.

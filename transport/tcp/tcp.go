@@ -101,6 +101,14 @@ func (c *Config) ConfigFromEnv(getenv func(string) string) error {
 	return nil
 }
 
+// EnvVars are the variables the TCP transport reads.
+var EnvVars = []transport.EnvVar{
+	{Name: "MOEX_TCP_STREAMS", Default: strconv.Itoa(DefaultStreams), Meaning: fmt.Sprintf("TCP connections per peer (1 to %d)", MaxStreams), Owner: "transport/tcp"},
+	{Name: "MOEX_BUSY_POLL_US", Default: strconv.Itoa(DefaultBusyPollUS), Meaning: "SO_BUSY_POLL of TCP sockets in microseconds (0: off)", Owner: "transport/tcp"},
+	{Name: "MOEX_CHECKSUM", Default: "0", Meaning: "1: carry an xxhash64 of every TCP payload and verify it", Owner: "transport/tcp"},
+	{Name: "MOEX_TCP_WAIT_SPIN", Default: "0", Meaning: "1: with MOEX_POLL=spin, tcp senders spin on their completions too (an experiment)", Owner: "transport/tcp", Internal: true},
+}
+
 // Stats counts traffic.
 type Stats struct {
 	FramesOut, Writevs, DirectWrites uint64 // Writevs < FramesOut means frames were coalesced
@@ -464,6 +472,17 @@ func (t *Transport) Stats() Stats {
 		BytesOut: t.bytesOut.Load(), BytesIn: t.bytesIn.Load(), Reads: t.reads.Load(), BusyPoll: t.busyPoll,
 	}
 }
+
+// Counters implements transport.Counting.
+func (t *Transport) Counters() transport.Counters {
+	return transport.Counters{MessagesOut: t.framesOut.Load(), BytesOut: t.bytesOut.Load(), BytesIn: t.bytesIn.Load(),
+		Syscalls: t.writevs.Load() + t.direct.Load() + t.reads.Load()}
+}
+
+var (
+	_ transport.Counting = (*Transport)(nil)
+	_ transport.Killer   = (*Transport)(nil)
+)
 
 // Close says goodbye to every peer, stops every goroutine and closes every connection.
 // Pending requests complete with ErrClosed.

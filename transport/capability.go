@@ -1,0 +1,64 @@
+package transport
+
+// Capabilities beyond point-to-point that some transports have, found by type assertion.
+// Code outside the transports asks for these, never for a concrete transport.
+
+// Counters is what a transport has moved so far, in the units every transport has; a
+// field a transport does not count stays 0.
+type Counters struct {
+	MessagesOut, MessagesIn uint64 // messages (tcp: frames)
+	BytesOut, BytesIn       uint64 // payload bytes
+	Syscalls                uint64 // system calls that moved data (tcp: writes and reads)
+	Slots                   uint64 // shared-memory ring slots written (shm sends make no system call)
+}
+
+// Add returns the sum of c and o.
+func (c Counters) Add(o Counters) Counters {
+	return Counters{c.MessagesOut + o.MessagesOut, c.MessagesIn + o.MessagesIn, c.BytesOut + o.BytesOut,
+		c.BytesIn + o.BytesIn, c.Syscalls + o.Syscalls, c.Slots + o.Slots}
+}
+
+// Counting is implemented by transports that count their traffic.
+type Counting interface {
+	Counters() Counters
+}
+
+// Killer is implemented by transports that can stop as a crash would, without telling
+// their peers: for fault injection in tests and in the recovery benchmark.
+type Killer interface {
+	Kill()
+}
+
+// CountersOf sums the counters of t (of every transport a Mux routes to); ok is false
+// where none counts.
+func CountersOf(t Transport) (c Counters, ok bool) {
+	if m, isMux := t.(*Mux); isMux {
+		for _, u := range m.all {
+			if uc, uok := CountersOf(u); uok {
+				c, ok = c.Add(uc), true
+			}
+		}
+		return c, ok
+	}
+	if ct, isCounting := t.(Counting); isCounting {
+		return ct.Counters(), true
+	}
+	return c, false
+}
+
+// Kill stops t (every transport of a Mux) as a crash would; it reports whether t could be
+// killed.
+func Kill(t Transport) bool {
+	if m, isMux := t.(*Mux); isMux {
+		killed := false
+		for _, u := range m.all {
+			killed = Kill(u) || killed
+		}
+		return killed
+	}
+	if k, ok := t.(Killer); ok {
+		k.Kill()
+		return true
+	}
+	return false
+}
