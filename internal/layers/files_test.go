@@ -27,7 +27,7 @@ import (
 var collFiles = []string{
 	"errors.go", "kinds.go", "plan.go", "algos.go", "alltoall_hier.go", "cost.go", "registry.go",
 	"state.go", "choose.go", "comm.go", "exec.go", "profile.go", "trace.go", "run.go",
-	"async.go", "ops.go", "alltoallv.go", "vops.go", "exchange.go", "board.go", "group.go", "world.go", "shrink.go",
+	"async.go", "ops.go", "alltoallv.go", "vops.go", "exchange.go", "board.go", "group.go", "world.go", "shrink.go", "envvars.go",
 }
 
 // TestCollFilesPointDown: no file of coll uses a package-level name (a type, function,
