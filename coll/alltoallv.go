@@ -3,6 +3,7 @@ package coll
 import (
 	"context"
 	"fmt"
+	"github.com/moex-ai/moex/coll/algos"
 
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/transport"
@@ -67,12 +68,12 @@ func (c *Comm) layoutFrom(name string, counts, displs []int, total, es int) (off
 func alltoAllv[T dtype.Elem](ctx context.Context, c *Comm, send []T, sendCounts, sendDispls []int, recv []T, recvCounts, recvDispls []int, async bool) (*Handle, error) {
 	dt := dtype.Of[T]()
 	es := dt.Size()
-	var l vlayout
+	var l algos.Vlayout
 	var err error
-	if l.sendOff, l.sendLen, err = c.layoutFrom("send", sendCounts, sendDispls, len(send), es); err != nil {
+	if l.SendOff, l.SendLen, err = c.layoutFrom("send", sendCounts, sendDispls, len(send), es); err != nil {
 		return nil, err
 	}
-	if l.recvOff, l.recvLen, err = c.layoutFrom("recv", recvCounts, recvDispls, len(recv), es); err != nil {
+	if l.RecvOff, l.RecvLen, err = c.layoutFrom("recv", recvCounts, recvDispls, len(recv), es); err != nil {
 		return nil, err
 	}
 	algo := c.cfg.Algo[OpAlltoAllv]
@@ -82,7 +83,7 @@ func alltoAllv[T dtype.Elem](ctx context.Context, c *Comm, send []T, sendCounts,
 			algo = Pairwise
 		}
 	}
-	pl := &plan{op: OpAlltoAllv, algo: algo}
+	pl := &algos.Plan{Op: OpAlltoAllv, Algo: algo}
 	var m [][]int
 	if algo == Bruck || algo == Hier || c.cfg.Verify {
 		// Every rank learns every rank's send and receive sizes, so that a disagreement is
@@ -90,7 +91,7 @@ func alltoAllv[T dtype.Elem](ctx context.Context, c *Comm, send []T, sendCounts,
 		p := c.size
 		mine := make([]int64, 2*p)
 		for j := 0; j < p; j++ {
-			mine[j], mine[p+j] = int64(l.sendLen[j]), int64(l.recvLen[j])
+			mine[j], mine[p+j] = int64(l.SendLen[j]), int64(l.RecvLen[j])
 		}
 		all := make([]int64, 2*p*p)
 		if err := AllGather(ctx, c, mine, all); err != nil {
@@ -111,25 +112,25 @@ func alltoAllv[T dtype.Elem](ctx context.Context, c *Comm, send []T, sendCounts,
 	}
 	switch algo {
 	case Bruck:
-		planAlltoAllBruck(pl, c.size, c.rank, l, m)
+		algos.PlanAlltoAllBruck(pl, c.size, c.rank, l, m)
 	case Hier:
-		planAlltoAllHier(pl, c.topo, c.rank, l, func(i, j int) int { return m[i][j] })
+		algos.PlanAlltoAllHier(pl, c.topo, c.rank, l, func(i, j int) int { return m[i][j] })
 	case Pairwise:
-		planAlltoAllPairwise(pl, c.size, c.rank, l)
+		algos.PlanAlltoAllPairwise(pl, c.size, c.rank, l)
 	default:
-		pl.algo = Linear
-		planAlltoAllLinear(pl, c.size, c.rank, l)
+		pl.Algo = Linear
+		algos.PlanAlltoAllLinear(pl, c.size, c.rank, l)
 	}
-	pl.sig = signature(OpAlltoAllv, pl.algo, es)
-	pl.countBytes()
+	pl.Sig = algos.Signature(OpAlltoAllv, pl.Algo, es)
+	pl.CountBytes()
 	cl := call{op: OpAlltoAllv, dt: dt, send: dtype.Bytes(send), recv: dtype.Bytes(recv)}
 	return c.submitPlan(ctx, cl, pl, async, nil)
 }
 
 // VPlan is a reusable AlltoAllv schedule for a count matrix every rank knows.
 type VPlan struct {
-	pl               *plan
-	lay              vlayout
+	pl               *algos.Plan
+	lay              algos.Vlayout
 	sendLen, recvLen int
 	// Algo is the algorithm the cost model chose.
 	Algo Algo
@@ -139,7 +140,7 @@ type VPlan struct {
 // unit bytes go from rank i to rank j, blocks packed in rank order on both sides. Every
 // rank must pass the same matrix (it is part of the operation's signature).
 func (c *Comm) PlanAlltoAllv(counts [][]int, unit int) (*VPlan, error) {
-	vp := &VPlan{pl: &plan{}}
+	vp := &VPlan{pl: &algos.Plan{}}
 	return vp, c.ReplanAlltoAllv(vp, counts, unit)
 }
 
@@ -153,11 +154,11 @@ func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 		return &ArgError{Arg: "unit", Reason: fmt.Sprintf("%d bytes", unit)}
 	}
 	if vp.pl == nil {
-		vp.pl = &plan{}
+		vp.pl = &algos.Plan{}
 	}
 	l := &vp.lay
-	l.sendOff, l.sendLen = growInts(l.sendOff, c.size), growInts(l.sendLen, c.size)
-	l.recvOff, l.recvLen = growInts(l.recvOff, c.size), growInts(l.recvLen, c.size)
+	l.SendOff, l.SendLen = growInts(l.SendOff, c.size), growInts(l.SendLen, c.size)
+	l.RecvOff, l.RecvLen = growInts(l.RecvOff, c.size), growInts(l.RecvLen, c.size)
 	total, h, maxRow := 0, 0, 0 // maxRow: the largest send buffer of any rank, in bytes
 	for i, row := range counts {
 		if len(row) != c.size {
@@ -176,15 +177,15 @@ func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 	}
 	so, ro := 0, 0
 	for j := 0; j < c.size; j++ {
-		l.sendOff[j], l.sendLen[j] = so, counts[c.rank][j]*unit
-		so += l.sendLen[j]
-		l.recvOff[j], l.recvLen[j] = ro, counts[j][c.rank]*unit
-		ro += l.recvLen[j]
+		l.SendOff[j], l.SendLen[j] = so, counts[c.rank][j]*unit
+		so += l.SendLen[j]
+		l.RecvOff[j], l.RecvLen[j] = ro, counts[j][c.rank]*unit
+		ro += l.RecvLen[j]
 	}
 	avg := total / max(1, c.size*c.size)
 	algo := c.chooseFit(OpAlltoAllv, avg, c.direct != nil && c.direct.Fits(maxRow))
 	pl := vp.pl
-	pl.op, pl.algo, pl.tmp = OpAlltoAllv, algo, 0
+	pl.Op, pl.Algo, pl.Tmp = OpAlltoAllv, algo, 0
 	switch algo {
 	case Shared:
 		planAlltoAllvShared(pl, c.rank, counts, unit, *l)
@@ -196,19 +197,19 @@ func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 				m[i][j] = counts[i][j] * unit
 			}
 		}
-		pl.steps = nil
-		planAlltoAllBruck(pl, c.size, c.rank, *l, m)
+		pl.Steps = nil
+		algos.PlanAlltoAllBruck(pl, c.size, c.rank, *l, m)
 	case Hier:
-		planAlltoAllHier(pl, c.topo, c.rank, *l, func(i, j int) int { return counts[i][j] * unit })
+		algos.PlanAlltoAllHier(pl, c.topo, c.rank, *l, func(i, j int) int { return counts[i][j] * unit })
 	case Pairwise:
-		planAlltoAllPairwise(pl, c.size, c.rank, *l)
+		algos.PlanAlltoAllPairwise(pl, c.size, c.rank, *l)
 	default:
-		planAlltoAllLinear(pl, c.size, c.rank, *l)
+		algos.PlanAlltoAllLinear(pl, c.size, c.rank, *l)
 	}
-	pl.sig = signature(OpAlltoAllv, algo, unit, h)
-	pl.countBytes()
+	pl.Sig = algos.Signature(OpAlltoAllv, algo, unit, h)
+	pl.CountBytes()
 	if algo == Shared {
-		pl.bytes = so - l.sendLen[c.rank]
+		pl.Bytes = so - l.SendLen[c.rank]
 	}
 	vp.sendLen, vp.recvLen, vp.Algo = so, ro, algo
 	return nil
@@ -217,14 +218,14 @@ func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 // planAlltoAllvShared lays out an AlltoAllv through the shared areas: the block rank q
 // sends this rank r starts after q's blocks for ranks before r (blocks packed in rank
 // order), in q's send buffer of a whole row's bytes.
-func planAlltoAllvShared(pl *plan, r int, counts [][]int, unit int, l vlayout) {
+func planAlltoAllvShared(pl *algos.Plan, r int, counts [][]int, unit int, l algos.Vlayout) {
 	p := len(counts)
-	pl.steps = pl.steps[:0] // no steps: execShared runs it
-	if pl.shared == nil {
-		pl.shared = &transport.VLayout{}
+	pl.Steps = pl.Steps[:0] // no steps: execShared runs it
+	if pl.Shared == nil {
+		pl.Shared = &transport.VLayout{}
 	}
-	v := pl.shared
-	v.RecvOff, v.RecvLen = l.recvOff, l.recvLen
+	v := pl.Shared
+	v.RecvOff, v.RecvLen = l.RecvOff, l.RecvLen
 	v.SrcOff, v.SrcLen = growInts(v.SrcOff, p), growInts(v.SrcLen, p)
 	for q, row := range counts {
 		off, n := 0, 0
@@ -251,8 +252,8 @@ func (v *VPlan) Describe(c *Comm) string {
 	if v.pl == nil {
 		return ""
 	}
-	var sb stringsBuilder
-	v.pl.describe(&sb, c.rank)
+	var sb algos.StringsBuilder
+	v.pl.Describe(&sb, c.rank)
 	return sb.String()
 }
 
@@ -301,8 +302,8 @@ func (c *Comm) runV(ctx context.Context, vp *VPlan, send, recv []byte, async boo
 // debugging. A variable-size operation (AlltoAllv, AllGatherv, ...) is described by its
 // fixed-size form with count elements per block, the plan the cost model weighs for it.
 func (c *Comm) Describe(op OpKind, dt dtype.Type, count, root int) string {
-	var sb stringsBuilder
-	switch op = fixedOf(op); op {
+	var sb algos.StringsBuilder
+	switch op = algos.FixedOf(op); op {
 	case OpAlltoAllv:
 		op = OpAlltoAll
 	case OpAllReduce, OpBroadcast, OpReduce, OpAllGather, OpReduceScatter, OpAlltoAll, OpScatter, OpGather, OpBarrier:
@@ -311,6 +312,6 @@ func (c *Comm) Describe(op OpKind, dt dtype.Type, count, root int) string {
 	}
 	cl := call{op: op, dt: dt, redop: dtype.Sum, count: count, root: root}
 	pl := c.getPlan(key(c, &cl, count*dt.Size()))
-	pl.describe(&sb, c.rank)
+	pl.Describe(&sb, c.rank)
 	return sb.String()
 }

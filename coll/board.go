@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/moex-ai/moex/coll/algos"
 
 	"github.com/moex-ai/moex/transport"
 )
@@ -50,7 +51,7 @@ func (c *Comm) newBoard(ctx context.Context, size int, span bool) (*Board, error
 	if c.size == 1 {
 		return nil, fmt.Errorf("%w: a single rank", ErrNoBoard)
 	}
-	sig := signature(OpExchange, AlgoAuto, 1, -1, size)
+	sig := algos.Signature(OpExchange, AlgoAuto, 1, -1, size)
 	if span {
 		sig ^= 0x5a5a0000 // a span board is not a plain one: both sides must ask for it
 	}

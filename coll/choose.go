@@ -3,7 +3,12 @@ package coll
 // The choice of an algorithm for an operation on a communicator: the registry's
 // candidates, weighed by the link model.
 
-import "time"
+import (
+	"fmt"
+	"github.com/moex-ai/moex/coll/algos"
+	"strings"
+	"time"
+)
 
 // choose picks the algorithm for op: the override if configured, else the cheapest by the
 // model (ties go to the first listed).
@@ -17,12 +22,12 @@ func (c *Comm) chooseFit(op OpKind, n int, fits bool) Algo {
 		}
 		return a
 	}
-	algos := Algorithms[op]
-	best, bestT := algos[0], time.Duration(1<<62)
-	for _, a := range algos {
+	cands := Algorithms[op]
+	best, bestT := cands[0], time.Duration(1<<62)
+	for _, a := range cands {
 		// Hier needs several hosts (and for all but AlltoAll(v), as many ranks on each);
 		// Shared, the operation within the shared areas.
-		if e := entries[op][a]; e.usable != nil && !e.usable(c.topo, fits) {
+		if e := algos.Entries[op][a]; e.Usable != nil && !e.Usable(c.topo, fits) {
 			continue
 		}
 		if t := c.estimate(op, a, n); t < bestT {
@@ -63,13 +68,13 @@ func (c *Comm) Algorithm(op OpKind, bytes int) Algo { return c.choose(op, bytes)
 // (AllReduce, AllGather, ReduceScatter) pay the host-local cost within hosts and the
 // network only between them.
 func (c *Comm) estimate(op OpKind, algo Algo, n int) time.Duration {
-	op = fixedOf(op) // n is then a block of average size
+	op = algos.FixedOf(op) // n is then a block of average size
 	t := c.topo
-	if (op == OpAlltoAll || op == OpAlltoAllv) && t.hosts > 1 {
+	if (op == OpAlltoAll || op == OpAlltoAllv) && t.Hosts > 1 {
 		return c.estimateAlltoAllHosts(algo, n)
 	}
-	if algo == Hier && t.uniform {
-		m, h := len(t.members[0]), len(t.members)
+	if algo == Hier && t.Uniform {
+		m, h := len(t.Members[0]), len(t.Members)
 		net := c.link
 		net.Beta *= float64(m) // a host's m ranks cross at once
 		switch op {
@@ -86,8 +91,8 @@ func (c *Comm) estimate(op OpKind, algo Algo, n int) time.Duration {
 	l := c.link
 	switch op {
 	case OpAllReduce, OpAllGather, OpReduceScatter:
-		if t.hosts > 1 {
-			l.Beta *= float64(t.sharing(algo))
+		if t.Hosts > 1 {
+			l.Beta *= float64(t.Sharing(algo))
 		}
 	}
 	return l.Estimate(op, algo, c.size, n)
@@ -106,9 +111,9 @@ const MessageShare = 0.25
 // relays hand each rank of their host its blocks over the host's transport.
 func (c *Comm) estimateAlltoAllHosts(algo Algo, n int) time.Duration {
 	t := c.topo
-	p, h := c.size, t.hosts
+	p, h := c.size, t.Hosts
 	m := 0
-	for _, ms := range t.members {
+	for _, ms := range t.Members {
 		m = max(m, len(ms))
 	}
 	net, intra := c.link, c.intra
@@ -123,7 +128,7 @@ func (c *Comm) estimateAlltoAllHosts(algo Algo, n int) time.Duration {
 	case Pairwise:
 		sec = float64(p-1)*net.Alpha.Seconds() + wire + local
 	case Bruck:
-		sec = float64(ceilLog2(p))*msg(net, m) + wire*float64(ceilLog2(p))/2 + 3*float64(p)*fn/20e9
+		sec = float64(algos.CeilLog2(p))*msg(net, m) + wire*float64(algos.CeilLog2(p))/2 + 3*float64(p)*fn/20e9
 	case Hier:
 		relayed := (h - 1) * (m - 1) // blocks a relay hands on
 		sec = msg(net, m*(h-1)) + wire + local + msg(intra, m-1+relayed) + float64(relayed)*fn*intra.Beta
@@ -131,4 +136,31 @@ func (c *Comm) estimateAlltoAllHosts(algo Algo, n int) time.Duration {
 		return time.Duration(1 << 62)
 	}
 	return time.Duration(sec * 1e9)
+}
+
+// ParseAlgoOverrides parses MOEX_ALGO: "op:algo[,op:algo...]".
+func ParseAlgoOverrides(s string) (map[OpKind]Algo, error) {
+	m := map[OpKind]Algo{}
+	if strings.TrimSpace(s) == "" {
+		return m, nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		op, al, ok := strings.Cut(strings.TrimSpace(part), ":")
+		if !ok {
+			return nil, &ArgError{Arg: "MOEX_ALGO", Reason: fmt.Sprintf("%q: want op:algo", part)}
+		}
+		o, err := ParseOpKind(op)
+		if err != nil {
+			return nil, &ArgError{Arg: "MOEX_ALGO", Reason: err.Error()}
+		}
+		a, err := ParseAlgo(al)
+		if err != nil {
+			return nil, &ArgError{Arg: "MOEX_ALGO", Reason: err.Error()}
+		}
+		if a != AlgoAuto && !algos.Supports(o, a) {
+			return nil, &ArgError{Arg: "MOEX_ALGO", Reason: fmt.Sprintf("%v has no algorithm %v (have %v)", o, a, Algorithms[o])}
+		}
+		m[o] = a
+	}
+	return m, nil
 }

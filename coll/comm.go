@@ -95,7 +95,7 @@ func (c *Comm) WorldRank(r int) int { return c.ranks[r] }
 func (c *Comm) Host(r int) int { return c.hosts[r] }
 
 // Hosts returns the number of distinct hosts.
-func (c *Comm) Hosts() int { return c.topo.hosts }
+func (c *Comm) Hosts() int { return c.topo.Hosts }
 
 // Logger returns the communicator's logger.
 func (c *Comm) Logger() *slog.Logger { return c.log }

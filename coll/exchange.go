@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/moex-ai/moex/coll/algos"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -122,7 +123,7 @@ func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, 
 	if total > transport.MaxWindow {
 		return nil, &ArgError{Arg: "Fields", Reason: fmt.Sprintf("%d slots of %d ranks x %d bytes is more than %d", cfg.Slots, p, x.per/p, transport.MaxWindow)}
 	}
-	x.sig = signature(OpExchange, AlgoAuto, 1, sig...)
+	x.sig = algos.Signature(OpExchange, AlgoAuto, 1, sig...)
 	x.ctl = ctl
 	if err := x.openWindows(ctx, total); err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/moex-ai/moex/coll/algos"
 	"log/slog"
 
 	"github.com/moex-ai/moex/coll/dtype"
@@ -43,33 +44,33 @@ func (c *Comm) verifies(cl *call) bool {
 }
 
 // getPlan returns the cached plan for the call, computing it on first use.
-func (c *Comm) getPlan(k planKey) *plan {
+func (c *Comm) getPlan(k algos.PlanKey) *algos.Plan {
 	c.planMu.Lock()
 	pl, ok := c.plans[k]
 	c.planMu.Unlock()
 	if ok {
 		return pl
 	}
-	sh := shape{p: c.size, rank: c.rank, root: k.root, es: k.es, count: k.count}
-	e := entryOf(k.op, k.algo)
+	sh := algos.Shape{P: c.size, Rank: c.rank, Root: k.Root, Es: k.Es, Count: k.Count}
+	e := algos.EntryOf(k.Op, k.Algo)
 	if e == nil {
-		panic(fmt.Sprintf("coll: no planner for %v", k.op))
+		panic(fmt.Sprintf("coll: no planner for %v", k.Op))
 	}
-	pl = e.plan(sh, c.topo, k)
-	pl.sig = signature(k.op, pl.algo, k.es, k.count, k.root, int(k.dt), int(k.redop))
-	pl.countBytes()
-	if pl.algo == Shared {
-		pl.bytes = (c.size - 1) * k.count * k.es
-		if k.op == OpAllReduce { // as the ring: a block to every rank, twice
-			pl.bytes = 2 * pl.bytes / c.size
+	pl = e.Plan(sh, c.topo, k)
+	pl.Sig = algos.Signature(k.Op, pl.Algo, k.Es, k.Count, k.Root, int(k.Dt), int(k.Redop))
+	pl.CountBytes()
+	if pl.Algo == Shared {
+		pl.Bytes = (c.size - 1) * k.Count * k.Es
+		if k.Op == OpAllReduce { // as the ring: a block to every rank, twice
+			pl.Bytes = 2 * pl.Bytes / c.size
 		}
 	}
 	c.planMu.Lock()
 	c.plans[k] = pl
 	c.planMu.Unlock()
 	if c.log.Enabled(context.Background(), slog.LevelInfo) {
-		c.log.Info("moex: algorithm", "comm", c.id, "rank", c.rank, "op", k.op.String(), "algo", pl.algo.String(),
-			"ranks", c.size, "bytes", k.count*k.es, "steps", len(pl.steps), "override", c.cfg.Algo[k.op] != AlgoAuto)
+		c.log.Info("moex: algorithm", "comm", c.id, "rank", c.rank, "op", k.Op.String(), "algo", pl.Algo.String(),
+			"ranks", c.size, "bytes", k.Count*k.Es, "steps", len(pl.Steps), "override", c.cfg.Algo[k.Op] != AlgoAuto)
 	}
 	return pl
 }
@@ -90,24 +91,24 @@ func (c *Comm) fail(err error) error {
 
 // execShared runs an AlltoAll, an AllGather, a planned AlltoAllv, an AllReduce or a
 // ReduceScatter through the shared areas (transport.SharedAreas).
-func (c *Comm) execShared(pl *plan, cl *call) error {
+func (c *Comm) execShared(pl *algos.Plan, cl *call) error {
 	var err error
 	switch {
-	case pl.op == OpAllReduce: // in place in recv
-		if err = c.direct.AllReduce(c.actx, cl.turn, cl.recv, cl.recv, cl.dt.Size(), pl.reduce, uint64(pl.sig)); err == nil {
+	case pl.Op == OpAllReduce: // in place in recv
+		if err = c.direct.AllReduce(c.actx, cl.turn, cl.recv, cl.recv, cl.dt.Size(), pl.Reduce, uint64(pl.Sig)); err == nil {
 			dtype.Finish(cl.dt, cl.redop, cl.recv, c.size)
 		}
-	case pl.op == OpReduceScatter:
-		if err = c.direct.ReduceScatter(c.actx, cl.turn, cl.send, cl.recv, pl.reduce, uint64(pl.sig)); err == nil {
+	case pl.Op == OpReduceScatter:
+		if err = c.direct.ReduceScatter(c.actx, cl.turn, cl.send, cl.recv, pl.Reduce, uint64(pl.Sig)); err == nil {
 			dtype.Finish(cl.dt, cl.redop, cl.recv, c.size)
 		}
-	case pl.op == OpAllGather || pl.op == OpAllGatherv: // this rank's block is in place in recv
-		off, b := pl.shared.RecvOff[c.rank], pl.shared.SrcLen[c.rank]
-		err = c.direct.AllToAllv(c.actx, cl.turn, cl.recv[off:off+b], cl.recv, pl.shared, uint64(pl.sig))
-	case pl.shared != nil:
-		err = c.direct.AllToAllv(c.actx, cl.turn, cl.send, cl.recv, pl.shared, uint64(pl.sig))
+	case pl.Op == OpAllGather || pl.Op == OpAllGatherv: // this rank's block is in place in recv
+		off, b := pl.Shared.RecvOff[c.rank], pl.Shared.SrcLen[c.rank]
+		err = c.direct.AllToAllv(c.actx, cl.turn, cl.recv[off:off+b], cl.recv, pl.Shared, uint64(pl.Sig))
+	case pl.Shared != nil:
+		err = c.direct.AllToAllv(c.actx, cl.turn, cl.send, cl.recv, pl.Shared, uint64(pl.Sig))
 	default:
-		err = c.direct.AllToAll(c.actx, cl.turn, cl.send, cl.recv, uint64(pl.sig))
+		err = c.direct.AllToAll(c.actx, cl.turn, cl.send, cl.recv, uint64(pl.Sig))
 	}
 	if err != nil {
 		_ = c.fail(err) // aborts, unless the communicator was (that ended the wait)
@@ -128,77 +129,77 @@ func (c *Comm) opError() error {
 }
 
 // execute runs pl's steps on the transport.
-func (c *Comm) execute(pl *plan, seq uint32, cl *call) error {
-	if pl.algo == Shared {
+func (c *Comm) execute(pl *algos.Plan, seq uint32, cl *call) error {
+	if pl.Algo == Shared {
 		return c.execShared(pl, cl)
 	}
 	es := c.execPool.Get().(*execState)
 	defer c.execPool.Put(es)
 	var tmp *obuf.Buf
-	if pl.tmp > 0 {
-		tmp = c.pool.Get(pl.tmp)
+	if pl.Tmp > 0 {
+		tmp = c.pool.Get(pl.Tmp)
 		defer tmp.Release()
 	}
 	bufs := [3][]byte{cl.send, cl.recv, nil}
 	if tmp != nil {
-		bufs[bTmp] = tmp.Bytes()
+		bufs[algos.BTmp] = tmp.Bytes()
 	}
-	view := func(r region) []byte { return bufs[r.buf][r.off : r.off+r.n : r.off+r.n] }
-	doLocal := func(l local) {
-		switch l.kind {
-		case lCopy:
-			copy(view(l.dst), view(l.src))
-		case lReduce:
-			dtype.Reduce(cl.dt, cl.redop, view(l.dst), view(l.src))
-		case lFinish:
-			dtype.Finish(cl.dt, cl.redop, view(l.dst), c.size)
+	view := func(r algos.Region) []byte { return bufs[r.Buf][r.Off : r.Off+r.N : r.Off+r.N] }
+	doLocal := func(l algos.Local) {
+		switch l.Kind {
+		case algos.LCopy:
+			copy(view(l.Dst), view(l.Src))
+		case algos.LReduce:
+			dtype.Reduce(cl.dt, cl.redop, view(l.Dst), view(l.Src))
+		case algos.LFinish:
+			dtype.Finish(cl.dt, cl.redop, view(l.Dst), c.size)
 		}
 	}
-	tag := transport.Tag{Comm: c.id, Seq: seq, Sig: pl.sig}
-	for si := range pl.steps {
-		st := &pl.steps[si]
-		for _, l := range st.pre {
+	tag := transport.Tag{Comm: c.id, Seq: seq, Sig: pl.Sig}
+	for si := range pl.Steps {
+		st := &pl.Steps[si]
+		for _, l := range st.Pre {
 			doLocal(l)
 		}
 		es.reqs, es.wants, es.xs = es.reqs[:0], es.wants[:0], es.xs[:0]
 		var postErr error
-		for _, x := range st.recvs {
-			tag.Tag = x.tag
-			r, err := c.tr.Irecv(c.ranks[x.peer], tag, view(x.region))
+		for _, x := range st.Recvs {
+			tag.Tag = x.Tag
+			r, err := c.tr.Irecv(c.ranks[x.Peer], tag, view(x.Region))
 			if err != nil {
 				postErr = err
 				break
 			}
-			es.reqs, es.wants, es.xs = append(es.reqs, r), append(es.wants, x.n), append(es.xs, x)
-			c.pend[x.peer].Add(1)
+			es.reqs, es.wants, es.xs = append(es.reqs, r), append(es.wants, x.N), append(es.xs, x)
+			c.pend[x.Peer].Add(1)
 		}
 		if postErr == nil {
-			for _, x := range st.sends {
-				tag.Tag = x.tag
-				r, err := c.tr.Isend(c.ranks[x.peer], tag, view(x.region))
+			for _, x := range st.Sends {
+				tag.Tag = x.Tag
+				r, err := c.tr.Isend(c.ranks[x.Peer], tag, view(x.Region))
 				if err != nil {
 					postErr = err
 					break
 				}
 				es.reqs, es.wants, es.xs = append(es.reqs, r), append(es.wants, -1), append(es.xs, x)
-				c.pend[x.peer].Add(1)
+				c.pend[x.Peer].Add(1)
 			}
 		}
 		if postErr != nil {
 			_ = c.fail(postErr) // aborts: the waits below end at once
 		}
-		for _, l := range st.mid {
+		for _, l := range st.Mid {
 			doLocal(l)
 		}
 		var first error
 		for i, r := range es.reqs {
 			n, err := r.Wait(c.actx)
-			c.pend[es.xs[i].peer].Add(-1)
+			c.pend[es.xs[i].Peer].Add(-1)
 			if err == nil && es.wants[i] >= 0 && n != es.wants[i] {
 				x := es.xs[i]
-				err = &PeerError{Rank: c.ranks[x.peer], Op: "recv", Err: fmt.Errorf(
+				err = &PeerError{Rank: c.ranks[x.Peer], Op: "recv", Err: fmt.Errorf(
 					"%w: %v step %d: rank %d sent %d bytes, this rank expects %d (counts differ across ranks)",
-					ErrMismatch, pl.op, si, x.peer, n, es.wants[i])}
+					ErrMismatch, pl.Op, si, x.Peer, n, es.wants[i])}
 			}
 			if err != nil && first == nil {
 				first = err
@@ -215,7 +216,7 @@ func (c *Comm) execute(pl *plan, seq uint32, cl *call) error {
 			}
 			return first
 		}
-		for _, l := range st.post {
+		for _, l := range st.Post {
 			doLocal(l)
 		}
 		c.progress.Store(nanotime())
@@ -226,14 +227,14 @@ func (c *Comm) execute(pl *plan, seq uint32, cl *call) error {
 // verify checks, with one all-gather of the operation's signature, that every rank
 // issued the same operation (Config.Verify, and the rooted operations' automatic
 // check). It allocates nothing: the plan is made once, the scratch is pooled.
-func (c *Comm) verify(cl *call, pl *plan, seq uint32) error {
+func (c *Comm) verify(cl *call, pl *algos.Plan, seq uint32) error {
 	c.verifyOnce.Do(func() {
 		// Bruck: ceil(log2 p) steps, where a ring takes p-1.
-		vp := planAllGatherBruck(shape{p: c.size, rank: c.rank, es: 8, count: 1})
-		vp.sig = signature(OpAllGather, Bruck, 8, 1, -1)
+		vp := algos.PlanAllGatherBruck(algos.Shape{P: c.size, Rank: c.rank, Es: 8, Count: 1})
+		vp.Sig = algos.Signature(OpAllGather, Bruck, 8, 1, -1)
 		c.verifyPlan = vp
 	})
-	mine := int64(uint64(pl.sig)<<32 | uint64(cl.root&0xffff)<<16 | uint64(cl.op))
+	mine := int64(uint64(pl.Sig)<<32 | uint64(cl.root&0xffff)<<16 | uint64(cl.op))
 	vs, _ := c.verifyScratch.Get().(*verifyScratch)
 	if vs == nil {
 		vs = &verifyScratch{all: make([]int64, c.size)}
@@ -248,7 +249,7 @@ func (c *Comm) verify(cl *call, pl *plan, seq uint32) error {
 	for r, v := range vs.all {
 		if v != mine {
 			err := fmt.Errorf("%w: rank %d issued %v (signature %#x, root %d) where this rank issued %v (signature %#x, root %d)",
-				ErrMismatch, r, OpKind(v&0xffff), uint64(v)>>32, int(v>>16)&0xffff, cl.op, pl.sig, cl.root)
+				ErrMismatch, r, OpKind(v&0xffff), uint64(v)>>32, int(v>>16)&0xffff, cl.op, pl.Sig, cl.root)
 			return c.fail(err)
 		}
 	}

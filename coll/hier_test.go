@@ -3,6 +3,7 @@ package coll
 import (
 	"context"
 	"fmt"
+	"github.com/moex-ai/moex/coll/algos"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -50,11 +51,11 @@ func TestAllReduceHier(t *testing.T) {
 }
 
 // crossings counts the transfers of a plan that go to a rank on another host.
-func crossings(pl *plan, hosts []int, rank int) int {
+func crossings(pl *algos.Plan, hosts []int, rank int) int {
 	n := 0
-	for _, s := range pl.steps {
-		for _, x := range s.sends {
-			if hosts[x.peer] != hosts[rank] {
+	for _, s := range pl.Steps {
+		for _, x := range s.Sends {
+			if hosts[x.Peer] != hosts[rank] {
 				n++
 			}
 		}
@@ -66,13 +67,13 @@ func crossings(pl *plan, hosts []int, rank int) int {
 // order; a flat ring over alternating hosts crosses at every one of its 2(P-1) steps.
 func TestHierPlanCrossesHostsLess(t *testing.T) {
 	hosts := []int{0, 1, 0, 1, 0, 1, 0, 1}
-	topo := newTopology(hosts)
+	topo := algos.NewTopology(hosts)
 	for r := range hosts {
-		sh := shape{p: len(hosts), rank: r, es: 4, count: 1 << 20}
-		if got := crossings(planAllReduceHier(sh, topo), hosts, r); got != 2*(2-1) {
+		sh := algos.Shape{P: len(hosts), Rank: r, Es: 4, Count: 1 << 20}
+		if got := crossings(algos.PlanAllReduceHier(sh, topo), hosts, r); got != 2*(2-1) {
 			t.Errorf("rank %d: hierarchical plan crosses hosts %d times, want 2", r, got)
 		}
-		if got := crossings(planAllReduceRing(sh), hosts, r); got != 2*(len(hosts)-1) {
+		if got := crossings(algos.PlanAllReduceRing(sh), hosts, r); got != 2*(len(hosts)-1) {
 			t.Errorf("rank %d: flat ring crosses hosts %d times, want %d", r, got, 2*(len(hosts)-1))
 		}
 	}
@@ -126,15 +127,15 @@ func TestAllGatherReduceScatterHier(t *testing.T) {
 // AllGather and ReduceScatter, against P-1 for the flat rings.
 func TestHierGatherScatterCrossLess(t *testing.T) {
 	hosts := []int{0, 1, 0, 1, 0, 1, 0, 1}
-	topo := newTopology(hosts)
+	topo := algos.NewTopology(hosts)
 	for r := range hosts {
-		sh := shape{p: len(hosts), rank: r, es: 4, count: 1000}
+		sh := algos.Shape{P: len(hosts), Rank: r, Es: 4, Count: 1000}
 		for _, c := range []struct {
 			name       string
-			hier, flat *plan
+			hier, flat *algos.Plan
 		}{
-			{"allgather", planAllGatherHier(sh, topo), planAllGatherRing(sh)},
-			{"reducescatter", planReduceScatterHier(sh, topo), planReduceScatterRing(sh)},
+			{"allgather", algos.PlanAllGatherHier(sh, topo), algos.PlanAllGatherRing(sh)},
+			{"reducescatter", algos.PlanReduceScatterHier(sh, topo), algos.PlanReduceScatterRing(sh)},
 		} {
 			if got := crossings(c.hier, hosts, r); got != 1 {
 				t.Errorf("rank %d: hierarchical %s crosses hosts %d times, want 1", r, c.name, got)
@@ -234,16 +235,16 @@ func checkPlannedAlltoAllv(t *testing.T, ctx context.Context, cs []*Comm, m [][]
 // order; the flat one sends a message to every rank elsewhere.
 func TestAlltoAllHierCrossesLess(t *testing.T) {
 	for _, hosts := range [][]int{{0, 1, 0, 1, 0, 1, 0, 1}, {0, 0, 0, 0, 1, 1, 1, 1}, {0, 1, 2, 0, 1, 2}, {0, 0, 0, 1}} {
-		topo := newTopology(hosts)
+		topo := algos.NewTopology(hosts)
 		p := len(hosts)
-		l := evenLayout(p, 1000)
+		l := algos.EvenLayout(p, 1000)
 		for r := range hosts {
-			var hier, flat plan
-			planAlltoAllHier(&hier, topo, r, l, func(int, int) int { return 1000 })
-			planAlltoAllLinear(&flat, p, r, l)
-			elsewhere := p - len(topo.members[topo.hostOf[r]])
-			if got := crossings(&hier, hosts, r); got != topo.hosts-1 {
-				t.Errorf("hosts %v rank %d: two-level plan sends %d messages to other hosts, want %d", hosts, r, got, topo.hosts-1)
+			var hier, flat algos.Plan
+			algos.PlanAlltoAllHier(&hier, topo, r, l, func(int, int) int { return 1000 })
+			algos.PlanAlltoAllLinear(&flat, p, r, l)
+			elsewhere := p - len(topo.Members[topo.HostOf[r]])
+			if got := crossings(&hier, hosts, r); got != topo.Hosts-1 {
+				t.Errorf("hosts %v rank %d: two-level plan sends %d messages to other hosts, want %d", hosts, r, got, topo.Hosts-1)
 			}
 			if got := crossings(&flat, hosts, r); got != elsewhere {
 				t.Errorf("hosts %v rank %d: flat plan sends %d messages to other hosts, want %d", hosts, r, got, elsewhere)

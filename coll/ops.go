@@ -3,6 +3,7 @@ package coll
 import (
 	"context"
 	"fmt"
+	"github.com/moex-ai/moex/coll/algos"
 	"unsafe"
 
 	"github.com/moex-ai/moex/coll/dtype"
@@ -60,11 +61,11 @@ func (c *Comm) start(ctx context.Context, verify bool) (uint32, error) {
 
 // submit runs the call now, or in the background when async (returning its handle).
 // after, if set, runs once the call is over (releasing scratch the call used).
-func (c *Comm) submit(ctx context.Context, cl call, k planKey, async bool, after func()) (*Handle, error) {
+func (c *Comm) submit(ctx context.Context, cl call, k algos.PlanKey, async bool, after func()) (*Handle, error) {
 	return c.submitPlan(ctx, cl, c.getPlan(k), async, after)
 }
 
-func (c *Comm) submitPlan(ctx context.Context, cl call, pl *plan, async bool, after func()) (*Handle, error) {
+func (c *Comm) submitPlan(ctx context.Context, cl call, pl *algos.Plan, async bool, after func()) (*Handle, error) {
 	var h *Handle
 	if async {
 		h = newHandle()
@@ -73,7 +74,7 @@ func (c *Comm) submitPlan(ctx context.Context, cl call, pl *plan, async bool, af
 }
 
 // submitInto runs the call now (h nil) or on a worker, completing h.
-func (c *Comm) submitInto(ctx context.Context, cl call, pl *plan, h *Handle, after func()) error {
+func (c *Comm) submitInto(ctx context.Context, cl call, pl *algos.Plan, h *Handle, after func()) error {
 	if h != nil {
 		if err := h.take(); err != nil {
 			return err
@@ -90,7 +91,7 @@ func (c *Comm) submitInto(ctx context.Context, cl call, pl *plan, h *Handle, aft
 		}
 		return err
 	}
-	if pl.algo == Shared {
+	if pl.Algo == Shared {
 		cl.turn = c.direct.Turn() // in issue order, as the sequence numbers
 	}
 	if h == nil {
@@ -106,8 +107,8 @@ func (c *Comm) submitInto(ctx context.Context, cl call, pl *plan, h *Handle, aft
 	return nil
 }
 
-func key(c *Comm, cl *call, costBytes int) planKey {
-	return planKey{op: cl.op, algo: c.choose(cl.op, costBytes), dt: cl.dt, redop: cl.redop, es: cl.dt.Size(), count: cl.count, root: cl.root}
+func key(c *Comm, cl *call, costBytes int) algos.PlanKey {
+	return algos.PlanKey{Op: cl.op, Algo: c.choose(cl.op, costBytes), Dt: cl.dt, Redop: cl.redop, Es: cl.dt.Size(), Count: cl.count, Root: cl.root}
 }
 
 // ---- AllReduce ----
@@ -244,13 +245,13 @@ func allGather[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, async
 	return c.submit(ctx, cl, k, async, nil)
 }
 
-func allGatherCall[T dtype.Elem](c *Comm, send, recv []T) (call, planKey, error) {
+func allGatherCall[T dtype.Elem](c *Comm, send, recv []T) (call, algos.PlanKey, error) {
 	blk := len(recv) / c.size
 	if len(recv)%c.size != 0 {
-		return call{}, planKey{}, c.invalid("recv", "%d elements is not a multiple of %d ranks", len(recv), c.size)
+		return call{}, algos.PlanKey{}, c.invalid("recv", "%d elements is not a multiple of %d ranks", len(recv), c.size)
 	}
 	if send != nil && len(send) != blk {
-		return call{}, planKey{}, c.invalid("recv", "%d elements for %d ranks of %d", len(recv), c.size, len(send))
+		return call{}, algos.PlanKey{}, c.invalid("recv", "%d elements for %d ranks of %d", len(recv), c.size, len(send))
 	}
 	dt := dtype.Of[T]()
 	rb := dtype.Bytes(recv)
@@ -360,7 +361,7 @@ func Gather[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, root int
 // Barrier returns once every rank has entered it.
 func Barrier(ctx context.Context, c *Comm) error {
 	cl := call{op: OpBarrier, dt: dtype.U8}
-	_, err := c.submit(ctx, cl, planKey{op: OpBarrier, algo: Dissemination, dt: dtype.U8, es: 1}, false, nil)
+	_, err := c.submit(ctx, cl, algos.PlanKey{Op: OpBarrier, Algo: Dissemination, Dt: dtype.U8, Es: 1}, false, nil)
 	return err
 }
 

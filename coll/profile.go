@@ -3,6 +3,7 @@ package coll
 import (
 	"cmp"
 	"fmt"
+	"github.com/moex-ai/moex/coll/algos"
 	"slices"
 	"time"
 
@@ -137,7 +138,7 @@ func (c *Comm) Profile() []OpProfile {
 func (c *Comm) ProfileOf(op OpKind) OpProfile {
 	c.prof.mu.Lock()
 	defer c.prof.mu.Unlock()
-	if op >= opKindEnd {
+	if op >= algos.OpKindEnd {
 		return OpProfile{Op: op}
 	}
 	p := c.prof.ops[op]

@@ -3,6 +3,7 @@ package coll
 import (
 	"context"
 	"fmt"
+	"github.com/moex-ai/moex/coll/algos"
 	"math/rand/v2"
 	"testing"
 
@@ -64,7 +65,7 @@ func TestReplanAlltoAllv(t *testing.T) {
 // Describe answers for every operation, the variable-size ones by their fixed-size form.
 func TestDescribeEveryOp(t *testing.T) {
 	cs := newLocal(t, 2, Config{})
-	for op := OpBarrier; op < opKindEnd; op++ {
+	for op := OpBarrier; op < algos.OpKindEnd; op++ {
 		d := cs[0].Describe(op, dtype.F32, 1024, 0)
 		assert.Contains(t, d, "rank 0", op.String())
 	}

@@ -1,11 +1,15 @@
 package coll
 
-import "time"
+import (
+	"time"
+
+	"github.com/moex-ai/moex/coll/algos"
+)
 
 // One operation run: the arrival all-gather of a profiled communicator, the agreement of
 // Config.Verify, the plan executed, and the counters.
 
-func (c *Comm) exec(pl *plan, seq uint32, cl *call) error {
+func (c *Comm) exec(pl *algos.Plan, seq uint32, cl *call) error {
 	defer c.end()
 	var entered, arrived time.Time
 	var last int
@@ -30,12 +34,12 @@ func (c *Comm) exec(pl *plan, seq uint32, cl *call) error {
 	}
 	if c.cfg.Profile {
 		wait, move := arrived.Sub(entered), time.Since(arrived)
-		c.record(pl.op, wait, move, skew, last)
+		c.record(pl.Op, wait, move, skew, last)
 		if c.cfg.TraceDir != "" {
 			c.traceOp(pl, entered, wait, move, skew, last)
 		}
 	}
 	c.stats.Ops.Add(1)
-	c.stats.BytesSent.Add(uint64(pl.bytes))
+	c.stats.BytesSent.Add(uint64(pl.Bytes))
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/moex-ai/moex/coll/algos"
 	"math/bits"
 	"slices"
 	"sync"
@@ -80,7 +81,7 @@ func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 	}
 	sub := newComm(c.tr, derivedID(0xfd, c.id, n), ranks, hostsDense(hosts), me, c.cfg, c.link)
 	sub.why = c.why
-	if sub.topo.hosts == 1 {
+	if sub.topo.Hosts == 1 {
 		sub.link = c.intra
 	}
 	sub.intra = c.intra
@@ -109,7 +110,7 @@ func (c *Comm) ParentRanks() []int { return slices.Clone(c.parent) }
 // derivedID is the id of a communicator or agreement derived from parent (kind tells
 // them apart; n counts the derivations of that kind), clear of the reserved ids.
 func derivedID(kind OpKind, parent, n uint32) uint32 {
-	id := signature(kind, 0, int(parent), int(n))
+	id := algos.Signature(kind, 0, int(parent), int(n))
 	if id >= 0xFFFFFFF0 || id <= 1 {
 		id ^= 0x5a5a5a5a
 	}

@@ -2,6 +2,7 @@ package coll
 
 import (
 	"context"
+	"github.com/moex-ai/moex/coll/algos"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -81,7 +82,7 @@ type Comm struct {
 	size  int
 	id    uint32
 	hosts []int // comm rank -> host index
-	topo  topology
+	topo  algos.Topology
 	cfg   Config
 	link  LinkCost // the cost model's link: the slowest (between hosts when ranks span hosts)
 	intra LinkCost // between ranks of one host
@@ -96,10 +97,10 @@ type Comm struct {
 	closed  atomic.Bool
 
 	planMu   sync.Mutex
-	plans    map[planKey]*plan
+	plans    map[algos.PlanKey]*algos.Plan
 	vplans   map[vkey]*vcached // variable-size plans for the counts seen last
 	vmu      sync.Mutex        // held while a variable-size op is planned
-	vscratch blocks            // its blocks
+	vscratch algos.Blocks      // its blocks
 
 	actx       context.Context // cancelled on abort or close; every wait uses it
 	acancel    context.CancelCauseFunc
@@ -130,8 +131,8 @@ type Comm struct {
 	execPool sync.Pool
 
 	verifyOnce    sync.Once
-	verifyPlan    *plan     // the all-gather of Config.Verify
-	verifyScratch sync.Pool // of *verifyScratch
+	verifyPlan    *algos.Plan // the all-gather of Config.Verify
+	verifyScratch sync.Pool   // of *verifyScratch
 	async         workers
 	stats         Stats
 	prof          profiler
@@ -199,7 +200,7 @@ type Handle struct {
 // job is a non-blocking operation waiting for, or running on, one of the
 // communicator's workers.
 type job struct {
-	pl    *plan
+	pl    *algos.Plan
 	seq   uint32
 	cl    call
 	after func()
@@ -211,7 +212,7 @@ type job struct {
 type execState struct {
 	reqs  []transport.Request
 	wants []int // expected length of each receive in reqs (-1 for sends)
-	xs    []xfer
+	xs    []algos.Xfer
 }
 
 // call describes one invocation.
@@ -260,8 +261,8 @@ type OpProfile struct {
 
 type profiler struct {
 	mu      sync.Mutex
-	ops     [opKindEnd]OpProfile
-	plan    *plan        // the arrival all-gather
+	ops     [algos.OpKindEnd]OpProfile
+	plan    *algos.Plan  // the arrival all-gather
 	events  []traceEvent // with Config.TraceDir
 	dropped int          // operations not recorded (beyond maxTraceEvents)
 }
@@ -278,4 +279,15 @@ type traceEvent struct {
 	// caller did meanwhile), then wait; waitFor[q] is the wait charged to rank q.
 	exchange bool
 	waitFor  map[string]float64
+}
+
+// vkey identifies a cached variable-size plan: the operation, and a hash of its blocks.
+type vkey struct {
+	algos.PlanKey
+	h uint64
+}
+
+type vcached struct {
+	pl *algos.Plan
+	bl *algos.Blocks
 }

@@ -3,6 +3,7 @@ package coll
 import (
 	"encoding/json"
 	"fmt"
+	"github.com/moex-ai/moex/coll/algos"
 	"os"
 	"path/filepath"
 	"time"
@@ -21,14 +22,14 @@ import (
 // counted, not recorded.
 const maxTraceEvents = 1 << 20
 
-func (c *Comm) traceOp(pl *plan, entered time.Time, wait, move, skew time.Duration, last int) {
+func (c *Comm) traceOp(pl *algos.Plan, entered time.Time, wait, move, skew time.Duration, last int) {
 	c.prof.mu.Lock()
 	defer c.prof.mu.Unlock()
 	if len(c.prof.events) >= maxTraceEvents {
 		c.prof.dropped++
 		return
 	}
-	c.prof.events = append(c.prof.events, traceEvent{op: pl.op, algo: pl.algo, bytes: pl.bytes,
+	c.prof.events = append(c.prof.events, traceEvent{op: pl.Op, algo: pl.Algo, bytes: pl.Bytes,
 		start: entered.UnixNano(), wait: wait, move: move, skew: skew, last: last})
 }
 

@@ -2,10 +2,8 @@ package coll
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-
-	"github.com/cespare/xxhash/v2"
+	"github.com/moex-ai/moex/coll/algos"
 
 	"github.com/moex-ai/moex/coll/dtype"
 )
@@ -59,7 +57,7 @@ func allGathervInto[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, 
 	}
 	rb := dtype.Bytes(recv)
 	if send != nil {
-		mine := rb[bl.off[c.rank] : bl.off[c.rank]+bl.n[c.rank]]
+		mine := rb[bl.Off[c.rank] : bl.Off[c.rank]+bl.N[c.rank]]
 		if sb := dtype.Bytes(send); !sameStart(sb, mine) {
 			copy(mine, sb)
 		}
@@ -104,7 +102,7 @@ func reduceScattervInto[T dtype.Elem](ctx context.Context, c *Comm, send, recv [
 	if err != nil {
 		return nil, err
 	}
-	if tot := bl.off[c.size-1] + bl.n[c.size-1]; tot != len(send)*dt.Size() {
+	if tot := bl.Off[c.size-1] + bl.N[c.size-1]; tot != len(send)*dt.Size() {
 		return nil, c.invalid("send", "%d elements, the counts add up to %d", len(send), tot/dt.Size())
 	}
 	if len(recv) != counts[c.rank] {
@@ -165,7 +163,7 @@ func Scatterv[T dtype.Elem](ctx context.Context, c *Comm, send []T, counts, disp
 // blocksOf validates counts and displacements (elements) for a buffer of size elements
 // (-1: not checked) and returns them in bytes, in the communicator's scratch (the caller
 // holds vmu).
-func (c *Comm) blocksOf(buf string, counts, displs []int, size, es int) (*blocks, error) {
+func (c *Comm) blocksOf(buf string, counts, displs []int, size, es int) (*algos.Blocks, error) {
 	if len(counts) != c.size {
 		return nil, c.invalid("counts", "%d entries for %d ranks", len(counts), c.size)
 	}
@@ -173,7 +171,7 @@ func (c *Comm) blocksOf(buf string, counts, displs []int, size, es int) (*blocks
 		return nil, c.invalid("displs", "%d entries for %d ranks", len(displs), c.size)
 	}
 	bl := &c.vscratch
-	bl.off, bl.n, bl.packed = growInts(bl.off, c.size), growInts(bl.n, c.size), true
+	bl.Off, bl.N, bl.Packed = growInts(bl.Off, c.size), growInts(bl.N, c.size), true
 	o := 0
 	for q, n := range counts {
 		if n < 0 {
@@ -189,8 +187,8 @@ func (c *Comm) blocksOf(buf string, counts, displs []int, size, es int) (*blocks
 		if size >= 0 && d+n > size {
 			return nil, c.invalid(buf, "block %d ([%d,+%d)) runs past the %d-element buffer", q, d, n, size)
 		}
-		bl.packed = bl.packed && d == o
-		bl.off[q], bl.n[q] = d*es, n*es
+		bl.Packed = bl.Packed && d == o
+		bl.Off[q], bl.N[q] = d*es, n*es
 		o += n
 	}
 	return bl, nil
@@ -199,37 +197,10 @@ func (c *Comm) blocksOf(buf string, counts, displs []int, size, es int) (*blocks
 // maxVPlans bounds the cache of variable-size plans (it is emptied when full).
 const maxVPlans = 64
 
-func (bl *blocks) hash() uint64 {
-	var b [16]byte
-	h := uint64(0)
-	for q := range bl.off {
-		binary.LittleEndian.PutUint64(b[0:], uint64(bl.off[q]))
-		binary.LittleEndian.PutUint64(b[8:], uint64(bl.n[q]))
-		h = h*0x9e3779b97f4a7c15 ^ xxhash.Sum64(b[:])
-	}
-	return h
-}
-
-func (bl *blocks) clone() *blocks {
-	return &blocks{off: append([]int(nil), bl.off...), n: append([]int(nil), bl.n...), packed: bl.packed}
-}
-
-func (bl *blocks) equal(o *blocks) bool {
-	if len(bl.off) != len(o.off) {
-		return false
-	}
-	for q := range bl.off {
-		if bl.off[q] != o.off[q] || bl.n[q] != o.n[q] {
-			return false
-		}
-	}
-	return true
-}
-
 // vplan validates a variable-size op's counts and displacements (for a buffer of size
 // elements; -1: not checked) and returns its plan, from the cache when the counts were
 // seen lately, with its blocks (the plan's copy, never changed).
-func (c *Comm) vplan(op OpKind, dt dtype.Type, redop dtype.Op, root int, buf string, counts, displs []int, size int) (*plan, *blocks, error) {
+func (c *Comm) vplan(op OpKind, dt dtype.Type, redop dtype.Op, root int, buf string, counts, displs []int, size int) (*algos.Plan, *algos.Blocks, error) {
 	c.vmu.Lock()
 	defer c.vmu.Unlock()
 	bl, err := c.blocksOf(buf, counts, displs, size, dt.Size())
@@ -237,20 +208,20 @@ func (c *Comm) vplan(op OpKind, dt dtype.Type, redop dtype.Op, root int, buf str
 		return nil, nil, err
 	}
 	total, big := 0, 0
-	for _, n := range bl.n {
+	for _, n := range bl.N {
 		total += n
 		big = max(big, n)
 	}
 	fits := op == OpAllGatherv && c.direct != nil && c.direct.Fits(big)
 	algo := c.chooseFit(op, total/c.size, fits)
-	h := bl.hash()
-	k := vkey{planKey{op: op, algo: algo, dt: dt, redop: redop, es: dt.Size(), root: root}, h}
+	h := bl.Hash()
+	k := vkey{algos.PlanKey{Op: op, Algo: algo, Dt: dt, Redop: redop, Es: dt.Size(), Root: root}, h}
 	c.planMu.Lock()
 	e, ok := c.vplans[k]
 	c.planMu.Unlock()
-	if !ok || !e.bl.equal(bl) {
-		kept := bl.clone()
-		e = &vcached{pl: c.planV(k.planKey, kept, h), bl: kept}
+	if !ok || !e.bl.Equal(bl) {
+		kept := bl.Clone()
+		e = &vcached{pl: c.planV(k.PlanKey, kept, h), bl: kept}
 		c.planMu.Lock()
 		if len(c.vplans) >= maxVPlans {
 			clear(c.vplans)
@@ -262,26 +233,26 @@ func (c *Comm) vplan(op OpKind, dt dtype.Type, redop dtype.Op, root int, buf str
 }
 
 // planV builds the plan of a variable-size op.
-func (c *Comm) planV(k planKey, bl *blocks, h uint64) *plan {
-	sh := shape{p: c.size, rank: c.rank, root: k.root, es: k.es, v: bl}
-	var pl *plan
-	switch k.op {
+func (c *Comm) planV(k algos.PlanKey, bl *algos.Blocks, h uint64) *algos.Plan {
+	sh := algos.Shape{P: c.size, Rank: c.rank, Root: k.Root, Es: k.Es, V: bl}
+	var pl *algos.Plan
+	switch k.Op {
 	case OpAllGatherv:
-		pl = planAllGather(k.algo, sh, c.topo)
+		pl = algos.PlanAllGather(k.Algo, sh, c.topo)
 	case OpReduceScatterv:
-		pl = planReduceScatter(k.algo, sh, c.topo)
+		pl = algos.PlanReduceScatter(k.Algo, sh, c.topo)
 	case OpGatherv:
-		pl = planGatherLinear(sh)
+		pl = algos.PlanGatherLinear(sh)
 	case OpScatterv:
-		pl = planScatterLinear(sh)
+		pl = algos.PlanScatterLinear(sh)
 	default:
-		panic(fmt.Sprintf("coll: no variable-size planner for %v", k.op))
+		panic(fmt.Sprintf("coll: no variable-size planner for %v", k.Op))
 	}
-	pl.op = k.op
-	pl.sig = signature(k.op, pl.algo, k.es, k.root, int(k.dt), int(k.redop), int(h), int(h>>32))
-	pl.countBytes()
-	if pl.algo == Shared {
-		pl.bytes = (c.size - 1) * bl.n[c.rank]
+	pl.Op = k.Op
+	pl.Sig = algos.Signature(k.Op, pl.Algo, k.Es, k.Root, int(k.Dt), int(k.Redop), int(h), int(h>>32))
+	pl.CountBytes()
+	if pl.Algo == Shared {
+		pl.Bytes = (c.size - 1) * bl.N[c.rank]
 	}
 	return pl
 }

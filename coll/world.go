@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/moex-ai/moex/coll/algos"
 	"log/slog"
 	"os"
 	"runtime"
@@ -26,7 +27,7 @@ import (
 func newComm(tr transport.Transport, id uint32, ranks, hosts []int, rank int, cfg Config, link LinkCost) *Comm {
 	c := &Comm{
 		tr: tr, ranks: ranks, rank: rank, size: len(ranks), id: id, hosts: hosts, cfg: cfg,
-		link: link, log: cfg.Logger, pool: cfg.Pool, plans: map[planKey]*plan{}, vplans: map[vkey]*vcached{},
+		link: link, log: cfg.Logger, pool: cfg.Pool, plans: map[algos.PlanKey]*algos.Plan{}, vplans: map[vkey]*vcached{},
 	}
 	c.async.init()
 	if cfg.Link != nil {
@@ -39,10 +40,10 @@ func newComm(tr transport.Transport, id uint32, ranks, hosts []int, rank int, cf
 	if cfg.HostLink != nil {
 		c.intra = *cfg.HostLink
 	}
-	c.topo = newTopology(hosts)
+	c.topo = algos.NewTopology(hosts)
 	if cfg.Profile {
-		c.prof.plan = planAllGatherBruck(shape{p: c.size, rank: rank, es: 8, count: 1})
-		c.prof.plan.sig = signature(OpAllGather, Bruck, 8, 1, -2)
+		c.prof.plan = algos.PlanAllGatherBruck(algos.Shape{P: c.size, Rank: rank, Es: 8, Count: 1})
+		c.prof.plan.Sig = algos.Signature(OpAllGather, Bruck, 8, 1, -2)
 	}
 	c.pend = make([]atomic.Int32, c.size)
 	c.actx, c.acancel = context.WithCancelCause(context.Background())
@@ -224,7 +225,7 @@ func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) 
 	if sp, ok := tr.(transport.SharedAreasProvider); ok {
 		c.direct = sp.SharedAreas() // the shared-area collectives (shm, every rank on this host)
 	}
-	if c.topo.hosts > 1 && cfg.HostLink == nil && env.Transport != "tcp" {
+	if c.topo.Hosts > 1 && cfg.HostLink == nil && env.Transport != "tcp" {
 		c.intra = CostShm // the ranks of a host talk through shared memory
 	}
 	if c.direct != nil && poll.Oversubscribed && cfg.Link == nil {
@@ -250,7 +251,7 @@ func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) 
 			}
 			log.Info("moex: transport to peer", "rank", env.Rank, "peer", q, "host", hosts[q], "transport", tr.Name(), "why", why, "path", path)
 		}
-		log.Info("moex: initialised", "rank", env.Rank, "size", env.Size, "hosts", c.topo.hosts, "launcher", env.Launcher,
+		log.Info("moex: initialised", "rank", env.Rank, "size", env.Size, "hosts", c.topo.Hosts, "launcher", env.Launcher,
 			"transport", tr.Name(), "poll", poll.Mode.String(), "oversubscribed", poll.Oversubscribed, "timeout", cfg.Timeout)
 	}
 	return c, nil
@@ -297,13 +298,13 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 			me = i
 		}
 	}
-	id := signature(OpKind(0xff), 0, int(c.id), int(n), color)
+	id := algos.Signature(OpKind(0xff), 0, int(c.id), int(n), color)
 	if id >= 0xFFFFFFF0 || id <= 1 {
 		id ^= 0x5a5a5a5a
 	}
 	sub := newComm(c.tr, id, ranks, hostsDense(hosts), me, c.cfg, c.link)
 	sub.why = c.why
-	if sub.topo.hosts == 1 {
+	if sub.topo.Hosts == 1 {
 		sub.link = c.intra // every link of this one is within a host
 	}
 	sub.intra = c.intra

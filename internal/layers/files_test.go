@@ -19,14 +19,13 @@ import (
 )
 
 // collFiles orders coll's files from the bottom up: a file uses only what is declared in
-// files before it (or in itself). The vocabulary and the planners come first, then the
-// cost model and the registry that reads them, the communicator's state (its types,
-// so that the files of its behaviour sit above it), the control channel, the executor,
-// and the operations; what makes and ends communicators comes last. A new file must be
-// placed here.
+// files before it (or in itself). The errors and the vocabulary (the names of package
+// algos, where the planners, the cost model and the registry live) come first, then the
+// communicator's state (its types, so that the files of its behaviour sit above it), the
+// control channel, the executor, and the operations; what makes and ends communicators
+// comes last. A new file must be placed here.
 var collFiles = []string{
-	"errors.go", "kinds.go", "plan.go", "algos.go", "alltoall_hier.go", "cost.go", "registry.go",
-	"state.go", "choose.go", "comm.go", "exec.go", "profile.go", "trace.go", "run.go",
+	"errors.go", "names.go", "state.go", "choose.go", "comm.go", "exec.go", "profile.go", "trace.go", "run.go",
 	"async.go", "ops.go", "alltoallv.go", "vops.go", "exchange.go", "board.go", "group.go", "world.go", "shrink.go", "envvars.go",
 }
 

@@ -1,4 +1,4 @@
-package coll
+package algos
 
 import (
 	"testing"
@@ -33,20 +33,20 @@ func TestRegistryAlgorithms(t *testing.T) {
 // Every entry plans a schedule of its own algorithm, and every entry with a cost gives a
 // positive time that grows with the bytes.
 func TestRegistryEntries(t *testing.T) {
-	for _, e := range registry {
-		require.NotNil(t, e.plan, "%v/%v has no planner", e.op, e.algo)
-		if e.usable != nil && !e.usable(newTopology([]int{0, 0, 1, 1}), true) {
+	for _, e := range Registry {
+		require.NotNil(t, e.Plan, "%v/%v has no planner", e.Op, e.Algo)
+		if e.Usable != nil && !e.Usable(NewTopology([]int{0, 0, 1, 1}), true) {
 			continue
 		}
-		k := planKey{op: e.op, algo: e.algo, dt: 1, es: 4, count: 1024}
-		pl := e.plan(shape{p: 4, rank: 1, es: 4, count: 1024}, newTopology([]int{0, 0, 1, 1}), k)
-		require.NotNil(t, pl, "%v/%v", e.op, e.algo)
-		assert.Equal(t, e.algo, pl.algo, "%v/%v planned another algorithm", e.op, e.algo)
-		if e.cost != nil {
-			small, big := CostShm.Estimate(e.op, e.algo, 4, 1<<10), CostShm.Estimate(e.op, e.algo, 4, 1<<20)
-			assert.Positive(t, small, "%v/%v", e.op, e.algo)
-			if e.op != OpBarrier {
-				assert.Greater(t, big, small, "%v/%v", e.op, e.algo)
+		k := PlanKey{Op: e.Op, Algo: e.Algo, Dt: 1, Es: 4, Count: 1024}
+		pl := e.Plan(Shape{P: 4, Rank: 1, Es: 4, Count: 1024}, NewTopology([]int{0, 0, 1, 1}), k)
+		require.NotNil(t, pl, "%v/%v", e.Op, e.Algo)
+		assert.Equal(t, e.Algo, pl.Algo, "%v/%v planned another algorithm", e.Op, e.Algo)
+		if e.Cost != nil {
+			small, big := CostShm.Estimate(e.Op, e.Algo, 4, 1<<10), CostShm.Estimate(e.Op, e.Algo, 4, 1<<20)
+			assert.Positive(t, small, "%v/%v", e.Op, e.Algo)
+			if e.Op != OpBarrier {
+				assert.Greater(t, big, small, "%v/%v", e.Op, e.Algo)
 			}
 		}
 	}

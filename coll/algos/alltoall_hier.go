@@ -1,4 +1,4 @@
-package coll
+package algos
 
 // The two-level AlltoAll(v) for ranks on several hosts (algorithm Hier), as DeepEP's and
 // UCCL's internode kernels move tokens: a rank sends what goes to the ranks of a remote
@@ -10,8 +10,8 @@ package coll
 // The blocks arrive where the flat algorithms put them: the results are the same bytes.
 
 // relayOf is the rank of host b that relays what rank o sends to b's ranks.
-func (t topology) relayOf(o, b int) int {
-	ms := t.members[b]
+func (t Topology) relayOf(o, b int) int {
+	ms := t.Members[b]
 	return ms[t.local[o]%len(ms)]
 }
 
@@ -22,84 +22,84 @@ func (t topology) relayOf(o, b int) int {
 // in scratch unless the blocks lie in host order in the send buffer), and the bundles
 // this rank relays received into scratch. Step 1: the relayed blocks handed on (this
 // rank's own copied), and the blocks relayed to this rank received in place.
-func planAlltoAllHier(pl *plan, t topology, r int, l vlayout, m func(i, j int) int) {
-	pl.steps = pl.steps[:0]
-	pl.algo = Hier
-	home := t.hostOf[r]
+func PlanAlltoAllHier(pl *Plan, t Topology, r int, l Vlayout, m func(i, j int) int) {
+	pl.Steps = pl.Steps[:0]
+	pl.Algo = Hier
+	home := t.HostOf[r]
 	tmp := 0
 	pl.stepAt(0)
 	pl.stepAt(1)
-	s0, s1 := &pl.steps[0], &pl.steps[1] // (after both: stepAt may move the steps)
-	s0.mid = append(s0.mid, local{kind: lCopy, dst: region{bRecv, l.recvOff[r], l.recvLen[r]}, src: region{bSend, l.sendOff[r], l.sendLen[r]}})
-	for _, d := range t.members[home] {
+	s0, s1 := &pl.Steps[0], &pl.Steps[1] // (after both: stepAt may move the steps)
+	s0.Mid = append(s0.Mid, Local{Kind: LCopy, Dst: Region{bRecv, l.RecvOff[r], l.RecvLen[r]}, Src: Region{bSend, l.SendOff[r], l.SendLen[r]}})
+	for _, d := range t.Members[home] {
 		if d == r {
 			continue
 		}
-		s0.sends = append(s0.sends, xfer{d, 0, region{bSend, l.sendOff[d], l.sendLen[d]}})
-		s0.recvs = append(s0.recvs, xfer{d, 0, region{bRecv, l.recvOff[d], l.recvLen[d]}})
+		s0.Sends = append(s0.Sends, Xfer{d, 0, Region{bSend, l.SendOff[d], l.SendLen[d]}})
+		s0.Recvs = append(s0.Recvs, Xfer{d, 0, Region{bRecv, l.RecvOff[d], l.RecvLen[d]}})
 	}
 	// Bundles out: this rank's blocks for each remote host, in the host's rank order.
-	for b, ms := range t.members {
+	for b, ms := range t.Members {
 		if b == home {
 			continue
 		}
 		n, inOrder := 0, true
 		for k, d := range ms {
-			n += l.sendLen[d]
-			if k > 0 && l.sendOff[d] != l.sendOff[ms[k-1]]+l.sendLen[ms[k-1]] {
+			n += l.SendLen[d]
+			if k > 0 && l.SendOff[d] != l.SendOff[ms[k-1]]+l.SendLen[ms[k-1]] {
 				inOrder = false
 			}
 		}
 		if n == 0 {
 			continue
 		}
-		src := region{bSend, l.sendOff[ms[0]], n}
+		src := Region{bSend, l.SendOff[ms[0]], n}
 		if !inOrder {
-			src = region{bTmp, tmp, n}
+			src = Region{BTmp, tmp, n}
 			o := tmp
 			for _, d := range ms {
-				s0.pre = append(s0.pre, local{kind: lCopy, dst: region{bTmp, o, l.sendLen[d]}, src: region{bSend, l.sendOff[d], l.sendLen[d]}})
-				o += l.sendLen[d]
+				s0.Pre = append(s0.Pre, Local{Kind: LCopy, Dst: Region{BTmp, o, l.SendLen[d]}, Src: Region{bSend, l.SendOff[d], l.SendLen[d]}})
+				o += l.SendLen[d]
 			}
 			tmp += n
 		}
-		s0.sends = append(s0.sends, xfer{t.relayOf(r, b), 1, src})
+		s0.Sends = append(s0.Sends, Xfer{t.relayOf(r, b), 1, src})
 	}
 	// Bundles in (this rank relays them), then handed on.
-	for o := range t.hostOf {
-		if t.hostOf[o] == home || t.relayOf(o, home) != r {
+	for o := range t.HostOf {
+		if t.HostOf[o] == home || t.relayOf(o, home) != r {
 			continue
 		}
 		n := 0
-		for _, d := range t.members[home] {
+		for _, d := range t.Members[home] {
 			n += m(o, d)
 		}
 		if n == 0 {
 			continue
 		}
-		s0.recvs = append(s0.recvs, xfer{o, 1, region{bTmp, tmp, n}})
+		s0.Recvs = append(s0.Recvs, Xfer{o, 1, Region{BTmp, tmp, n}})
 		at := tmp
-		for _, d := range t.members[home] {
-			blk := region{bTmp, at, m(o, d)}
-			at += blk.n
+		for _, d := range t.Members[home] {
+			blk := Region{BTmp, at, m(o, d)}
+			at += blk.N
 			switch {
-			case blk.n == 0:
+			case blk.N == 0:
 			case d == r:
-				s1.mid = append(s1.mid, local{kind: lCopy, dst: region{bRecv, l.recvOff[o], l.recvLen[o]}, src: blk})
+				s1.Mid = append(s1.Mid, Local{Kind: LCopy, Dst: Region{bRecv, l.RecvOff[o], l.RecvLen[o]}, Src: blk})
 			default:
-				s1.sends = append(s1.sends, xfer{d, uint32(2 + o), blk})
+				s1.Sends = append(s1.Sends, Xfer{d, uint32(2 + o), blk})
 			}
 		}
 		tmp += n
 	}
 	// Blocks relayed to this rank by another rank of its host.
-	for o := range t.hostOf {
-		if t.hostOf[o] == home || l.recvLen[o] == 0 {
+	for o := range t.HostOf {
+		if t.HostOf[o] == home || l.RecvLen[o] == 0 {
 			continue
 		}
 		if q := t.relayOf(o, home); q != r {
-			s1.recvs = append(s1.recvs, xfer{q, uint32(2 + o), region{bRecv, l.recvOff[o], l.recvLen[o]}})
+			s1.Recvs = append(s1.Recvs, Xfer{q, uint32(2 + o), Region{bRecv, l.RecvOff[o], l.RecvLen[o]}})
 		}
 	}
-	pl.tmp = tmp
+	pl.Tmp = tmp
 }

@@ -1,4 +1,4 @@
-package coll
+package algos
 
 import "time"
 

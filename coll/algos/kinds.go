@@ -1,4 +1,4 @@
-package coll
+package algos
 
 // Operation kinds, algorithm names and the host topology: the vocabulary that the
 // planners, the cost model and the executor share.
@@ -31,7 +31,7 @@ const (
 	OpReduceScatterv
 	OpGatherv
 	OpScatterv
-	opKindEnd
+	OpKindEnd
 )
 
 var opKindNames = [...]string{"", "barrier", "broadcast", "reduce", "allreduce", "reducescatter",
@@ -40,7 +40,7 @@ var opKindNames = [...]string{"", "barrier", "broadcast", "reduce", "allreduce",
 
 // fixedOf is the fixed-size form of a variable-size op (whose algorithms and cost model
 // it shares), or op itself.
-func fixedOf(op OpKind) OpKind {
+func FixedOf(op OpKind) OpKind {
 	switch op {
 	case OpAllGatherv:
 		return OpAllGather
@@ -55,7 +55,7 @@ func fixedOf(op OpKind) OpKind {
 }
 
 func (o OpKind) String() string {
-	if o > 0 && o < opKindEnd {
+	if o > 0 && o < OpKindEnd {
 		return opKindNames[o]
 	}
 	return fmt.Sprintf("op(%d)", uint8(o))
@@ -64,7 +64,7 @@ func (o OpKind) String() string {
 // ParseOpKind accepts the names String returns.
 func ParseOpKind(s string) (OpKind, error) {
 	s = strings.ToLower(strings.ReplaceAll(s, "_", ""))
-	for o := OpBarrier; o < opKindEnd; o++ {
+	for o := OpBarrier; o < OpKindEnd; o++ {
 		if o.String() == s {
 			return o, nil
 		}
@@ -118,32 +118,32 @@ func ParseAlgo(s string) (Algo, error) {
 }
 
 // topology is how a communicator's ranks sit on hosts.
-type topology struct {
-	hosts   int
-	members [][]int // per host (ordered by its lowest rank): its comm ranks, ascending
-	hostOf  []int   // comm rank -> index into members
+type Topology struct {
+	Hosts   int
+	Members [][]int // per host (ordered by its lowest rank): its comm ranks, ascending
+	HostOf  []int   // comm rank -> index into members
 	local   []int   // comm rank -> index within its host's members
-	uniform bool    // two hosts or more, each with the same number of ranks (two or more)
+	Uniform bool    // two hosts or more, each with the same number of ranks (two or more)
 	// How many ranks of one host send to other hosts at once in a flat ring and in
 	// recursive doubling/halving (at most; at least 1): they share the host's link.
 	ringShare, xorShare int
 }
 
-func newTopology(hosts []int) topology {
-	var t topology
-	t.hostOf, t.local, t.members = hostgroups.Group(hosts)
-	t.hosts = len(t.members)
-	t.uniform = t.hosts > 1 && len(t.members[0]) > 1
-	for _, ms := range t.members {
-		t.uniform = t.uniform && len(ms) == len(t.members[0])
+func NewTopology(hosts []int) Topology {
+	var t Topology
+	t.HostOf, t.local, t.Members = hostgroups.Group(hosts)
+	t.Hosts = len(t.Members)
+	t.Uniform = t.Hosts > 1 && len(t.Members[0]) > 1
+	for _, ms := range t.Members {
+		t.Uniform = t.Uniform && len(ms) == len(t.Members[0])
 	}
 	p := len(hosts)
 	count := func(peer func(r int) int) int {
 		most := 1
-		per := make([]int, t.hosts)
+		per := make([]int, t.Hosts)
 		for r := 0; r < p; r++ {
-			if q := peer(r); q >= 0 && q < p && t.hostOf[q] != t.hostOf[r] {
-				per[t.hostOf[r]]++
+			if q := peer(r); q >= 0 && q < p && t.HostOf[q] != t.HostOf[r] {
+				per[t.HostOf[r]]++
 			}
 		}
 		for _, n := range per {
@@ -162,7 +162,7 @@ func newTopology(hosts []int) topology {
 // sharing is how many ranks of one host send to other hosts in the same step of a flat
 // AllReduce, AllGather or ReduceScatter with algo (recursive doubling and halving, and
 // Bruck's doubling distances, counted as partners r^mask).
-func (t topology) sharing(algo Algo) int {
+func (t Topology) Sharing(algo Algo) int {
 	if algo == Ring {
 		return t.ringShare
 	}
