@@ -1,15 +1,14 @@
-package coll
+package exchange
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/moex-ai/moex/coll/algos"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
+	"github.com/moex-ai/moex/coll/algos"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 )
@@ -18,10 +17,10 @@ import (
 // every rank sends one block (possibly empty) to every rank and receives one from each,
 // into a buffer of fixed capacity per source, and learns each block's size when it
 // arrives. There is no counts round trip and nothing is allocated per exchange: the
-// buffers are sized once (ExchangeConfig), and Slots exchanges may be in flight or hold
+// buffers are sized once (Config), and Slots exchanges may be in flight or hold
 // received data at once. It is the primitive under the MoE low-latency mode.
 //
-// A block has one or more fields (ExchangeConfig.Fields), each received into a buffer
+// A block has one or more fields (Config.Fields), each received into a buffer
 // of its own, so that, for instance, rows and their metadata land in separate arrays.
 //
 // Where the transport lets ranks write into one another's memory (inproc, shm: see
@@ -39,7 +38,7 @@ import (
 // free the buffers of the next: where ranks write into each other's memory, a sender then
 // rarely waits for its receiver to begin.)
 type Exchange struct {
-	c      *Comm
+	h      Host
 	sig    uint32
 	fields []int // capacity of each field, bytes
 	foff   []int // offset of each field's array in a slot: P buffers of its capacity, 64-aligned
@@ -58,7 +57,7 @@ type Exchange struct {
 	sendBuf *obuf.Buf
 
 	epoch  uint64 // exchanges begun
-	ops    []XOp  // one per slot
+	ops    []Op   // one per slot
 	closed bool
 
 	// With Config.Profile, per source rank, when its block of the exchange being waited
@@ -70,21 +69,58 @@ type Exchange struct {
 	waitOn []bool
 }
 
-// ExchangeConfig sizes an Exchange.
-type ExchangeConfig struct {
+// Config sizes an Exchange.
+type Config struct {
 	// Fields are the capacities in bytes of the fields of one block (what one rank sends
-	// one rank in one exchange); 1 to MaxExchangeFields of them.
+	// one rank in one exchange); 1 to MaxFields of them.
 	Fields []int
 	// Slots is how many exchanges may be in flight or hold received data at once
 	// (default 2).
 	Slots int
 }
 
-// MaxExchangeFields is the most fields an exchange block may have.
-const MaxExchangeFields = 5
+// MaxFields is the most fields an exchange block may have.
+const MaxFields = 5
 
 // ErrBusy: an operation would reuse buffers that an earlier one, not finished, still uses.
 var ErrBusy = errors.New("coll: too many operations in flight")
+
+// Host is what an exchange needs of its communicator: package coll's Comm gives it one.
+type Host interface {
+	Size() int
+	Rank() int
+	// World is comm rank q's rank on the transport.
+	World(q int) int
+	Transport() transport.Transport
+	ID() uint32
+	Pool() *obuf.Pool
+	Profiling() bool
+	Tracing() bool
+	// OpenWindow makes this rank's window where the transport has them and agrees with
+	// every rank on sig and on who mapped whom (maps[i*P+j] == 1: rank i mapped rank j's).
+	OpenWindow(ctx context.Context, sig uint32, size int, what string) (transport.Window, []byte, error)
+	// Begin enters an operation (in issue order) and returns its sequence number; End
+	// leaves it.
+	Begin(ctx context.Context) (uint32, error)
+	End()
+	// Fail aborts the communicator with err and returns the error the operation gives.
+	Fail(err error) error
+	// Aborted is done when the communicator aborts.
+	Aborted() context.Context
+	// Waiting counts rank q among the ranks an operation waits for (delta +1), or no more
+	// (-1): a timeout names them.
+	Waiting(q, delta int)
+	// Progressed says the operation moved.
+	Progressed()
+	// Record notes when each rank's block arrived (profiling) and returns the wait for
+	// the last one; Trace writes the exchange into the trace.
+	Record(arrived []int64, order []int32) (wait time.Duration, last int, waited []int32)
+	Trace(begun, t0 int64, wait time.Duration, last int, arrived []int64, order []int32)
+	// Now is the communicator's clock, in nanoseconds.
+	Now() int64
+	// Invalid is the error of an invalid argument.
+	Invalid(arg, format string, a ...any) error
+}
 
 // Window control words: ready[slot] (the owner began the exchange with this epoch in
 // that slot, whose old data it no longer needs), then per (slot, source) a record
@@ -95,24 +131,24 @@ const (
 	recLens  = 16
 )
 
-// NewExchange makes an Exchange on c. It is collective: every rank calls it with the
-// same configuration.
-func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, error) {
-	if len(cfg.Fields) == 0 || len(cfg.Fields) > MaxExchangeFields {
-		return nil, &ArgError{Arg: "Fields", Reason: fmt.Sprintf("%d fields (want 1..%d)", len(cfg.Fields), MaxExchangeFields)}
+// New makes an Exchange on h. It is collective: every rank calls it with the same
+// configuration.
+func New(ctx context.Context, h Host, cfg Config) (*Exchange, error) {
+	if len(cfg.Fields) == 0 || len(cfg.Fields) > MaxFields {
+		return nil, h.Invalid("Fields", "%d fields (want 1..%d)", len(cfg.Fields), MaxFields)
 	}
 	if cfg.Slots == 0 {
 		cfg.Slots = 2
 	}
 	if cfg.Slots < 1 || cfg.Slots > 64 {
-		return nil, &ArgError{Arg: "Slots", Reason: fmt.Sprintf("%d (want 1..64)", cfg.Slots)}
+		return nil, h.Invalid("Slots", "%d (want 1..64)", cfg.Slots)
 	}
-	p := c.size
-	x := &Exchange{c: c, slots: cfg.Slots, bufs: cfg.Slots + 1, push: make([]bool, p), from: make([]bool, p)}
-	sig := []int{int(OpExchange), cfg.Slots}
+	p := h.Size()
+	x := &Exchange{h: h, slots: cfg.Slots, bufs: cfg.Slots + 1, push: make([]bool, p), from: make([]bool, p)}
+	sig := []int{int(algos.OpExchange), cfg.Slots}
 	for i, n := range cfg.Fields {
 		if n < 0 || n > transport.MaxWindow/p {
-			return nil, &ArgError{Arg: fmt.Sprintf("Fields[%d]", i), Reason: fmt.Sprintf("%d bytes", n)}
+			return nil, h.Invalid(fmt.Sprintf("Fields[%d]", i), "%d bytes", n)
 		}
 		x.foff = append(x.foff, x.per)
 		x.fields = append(x.fields, n)
@@ -121,9 +157,9 @@ func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, 
 	}
 	total, ctl := exchangeSizes(cfg.Fields, cfg.Slots, p)
 	if total > transport.MaxWindow {
-		return nil, &ArgError{Arg: "Fields", Reason: fmt.Sprintf("%d slots of %d ranks x %d bytes is more than %d", cfg.Slots, p, x.per/p, transport.MaxWindow)}
+		return nil, h.Invalid("Fields", "%d slots of %d ranks x %d bytes is more than %d", cfg.Slots, p, x.per/p, transport.MaxWindow)
 	}
-	x.sig = algos.Signature(OpExchange, AlgoAuto, 1, sig...)
+	x.sig = algos.Signature(algos.OpExchange, algos.AlgoAuto, 1, sig...)
 	x.ctl = ctl
 	if err := x.openWindows(ctx, total); err != nil {
 		return nil, err
@@ -131,20 +167,20 @@ func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, 
 	if x.win != nil {
 		x.recv = x.win.Local()[x.ctl:]
 	} else {
-		x.recvBuf = c.pool.Get(max(total, 1))
+		x.recvBuf = h.Pool().Get(max(total, 1))
 		x.recv = x.recvBuf.Bytes()[:total]
 	}
 	msgPeers := 0
 	for q := 0; q < p; q++ {
-		if q != c.rank && !x.push[q] {
+		if q != h.Rank() && !x.push[q] {
 			msgPeers++
 		}
 	}
 	if msgPeers > 0 {
-		x.sendBuf = c.pool.Get(total)
+		x.sendBuf = h.Pool().Get(total)
 		x.send = x.sendBuf.Bytes()[:total]
 	}
-	x.ops = make([]XOp, x.bufs)
+	x.ops = make([]Op, x.bufs)
 	for s := range x.ops {
 		o := &x.ops[s]
 		o.x, o.slot = x, s
@@ -157,7 +193,7 @@ func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, 
 		o.arrived = o.allArrived
 	}
 	x.waitOn = make([]bool, p)
-	if c.cfg.Profile {
+	if h.Profiling() {
 		x.seen, x.order = make([]int64, p), make([]int32, 0, p)
 	}
 	return x, nil
@@ -175,12 +211,12 @@ func exchangeSizes(fields []int, slots, p int) (data, ctl int) {
 	return bufs * per, ((bufs+bufs*p)*64 + 4095) &^ 4095
 }
 
-// ExchangeBytes is the memory (Exchange.Bytes) that an exchange of cfg holds on each of
+// Bytes is the memory (Exchange.Bytes) that an exchange of cfg holds on each of
 // ranks ranks, where every other rank writes its blocks into this rank's memory (windows:
 // inproc, or shm with every rank on one host) or where they travel as messages (windows
 // false). Where some peers write and others send, it is the messages' figure plus the
 // window's control words. It runs nothing, and checks nothing NewExchange would refuse.
-func ExchangeBytes(cfg ExchangeConfig, ranks int, windows bool) int {
+func Bytes(cfg Config, ranks int, windows bool) int {
 	if cfg.Slots == 0 {
 		cfg.Slots = 2
 	}
@@ -197,141 +233,23 @@ func ExchangeBytes(cfg ExchangeConfig, ranks int, windows bool) int {
 // openWindows makes the windows where the transport has them, and agrees with every
 // rank on which pairs write into each other's memory.
 func (x *Exchange) openWindows(ctx context.Context, data int) error {
-	c := x.c
-	p := c.size
-	win, maps, err := c.openWindow(ctx, x.sig, x.ctl+data, "an exchange")
+	h := x.h
+	p, me := h.Size(), h.Rank()
+	win, maps, err := h.OpenWindow(ctx, x.sig, x.ctl+data, "an exchange")
 	if err != nil {
 		return err
 	}
 	x.win = win
 	any := false
 	for q := 0; q < p; q++ {
-		x.push[q] = maps[c.rank*p+q] == 1
-		x.from[q] = maps[q*p+c.rank] == 1
+		x.push[q] = maps[me*p+q] == 1
+		x.from[q] = maps[q*p+me] == 1
 		any = any || x.push[q] || x.from[q]
 	}
 	if x.win != nil && !any {
 		x.closeWindow()
 	}
 	return nil
-}
-
-// openWindow makes this rank's window of size bytes where the transport has windows
-// (nil where it has none), maps the peers' it can reach, and agrees with every rank on
-// sig (the layout every rank writes with: they must agree before anyone writes into
-// another's memory) and on who maps whom: maps[i*P+j] is 1 when rank i mapped rank j's
-// window. The window is sealed: nothing is mapped afterwards. It is collective.
-func (c *Comm) openWindow(ctx context.Context, sig uint32, size int, what string) (transport.Window, []byte, error) {
-	win, maps, _, err := c.openWindowSpan(ctx, sig, size, what, false)
-	return win, maps, err
-}
-
-// openWindowSpan is openWindow that, with span, also maps every rank's window side by
-// side (transport.SpanWindow) where every rank can: the span is non-nil on every rank
-// or on none.
-func (c *Comm) openWindowSpan(ctx context.Context, sig uint32, size int, what string, span bool) (transport.Window, []byte, []byte, error) {
-	p := c.size
-	const descMax = 256
-	var win transport.Window
-	var desc []byte
-	if wt, ok := c.tr.(transport.WindowTransport); ok && p > 1 && !c.cfg.NoWindows {
-		newWindow := wt.NewWindow
-		if st, ok := c.tr.(transport.SpanTransport); ok && span {
-			newWindow = func(size int) (transport.Window, []byte, error) { return st.NewSpanWindow(size) }
-		}
-		w, d, err := newWindow(size)
-		if err == nil && len(d) <= descMax {
-			win, desc = w, d
-		} else if err == nil {
-			w.Close()
-		}
-	}
-	closeWin := func() {
-		if win != nil {
-			win.Close()
-		}
-	}
-	// Every rank's signature and window descriptor.
-	rec := make([]byte, 6+descMax)
-	binary.LittleEndian.PutUint32(rec, sig)
-	if win != nil {
-		rec[4] = 1
-		rec[5] = byte(len(desc))
-		copy(rec[6:], desc)
-	}
-	all := make([]byte, p*len(rec))
-	if err := AllGather(ctx, c, rec, all); err != nil {
-		closeWin()
-		return nil, nil, nil, err
-	}
-	for q := 0; q < p; q++ {
-		if got := binary.LittleEndian.Uint32(all[q*len(rec):]); got != sig {
-			closeWin()
-			return nil, nil, nil, fmt.Errorf("%w: rank %d makes %s of another shape (signature %#x, this rank's %#x)", ErrMismatch, q, what, got, sig)
-		}
-	}
-	mapped := make([]byte, p)
-	if win != nil {
-		for q := 0; q < p; q++ {
-			r := all[q*len(rec) : (q+1)*len(rec)]
-			if q == c.rank || r[4] != 1 || int(r[5]) > descMax {
-				continue
-			}
-			if err := win.Map(c.ranks[q], r[6:6+int(r[5])]); err == nil {
-				mapped[q] = 1
-			} else if !errors.Is(err, transport.ErrNoWindow) {
-				c.log.Warn("moex: cannot map a rank's window; exchanging messages with it instead", "rank", c.rank, "peer", q, "err", err)
-			}
-		}
-	}
-	// Every rank's map of whom it mapped; this all-gather is also the barrier after
-	// which no window is mapped again.
-	maps := make([]byte, p*p)
-	if err := AllGather(ctx, c, mapped, maps); err != nil {
-		closeWin()
-		return nil, nil, nil, err
-	}
-	var mem []byte
-	if span {
-		// Every window is mapped everywhere: map them side by side, then agree that every
-		// rank did before any file goes (Seal).
-		ok := []byte{0}
-		sw, isSpan := win.(transport.SpanWindow)
-		if _, _, some := unmapped(maps, p); isSpan && !some {
-			if m, err := sw.Span(c.ranks); err == nil {
-				mem, ok[0] = m, 1
-			} else {
-				c.log.Warn("moex: cannot map the ranks' windows side by side", "rank", c.rank, "err", err)
-			}
-		}
-		oks := make([]byte, p)
-		if err := AllGather(ctx, c, ok, oks); err != nil {
-			closeWin()
-			return nil, nil, nil, err
-		}
-		for _, o := range oks {
-			if o == 0 {
-				mem = nil
-			}
-		}
-	}
-	if win != nil {
-		win.Seal()
-	}
-	return win, maps, mem, nil
-}
-
-// unmapped returns a rank i of p that did not map rank j's window, if there is one (ok
-// false: every rank mapped every other rank's).
-func unmapped(maps []byte, p int) (i, j int, ok bool) {
-	for i := 0; i < p; i++ {
-		for j := 0; j < p; j++ {
-			if i != j && maps[i*p+j] != 1 {
-				return i, j, true
-			}
-		}
-	}
-	return 0, 0, false
 }
 
 func (x *Exchange) closeWindow() {
@@ -398,10 +316,10 @@ func (x *Exchange) field(mem []byte, s, f, q int) []byte {
 func (x *Exchange) u64(mem []byte, off int) *uint64 { return (*uint64)(unsafe.Pointer(&mem[off])) }
 
 func (x *Exchange) readyOff(s int) int     { return s * 64 }
-func (x *Exchange) recordOff(s, q int) int { return (x.bufs + s*x.c.size + q) * 64 }
+func (x *Exchange) recordOff(s, q int) int { return (x.bufs + s*x.h.Size() + q) * 64 }
 
-// XOp is one exchange in flight (see Exchange).
-type XOp struct {
+// Op is one exchange in flight (see Exchange).
+type Op struct {
 	x       *Exchange
 	slot    int
 	epoch   uint64
@@ -412,11 +330,11 @@ type XOp struct {
 	lens    []int // [peer][field]: what each rank sent this one (after Wait), or this rank sent itself
 	dests   [][]byte
 	reqs    []transport.Request
-	reqPeer []int32 // per request: peer*MaxExchangeFields + field for a receive, -1 for a send
+	reqPeer []int32 // per request: peer*MaxFields + field for a receive, -1 for a send
 
 	btags []transport.Tag // Send's batch to one peer (scratch)
 	bbufs [][]byte
-	breqs [MaxExchangeFields]transport.Request
+	breqs [MaxFields]transport.Request
 
 	waitQ  int         // the peer Dest waits for
 	readyQ func() bool // o.Ready(o.waitQ), made once: a closure per wait would allocate
@@ -429,10 +347,10 @@ type XOp struct {
 
 // Begin starts the next exchange: receives are posted, and the ranks that write into
 // this rank's memory may do so.
-func (x *Exchange) Begin(ctx context.Context) (*XOp, error) {
-	c := x.c
+func (x *Exchange) Begin(ctx context.Context) (*Op, error) {
+	h := x.h
 	if x.closed {
-		return nil, ErrClosed
+		return nil, transport.ErrClosed
 	}
 	e := x.epoch + 1
 	s := int((e - 1) % uint64(x.bufs))
@@ -440,20 +358,21 @@ func (x *Exchange) Begin(ctx context.Context) (*XOp, error) {
 	if o.begun || x.ops[int(e%uint64(x.bufs))].begun { // exchange e-Slots is still in flight
 		return nil, fmt.Errorf("%w: exchange %d would reuse the buffers of exchange %d, not waited for (%d slots)", ErrBusy, e, e-uint64(x.slots), x.slots)
 	}
-	if err := c.begin(ctx); err != nil {
+	seq, err := h.Begin(ctx)
+	if err != nil {
 		return nil, err
 	}
 	x.epoch = e
-	o.epoch, o.seq, o.begun, o.nsent = e, c.nextSeq(), true, 0
-	if c.cfg.TraceDir != "" {
+	o.epoch, o.seq, o.begun, o.nsent = e, seq, true, 0
+	if h.Tracing() {
 		o.begunAt = time.Now().UnixNano()
 	}
 	clear(o.sent)
 	clear(o.lens)
 	o.reqs, o.reqPeer = o.reqs[:0], o.reqPeer[:0]
-	tag := transport.Tag{Comm: c.id, Seq: o.seq, Sig: x.sig}
-	for q := 0; q < c.size; q++ {
-		if q == c.rank || x.from[q] {
+	tag := transport.Tag{Comm: h.ID(), Seq: o.seq, Sig: x.sig}
+	for q := 0; q < h.Size(); q++ {
+		if q == h.Rank() || x.from[q] {
 			continue
 		}
 		for f, capacity := range x.fields {
@@ -461,11 +380,11 @@ func (x *Exchange) Begin(ctx context.Context) (*XOp, error) {
 				continue // always empty: no message (the scales of an unscaled wire, say)
 			}
 			tag.Tag = uint32(f)
-			r, err := c.tr.Irecv(c.ranks[q], tag, x.field(x.recv, s, f, q))
+			r, err := h.Transport().Irecv(h.World(q), tag, x.field(x.recv, s, f, q))
 			if err != nil {
 				return o, o.abort(err)
 			}
-			o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, int32(q*MaxExchangeFields+f))
+			o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, int32(q*MaxFields+f))
 		}
 	}
 	if x.win != nil {
@@ -479,9 +398,9 @@ func (x *Exchange) Begin(ctx context.Context) (*XOp, error) {
 		if n := int(e % uint64(x.bufs)); !x.ops[n].begun {
 			atomic.StoreUint64(x.u64(own, x.readyOff(n)), e+1)
 		}
-		for q := 0; q < c.size; q++ {
+		for q := 0; q < h.Size(); q++ {
 			if x.from[q] {
-				x.win.Notify(c.ranks[q])
+				x.win.Notify(h.World(q))
 			}
 		}
 	}
@@ -489,39 +408,39 @@ func (x *Exchange) Begin(ctx context.Context) (*XOp, error) {
 }
 
 // abort fails the exchange on every rank (the communicator aborts) and ends it here.
-func (o *XOp) abort(err error) error {
-	c := o.x.c
-	_ = c.fail(err)
+func (o *Op) abort(err error) error {
+	h := o.x.h
+	err = h.Fail(err)
 	o.finish()
-	return c.opError()
+	return err
 }
 
 // finish ends the exchange: its requests are waited for (they fail at once once the
 // communicator aborted) and the slot is free again.
-func (o *XOp) finish() {
+func (o *Op) finish() {
 	if !o.begun {
 		return
 	}
 	for i, r := range o.reqs {
 		if r != nil {
-			_, _ = r.Wait(o.x.c.actx)
+			_, _ = r.Wait(o.x.h.Aborted())
 			o.reqs[i] = nil
 		}
 	}
 	o.begun = false
-	o.x.c.end()
+	o.x.h.End()
 }
 
 // Epoch is the exchange's number on its Exchange (1 for the first).
-func (o *XOp) Epoch() uint64 { return o.epoch }
+func (o *Op) Epoch() uint64 { return o.epoch }
 
 // Ready reports whether Dest(q) would return without waiting.
-func (o *XOp) Ready(q int) bool {
+func (o *Op) Ready(q int) bool {
 	x := o.x
 	if !x.push[q] {
 		return true
 	}
-	return atomic.LoadUint64(x.u64(x.win.Remote(x.c.ranks[q]), x.readyOff(o.slot))) >= o.epoch
+	return atomic.LoadUint64(x.u64(x.win.Remote(x.h.World(q)), x.readyOff(o.slot))) >= o.epoch
 }
 
 // Dest returns the memory of this rank's block for rank q, one slice per field, each of
@@ -530,27 +449,27 @@ func (o *XOp) Ready(q int) bool {
 // filled before Send(q, ...). The slice of fields is reused by the next Dest call; the
 // memory each field names stays this exchange's block for q until Wait returns, and
 // this rank may read back what it wrote there (to copy it into another rank's block).
-func (o *XOp) Dest(ctx context.Context, q int) ([][]byte, error) {
+func (o *Op) Dest(ctx context.Context, q int) ([][]byte, error) {
 	x := o.x
-	c := x.c
+	h := x.h
 	if err := o.check(q); err != nil {
 		return nil, err
 	}
 	mem, at := x.send, q
 	switch {
-	case q == c.rank:
+	case q == h.Rank():
 		mem = x.recv
 	case x.push[q]:
 		if !o.Ready(q) {
 			o.waitQ = q
-			c.pend[q].Add(1) // a timeout names q
-			err := x.win.Wait(c.actx, o.readyQ)
-			c.pend[q].Add(-1)
+			h.Waiting(q, 1) // a timeout names q
+			err := x.win.Wait(h.Aborted(), o.readyQ)
+			h.Waiting(q, -1)
 			if err != nil {
 				return nil, o.abort(err)
 			}
 		}
-		mem, at = x.win.Remote(c.ranks[q])[x.ctl:], c.rank
+		mem, at = x.win.Remote(h.World(q))[x.ctl:], h.Rank()
 	}
 	for f := range x.fields {
 		o.dests[f] = x.field(mem, o.slot, f, at)
@@ -561,14 +480,14 @@ func (o *XOp) Dest(ctx context.Context, q int) ([][]byte, error) {
 // NextDest is Dest for a rank that has not been sent to yet and can be written without
 // waiting, if there is one (the lowest after this rank, cyclically), else the first that
 // becomes ready. It returns q = -1 when every rank has been sent to.
-func (o *XOp) NextDest(ctx context.Context) (int, [][]byte, error) {
-	c := o.x.c
-	if o.nsent == c.size {
+func (o *Op) NextDest(ctx context.Context) (int, [][]byte, error) {
+	h := o.x.h
+	if o.nsent == h.Size() {
 		return -1, nil, nil
 	}
 	first := -1
-	for i := 0; i < c.size; i++ {
-		q := (c.rank + i) % c.size
+	for i := 0; i < h.Size(); i++ {
+		q := (h.Rank() + i) % h.Size()
 		if o.sent[q] {
 			continue
 		}
@@ -584,15 +503,15 @@ func (o *XOp) NextDest(ctx context.Context) (int, [][]byte, error) {
 	return first, b, err
 }
 
-func (o *XOp) check(q int) error {
-	c := o.x.c
+func (o *Op) check(q int) error {
+	h := o.x.h
 	switch {
 	case !o.begun:
-		return &ArgError{Arg: "exchange", Reason: "not begun (or already waited for)"}
-	case q < 0 || q >= c.size:
-		return &ArgError{Arg: "rank", Reason: fmt.Sprintf("%d out of range [0,%d)", q, c.size)}
+		return h.Invalid("exchange", "not begun (or already waited for)")
+	case q < 0 || q >= h.Size():
+		return h.Invalid("rank", "%d out of range [0,%d)", q, h.Size())
 	case o.sent[q]:
-		return &ArgError{Arg: "rank", Reason: fmt.Sprintf("rank %d's block was sent already", q)}
+		return h.Invalid("rank", "rank %d's block was sent already", q)
 	}
 	return nil
 }
@@ -600,37 +519,37 @@ func (o *XOp) check(q int) error {
 // Send says that this rank's block for q is in the memory Dest(q) returned, lens[f]
 // bytes of field f, and sends it. Every rank, this one included, must be sent a block
 // (an empty one is fine) before Wait, which sends empty blocks where Send was not called.
-func (o *XOp) Send(q int, lens ...int) error {
+func (o *Op) Send(q int, lens ...int) error {
 	x := o.x
-	c := x.c
+	h := x.h
 	if err := o.check(q); err != nil {
 		return err
 	}
 	if len(lens) != len(x.fields) {
-		return &ArgError{Arg: "lens", Reason: fmt.Sprintf("%d lengths for %d fields", len(lens), len(x.fields))}
+		return h.Invalid("lens", "%d lengths for %d fields", len(lens), len(x.fields))
 	}
 	for f, n := range lens {
 		if n < 0 || n > x.fields[f] {
-			return &ArgError{Arg: fmt.Sprintf("lens[%d]", f), Reason: fmt.Sprintf("%d bytes, the field holds %d", n, x.fields[f])}
+			return h.Invalid(fmt.Sprintf("lens[%d]", f), "%d bytes, the field holds %d", n, x.fields[f])
 		}
 	}
 	o.sent[q] = true
 	o.nsent++
 	switch {
-	case q == c.rank:
+	case q == h.Rank():
 		copy(o.lens[q*len(x.fields):], lens)
 	case x.push[q]:
-		mem := x.win.Remote(c.ranks[q])
-		rec := x.recordOff(o.slot, c.rank)
+		mem := x.win.Remote(h.World(q))
+		rec := x.recordOff(o.slot, h.Rank())
 		for f, n := range lens {
 			atomic.StoreUint64(x.u64(mem, rec+recLens+8*f), uint64(n))
 		}
 		atomic.StoreUint64(x.u64(mem, rec+recSig), uint64(x.sig))
 		atomic.StoreUint64(x.u64(mem, rec+recEpoch), o.epoch)
-		x.win.Notify(c.ranks[q])
+		x.win.Notify(h.World(q))
 	default:
 		// The fields go as one batch: over tcp, one system call for them all.
-		tag := transport.Tag{Comm: c.id, Seq: o.seq, Sig: x.sig}
+		tag := transport.Tag{Comm: h.ID(), Seq: o.seq, Sig: x.sig}
 		o.btags, o.bbufs = o.btags[:0], o.bbufs[:0]
 		for f, n := range lens {
 			if x.fields[f] == 0 {
@@ -639,7 +558,7 @@ func (o *XOp) Send(q int, lens ...int) error {
 			tag.Tag = uint32(f)
 			o.btags, o.bbufs = append(o.btags, tag), append(o.bbufs, x.field(x.send, o.slot, f, q)[:n])
 		}
-		err := transport.IsendBatch(c.tr, c.ranks[q], o.btags, o.bbufs, o.breqs[:])
+		err := transport.IsendBatch(h.Transport(), h.World(q), o.btags, o.bbufs, o.breqs[:])
 		for _, r := range o.breqs[:len(o.bbufs)] {
 			if r != nil {
 				o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, -1)
@@ -651,21 +570,21 @@ func (o *XOp) Send(q int, lens ...int) error {
 			return o.abort(err)
 		}
 	}
-	c.progress.Store(nanotime())
+	h.Progressed()
 	return nil
 }
 
 // Wait completes the exchange: empty blocks go to the ranks not sent to, and it returns
 // once every rank's block has arrived. On error the communicator is aborted (as with
 // every collective) and the error names the rank at fault where one is.
-func (o *XOp) Wait(ctx context.Context) error {
+func (o *Op) Wait(ctx context.Context) error {
 	x := o.x
-	c := x.c
+	h := x.h
 	if !o.begun {
-		return &ArgError{Arg: "exchange", Reason: "not begun (or already waited for)"}
+		return h.Invalid("exchange", "not begun (or already waited for)")
 	}
-	var zero [MaxExchangeFields]int
-	for q := 0; q < c.size; q++ {
+	var zero [MaxFields]int
+	for q := 0; q < h.Size(); q++ {
 		if !o.sent[q] {
 			if _, err := o.Dest(ctx, q); err != nil {
 				return err
@@ -678,7 +597,7 @@ func (o *XOp) Wait(ctx context.Context) error {
 	nf := len(x.fields)
 	prof := x.seen != nil
 	if prof {
-		o.t0 = nanotime()
+		o.t0 = x.h.Now()
 		clear(x.seen)
 	}
 	// Every receive not complete counts its sender among the ranks this rank waits for
@@ -686,35 +605,35 @@ func (o *XOp) Wait(ctx context.Context) error {
 	// never came.
 	for _, v := range o.reqPeer {
 		if v >= 0 {
-			c.pend[v/MaxExchangeFields].Add(1)
+			h.Waiting(int(v/MaxFields), 1)
 		}
 	}
 	for i, r := range o.reqs {
 		v := int(o.reqPeer[i])
 		blocked := prof && v >= 0 && !r.Test()
-		n, err := r.Wait(c.actx)
+		n, err := r.Wait(h.Aborted())
 		o.reqs[i] = nil
 		if v >= 0 {
-			c.pend[v/MaxExchangeFields].Add(-1)
+			h.Waiting(int(v/MaxFields), -1)
 		}
 		if err != nil {
 			for j := i + 1; j < len(o.reqs); j++ {
 				if v := o.reqPeer[j]; v >= 0 {
-					c.pend[v/MaxExchangeFields].Add(-1)
+					h.Waiting(int(v/MaxFields), -1)
 				}
 			}
 			return o.abort(err)
 		}
 		if v >= 0 {
-			o.lens[v/MaxExchangeFields*nf+v%MaxExchangeFields] = n
+			o.lens[v/MaxFields*nf+v%MaxFields] = n
 			if blocked {
-				x.seen[v/MaxExchangeFields] = max(x.seen[v/MaxExchangeFields], o.since())
+				x.seen[v/MaxFields] = max(x.seen[v/MaxFields], o.since())
 			}
 		}
 	}
 	if x.win != nil {
 		own := x.win.Local()
-		for q := range x.c.size {
+		for q := range x.h.Size() {
 			switch {
 			case !x.from[q]:
 			case o.blockArrived(own, q):
@@ -723,32 +642,32 @@ func (o *XOp) Wait(ctx context.Context) error {
 				}
 			default:
 				x.waitOn[q] = true
-				c.pend[q].Add(1)
+				h.Waiting(q, 1)
 			}
 		}
-		err := x.win.Wait(c.actx, o.arrived)
+		err := x.win.Wait(h.Aborted(), o.arrived)
 		for q, on := range x.waitOn {
 			if on {
 				x.waitOn[q] = false
-				c.pend[q].Add(-1)
+				h.Waiting(q, -1)
 			}
 		}
 		if err != nil {
 			return o.abort(err)
 		}
-		for q := 0; q < c.size; q++ {
+		for q := 0; q < h.Size(); q++ {
 			if !x.from[q] {
 				continue
 			}
 			rec := x.recordOff(o.slot, q)
 			if got := atomic.LoadUint64(x.u64(own, rec+recSig)); got != uint64(x.sig) {
-				return o.abort(&PeerError{Rank: c.ranks[q], Op: "exchange", Err: fmt.Errorf(
-					"%w: rank %d's exchange block has signature %#x, this rank's is %#x", ErrMismatch, q, got, x.sig)})
+				return o.abort(&transport.PeerError{Rank: h.World(q), Op: "exchange", Err: fmt.Errorf(
+					"%w: rank %d's exchange block has signature %#x, this rank's is %#x", transport.ErrMismatch, q, got, x.sig)})
 			}
 			for f := 0; f < nf; f++ {
 				n := atomic.LoadUint64(x.u64(own, rec+recLens+8*f))
 				if n > uint64(x.fields[f]) {
-					return o.abort(&PeerError{Rank: c.ranks[q], Op: "exchange", Err: fmt.Errorf(
+					return o.abort(&transport.PeerError{Rank: h.World(q), Op: "exchange", Err: fmt.Errorf(
 						"%w: rank %d says it wrote %d bytes into a %d-byte field", transport.ErrProtocol, q, n, x.fields[f])})
 				}
 				o.lens[q*nf+f] = int(n)
@@ -757,20 +676,20 @@ func (o *XOp) Wait(ctx context.Context) error {
 	}
 	o.finish()
 	if prof {
-		wait, last, waited := c.recordExchange(x.seen, x.order)
-		if c.cfg.TraceDir != "" {
-			c.traceExchange(o.begunAt, o.t0, wait, last, x.seen, waited)
+		wait, last, waited := h.Record(x.seen, x.order)
+		if h.Tracing() {
+			h.Trace(o.begunAt, o.t0, wait, last, x.seen, waited)
 		}
 	}
 	return nil
 }
 
 // since is the time since Wait started waiting, in nanoseconds, at least 1.
-func (o *XOp) since() int64 { return max(1, nanotime()-o.t0) }
+func (o *Op) since() int64 { return max(1, o.x.h.Now()-o.t0) }
 
 // blockArrived reports whether rank q, which writes into this rank's memory (own), has
 // published its block of this exchange.
-func (o *XOp) blockArrived(own []byte, q int) bool {
+func (o *Op) blockArrived(own []byte, q int) bool {
 	x := o.x
 	return atomic.LoadUint64(x.u64(own, x.recordOff(o.slot, q)+recEpoch)) >= o.epoch
 }
@@ -779,16 +698,16 @@ func (o *XOp) blockArrived(own []byte, q int) bool {
 // published its block of this exchange. A block seen for the first time stops counting
 // its sender among the ranks this rank waits for (x.waitOn), and, profiled, notes when
 // (x.seen).
-func (o *XOp) allArrived() bool {
+func (o *Op) allArrived() bool {
 	x := o.x
 	own := x.win.Local()
 	all := true
-	for q := 0; q < x.c.size; q++ {
+	for q := 0; q < x.h.Size(); q++ {
 		switch {
 		case !x.from[q] || !x.waitOn[q]:
 		case o.blockArrived(own, q):
 			x.waitOn[q] = false
-			x.c.pend[q].Add(-1)
+			x.h.Waiting(q, -1)
 			if x.seen != nil {
 				x.seen[q] = o.since()
 			}
@@ -801,14 +720,14 @@ func (o *XOp) allArrived() bool {
 
 // Recv returns field f of the block rank q sent in this exchange (after Wait), valid
 // until the exchange that reuses the slot begins.
-func (o *XOp) Recv(q, f int) []byte {
+func (o *Op) Recv(q, f int) []byte {
 	return o.x.field(o.x.recv, o.slot, f, q)[:o.lens[q*len(o.x.fields)+f]]
 }
 
 // Field returns the buffers of field f of every rank's block in this exchange, rank by
 // rank: rank q's is at q times the field's capacity (valid as Recv's).
-func (o *XOp) Field(f int) []byte {
+func (o *Op) Field(f int) []byte {
 	x := o.x
 	o0 := o.slot*x.per + x.foff[f]
-	return x.recv[o0 : o0+x.c.size*x.fields[f]]
+	return x.recv[o0 : o0+x.h.Size()*x.fields[f]]
 }
