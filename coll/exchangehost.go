@@ -2,6 +2,7 @@ package coll
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/moex-ai/moex/coll/exchange"
@@ -84,5 +85,5 @@ func (h exchangeHost) Trace(begun, t0 int64, wait time.Duration, last int, arriv
 }
 
 func (h exchangeHost) Invalid(arg, format string, a ...any) error {
-	return h.c.invalid(arg, format, a...)
+	return &ArgError{Arg: arg, Reason: fmt.Sprintf(format, a...)} // this rank's mistake: nothing aborts
 }

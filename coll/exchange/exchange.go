@@ -118,7 +118,7 @@ type Host interface {
 	Trace(begun, t0 int64, wait time.Duration, last int, arrived []int64, order []int32)
 	// Now is the communicator's clock, in nanoseconds.
 	Now() int64
-	// Invalid is the error of an invalid argument.
+	// Invalid is the error of an invalid argument (this rank's alone: nothing aborts).
 	Invalid(arg, format string, a ...any) error
 }
 
