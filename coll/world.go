@@ -148,6 +148,47 @@ func Local(n int, cfg Config) ([]*Comm, error) {
 	return cs, nil
 }
 
+// New returns the communicator of the ranks that t connects, on t: this rank is
+// t.Rank() of t.Size(). It is how a transport of the caller's (one that implements
+// transport.Transport) runs moex's collectives without the bootstrap; New itself does
+// not talk to the other ranks, each of which calls it on its own endpoint. cfg.Hosts, if
+// set, says which ranks share a host (for the hierarchical algorithms); cfg.Link is the
+// cost of the transport's links (default: CostNet, a network). The communicator does not
+// own t: close t after the communicator.
+func New(t transport.Transport, cfg Config) (*Comm, error) {
+	if t == nil {
+		return nil, &ArgError{Arg: "t", Reason: "no transport"}
+	}
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	n := t.Size()
+	if n < 1 || t.Rank() < 0 || t.Rank() >= n {
+		return nil, &ArgError{Arg: "t", Reason: fmt.Sprintf("rank %d of %d ranks", t.Rank(), n)}
+	}
+	hosts := make([]int, n)
+	if cfg.Hosts != nil {
+		if len(cfg.Hosts) != n {
+			return nil, &ArgError{Arg: "Hosts", Reason: fmt.Sprintf("%d entries for %d ranks", len(cfg.Hosts), n)}
+		}
+		hosts = hostsDense(cfg.Hosts)
+	}
+	ranks := make([]int, n)
+	for i := range ranks {
+		ranks[i] = i
+	}
+	if cfg.Wrap != nil {
+		t = cfg.Wrap(t.Rank(), t)
+	}
+	c := newComm(t, 1, ranks, hosts, t.Rank(), cfg, CostNet)
+	c.why = t.Name() + ": the caller's transport (coll.New)"
+	if sp, ok := t.(transport.SharedAreasProvider); ok {
+		c.direct = sp.SharedAreas()
+	}
+	c.owned = newOwner()
+	return c.listen(), nil
+}
+
 // Init joins the job described by the environment (MOEX_*, torchrun, Open MPI or Slurm
 // variables; see moex env): rendezvous at rank 0's store, exchange host
 // identities, connect a transport to every rank, and return the world communicator.
