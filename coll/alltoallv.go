@@ -6,7 +6,6 @@ import (
 	"github.com/moex-ai/moex/coll/algos"
 
 	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/transport"
 )
 
 // AlltoAllv sends sendCounts[j] elements, starting at sendDispls[j] of send, to rank j,
@@ -222,7 +221,7 @@ func planAlltoAllvShared(pl *algos.Plan, r int, counts [][]int, unit int, l algo
 	p := len(counts)
 	pl.Steps = pl.Steps[:0] // no steps: execShared runs it
 	if pl.Shared == nil {
-		pl.Shared = &transport.VLayout{}
+		pl.Shared = &algos.VLayout{}
 	}
 	v := pl.Shared
 	v.RecvOff, v.RecvLen = l.RecvOff, l.RecvLen

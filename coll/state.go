@@ -3,6 +3,7 @@ package coll
 import (
 	"context"
 	"github.com/moex-ai/moex/coll/algos"
+	"github.com/moex-ai/moex/coll/shared"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -140,10 +141,10 @@ type Comm struct {
 	owned        *owner // the transport and rendezvous (Init, Local, and what Shrink made of them)
 	splitFrom    *Comm  // the communicator Split made this one from
 	kidsMu       sync.Mutex
-	kids         map[*Comm]struct{}    // communicators split from this one, not closed yet
-	parent       []int                 // rank in the communicator this one was made from (Split, Shrink)
-	closeBarrier bool                  // Close waits for every rank first (communicators from Init)
-	direct       transport.SharedAreas // the shared-memory areas (Shared), when every rank is on this host over shm
+	kids         map[*Comm]struct{} // communicators split from this one, not closed yet
+	parent       []int              // rank in the communicator this one was made from (Split, Shrink)
+	closeBarrier bool               // Close waits for every rank first (communicators from Init)
+	direct       *shared.Direct     // the collectives through the shared areas (Shared), when every rank is on this host over shm
 }
 
 // Stats counts a communicator's work.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/moex-ai/moex/coll/algos"
+	"github.com/moex-ai/moex/coll/shared"
 	"log/slog"
 	"os"
 	"runtime"
@@ -182,11 +183,19 @@ func New(t transport.Transport, cfg Config) (*Comm, error) {
 	}
 	c := newComm(t, 1, ranks, hosts, t.Rank(), cfg, CostNet)
 	c.why = t.Name() + ": the caller's transport (coll.New)"
-	if sp, ok := t.(transport.SharedAreasProvider); ok {
-		c.direct = sp.SharedAreas()
-	}
+	c.direct = sharedAreas(t)
 	c.owned = newOwner()
 	return c.listen(), nil
+}
+
+// sharedAreas is the collectives through t's shared areas, nil where t has none.
+func sharedAreas(t transport.Transport) *shared.Direct {
+	if ss, ok := t.(transport.SharedSegment); ok {
+		if a := ss.Areas(); a != nil {
+			return shared.New(a, t.Rank(), t.Size())
+		}
+	}
+	return nil
 }
 
 // Init joins the job described by the environment (MOEX_*, torchrun, Open MPI or Slurm
@@ -263,9 +272,7 @@ func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) 
 	}
 	c := newComm(tr, 1, ranks, hosts, env.Rank, cfg, link)
 	c.why = why
-	if sp, ok := tr.(transport.SharedAreasProvider); ok {
-		c.direct = sp.SharedAreas() // the shared-area collectives (shm, every rank on this host)
-	}
+	c.direct = sharedAreas(tr) // the shared-area collectives (shm, every rank on this host)
 	if c.topo.Hosts > 1 && cfg.HostLink == nil && env.Transport != "tcp" {
 		c.intra = CostShm // the ranks of a host talk through shared memory
 	}

@@ -8,7 +8,6 @@ package algos
 
 import (
 	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/transport"
 )
 
 // ---- AllReduce ----
@@ -335,10 +334,10 @@ func planReduceLinear(sh Shape) *Plan {
 // ---- AllGather (count = elements per rank) ----
 
 // planAllGatherShared: every rank publishes its block (in place in recv) in its shared
-// area, or for the others to read across, and takes everyone else's (transport.SharedAreas).
+// area, or for the others to read across, and takes everyone else's (coll/shared).
 func planAllGatherShared(sh Shape) *Plan {
 	p := sh.P
-	v := &transport.VLayout{RecvOff: make([]int, p), RecvLen: make([]int, p), SrcOff: make([]int, p), SrcLen: make([]int, p)}
+	v := &VLayout{RecvOff: make([]int, p), RecvLen: make([]int, p), SrcOff: make([]int, p), SrcLen: make([]int, p)}
 	for q := 0; q < p; q++ {
 		r := sh.blk(bRecv, q)
 		v.RecvOff[q], v.RecvLen[q], v.SrcLen[q] = r.Off, r.N, r.N

@@ -88,7 +88,7 @@ const (
 	Dissemination
 	Hier
 	// Shared moves the blocks through the shared-memory areas of the ranks' segments
-	// (transport.SharedAreas): one copy in, one flag per rank, one copy out (larger buffers: one
+	// (package coll/shared over transport.Areas): one copy in, one flag per rank, one copy out (larger buffers: one
 	// copy across). AlltoAll, AllGather, and AlltoAllv planned from the whole count
 	// matrix (the MoE dispatch and combine); only when every rank of the communicator
 	// is on one host, over shm, and the buffers fit the area or cross-memory attach

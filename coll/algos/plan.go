@@ -9,8 +9,18 @@ import (
 	"strings"
 
 	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/transport"
 )
+
+// VLayout is the layout of a shared-area AlltoAllv that every rank knows in full (the MoE
+// dispatch and combine plan from the whole count matrix), in bytes. Rank q's block for
+// this rank is RecvLen[q] bytes at SrcOff[q] of q's send buffer, which is SrcLen[q] bytes
+// long, and lands at RecvOff[q] of recv. This rank's own block is SrcOff[r] of send.
+// SrcLen decides how each rank publishes its send buffer (through its area when it
+// fits), so every rank must agree on it: the operation's signature should cover the
+// counts.
+type VLayout struct {
+	RecvOff, RecvLen, SrcOff, SrcLen []int
+}
 
 // A plan is the schedule of one collective on one rank: steps, each a set of transfers
 // posted together and local operations (copies, reductions) before and after them. Plans
@@ -71,7 +81,7 @@ type Plan struct {
 	Bytes int    // bytes this rank sends, for statistics
 	// Shared AlltoAllv and AllGather: where the blocks are in every rank's send buffer
 	// and in recv (SharedAreas.AllToAllv); nil for the other plans.
-	Shared *transport.VLayout
+	Shared *VLayout
 	// Shared AllReduce and ReduceScatter: how to combine two buffers (the operation's
 	// type and reduction), nil for the other plans.
 	Reduce func(dst, src []byte)

@@ -15,7 +15,7 @@ import (
 // it, and one read-only mapping of the whole file, made again larger when the peer
 // publishes beyond it. The file never shrinks (obuf punches freed ranges out and keeps
 // its size), so a mapping stays valid however the peer's buffers come and go. Used only
-// by the Direct operations, one at a time; unmapped at Close.
+// by the shared-area operations, one at a time; unmapped at Close.
 type peerArena struct {
 	fd     int // -1: not taken yet
 	mem    []byte
@@ -43,7 +43,7 @@ func (p *peer) arenaData(off uint64, n int) []byte {
 func (p *peer) mapArena(end uint64) error {
 	a := &p.arena
 	if a.fd < 0 {
-		fdw := atomic.LoadUint64(p.seg.areaU64(areaArenaFD))
+		fdw := atomic.LoadUint64(p.seg.u64(offArenaFD))
 		switch {
 		case fdw == 0:
 			return fmt.Errorf("%w: rank %d published a shared buffer but no arena", transport.ErrProtocol, p.rank)

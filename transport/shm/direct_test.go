@@ -11,21 +11,34 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moex-ai/moex/coll/shared"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/shm"
 )
 
-// directs claims every rank's Direct.
-func directs(t *testing.T, ts []*shm.Transport) []*shm.Direct {
+// The collectives through the shared areas (package coll/shared), run on the areas of
+// shm transports (transport.Areas).
+
+// areasOf is the shared-area collectives of one rank, nil where it has no areas.
+func areasOf(tr *shm.Transport) *shared.Direct {
+	a := tr.Areas()
+	if a == nil {
+		return nil
+	}
+	return shared.New(a, tr.Rank(), tr.Size())
+}
+
+// directs claims every rank's areas.
+func directs(t *testing.T, ts []*shm.Transport) []*shared.Direct {
 	t.Helper()
-	ds := make([]*shm.Direct, len(ts))
+	ds := make([]*shared.Direct, len(ts))
 	for r, tr := range ts {
-		if ds[r] = tr.Direct(); ds[r] == nil {
-			t.Fatalf("rank %d: no Direct", r)
+		if ds[r] = areasOf(tr); ds[r] == nil {
+			t.Fatalf("rank %d: no areas", r)
 		}
-		if tr.Direct() != nil {
-			t.Fatalf("rank %d: Direct claimed twice", r)
+		if tr.Areas() != nil {
+			t.Fatalf("rank %d: areas claimed twice", r)
 		}
 	}
 	return ds
@@ -172,9 +185,9 @@ func vcounts(op, p int) [][]int {
 
 // vlayout is rank r's VLayout for counts (blocks packed in rank order on both sides),
 // with its send and receive sizes.
-func vlayout(counts [][]int, r int) (lay *shm.VLayout, send, recv int) {
+func vlayout(counts [][]int, r int) (lay *shared.VLayout, send, recv int) {
 	p := len(counts)
-	lay = &shm.VLayout{RecvOff: make([]int, p), RecvLen: make([]int, p), SrcOff: make([]int, p), SrcLen: make([]int, p)}
+	lay = &shared.VLayout{RecvOff: make([]int, p), RecvLen: make([]int, p), SrcOff: make([]int, p), SrcLen: make([]int, p)}
 	for q := 0; q < p; q++ {
 		lay.RecvOff[q], lay.RecvLen[q] = recv, counts[q][r]
 		recv += counts[q][r]
@@ -403,7 +416,7 @@ func TestDirectMismatch(t *testing.T) {
 		}
 	}
 	err := ds[0].AllToAll(ctx, ds[0].Turn(), make([]byte, 3), make([]byte, 3), 3)
-	if !errors.Is(err, shm.ErrBroken) {
+	if !errors.Is(err, shared.ErrBroken) {
 		t.Fatalf("after a failed operation: %v, want ErrBroken", err)
 	}
 }
@@ -453,22 +466,22 @@ func TestDirectBadArgs(t *testing.T) {
 		t.Fatalf("3 bytes over 2 ranks: %v", err)
 	}
 	ds = directs(t, start(t, 2, func(c *shm.Config) { c.AreaBytes = 1024; c.CMA = -1 }))
-	if err := ds[0].AllToAll(ctx, ds[0].Turn(), make([]byte, 2048), make([]byte, 2048), 0); !errors.Is(err, shm.ErrTooLarge) {
+	if err := ds[0].AllToAll(ctx, ds[0].Turn(), make([]byte, 2048), make([]byte, 2048), 0); !errors.Is(err, shared.ErrTooLarge) {
 		t.Fatalf("2 KiB through a 1 KiB area without CMA: %v", err)
 	}
 	lay, _, _ := vlayout([][]int{{10, 20}, {30, 2000}}, 0)
 	for _, c := range []struct {
 		what       string
 		send, recv int
-		edit       func(l *shm.VLayout)
+		edit       func(l *shared.VLayout)
 		want       error
 	}{
-		{"short lists", 30, 40, func(l *shm.VLayout) { l.SrcOff = l.SrcOff[:1] }, nil},
+		{"short lists", 30, 40, func(l *shared.VLayout) { l.SrcOff = l.SrcOff[:1] }, nil},
 		{"recv too small", 30, 39, nil, nil},
 		{"send too small", 29, 40, nil, nil},
-		{"block past its send buffer", 30, 40, func(l *shm.VLayout) { l.SrcOff[1] = 2010 }, nil},
-		{"negative offset", 30, 40, func(l *shm.VLayout) { l.RecvOff[0] = -1 }, nil},
-		{"row beyond the area", 30, 40, nil, shm.ErrTooLarge},
+		{"block past its send buffer", 30, 40, func(l *shared.VLayout) { l.SrcOff[1] = 2010 }, nil},
+		{"negative offset", 30, 40, func(l *shared.VLayout) { l.RecvOff[0] = -1 }, nil},
+		{"row beyond the area", 30, 40, nil, shared.ErrTooLarge},
 	} {
 		l := *lay
 		l.RecvOff, l.RecvLen, l.SrcOff, l.SrcLen = slices.Clone(l.RecvOff), slices.Clone(l.RecvLen), slices.Clone(l.SrcOff), slices.Clone(l.SrcLen)
@@ -493,9 +506,9 @@ func TestDirectBadArgs(t *testing.T) {
 		{"AllReduce, recv shorter", false, 64, 60, 4, nil},
 		{"AllReduce, part of an element", false, 62, 62, 4, nil},
 		{"AllReduce, no element size", false, 64, 64, 0, nil},
-		{"AllReduce beyond the area", false, 2048, 2048, 4, shm.ErrTooLarge},
+		{"AllReduce beyond the area", false, 2048, 2048, 4, shared.ErrTooLarge},
 		{"ReduceScatter, recv not a block", true, 64, 30, 4, nil},
-		{"ReduceScatter beyond the area", true, 2048, 1024, 4, shm.ErrTooLarge},
+		{"ReduceScatter beyond the area", true, 2048, 1024, 4, shared.ErrTooLarge},
 	} {
 		d := directs(t, start(t, 2, func(c *shm.Config) { c.AreaBytes = 1024 }))[0]
 		var err error
@@ -509,32 +522,29 @@ func TestDirectBadArgs(t *testing.T) {
 		}
 	}
 	ts2 := start(t, 2, func(c *shm.Config) { c.AreaBytes = -1 })
-	if ts2[0].Direct() != nil {
-		t.Fatal("Direct with the area disabled")
+	if ts2[0].Areas() != nil {
+		t.Fatal("areas with the area disabled")
 	}
 }
 
-// BenchmarkDirectAllToAll: ranks as goroutines of one process, each with its own
-// transport, exchanging through the shared areas (64 KiB per rank: through the area; 4 MiB:
-// read across).
 // BenchmarkDirectAllToAll: ranks as goroutines of one process, with send buffers from
 // the heap (through the area or read across) and from obuf.Shared (read in place).
 func BenchmarkDirectAllToAll(b *testing.B) {
 	for _, p := range []int{2, 4} {
 		for _, n := range []int{64 << 10, 4 << 20} {
-			for _, shared := range []bool{false, true} {
-				b.Run(fmt.Sprintf("p=%d/%dKiB/shared=%v", p, n>>10, shared), func(b *testing.B) {
+			for _, inArena := range []bool{false, true} {
+				b.Run(fmt.Sprintf("p=%d/%dKiB/shared=%v", p, n>>10, inArena), func(b *testing.B) {
 					ts := start(b, p, nil)
-					ds := make([]*shm.Direct, p)
+					ds := make([]*shared.Direct, p)
 					for r := range ts {
-						ds[r] = ts[r].Direct()
+						ds[r] = areasOf(ts[r])
 					}
 					ctx := context.Background()
 					b.SetBytes(int64(n))
 					b.ResetTimer()
 					errs := onRanks(p, func(r int) error {
 						send, recv := make([]byte, n), make([]byte, n)
-						if shared {
+						if inArena {
 							sb := obuf.Shared.Get(n)
 							defer sb.Release()
 							send = sb.Bytes()

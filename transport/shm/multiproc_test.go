@@ -94,12 +94,12 @@ func helperRank(mode string, iters, size int) error {
 	return nil
 }
 
-// helperShared runs AllToAlls through Direct from send buffers in obuf.Shared, through the
+// helperShared runs AllToAlls through the shared areas from send buffers in obuf.Shared, through the
 // area's size and beyond it, and checks every byte.
 func helperShared(ctx context.Context, tr *shm.Transport, me, p, iters int) error {
-	d := tr.Direct()
+	d := areasOf(tr)
 	if d == nil {
-		return fmt.Errorf("no Direct")
+		return fmt.Errorf("no shared areas")
 	}
 	op := 0
 	for _, n := range []int{64 << 10, 2 << 20} {

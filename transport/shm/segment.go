@@ -26,8 +26,10 @@ import (
 //	32   state (u32): 1 ready, 2 closed
 //	64   doorbell (u32 futex word): incremented by every producer after publishing
 //	128  sleeping (u32): the owner's progress loop is (about to be) parked on the doorbell
+//	192  the owner's shared arena's file descriptor in its process, plus one (u64; 0:
+//	     none), for the peers that map the buffers it publishes from it
 //	256  ring of source 0, ring of source 1, ...
-//	then the shared area of the collectives (see direct.go)
+//	then the shared area of the collectives (see areas.go)
 //
 // A ring: head (u64, producer) at +0, tail (u64, consumer) at +64, wantSpace (u32,
 // producer blocked on a full ring) at +128, then slots at +256. A slot is a wire.Header
@@ -44,6 +46,7 @@ const (
 	offState    = 32
 	offDoorbell = 64
 	offSleeping = 128
+	offArenaFD  = 192
 	offRings    = 256
 	ringHdr     = 256
 

@@ -137,7 +137,7 @@ type Stats struct {
 	Parks             uint64 // times the progress loop slept on its doorbell
 	FullRing          uint64 // times a producer found a ring full
 	Rewinds           uint64 // times a producer found its ring empty and went back to its start
-	DirectOps         uint64 // collectives run through the shared areas (Direct)
+	DirectOps         uint64 // collectives run through the shared areas (package coll/shared)
 	DirectParks       uint64 // times one of them slept waiting for the other ranks
 	DirectTimeouts    uint64 // ... and woke by the timeout, not by a rank (ctx and liveness checks)
 }
@@ -167,18 +167,18 @@ type Transport struct {
 	liov [1]unix.Iovec // process_vm_readv vectors (progress loop only)
 	riov [1]unix.RemoteIovec
 
-	closed     atomic.Bool
-	drv        core.Driver  // waiting goroutines drive progress themselves
-	lastCheck  atomic.Int64 // last liveness check (nanotime)
-	quiet      atomic.Bool  // the progress loop is going to sleep or sleeps, maybe unannounced
-	life       sync.RWMutex // held shared while touching peers' mappings; Close takes it to unmap
-	stop       chan struct{}
-	wg         sync.WaitGroup
-	mode       string
-	directFree atomic.Bool // Direct not claimed yet
+	closed    atomic.Bool
+	drv       core.Driver  // waiting goroutines drive progress themselves
+	lastCheck atomic.Int64 // last liveness check (nanotime)
+	quiet     atomic.Bool  // the progress loop is going to sleep or sleeps, maybe unannounced
+	life      sync.RWMutex // held shared while touching peers' mappings; Close takes it to unmap
+	stop      chan struct{}
+	wg        sync.WaitGroup
+	mode      string
+	areasFree atomic.Bool // Areas not claimed yet
 
 	slotsOut, slotsIn, cmaBytes, ringBytes, parks, full, rewinds atomic.Uint64
-	directOps, directParks, directTimeouts, sharedBytes          atomic.Uint64
+	areaOps, areaParks, areaTimeouts, sharedBytes                atomic.Uint64
 	windows, winParks                                            atomic.Uint64
 	oversubscribed                                               bool // ranks outnumber CPUs (Config.Poll): see rawParks
 }
@@ -278,7 +278,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	case cfg.AreaBytes%64 != 0 || cfg.AreaBytes > 1<<30:
 		return nil, &transport.ArgError{Arg: "AreaBytes", Reason: fmt.Sprintf("%d: want a multiple of 64, at most 1 GiB", cfg.AreaBytes)}
 	}
-	t.directFree.Store(true)
+	t.areasFree.Store(true)
 	own, err := createSegment(segmentName(hex.EncodeToString(jb[:]), cfg.Rank), cfg.Rank, cfg.Size, cfg.Slots, cfg.SlotSize, cfg.AreaBytes)
 	if err != nil {
 		return nil, err
@@ -427,8 +427,8 @@ func (t *Transport) Path(peer int) string {
 func (t *Transport) Stats() Stats {
 	return Stats{SlotsOut: t.slotsOut.Load(), SlotsIn: t.slotsIn.Load(), CMABytes: t.cmaBytes.Load(),
 		RingBytes: t.ringBytes.Load(), Parks: t.parks.Load(), FullRing: t.full.Load(),
-		Rewinds: t.rewinds.Load(), DirectOps: t.directOps.Load(), DirectParks: t.directParks.Load(),
-		DirectTimeouts: t.directTimeouts.Load(), SharedBytes: t.sharedBytes.Load()}
+		Rewinds: t.rewinds.Load(), DirectOps: t.areaOps.Load(), DirectParks: t.areaParks.Load(),
+		DirectTimeouts: t.areaTimeouts.Load(), SharedBytes: t.sharedBytes.Load()}
 }
 
 // Counters implements transport.Counting.
@@ -472,9 +472,6 @@ func (t *Transport) shutdown() error {
 	atomic.StoreUint32(t.own.u32(offState), stateClosed)
 	close(t.stop)
 	t.drv.Handoff() // the loop may sleep unannounced: wake it whatever its flag says
-	if t.own.areaCap > 0 {
-		t.own.wakeArea()
-	}
 	t.wg.Wait()
 	for _, p := range t.peers {
 		if p != nil {

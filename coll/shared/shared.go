@@ -1,26 +1,24 @@
-package shm
+package shared
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/moex-ai/moex/busypoll"
+	"github.com/moex-ai/moex/coll/algos"
 	"github.com/moex-ai/moex/internal/memx"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 )
 
-// The shared area: at the end of every segment, for collectives of the whole job that
-// move their blocks through shared memory instead of through the point-to-point rings
-// (Direct). Layout, from the area's start:
+// The shared areas (transport.Areas): every rank's, mapped by every rank, for collectives
+// of the whole job that move their blocks through shared memory instead of through the
+// transport's messages. Layout, from an area's start:
 //
 //	0    published (u64): operations this rank has published
 //	8    combined (u64): reductions whose block this rank has combined (AllReduce)
@@ -36,8 +34,7 @@ import (
 //	232  for send buffers in this process's shared arena (obuf.NewSharedPool), their
 //	     offset in it with arenaTag set, for even operations (u64), for odd ones (u64);
 //	     0 for the others
-//	248  the shared arena's file descriptor in this process, plus one (u64; 0: none)
-//	256  the data space: 3 x areaCap bytes
+//	256  the data space (transport.AreaHeader): 3 x Cap bytes
 //
 // An operation through the area copies its send buffer (at most areaCap bytes) into the
 // data space, anywhere but where the previous operation's is: other ranks may still be
@@ -51,7 +48,6 @@ import (
 // rank has arrived = (P-1)n: the rank whose increment completes a count wakes the owner,
 // which therefore sleeps at most once per wait, however many ranks it waits for.
 const (
-	areaHdr       = 256
 	areaPublished = 0
 	areaCombined  = 8
 	areaArrived   = 64
@@ -60,49 +56,14 @@ const (
 	areaSig       = 200
 	areaWhere     = 216
 	areaArena     = 232
-	areaArenaFD   = 248
 
 	// arenaTag marks an offset in areaArena (an offset of 0 is a valid one).
 	arenaTag = 1 << 63
 
 	// SharedMin is the smallest send buffer from obuf's shared arena that the others read
-	// in place. Reading in place saves the copy into the area but makes the sender wait
-	// until every reader is done, one more wait, which below this costs more than the
-	// copy: moex bench coll --op alltoall --transport shm at f680dc1, which read shared
-	// buffers in place at every size (2 CPUs, --iters 5000-50000, private buffers against
-	// --shared, alternating): P=4 4 KiB 5.5-7.3 against 7.8-8.7
-	// us, 16 KiB 8.3-8.9 against 7.6-8.5, 32 KiB 9.9-11.4 against 7.8-10.5; P=8 16 KiB
-	// 37 against 25-27; P=2 4 KiB 0.8-1.2 against 1.0-1.2, 16 KiB 1.8-1.9 against 1.3-1.5.
+	// in place (shm.SharedMin says how it was measured).
 	SharedMin = 16 << 10
-
-	// DefaultAreaBytes is the default for the largest send buffer a Direct operation
-	// copies through the area. Larger ones are read across (process_vm_readv) from the
-	// send buffer itself, where cross-memory attach works. Measured with moex bench coll
-	// (alltoall, 2 CPUs): two copies through the area beat one copy across up to about
-	// 1 MiB per rank.
-	DefaultAreaBytes = 1 << 20
 )
-
-func areaBytes(areaCap int) int {
-	if areaCap <= 0 {
-		return 0
-	}
-	return areaHdr + 3*areaCap
-}
-
-func (s *segment) areaBase() int { return len(s.mem) - areaBytes(s.areaCap) }
-
-// areaData returns n bytes of the data space from off, or nil if that is not inside it.
-func (s *segment) areaData(off uint64, n int) []byte {
-	if off > uint64(3*s.areaCap) || uint64(n) > uint64(3*s.areaCap)-off {
-		return nil
-	}
-	o := s.areaBase() + areaHdr + int(off)
-	return s.mem[o : o+n : o+n]
-}
-
-func (s *segment) areaU64(off int) *uint64 { return s.u64(s.areaBase() + off) }
-func (s *segment) areaU32(off int) *uint32 { return s.u32(s.areaBase() + off) }
 
 // Direct runs collectives of the whole job through the shared areas of the ranks'
 // segments: each rank publishes its send buffer with one counter, copied into its own
@@ -119,7 +80,9 @@ func (s *segment) areaU32(off int) *uint32 { return s.u32(s.areaBase() + off) }
 // Operations run one at a time, in the order their turns were taken (Turn), and every
 // rank must run the same operations in the same order: they are collective.
 type Direct struct {
-	t      *Transport
+	a      transport.Areas
+	size   int
+	rank   int
 	cap    int
 	pull   bool          // larger buffers are read across (cross-memory attach works)
 	pulled []uint64      // per rank: its operations so far that were read across
@@ -136,58 +99,22 @@ type Direct struct {
 	wanted []int         // scratch: peers not read yet
 	llc    int           // the host's last-level cache, bytes (0: unknown)
 	stream bool          // the running operation's blocks read in place go past the caches
-	liov   [1]unix.Iovec
-	riov   [1]unix.RemoteIovec
 	// What a wait waits for now, for Waiting (another goroutine): the turn (0: none)
 	// and the header word of the phase.
 	waitTurn atomic.Uint64
 	waitFlag atomic.Int64
 }
 
-// SharedAreas is Direct as the transport.SharedAreas capability (nil where there is none).
-func (t *Transport) SharedAreas() transport.SharedAreas {
-	if d := t.Direct(); d != nil {
-		return d
+// New returns the shared-area collectives over a (every rank of the communicator, in the
+// order of the transport's ranks).
+func New(a transport.Areas, rank, size int) *Direct {
+	d := &Direct{a: a, rank: rank, size: size, cap: a.Cap(), pull: a.CanReadAcross(), procs: a.Processes()}
+	for i := 1; i < size; i++ {
+		d.order = append(d.order, (rank+i)%size)
 	}
-	return nil
-}
-
-// Direct returns the transport's shared-area collectives, or nil when some rank is not
-// on this host or the areas are disabled (Config.AreaBytes < 0). Only one communicator
-// may use them: the first call claims them, later calls get nil.
-func (t *Transport) Direct() *Direct {
-	if t.size < 2 || t.own.areaCap <= 0 || !t.directFree.CompareAndSwap(true, false) {
-		return nil
-	}
-	c := t.own.areaCap
-	pull := true
-	for q, p := range t.peers {
-		if q == t.rank {
-			continue
-		}
-		if p == nil {
-			t.directFree.Store(true)
-			return nil
-		}
-		c = min(c, p.seg.areaCap)
-		pull = pull && p.cma
-	}
-	if c <= 0 {
-		t.directFree.Store(true)
-		return nil
-	}
-	d := &Direct{t: t, cap: c, pull: pull, procs: true}
-	for _, p := range t.peers {
-		if p != nil && p.pid == os.Getpid() && t.size > runtime.GOMAXPROCS(0) {
-			d.procs = false // ranks as goroutines (tests), more than Ps: they need Go's scheduler
-		}
-	}
-	for i := 1; i < t.size; i++ {
-		d.order = append(d.order, (t.rank+i)%t.size)
-	}
-	d.wanted = make([]int, 0, t.size)
+	d.wanted = make([]int, 0, size)
 	d.llc = memx.LastLevelCache()
-	d.pulled = make([]uint64, t.size)
+	d.pulled = make([]uint64, size)
 	return d
 }
 
@@ -205,16 +132,28 @@ func (d *Direct) Turn() uint64 { return d.next.Add(1) }
 
 // Wake interrupts a waiting operation so that it looks at its context again (a
 // communicator calls it when it aborts).
-func (d *Direct) Wake() { d.t.own.wakeArea() }
+func (d *Direct) Wake() {
+	d.a.Wake(d.u32(d.rank, areaArrived))
+	d.a.Wake(d.u32(d.rank, areaReads))
+}
 
-// wakeArea wakes whoever sleeps on the area's counters.
-func (s *segment) wakeArea() {
-	futexWakeAll(s.areaU32(areaArrived))
-	futexWakeAll(s.areaU32(areaReads))
+// u64 and u32 are the header words of rank q's area at off; data is n bytes of its data
+// space from off, or nil if that is not inside it.
+func (d *Direct) u64(q, off int) *uint64 { return (*uint64)(unsafe.Pointer(&d.a.Area(q)[off])) }
+func (d *Direct) u32(q, off int) *uint32 { return (*uint32)(unsafe.Pointer(&d.a.Area(q)[off])) }
+
+func (d *Direct) data(q int, off uint64, n int) []byte {
+	area := d.a.Area(q)
+	space := uint64(len(area) - transport.AreaHeader)
+	if off > space || uint64(n) > space-off {
+		return nil
+	}
+	o := transport.AreaHeader + int(off)
+	return area[o : o+n : o+n]
 }
 
 // ErrTooLarge is returned for an operation that Fits refuses.
-var ErrTooLarge = errors.New("shm: buffer larger than the shared area, and cross-memory attach refused")
+var ErrTooLarge = errors.New("coll: buffer larger than the shared area, and cross-memory attach refused")
 
 // AllToAll exchanges blocks: send and recv hold one equal block per rank, in rank order;
 // block q of send goes to rank q, and block q of recv comes from rank q. sig identifies
@@ -225,7 +164,7 @@ var ErrTooLarge = errors.New("shm: buffer larger than the shared area, and cross
 // also abort the communicator, through ctx).
 func (d *Direct) AllToAll(ctx context.Context, turn uint64, send, recv []byte, sig uint64) (err error) {
 	defer func() { d.finish(turn, err) }()
-	p := d.t.size
+	p := d.size
 	n := len(send)
 	if len(recv) != n || n%p != 0 {
 		return &transport.ArgError{Arg: "recv", Reason: fmt.Sprintf("send %d bytes, recv %d: want equal lengths, a multiple of %d ranks", n, len(recv), p)}
@@ -236,8 +175,8 @@ func (d *Direct) AllToAll(ctx context.Context, turn uint64, send, recv []byte, s
 	return d.exchange(ctx, turn, send, recv, sig, nil)
 }
 
-// VLayout is the layout of an AlltoAllv through the areas (transport.VLayout).
-type VLayout = transport.VLayout
+// VLayout is the layout of an AlltoAllv through the areas (algos.VLayout).
+type VLayout = algos.VLayout
 
 // AllToAllv is AllToAll with blocks of any size (lay). send must be at least
 // lay.SrcLen[r] bytes (r: this rank); only those are published. send may be this rank's
@@ -247,11 +186,11 @@ func (d *Direct) AllToAllv(ctx context.Context, turn uint64, send, recv []byte, 
 	if err := d.checkLayout(lay, len(send), len(recv)); err != nil {
 		return err
 	}
-	return d.exchange(ctx, turn, send[:lay.SrcLen[d.t.rank]], recv, sig, lay)
+	return d.exchange(ctx, turn, send[:lay.SrcLen[d.rank]], recv, sig, lay)
 }
 
 func (d *Direct) checkLayout(lay *VLayout, send, recv int) error {
-	p := d.t.size
+	p := d.size
 	if lay == nil || len(lay.RecvOff) != p || len(lay.RecvLen) != p || len(lay.SrcOff) != p || len(lay.SrcLen) != p {
 		return &transport.ArgError{Arg: "layout", Reason: fmt.Sprintf("want %d entries in each of its four lists", p)}
 	}
@@ -265,7 +204,7 @@ func (d *Direct) checkLayout(lay *VLayout, send, recv int) error {
 			return fmt.Errorf("%w: rank %d sends %d bytes, the area holds %d", ErrTooLarge, q, lay.SrcLen[q], d.cap)
 		}
 	}
-	if me := d.t.rank; lay.SrcLen[me] > send {
+	if me := d.rank; lay.SrcLen[me] > send {
 		return &transport.ArgError{Arg: "send", Reason: fmt.Sprintf("%d bytes, the layout sends %d", send, lay.SrcLen[me])}
 	}
 	return nil
@@ -292,7 +231,7 @@ func (d *Direct) AllReduce(ctx context.Context, turn uint64, send, recv []byte, 
 		return fmt.Errorf("%w: %d bytes, the area holds %d", ErrTooLarge, n, d.cap)
 	}
 	// Blocks of whole elements, the last ones shorter (or empty).
-	b := (n/es + d.t.size - 1) / d.t.size * es
+	b := (n/es + d.size - 1) / d.size * es
 	return d.combine(ctx, turn, send, recv, b, true, reduce, sig)
 }
 
@@ -304,8 +243,8 @@ func (d *Direct) ReduceScatter(ctx context.Context, turn uint64, send, recv []by
 	defer func() { d.finish(turn, err) }()
 	n := len(send)
 	switch {
-	case n != d.t.size*len(recv):
-		return &transport.ArgError{Arg: "send", Reason: fmt.Sprintf("%d bytes, want %d ranks x %d (recv)", n, d.t.size, len(recv))}
+	case n != d.size*len(recv):
+		return &transport.ArgError{Arg: "send", Reason: fmt.Sprintf("%d bytes, want %d ranks x %d (recv)", n, d.size, len(recv))}
 	case n > d.cap:
 		return fmt.Errorf("%w: %d bytes, the area holds %d", ErrTooLarge, n, d.cap)
 	}
@@ -321,30 +260,28 @@ func span(q, b, n int) (int, int) {
 // combine runs AllReduce (all: the combined blocks are then exchanged; recv is the whole
 // buffer) and ReduceScatter (recv is this rank's block), arguments checked; b: the block.
 func (d *Direct) combine(ctx context.Context, turn uint64, send, recv []byte, b int, all bool, reduce func(dst, src []byte), sig uint64) error {
-	t := d.t
 	if err := d.awaitTurn(ctx, turn); err != nil {
 		return err
 	}
-	t.directOps.Add(1)
+	d.a.Count(1, 0, 0, 0, 0)
 	d.cur, d.op, d.flag = turn, "reducescatter", areaPublished
 	if all {
 		d.op = "allreduce"
 	}
-	t.life.RLock()
-	defer t.life.RUnlock()
-	if t.closed.Load() {
+	if !d.a.Hold() {
 		return transport.ErrClosed
 	}
+	defer d.a.Release()
 	n := len(send)
-	me, own := t.rank, t.own
+	me := d.rank
 	par := 8 * int(turn&1)
 	off := d.place(turn, n)
-	mine := own.areaData(uint64(off), n)
+	mine := d.data(me, uint64(off), n)
 	memx.Copy(mine, send)
-	atomic.StoreUint64(own.areaU64(areaWhere+par), uint64(off))
-	atomic.StoreUint64(own.areaU64(areaSig+par), sig)
+	atomic.StoreUint64(d.u64(me, areaWhere+par), uint64(off))
+	atomic.StoreUint64(d.u64(me, areaSig+par), sig)
 	target := d.countIn()
-	atomic.StoreUint64(own.areaU64(areaPublished), turn)
+	atomic.StoreUint64(d.u64(me, areaPublished), turn)
 	d.wanted = append(d.wanted[:0], d.order...)
 	if err := d.wait(ctx, areaArrived, target, func() (bool, error) { return d.arrivals(turn, sig, nil) }); err != nil {
 		return err
@@ -356,7 +293,7 @@ func (d *Direct) combine(ctx context.Context, turn uint64, send, recv []byte, b 
 	if all {
 		dst = recv[lo:hi]
 	}
-	for q := 0; q < t.size; q++ {
+	for q := 0; q < d.size; q++ {
 		src := mine
 		if q != me {
 			var err error
@@ -379,7 +316,7 @@ func (d *Direct) combine(ctx context.Context, turn uint64, send, recv []byte, b 
 	copy(mine[lo:hi], dst)
 	d.flag = areaCombined
 	target = d.countIn()
-	atomic.StoreUint64(own.areaU64(areaCombined), turn)
+	atomic.StoreUint64(d.u64(me, areaCombined), turn)
 	d.wanted = append(d.wanted[:0], d.order...)
 	return d.wait(ctx, areaArrived, target, func() (bool, error) {
 		return d.arrivals(turn, sig, func(q int) error {
@@ -405,14 +342,13 @@ func (d *Direct) arrivals(turn, sig uint64, take func(q int) error) (bool, error
 	par := 8 * int(turn&1)
 	k := 0
 	for _, q := range d.wanted {
-		s := d.t.peers[q].seg
-		if atomic.LoadUint64(s.areaU64(d.flag)) < turn {
+		if atomic.LoadUint64(d.u64(q, d.flag)) < turn {
 			d.wanted[k] = q
 			k++
 			continue
 		}
 		if d.flag == areaPublished {
-			if got := atomic.LoadUint64(s.areaU64(areaSig + par)); got != sig {
+			if got := atomic.LoadUint64(d.u64(q, areaSig+par)); got != sig {
 				return false, d.mismatch(q, turn, got, sig)
 			}
 		}
@@ -436,7 +372,7 @@ func (d *Direct) Waiting() []int {
 	}
 	var out []int
 	for _, q := range d.order {
-		if atomic.LoadUint64(d.t.peers[q].seg.areaU64(flag)) < turn {
+		if atomic.LoadUint64(d.u64(q, flag)) < turn {
 			out = append(out, q)
 		}
 	}
@@ -451,9 +387,8 @@ func (d *Direct) mismatch(q int, turn, got, sig uint64) error {
 
 // peerData is the n bytes rank q published for turn in its area.
 func (d *Direct) peerData(q int, turn uint64, n int) ([]byte, error) {
-	s := d.t.peers[q].seg
-	where := atomic.LoadUint64(s.areaU64(areaWhere + 8*int(turn&1)))
-	data := s.areaData(where, n)
+	where := atomic.LoadUint64(d.u64(q, areaWhere+8*int(turn&1)))
+	data := d.data(q, where, n)
 	if data == nil {
 		return nil, &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf(
 			"%w: rank %d published %d bytes at offset %d of its area", transport.ErrProtocol, q, n, where)}
@@ -465,32 +400,29 @@ func (d *Direct) peerData(q int, turn uint64, n int) ([]byte, error) {
 // total bytes long, n bytes, going to dst of recv. lay nil: an AllToAll of total bytes.
 func (d *Direct) block(lay *VLayout, q, total int) (src, n, dst, qtotal int) {
 	if lay == nil {
-		b := total / d.t.size
-		return d.t.rank * b, b, q * b, total
+		b := total / d.size
+		return d.rank * b, b, q * b, total
 	}
 	return lay.SrcOff[q], lay.RecvLen[q], lay.RecvOff[q], lay.SrcLen[q]
 }
 
 // exchange runs an AllToAll (lay nil) or AllToAllv whose arguments were checked.
 func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, sig uint64, lay *VLayout) error {
-	t := d.t
 	if err := d.awaitTurn(ctx, turn); err != nil {
 		return err
 	}
-	t.directOps.Add(1)
+	d.a.Count(1, 0, 0, 0, 0)
 	d.cur, d.op, d.flag = turn, "alltoall", areaPublished
 	if lay != nil {
 		d.op = "alltoallv"
 	}
-	t.life.RLock()
-	defer t.life.RUnlock()
-	if t.closed.Load() {
+	if !d.a.Hold() {
 		return transport.ErrClosed
 	}
-	p := t.size
+	defer d.a.Release()
+	p := d.size
 	n := len(send)
-	me := t.rank
-	own := t.own
+	me := d.rank
 	pull := n > d.cap
 	par := 8 * int(turn&1)
 	// A send buffer in the shared arena is read in place by the others (one copy), at its
@@ -501,21 +433,19 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		if off, ok := obuf.Locate(send); ok {
 			arena = uint64(off) | arenaTag
 			pull = true
-			if atomic.LoadUint64(own.areaU64(areaArenaFD)) == 0 { // the arena's fd never changes
-				atomic.StoreUint64(own.areaU64(areaArenaFD), uint64(obuf.SharedFD()+1))
-			}
+			d.a.ShareArena()
 		}
 	}
-	atomic.StoreUint64(own.areaU64(areaArena+par), arena)
-	d.stream = t.stream > 0 || (t.stream == 0 && d.llc > 0 && d.footprint(n, lay) > d.llc)
+	atomic.StoreUint64(d.u64(me, areaArena+par), arena)
+	d.stream = d.a.Stream() > 0 || (d.a.Stream() == 0 && d.llc > 0 && d.footprint(n, lay) > d.llc)
 	if pull {
 		d.pulled[me]++
 		if n > 0 {
-			atomic.StoreUint64(own.areaU64(areaWhere+par), uint64(uintptr(unsafe.Pointer(&send[0]))))
+			atomic.StoreUint64(d.u64(me, areaWhere+par), uint64(uintptr(unsafe.Pointer(&send[0]))))
 		}
 	} else {
 		off := d.place(turn, n)
-		buf := own.areaData(uint64(off), n)
+		buf := d.data(me, uint64(off), n)
 		if lay == nil {
 			// Block by block, the first ones read first.
 			b := n / p
@@ -525,11 +455,11 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		} else {
 			memx.Copy(buf, send)
 		}
-		atomic.StoreUint64(own.areaU64(areaWhere+par), uint64(off))
+		atomic.StoreUint64(d.u64(me, areaWhere+par), uint64(off))
 	}
-	atomic.StoreUint64(own.areaU64(areaSig+par), sig)
+	atomic.StoreUint64(d.u64(me, areaSig+par), sig)
 	target := d.countIn()
-	atomic.StoreUint64(own.areaU64(areaPublished), turn)
+	atomic.StoreUint64(d.u64(me, areaPublished), turn)
 	if src, bn, dst, _ := d.block(lay, me, n); bn > 0 && &recv[dst] != &send[src] {
 		memx.Copy(recv[dst:dst+bn], send[src:src+bn])
 	}
@@ -545,7 +475,7 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		// collector may hand its memory to someone else while they read.
 		defer runtime.KeepAlive(send)
 		want := uint32(uint64(p-1) * d.pulled[me])
-		reads := own.areaU32(areaReads)
+		reads := d.u32(me, areaReads)
 		if err := d.wait(ctx, areaReads, want, func() (bool, error) { return reached(atomic.LoadUint32(reads), want), nil }); err != nil {
 			return err
 		}
@@ -566,7 +496,7 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 // it does not stream.
 func (d *Direct) footprint(n int, lay *VLayout) int {
 	if lay == nil {
-		return 2 * d.t.size * n
+		return 2 * d.size * n
 	}
 	total := 0
 	for _, l := range lay.SrcLen {
@@ -583,7 +513,7 @@ func (d *Direct) footprint(n int, lay *VLayout) int {
 // would wake the rank that sleeps on it.
 func (d *Direct) countIn() uint32 {
 	d.phases++
-	target := uint32(uint64(d.t.size-1) * d.phases)
+	target := uint32(uint64(d.size-1) * d.phases)
 	for _, q := range d.order {
 		d.bump(q, areaArrived, target)
 	}
@@ -592,9 +522,9 @@ func (d *Direct) countIn() uint32 {
 
 // place picks where in the data space operation turn puts its n bytes (see the layout).
 func (d *Direct) place(turn uint64, n int) int {
-	space := 3 * d.t.own.areaCap
+	space := len(d.a.Area(d.rank)) - transport.AreaHeader // 3 x this rank's capacity
 	var off int
-	if d.t.rewind {
+	if d.a.Rewind() {
 		off = int(turn&1) * (space / 2 &^ 63) // each half holds areaCap: 3/2 cap >= cap
 	} else if off = d.end; off+n > space {
 		// From the start: the previous operation's data, at most areaCap bytes, ends
@@ -611,9 +541,8 @@ func reached(v, target uint32) bool { return int32(v-target) >= 0 }
 // bump adds one to rank q's counter at off, and wakes q if that completes target and q
 // sleeps.
 func (d *Direct) bump(q, off int, target uint32) {
-	s := d.t.peers[q].seg
-	if atomic.AddUint32(s.areaU32(off), 1) == target && atomic.LoadUint32(s.areaU32(areaSleeping)) != 0 {
-		futexWakeAll(s.areaU32(off))
+	if atomic.AddUint32(d.u32(q, off), 1) == target && atomic.LoadUint32(d.u32(q, areaSleeping)) != 0 {
+		d.a.Wake(d.u32(q, off))
 	}
 }
 
@@ -621,14 +550,14 @@ func (d *Direct) bump(q, off int, target uint32) {
 // policy says so, on this rank's counter at off until it reaches target (and every few
 // milliseconds looking at ctx, the transport and the peers still wanted).
 func (d *Direct) wait(ctx context.Context, off int, target uint32, cond func() (bool, error)) error {
-	t := d.t
-	word := t.own.areaU32(off)
-	sleeping := t.own.areaU32(areaSleeping)
-	var checked int64
+	word := d.u32(d.rank, off)
+	sleeping := d.u32(d.rank, areaSleeping)
+	poller := d.a.Poller()
+	var checked time.Time
 	for {
-		spin := t.poller.Begin()
+		spin := poller.Begin()
 		if d.procs {
-			spin = t.poller.BeginProcess()
+			spin = poller.BeginProcess()
 		}
 		for {
 			done, err := cond()
@@ -642,10 +571,11 @@ func (d *Direct) wait(ctx context.Context, off int, target uint32, cond func() (
 				// at ctx and at the peers' liveness.
 				atomic.StoreUint32(sleeping, 1)
 				if v := atomic.LoadUint32(word); !reached(v, target) && ctx.Err() == nil {
-					t.directParks.Add(1)
-					if t.park(word, v, int64(2*time.Millisecond)) {
-						t.directTimeouts.Add(1)
+					timedOut := uint64(0)
+					if d.a.Park(word, v, 2*time.Millisecond) {
+						timedOut = 1
 					}
+					d.a.Count(0, 1, timedOut, 0, 0)
 				} else {
 					busypoll.OSYield() // counted in, about to publish: let it
 				}
@@ -657,10 +587,10 @@ func (d *Direct) wait(ctx context.Context, off int, target uint32, cond func() (
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if t.closed.Load() {
+		if d.a.Closed() {
 			return transport.ErrClosed
 		}
-		if now := nanotime(); now-checked > int64(5*time.Millisecond) {
+		if now := time.Now(); now.Sub(checked) > 5*time.Millisecond {
 			checked = now
 			// Look once more first: a peer that published, found something wrong
 			// (a mismatch) and closed is not missing, and its publication says why.
@@ -678,11 +608,9 @@ func (d *Direct) wait(ctx context.Context, off int, target uint32, cond func() (
 // place from q's send buffer in its shared arena, or read across from its send buffer
 // (counting the read at q for the last two).
 func (d *Direct) take(q int, turn uint64, recv []byte, total int, lay *VLayout) error {
-	p := d.t.peers[q]
-	s := p.seg
 	src, n, at, qtotal := d.block(lay, q, total)
 	dst := recv[at : at+n]
-	arena := atomic.LoadUint64(s.areaU64(areaArena + 8*int(turn&1)))
+	arena := atomic.LoadUint64(d.u64(q, areaArena+8*int(turn&1)))
 	if arena == 0 && qtotal <= d.cap {
 		data, err := d.peerData(q, turn, qtotal)
 		if err != nil {
@@ -691,11 +619,11 @@ func (d *Direct) take(q int, turn uint64, recv []byte, total int, lay *VLayout) 
 		memx.Copy(dst, data[src:src+n])
 		return nil
 	}
-	where := atomic.LoadUint64(s.areaU64(areaWhere + 8*int(turn&1)))
+	where := atomic.LoadUint64(d.u64(q, areaWhere+8*int(turn&1)))
 	d.pulled[q]++
 	var data []byte // in place, when q's buffer is in its arena and this rank can map it
 	if arena != 0 && n > 0 {
-		data = p.arenaData(arena&^arenaTag+uint64(src), n)
+		data = d.a.ArenaData(q, arena&^arenaTag+uint64(src), n)
 	}
 	switch {
 	case data != nil:
@@ -704,14 +632,14 @@ func (d *Direct) take(q int, turn uint64, recv []byte, total int, lay *VLayout) 
 		} else {
 			memx.Copy(dst, data)
 		}
-		d.t.sharedBytes.Add(uint64(n))
+		d.a.Count(0, 0, 0, uint64(n), 0)
 	case n > 0:
-		if err := cmaRead(p.pid, dst, where+uint64(src), &d.liov, &d.riov); err != nil {
+		if err := d.a.ReadAcross(q, dst, where+uint64(src)); err != nil {
 			return &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf("%w: reading rank %d's buffer: %v", transport.ErrPeerClosed, q, err)}
 		}
-		d.t.cmaBytes.Add(uint64(n))
+		d.a.Count(0, 0, 0, 0, uint64(n))
 	}
-	d.bump(q, areaReads, uint32(uint64(d.t.size-1)*d.pulled[q]))
+	d.bump(q, areaReads, uint32(uint64(d.size-1)*d.pulled[q]))
 	return nil
 }
 
@@ -720,15 +648,11 @@ func (d *Direct) take(q int, turn uint64, recv []byte, total int, lay *VLayout) 
 // its segment says it closed.
 func (d *Direct) checkPeers() error {
 	for _, q := range d.wanted {
-		p := d.t.peers[q]
-		if atomic.LoadUint64(p.seg.areaU64(d.flag)) >= d.cur {
+		if atomic.LoadUint64(d.u64(q, d.flag)) >= d.cur {
 			continue // raised its flag after all: the next look takes it
 		}
-		if p.seg.state() == stateClosed {
-			return &transport.PeerError{Rank: q, Op: d.op, Err: fmt.Errorf("%w: closed", transport.ErrPeerClosed)}
-		}
-		if p.isDead() {
-			return p.peerErr(d.op)
+		if err := d.a.PeerGone(q, d.op); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -736,7 +660,7 @@ func (d *Direct) checkPeers() error {
 
 // ErrBroken is returned by the operations after one that failed: the ranks may no longer
 // agree on which operation is which.
-var ErrBroken = errors.New("shm: an earlier shared-area operation failed")
+var ErrBroken = errors.New("coll: an earlier shared-area operation failed")
 
 // awaitTurn waits until the operations before turn have finished (only operations
 // issued without waiting for the previous ones queue here).
@@ -747,7 +671,7 @@ func (d *Direct) awaitTurn(ctx context.Context, turn uint64) error {
 			return ErrBroken
 		case ctx.Err() != nil:
 			return ctx.Err()
-		case d.t.closed.Load():
+		case d.a.Closed():
 			return transport.ErrClosed
 		}
 		time.Sleep(20 * time.Microsecond)
