@@ -392,95 +392,10 @@ func Coalesce(ctx context.Context, c *coll.Comm, o CoalesceOpts, procRank bool) 
 	for i := range x {
 		x[i] = payloadByte(me, i)
 	}
-	tr := c.Transport()
-	reqs := make([]transport.Request, 0, 2*maxOut+2*maxIn)
+	sc := &coalesceScenario{c: c, cp: cp, x: x, send: sendB.Bytes(), recv: recvB.Bytes(), reqs: make([]transport.Request, 0, 2*maxOut+2*maxIn)}
 	for wi := range ways {
-		w := &ways[wi]
-		outs, ins := cp.sizes(w.Way, w.ChunkBytes)
-		var msgs, bytes int64
-		for q := 0; q < p; q++ {
-			msgs += int64(len(outs[q]))
-			for _, n := range outs[q] {
-				bytes += int64(n)
-			}
-		}
-		times := make([]float64, o.Iters)
-		var cpu0 time.Duration
-		var sys0, fr0 uint64
-		for it := -o.Warmup; it < o.Iters; it++ {
-			if err := coll.Barrier(ctx, c); err != nil {
-				return nil, err
-			}
-			if it == 0 {
-				cpu0 = cpuTime()
-				sys0, fr0 = transportCounters(tr)
-			}
-			tag := transport.Tag{Comm: 0x636f616c, Seq: uint32(wi<<16 | (it+o.Warmup)&0xffff)} // a private tag space
-			start := time.Now()
-			cp.pack(w.Way, sendB.Bytes(), x)
-			reqs = reqs[:0]
-			off := 0
-			for q := 0; q < p; q++ {
-				for i, n := range ins[q] {
-					tag.Tag = uint32(i)
-					rq, err := tr.Irecv(c.WorldRank(q), tag, recvB.Bytes()[off:off+n])
-					if err != nil {
-						return nil, err
-					}
-					reqs = append(reqs, rq)
-					off += n
-				}
-			}
-			off = 0
-			for q := 0; q < p; q++ {
-				for i, n := range outs[q] {
-					tag.Tag = uint32(i)
-					rq, err := tr.Isend(c.WorldRank(q), tag, sendB.Bytes()[off:off+n])
-					if err != nil {
-						return nil, err
-					}
-					reqs = append(reqs, rq)
-					off += n
-				}
-			}
-			if err := transport.WaitAll(ctx, reqs...); err != nil {
-				return nil, err
-			}
-			if it >= 0 {
-				times[it] = time.Since(start).Seconds()
-			}
-		}
-		sys1, fr1 := transportCounters(tr)
-		wrong := 0
-		off := 0
-		for q := 0; q < p; q++ {
-			n := 0
-			for _, k := range ins[q] {
-				n += k
-			}
-			wrong += checkRows(recvB.Bytes()[off:off+n], res.RowBytes, q)
-			off += n
-		}
-		cpu := (cpuTime() - cpu0).Seconds()
-		if !procRank {
-			cpu = 0
-		}
-		sums := []float64{float64(msgs), float64(bytes), float64(sys1 - sys0), float64(fr1 - fr0), cpu, float64(wrong)}
-		if err := coll.AllReduce(ctx, c, nil, sums, dtype.Sum); err != nil {
+		if err := sc.run(ctx, wi, &ways[wi], o, res.RowBytes, procRank); err != nil {
 			return nil, err
-		}
-		if err := coll.AllReduce(ctx, c, nil, times, dtype.Max); err != nil {
-			return nil, err
-		}
-		it := float64(o.Iters)
-		w.Messages, w.Bytes = int64(sums[0]), int64(sums[1])
-		w.Syscalls, w.Frames, w.Wrong = sums[2]/it, sums[3]/it, int(sums[5])
-		if w.Bytes > 0 {
-			w.CPUSecGB = sums[4] / (float64(w.Bytes) * it / 1e9)
-		}
-		w.P50US, w.P99US = percentile(times, 0.5)*1e6, percentile(times, 0.99)*1e6
-		if w.P50US > 0 {
-			w.TokensPerS = float64(o.Tokens*p) / (w.P50US / 1e6)
 		}
 		if me == 0 && o.Progress != nil {
 			o.Progress(wi+1, len(ways))
@@ -489,6 +404,121 @@ func Coalesce(ctx context.Context, c *coll.Comm, o CoalesceOpts, procRank bool) 
 	res.Rows = ways
 	res.RecommendedChunk, res.Reason = recommendChunk(ways)
 	return res, nil
+}
+
+// coalesceScenario is one way of sending the dispatch's rows, as a Scenario: a step
+// packs this rank's rows and moves them in that way's messages.
+type coalesceScenario struct {
+	c          *coll.Comm
+	cp         *coalescePlan
+	x          []byte
+	send, recv []byte
+	reqs       []transport.Request
+	// The way being run: its index, name and chunk, its messages' sizes, and the
+	// counters at its first timed step.
+	wi        int
+	way       *CoalesceRow
+	outs, ins [][]int
+	cpu0      time.Duration
+	sys0, fr0 uint64
+}
+
+func (sc *coalesceScenario) Stages() []string { return []string{"exchange"} }
+
+func (sc *coalesceScenario) Step(ctx context.Context, it int, rec []float64) error {
+	c, tr := sc.c, sc.c.Transport()
+	p := c.Size()
+	if it == 0 && rec != nil {
+		sc.cpu0 = cpuTime()
+		sc.sys0, sc.fr0 = transportCounters(tr)
+	}
+	tag := transport.Tag{Comm: 0x636f616c, Seq: uint32(sc.wi<<16 | (it+1<<15)&0xffff)} // a private tag space
+	start := time.Now()
+	sc.cp.pack(sc.way.Way, sc.send, sc.x)
+	sc.reqs = sc.reqs[:0]
+	off := 0
+	for q := 0; q < p; q++ {
+		for i, n := range sc.ins[q] {
+			tag.Tag = uint32(i)
+			rq, err := tr.Irecv(c.WorldRank(q), tag, sc.recv[off:off+n])
+			if err != nil {
+				return err
+			}
+			sc.reqs = append(sc.reqs, rq)
+			off += n
+		}
+	}
+	off = 0
+	for q := 0; q < p; q++ {
+		for i, n := range sc.outs[q] {
+			tag.Tag = uint32(i)
+			rq, err := tr.Isend(c.WorldRank(q), tag, sc.send[off:off+n])
+			if err != nil {
+				return err
+			}
+			sc.reqs = append(sc.reqs, rq)
+			off += n
+		}
+	}
+	if err := transport.WaitAll(ctx, sc.reqs...); err != nil {
+		return err
+	}
+	if rec != nil {
+		rec[0] = time.Since(start).Seconds()
+	}
+	return nil
+}
+
+// run times way w (index wi) and fills its row: messages, bytes, system calls, frames,
+// CPU per GB (where procRank: one rank a process counts it), p50, p99 and rows that
+// arrived wrong.
+func (sc *coalesceScenario) run(ctx context.Context, wi int, w *CoalesceRow, o CoalesceOpts, rowBytes int, procRank bool) error {
+	c := sc.c
+	p := c.Size()
+	sc.wi, sc.way = wi, w
+	sc.outs, sc.ins = sc.cp.sizes(w.Way, w.ChunkBytes)
+	var msgs, bytes int64
+	for q := 0; q < p; q++ {
+		msgs += int64(len(sc.outs[q]))
+		for _, n := range sc.outs[q] {
+			bytes += int64(n)
+		}
+	}
+	tm, err := Time(ctx, c, sc, TimeOpts{Warmup: o.Warmup, Iters: o.Iters, Barrier: true})
+	if err != nil {
+		return err
+	}
+	sys1, fr1 := transportCounters(c.Transport())
+	wrong := 0
+	off := 0
+	for q := 0; q < p; q++ {
+		n := 0
+		for _, k := range sc.ins[q] {
+			n += k
+		}
+		wrong += checkRows(sc.recv[off:off+n], rowBytes, q)
+		off += n
+	}
+	cpu := (cpuTime() - sc.cpu0).Seconds()
+	if !procRank {
+		cpu = 0
+	}
+	sums := []float64{float64(msgs), float64(bytes), float64(sys1 - sc.sys0), float64(fr1 - sc.fr0), cpu, float64(wrong)}
+	if err := coll.AllReduce(ctx, c, nil, sums, dtype.Sum); err != nil {
+		return err
+	}
+	it := float64(o.Iters)
+	w.Messages, w.Bytes = int64(sums[0]), int64(sums[1])
+	w.Syscalls, w.Frames, w.Wrong = sums[2]/it, sums[3]/it, int(sums[5])
+	if w.Bytes > 0 {
+		w.CPUSecGB = sums[4] / (float64(w.Bytes) * it / 1e9)
+	}
+	st := tm.Stage(0)
+	w.P50US, w.P99US = st.P50US, st.P99US
+	if w.P50US > 0 {
+		w.TokensPerS = float64(o.Tokens*p) / (w.P50US / 1e6)
+	}
+	return nil
 }
 
 // recommendChunk picks, among the fused way and the chunk sizes that do split it, the

@@ -182,70 +182,22 @@ func EPLB(ctx context.Context, c *coll.Comm, o EPLBOpts) (*EPLBResult, error) {
 	if err := open(pl); err != nil {
 		return nil, err
 	}
-	zr := newZipfRouter(cfg.Experts, cfg.TopK, o.Skew, o.Seed)
-	rng := rand.New(rand.NewPCG(o.Seed, uint64(me)))
-	r := &router.Routing{}
-	x := make([]float32, o.Tokens*cfg.Hidden)
-	for i := range x {
-		x[i] = float32(i%97) / 97
+	sc := &eplbScenario{o: o, c: c, hid: cfg.Hidden, bal: bal, pl: pl, rec: rec, open: open, zr: newZipfRouter(cfg.Experts, cfg.TopK, o.Skew, o.Seed),
+		rng: rand.New(rand.NewPCG(o.Seed, uint64(me))), r: &router.Routing{}, x: make([]float32, o.Tokens*cfg.Hidden), rows: make([]int64, o.Steps*p)}
+	for i := range sc.x {
+		sc.x[i] = float32(i%97) / 97
 	}
-	out := make([]float32, len(x))
-	var y []float32
-	// Per step: the time (then the slowest rank's) and this rank's rows (then every rank's).
-	times := make([]float64, o.Steps)
-	rows := make([]int64, o.Steps*p)
-	var rebalanceS float64
+	sc.out = make([]float32, len(sc.x))
+	sc.stages = func() (*dispatch.Dispatcher[float32], *combine.Combiner[float32]) { return d, cb }
 	res := &EPLBResult{Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), TokensPerRank: o.Tokens,
 		Skew: o.Skew, Slots: bal.Slots, ExpertUS: o.ExpertUS, Every: o.Every}
-	for i := 0; i < o.Steps; i++ {
-		if i > 0 && i%o.Every == 0 {
-			t0 := time.Now()
-			load, err := rec.Gather(ctx, c)
-			if err != nil {
-				return nil, err
-			}
-			bal.Prefer = pl
-			if pl, err = router.Rebalance(load[0], p, bal); err != nil {
-				return nil, err
-			}
-			if err := open(pl); err != nil {
-				return nil, err
-			}
-			rec.Reset()
-			rebalanceS += time.Since(t0).Seconds()
-			res.Rebalances++
-			res.Planned = plannedImbalance(pl, load[0])
-		}
-		zr.route(r, rng, o.Tokens)
-		if err := coll.Barrier(ctx, c); err != nil {
-			return nil, err
-		}
-		t0 := time.Now()
-		dout, h, err := d.Dispatch(ctx, x, r)
-		if err != nil {
-			return nil, err
-		}
-		n := 0
-		for _, k := range dout.Counts {
-			n += k
-		}
-		rows[i*p+me] = int64(n)
-		if o.ExpertUS > 0 {
-			time.Sleep(time.Duration(float64(n) * o.ExpertUS * float64(time.Microsecond)))
-		}
-		y = grow(y, dout.Rows()*cfg.Hidden)
-		if err := cb.Combine(ctx, h, y, out); err != nil {
-			return nil, err
-		}
-		times[i] = time.Since(t0).Seconds()
-		if err := rec.Record(0, h, dout.Counts); err != nil {
-			return nil, err
-		}
-	}
-	reb := []float64{rebalanceS}
-	if err := coll.AllReduce(ctx, c, nil, times, dtype.Max); err != nil {
+	tm, err := Time(ctx, c, sc, TimeOpts{Iters: o.Steps})
+	if err != nil {
 		return nil, err
 	}
+	times, rows, pl := tm.Column(0), sc.rows, sc.pl
+	res.Rebalances, res.Planned = sc.rebalances, sc.planned
+	reb := []float64{sc.rebalanceS}
 	if err := coll.AllReduce(ctx, c, nil, reb, dtype.Max); err != nil {
 		return nil, err
 	}
@@ -296,6 +248,86 @@ func EPLB(ctx context.Context, c *coll.Comm, o EPLBOpts) (*EPLBResult, error) {
 		}
 	}
 	return res, nil
+}
+
+// eplbScenario is the serving loop under a skewed load: every Every steps the load
+// recorded so far rebalances the placement (untimed: rebalanceS), then a step is timed,
+// dispatch to combine, with experts that take ExpertUS a row.
+type eplbScenario struct {
+	o          EPLBOpts
+	c          *coll.Comm
+	hid        int
+	bal        router.Balance
+	pl         *router.Placement
+	rec        *dispatch.LoadRecorder
+	open       func(*router.Placement) error
+	stages     func() (*dispatch.Dispatcher[float32], *combine.Combiner[float32])
+	zr         *zipfRouter
+	rng        *rand.Rand
+	r          *router.Routing
+	x, out, y  []float32
+	rows       []int64 // per step and rank: the rows this rank's experts took
+	rebalanceS float64
+	rebalances int
+	planned    float64
+}
+
+func (sc *eplbScenario) Stages() []string { return []string{"step"} }
+
+func (sc *eplbScenario) Step(ctx context.Context, i int, rec []float64) error {
+	c, o := sc.c, sc.o
+	if i > 0 && i%o.Every == 0 {
+		if err := sc.rebalance(ctx); err != nil {
+			return err
+		}
+	}
+	sc.zr.route(sc.r, sc.rng, o.Tokens)
+	if err := coll.Barrier(ctx, c); err != nil {
+		return err
+	}
+	d, cb := sc.stages()
+	t0 := time.Now()
+	dout, h, err := d.Dispatch(ctx, sc.x, sc.r)
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, k := range dout.Counts {
+		n += k
+	}
+	sc.rows[i*c.Size()+c.Rank()] = int64(n)
+	if o.ExpertUS > 0 {
+		time.Sleep(time.Duration(float64(n) * o.ExpertUS * float64(time.Microsecond)))
+	}
+	sc.y = grow(sc.y, dout.Rows()*sc.hid)
+	if err := cb.Combine(ctx, h, sc.y, sc.out); err != nil {
+		return err
+	}
+	if rec != nil {
+		rec[0] = time.Since(t0).Seconds()
+	}
+	return sc.rec.Record(0, h, dout.Counts)
+}
+
+// rebalance gathers the recorded load, places the experts anew and remakes the stages.
+func (sc *eplbScenario) rebalance(ctx context.Context) error {
+	t0 := time.Now()
+	load, err := sc.rec.Gather(ctx, sc.c)
+	if err != nil {
+		return err
+	}
+	sc.bal.Prefer = sc.pl
+	if sc.pl, err = router.Rebalance(load[0], sc.c.Size(), sc.bal); err != nil {
+		return err
+	}
+	if err := sc.open(sc.pl); err != nil {
+		return err
+	}
+	sc.rec.Reset()
+	sc.rebalanceS += time.Since(t0).Seconds()
+	sc.rebalances++
+	sc.planned = plannedImbalance(sc.pl, load[0])
+	return nil
 }
 
 // plannedImbalance is the rank imbalance that pl gives load if replicas share it evenly.

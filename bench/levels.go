@@ -11,6 +11,7 @@ import (
 	"github.com/moex-ai/moex/combine"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/models"
+	"github.com/moex-ai/moex/router"
 )
 
 // LevelsResult is one run of `moex bench moe --levels`: the MoE step across hosts, flat
@@ -74,19 +75,8 @@ func Levels(ctx context.Context, c *coll.Comm, o MoEOpts, levels string) (*Level
 	default:
 		return nil, fmt.Errorf("bench: levels %q (want flat, two or auto)", levels)
 	}
-	r := plan.Routing(me)
-	x := models.Floats(cfg.Tokens(o.Seed, me, o.Tokens))
-	out := make([]float32, len(x))
-	var y []float32
-	identity := func(do *dispatch.Output[float32]) {
-		y = grow(y, do.Rows()*cfg.Hidden)
-		for j := 0; j < do.Rows(); j++ {
-			if e := do.Entry(j); e != nil {
-				copy(y[j*cfg.Hidden:], e)
-			}
-		}
-	}
-	var step func(rec []float64) error
+	sc := &levelsScenario{r: plan.Routing(me), x: models.Floats(cfg.Tokens(o.Seed, me, o.Tokens)), hid: cfg.Hidden}
+	sc.out = make([]float32, len(sc.x))
 	if two {
 		d, err := dispatch.NewTwoLevel[float32](ctx, c, dcfg)
 		if err != nil {
@@ -98,20 +88,9 @@ func Levels(ctx context.Context, c *coll.Comm, o MoEOpts, levels string) (*Level
 			return nil, err
 		}
 		defer cb.Close()
-		step = func(rec []float64) error {
-			t0 := time.Now()
-			do, h, err := d.Dispatch(ctx, x, r)
-			if err != nil {
-				return err
-			}
-			t1 := time.Now()
-			identity(do)
-			t2 := time.Now()
-			if err := cb.Combine(ctx, h, y, out); err != nil {
-				return err
-			}
-			rec[0], rec[1] = t1.Sub(t0).Seconds(), time.Since(t2).Seconds()
-			return nil
+		sc.dispatch = func(ctx context.Context) (*dispatch.Output[float32], func() error, error) {
+			do, h, err := d.Dispatch(ctx, sc.x, sc.r)
+			return do, func() error { return cb.Combine(ctx, h, sc.y, sc.out) }, err
 		}
 	} else {
 		d, err := dispatch.New[float32](ctx, c, dcfg)
@@ -124,42 +103,17 @@ func Levels(ctx context.Context, c *coll.Comm, o MoEOpts, levels string) (*Level
 			return nil, err
 		}
 		defer cb.Close()
-		step = func(rec []float64) error {
-			t0 := time.Now()
-			do, h, err := d.Dispatch(ctx, x, r)
-			if err != nil {
-				return err
-			}
-			t1 := time.Now()
-			identity(do)
-			t2 := time.Now()
-			if err := cb.Combine(ctx, h, y, out); err != nil {
-				return err
-			}
-			rec[0], rec[1] = t1.Sub(t0).Seconds(), time.Since(t2).Seconds()
-			return nil
-		}
-	}
-	var scratch [2]float64
-	for i := 0; i < 2; i++ {
-		if err := step(scratch[:]); err != nil {
-			return nil, err
+		sc.dispatch = func(ctx context.Context) (*dispatch.Output[float32], func() error, error) {
+			do, h, err := d.Dispatch(ctx, sc.x, sc.r)
+			return do, func() error { return cb.Combine(ctx, h, sc.y, sc.out) }, err
 		}
 	}
 	iters := o.Iters
 	if iters <= 0 {
 		iters = 10
 	}
-	times := make([]float64, 2*iters)
-	for i := 0; i < iters; i++ {
-		if err := coll.Barrier(ctx, c); err != nil {
-			return nil, err
-		}
-		if err := step(times[2*i : 2*i+2]); err != nil {
-			return nil, err
-		}
-	}
-	if err := coll.AllReduce(ctx, c, nil, times, dtype.Max); err != nil {
+	tm, err := Time(ctx, c, sc, TimeOpts{Warmup: 2, Iters: iters, Barrier: true})
+	if err != nil {
 		return nil, err
 	}
 	if me != 0 {
@@ -181,15 +135,45 @@ func Levels(ctx context.Context, c *coll.Comm, o MoEOpts, levels string) (*Level
 	res.AcrossBytes = tr.DispatchAcross + tr.CombineAcross
 	res.DispatchAcross = tr.DispatchAcross
 	res.WithinBytes = tr.DispatchWithin + tr.CombineWithin
-	d, cmb := make([]float64, iters), make([]float64, iters)
-	step2 := 0.0
-	for i := 0; i < iters; i++ {
-		d[i], cmb[i] = times[2*i], times[2*i+1]
-		step2 += d[i] + cmb[i]
-	}
-	res.DispatchP50, res.CombineP50 = percentile(d, 0.5)*1e6, percentile(cmb, 0.5)*1e6
-	res.StepUS = step2 / float64(iters) * 1e6
+	res.DispatchP50, res.CombineP50 = tm.Stage(0).P50US, tm.Stage(1).P50US
+	res.StepUS = mean(tm.Steps()) * 1e6
 	return res, nil
+}
+
+// levelsScenario is the flat or two-level step with identity experts: the dispatch and
+// the combine timed apart.
+type levelsScenario struct {
+	r      *router.Routing
+	x, out []float32
+	y      []float32
+	hid    int
+	// dispatch runs the dispatch and returns its output and the combine to run after.
+	dispatch func(ctx context.Context) (*dispatch.Output[float32], func() error, error)
+}
+
+func (sc *levelsScenario) Stages() []string { return []string{"dispatch", "combine"} }
+
+func (sc *levelsScenario) Step(ctx context.Context, _ int, rec []float64) error {
+	t0 := time.Now()
+	do, combineFn, err := sc.dispatch(ctx)
+	if err != nil {
+		return err
+	}
+	t1 := time.Now()
+	sc.y = grow(sc.y, do.Rows()*sc.hid)
+	for j := 0; j < do.Rows(); j++ {
+		if e := do.Entry(j); e != nil {
+			copy(sc.y[j*sc.hid:], e)
+		}
+	}
+	t2 := time.Now()
+	if err := combineFn(); err != nil {
+		return err
+	}
+	if rec != nil {
+		rec[0], rec[1] = t1.Sub(t0).Seconds(), time.Since(t2).Seconds()
+	}
+	return nil
 }
 
 // PrintLevels writes the runs as a table, and each two-level run's speed-up over the

@@ -47,6 +47,7 @@ type RecoverResult struct {
 	Tokens      int     `json:"tokens_per_rank"`
 	WeightBytes int     `json:"weight_bytes"`
 	Moves       int     `json:"expert_moves"`
+	StepUS      float64 `json:"step_us"`       // a step before the death (the slowest rank's)
 	DetectUS    float64 `json:"detect_us"`     // the step that fails, naming the victim
 	ShrinkUS    float64 `json:"shrink_us"`     // Comm.Shrink
 	RecoverUS   float64 `json:"recover_us"`    // dispatch.Recover: rebalance, weights moved
@@ -81,70 +82,37 @@ func Recover(ctx context.Context, c *coll.Comm, o RecoverOpts, kill func()) (*co
 		ws[e] = make([]byte, o.WeightBytes)
 		ws[e][0] = byte(e)
 	}
-	dcfg := dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Mode: o.Mode, MaxTokens: max(o.Tokens, 1)}
-	zr := newZipfRouter(cfg.Experts, cfg.TopK, 0, o.Seed)
-	rng := rand.New(rand.NewPCG(o.Seed, uint64(me)))
-	r := &router.Routing{}
-	x := make([]float32, o.Tokens*cfg.Hidden)
-	for i := range x {
-		x[i] = float32(i%97) / 97
+	sc := &recoverScenario{ctx: ctx, me: me, hid: cfg.Hidden, tokens: o.Tokens, zr: newZipfRouter(cfg.Experts, cfg.TopK, 0, o.Seed),
+		rng: rand.New(rand.NewPCG(o.Seed, uint64(me))), r: &router.Routing{}, x: make([]float32, o.Tokens*cfg.Hidden), ws: ws,
+		dcfg: dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Mode: o.Mode, MaxTokens: max(o.Tokens, 1)}}
+	for i := range sc.x {
+		sc.x[i] = float32(i%97) / 97
 	}
-	out := make([]float32, len(x))
-	var y []float32
-	// step serves one step on comm under placement pl and checks that every token came
-	// back whole (identity experts, weights summing to 1).
-	step := func(d *dispatch.Dispatcher[float32], cb *combine.Combiner[float32], ws map[int][]byte) error {
-		zr.route(r, rng, o.Tokens)
-		dout, h, err := d.Dispatch(ctx, x, r)
-		if err != nil {
-			return err
-		}
-		y = grow(y, dout.Rows()*cfg.Hidden)
-		for j := 0; j < dout.Rows(); j++ {
-			if dout.Origin[j] < 0 {
-				continue
-			}
-			if w, ok := ws[int(dout.Expert[j])]; !ok || w[0] != byte(dout.Expert[j]) {
-				return fmt.Errorf("bench: rank %d got rows for expert %d, whose weights it does not hold", me, dout.Expert[j])
-			}
-			copy(y[j*cfg.Hidden:(j+1)*cfg.Hidden], dout.Entry(j))
-		}
-		if err := cb.Combine(ctx, h, y, out); err != nil {
-			return err
-		}
-		for i, v := range out {
-			if d := math.Abs(float64(v - x[i])); d > 0.02*math.Abs(float64(x[i]))+1e-3 {
-				return fmt.Errorf("bench: token %d element %d came back as %v, want %v", i/cfg.Hidden, i%cfg.Hidden, v, x[i])
-			}
-		}
-		return nil
-	}
-	open := func(c *coll.Comm, pl *router.Placement) (*dispatch.Dispatcher[float32], *combine.Combiner[float32], error) {
-		dcfg.Placement = pl
-		d, err := dispatch.New[float32](ctx, c, dcfg)
-		if err != nil {
-			return nil, nil, err
-		}
-		cb, err := combine.New[float32](ctx, d, combine.Config{})
-		if err != nil {
-			d.Close()
-			return nil, nil, err
-		}
-		return d, cb, nil
-	}
-	d, cb, err := open(c, pl)
-	if err != nil {
+	sc.out = make([]float32, len(sc.x))
+	if err := sc.open(c, pl); err != nil {
 		return c, nil, err
 	}
-	for i := 0; i < o.Steps && err == nil; i++ {
-		err = step(d, cb, ws)
-	}
+	// The steps before the death, the last one timed.
+	tm, err := Time(ctx, c, sc, TimeOpts{Warmup: o.Steps - 1, Iters: 1, Barrier: true})
 	if err == nil {
 		err = coll.Barrier(ctx, c)
 	}
 	if me == o.Victim && err == nil {
 		kill()
 		return c, nil, errors.New("bench: the victim outlived its kill")
+	}
+	before := 0.0 // a step's time before the death
+	if tm != nil {
+		before = tm.Stage(0).MeanUS
+	}
+	d, cb := sc.d, sc.cb
+	step := func(d *dispatch.Dispatcher[float32], cb *combine.Combiner[float32], ws map[int][]byte) error {
+		sc.d, sc.cb, sc.ws = d, cb, ws
+		return sc.Step(ctx, 0, nil)
+	}
+	open := func(c *coll.Comm, pl *router.Placement) (*dispatch.Dispatcher[float32], *combine.Combiner[float32], error) {
+		err := sc.open(c, pl)
+		return sc.d, sc.cb, err
 	}
 	t0 := time.Now()
 	if err == nil { // the death shows in the barrier or in this step
@@ -195,8 +163,74 @@ func Recover(ctx context.Context, c *coll.Comm, o RecoverOpts, kill func()) (*co
 		return sub, nil, nil
 	}
 	return sub, &RecoverResult{Model: cfg.Name, Transport: c.Transport().Name(), Mode: o.Mode.String(), Ranks: p, Victim: o.Victim,
-		Tokens: o.Tokens, WeightBytes: o.WeightBytes, Moves: len(moves),
+		Tokens: o.Tokens, WeightBytes: o.WeightBytes, Moves: len(moves), StepUS: before,
 		DetectUS: times[0] * 1e6, ShrinkUS: times[1] * 1e6, RecoverUS: times[2] * 1e6, FirstStepUS: times[3] * 1e6}, nil
+}
+
+// recoverScenario serves steps on a dispatcher and combiner and checks that every token
+// came back whole (identity experts, weights summing to 1).
+type recoverScenario struct {
+	ctx       context.Context
+	me, hid   int
+	tokens    int
+	zr        *zipfRouter
+	rng       *rand.Rand
+	r         *router.Routing
+	x, out, y []float32
+	ws        map[int][]byte // the weights of the experts this rank holds
+	dcfg      dispatch.Config
+	d         *dispatch.Dispatcher[float32]
+	cb        *combine.Combiner[float32]
+}
+
+// open makes the stages on c under placement pl.
+func (sc *recoverScenario) open(c *coll.Comm, pl *router.Placement) error {
+	sc.dcfg.Placement = pl
+	d, err := dispatch.New[float32](sc.ctx, c, sc.dcfg)
+	if err != nil {
+		return err
+	}
+	cb, err := combine.New[float32](sc.ctx, d, combine.Config{})
+	if err != nil {
+		d.Close()
+		return err
+	}
+	sc.d, sc.cb = d, cb
+	return nil
+}
+
+func (sc *recoverScenario) Stages() []string { return []string{"step"} }
+
+func (sc *recoverScenario) Step(ctx context.Context, _ int, rec []float64) error {
+	t0 := time.Now()
+	hid := sc.hid
+	sc.zr.route(sc.r, sc.rng, sc.tokens)
+	dout, h, err := sc.d.Dispatch(ctx, sc.x, sc.r)
+	if err != nil {
+		return err
+	}
+	sc.y = grow(sc.y, dout.Rows()*hid)
+	for j := 0; j < dout.Rows(); j++ {
+		if dout.Origin[j] < 0 {
+			continue
+		}
+		if w, ok := sc.ws[int(dout.Expert[j])]; !ok || w[0] != byte(dout.Expert[j]) {
+			return fmt.Errorf("bench: rank %d got rows for expert %d, whose weights it does not hold", sc.me, dout.Expert[j])
+		}
+		copy(sc.y[j*hid:(j+1)*hid], dout.Entry(j))
+	}
+	if err := sc.cb.Combine(ctx, h, sc.y, sc.out); err != nil {
+		return err
+	}
+	for i, v := range sc.out {
+		if d := math.Abs(float64(v - sc.x[i])); d > 0.02*math.Abs(float64(sc.x[i]))+1e-3 {
+			return fmt.Errorf("bench: token %d element %d came back as %v, want %v", i/hid, i%hid, v, sc.x[i])
+		}
+	}
+	if rec != nil {
+		rec[0] = time.Since(t0).Seconds()
+	}
+	return nil
 }
 
 func checkRecoverOpts(c *coll.Comm, o *RecoverOpts) (models.Config, error) {
@@ -261,6 +295,7 @@ var recoverPhases = []struct {
 	{"shrink", func(r *RecoverResult) float64 { return r.ShrinkUS }},
 	{"recover", func(r *RecoverResult) float64 { return r.RecoverUS }},
 	{"first_step", func(r *RecoverResult) float64 { return r.FirstStepUS }},
+	{"step_before", func(r *RecoverResult) float64 { return r.StepUS }},
 }
 
 // PrintRecover writes s as a table.
@@ -279,5 +314,5 @@ func PrintRecover(w io.Writer, s *RecoverSummary) {
 	}{{"p50", s.P50}, {"max", s.Max}} {
 		fmt.Fprintf(w, "%-6s %10.1f %10.1f %10.1f %12.1f\n", row.name, row.m["detect"]/1e3, row.m["shrink"]/1e3, row.m["recover"]/1e3, row.m["first_step"]/1e3)
 	}
-	fmt.Fprintf(w, "expert moves per recovery: %d\n", r.Moves)
+	fmt.Fprintf(w, "expert moves per recovery: %d; a step before the death: %.1f ms (p50)\n", r.Moves, s.P50["step_before"]/1e3)
 }
