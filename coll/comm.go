@@ -563,6 +563,18 @@ func (c *Comm) reportBlame(ae *AbortError) {
 	})
 }
 
+// reportJoin tells the launcher (MOEX_LAUNCH_REPORT) that this process, rank of the
+// world, began joining (stage "join") or has joined (stage "up"): a rank that exits
+// before it joins while others wait for it is then named at once, not after the
+// others' start-up deadline.
+func reportJoin(rank int, stage string) {
+	dir := os.Getenv("MOEX_LAUNCH_REPORT")
+	if dir == "" {
+		return
+	}
+	_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("rank%d.%s", rank, stage)), nil, 0o600)
+}
+
 // Abort aborts the communicator: every pending and later operation on every rank fails
 // with an *AbortError. It does not wait for anything and is safe to call at any time.
 func (c *Comm) Abort(reason string) {

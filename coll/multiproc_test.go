@@ -55,6 +55,10 @@ func TestHelperCollRank(t *testing.T) {
 		fmt.Println("joined, dying:", err)
 		os.Exit(0)
 	}
+	if scenario == "leave" && os.Getenv("MOEX_RANK") == "1" { // gone before it joins
+		fmt.Println("rank 1 leaves before Init")
+		os.Exit(0)
+	}
 	start := time.Now()
 	procs0 := runtime.GOMAXPROCS(0) // the runtime's own choice, before Init
 	c, err := Init(ctx, Config{})
@@ -866,7 +870,18 @@ func TestKilledRankBlamed(t *testing.T) {
 	}
 }
 
-// buildMoex builds the moex command once per test binary run.
+// A rank that exits cleanly before Init: moex run names it and stops the others at once
+// (their start-up deadline is a minute), rather than blaming a survivor that timed out.
+func TestLeftBeforeInitNamed(t *testing.T) {
+	moex := buildMoex(t)
+	out, err := moexRunKeepGoing(moex, false, 4, "leave", "MOEX_TIMEOUT=60s")
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, out)
+	assert.Equal(t, 1, ee.ExitCode(), out)
+	assert.Regexp(t, `rank 1 exited with code 0 before joining the communicator; ranks \[[0-9 ]+\] were waiting`, out)
+	assert.NotContains(t, out, "rank 2 exited", "a survivor is not to blame")
+}
+
 // buildMoex builds the moex command with flags, once per set of flags for the test
 // binary (linking it again for every test cost a second or two each).
 func buildMoex(t *testing.T, flags ...string) string {

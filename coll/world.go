@@ -221,6 +221,7 @@ func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) 
 		return nil, err
 	}
 	log := cfg.Logger
+	reportJoin(env.Rank, "join")
 	// Start-up is an operation like any other: one deadline (MOEX_INIT_TIMEOUT, else the
 	// communicator's timeout), and on failure every rank says which ranks it never heard
 	// from and how far each got (*bootstrap.StartupError).
@@ -287,6 +288,7 @@ func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) 
 		return fail(err)
 	}
 	stopWatch()
+	reportJoin(env.Rank, "up")
 	c.owned = newOwner(rv.Close, tr.Close)
 	c.closeBarrier = true
 	c.listen()

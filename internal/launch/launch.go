@@ -59,12 +59,19 @@ type RankError struct {
 	Code   int            // exit code, or -1 when killed by a signal
 	Signal syscall.Signal // the signal, when killed by one
 	Blamed int            // how many other ranks' errors named it (0: none did)
+	// Unjoined: the rank exited, with code 0, before joining the communicator that the
+	// Waiting ranks were starting; they were stopped rather than left to wait for it.
+	Unjoined bool
+	Waiting  []int
 }
 
 func (e *RankError) Error() string {
 	named := ""
 	if e.Blamed > 0 {
 		named = fmt.Sprintf(" (named by %d other rank(s) as the cause of their failure)", e.Blamed)
+	}
+	if e.Unjoined {
+		return fmt.Sprintf("launch: rank %d exited with code %d before joining the communicator; ranks %v were waiting for it and were stopped", e.Rank, e.Code, e.Waiting)
 	}
 	if e.Signal != 0 {
 		return fmt.Sprintf("launch: rank %d killed by %s (%v)%s", e.Rank, unix.SignalName(e.Signal), e.Signal, named)
@@ -73,10 +80,13 @@ func (e *RankError) Error() string {
 }
 
 // ExitCode is the status a shell would give the rank's end: its code, or 128 plus the
-// signal's number.
+// signal's number; 1 for a rank that exited cleanly but failed the job.
 func (e *RankError) ExitCode() int {
 	if e.Signal != 0 {
 		return 128 + int(e.Signal)
+	}
+	if e.Code == 0 {
+		return 1
 	}
 	return e.Code
 }
@@ -102,10 +112,12 @@ func NewToken() string {
 }
 
 // Run starts the ranks and waits for all of them. If a rank fails, the others are stopped
-// (unless KeepGoing) and the root cause is returned as *RankError: a rank killed by a
-// signal the launcher did not send, else the rank the others' errors name (they report
-// it through MOEX_LAUNCH_REPORT), else the first rank that failed. If ctx ends, every rank gets SIGINT,
-// then SIGKILL after the grace period, and Run returns ErrInterrupted.
+// (unless KeepGoing) and the root cause is returned as *RankError: a rank that exited,
+// even cleanly, before joining a communicator the others were starting (they would wait
+// for it until their start-up deadline); else a rank killed by a signal the launcher did
+// not send; else the rank the others' errors name (they report it through
+// MOEX_LAUNCH_REPORT); else the first rank that failed. If ctx ends, every rank gets
+// SIGINT, then SIGKILL after the grace period, and Run returns ErrInterrupted.
 func Run(ctx context.Context, cfg Config) error {
 	if cfg.N < 1 || cfg.N > MaxRanks {
 		return fmt.Errorf("launch: want 1 to %d ranks, got %d", MaxRanks, cfg.N)
@@ -126,109 +138,135 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("launch: picking a rendezvous port: %w", err)
 	}
-	// The ranks report whom they blame for an abort here (coll: MOEX_LAUNCH_REPORT), so
-	// that the job's failure names the root cause, not the first survivor to exit.
+	// The ranks report here whom they blame for an abort, and when they begin and finish
+	// joining (coll: MOEX_LAUNCH_REPORT), so that the job's failure names the root cause,
+	// not the first survivor to exit.
 	reports, err := os.MkdirTemp("", "moex-launch")
 	if err != nil {
 		return fmt.Errorf("launch: %w", err)
 	}
 	defer os.RemoveAll(reports)
-	token := NewToken()
-	var outMu sync.Mutex
-	var copiers sync.WaitGroup
-	cmds := make([]*exec.Cmd, cfg.N)
+	j := &job{cfg: cfg, addr: addr, token: NewToken(), reports: reports, cmds: make([]*exec.Cmd, cfg.N)}
 	for r := 0; r < cfg.N; r++ {
-		cmd := exec.Command(cfg.Prog, cfg.Args...)
-		cmd.Env = append(os.Environ(),
-			"MOEX_RANK="+strconv.Itoa(r),
-			"MOEX_WORLD_SIZE="+strconv.Itoa(cfg.N),
-			"MOEX_LOCAL_RANK="+strconv.Itoa(r),
-			"MOEX_LOCAL_SIZE="+strconv.Itoa(cfg.N),
-			"MOEX_ADDR="+addr,
-			"MOEX_JOB_TOKEN="+token,
-			"MOEX_LAUNCH_REPORT="+reports,
-		)
-		if os.Getenv("MOEX_CPU_BIND") == "" {
-			// Binding ranks to cores is the launcher's policy: a core each when the host
-			// has enough (coll leaves placement alone unless told).
-			cmd.Env = append(cmd.Env, "MOEX_CPU_BIND=auto")
+		if err := j.start(r); err != nil {
+			killAll(j.cmds[:r])
+			j.copiers.Wait()
+			return err
 		}
-		if os.Getenv("MOEX_GOMAXPROCS") == "" && os.Getenv("GOMAXPROCS") == "" {
-			// So is each rank's share of the CPUs where its transport needs it
-			// (bootstrap.ProcsShare); a GOMAXPROCS the user set wins.
-			cmd.Env = append(cmd.Env, "MOEX_GOMAXPROCS=auto")
-		}
-		cmd.Env = append(cmd.Env, cfg.Env...)
-		if cfg.RankEnv != nil {
-			cmd.Env = append(cmd.Env, cfg.RankEnv(r)...)
-		}
-		// Own process group, so that we decide who gets which signal; and die with us.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		prefix := ""
-		if !cfg.NoPrefix {
-			prefix = "[" + strconv.Itoa(r) + "] "
-		}
-		// Our own pipes rather than StdoutPipe: Wait then never races the copiers, which
-		// read until every writer (the rank and anything it spawned) is gone.
-		// Without prefixes, a stderr that is a file (a terminal) is the ranks' own: what
-		// they draw there (a progress bar, no newline) shows as they draw it.
-		direct, _ := cfg.Stderr.(*os.File)
-		if !cfg.NoPrefix {
-			direct = nil
-		}
-		var readers [2]*os.File
-		for i, set := range []func(*os.File){func(f *os.File) { cmd.Stdout = f }, func(f *os.File) { cmd.Stderr = f }} {
-			if i == 1 && direct != nil {
-				cmd.Stderr = direct
-				continue
-			}
-			pr, pw, err := os.Pipe()
-			if err != nil {
-				if readers[0] != nil {
-					readers[0].Close()
-					cmd.Stdout.(*os.File).Close()
-				}
-				killAll(cmds[:r])
-				return err
-			}
-			readers[i] = pr
-			set(pw)
-		}
-		err := cmd.Start()
-		cmd.Stdout.(*os.File).Close()
-		if direct == nil {
-			cmd.Stderr.(*os.File).Close()
-		}
-		if err != nil {
-			for _, rd := range readers {
-				if rd != nil {
-					rd.Close()
-				}
-			}
-			killAll(cmds[:r])
-			return fmt.Errorf("launch: starting rank %d: %w", r, err)
-		}
-		copiers.Add(1)
-		go copyLines(&copiers, &outMu, cfg.Stdout, readers[0], prefix)
-		if direct == nil {
-			copiers.Add(1)
-			go copyLines(&copiers, &outMu, cfg.Stderr, readers[1], prefix)
-		}
-		cmds[r] = cmd
 	}
+	return j.wait(ctx)
+}
 
+// job is one Run: its ranks' processes and the goroutines that copy their output.
+type job struct {
+	cfg     Config
+	addr    string // the rendezvous store's
+	token   string
+	reports string // MOEX_LAUNCH_REPORT
+	cmds    []*exec.Cmd
+	outMu   sync.Mutex // one line at a time on the shared outputs
+	copiers sync.WaitGroup
+}
+
+// env is rank r's environment.
+func (j *job) env(r int) []string {
+	env := append(os.Environ(),
+		"MOEX_RANK="+strconv.Itoa(r),
+		"MOEX_WORLD_SIZE="+strconv.Itoa(j.cfg.N),
+		"MOEX_LOCAL_RANK="+strconv.Itoa(r),
+		"MOEX_LOCAL_SIZE="+strconv.Itoa(j.cfg.N),
+		"MOEX_ADDR="+j.addr,
+		"MOEX_JOB_TOKEN="+j.token,
+		"MOEX_LAUNCH_REPORT="+j.reports,
+	)
+	if os.Getenv("MOEX_CPU_BIND") == "" {
+		// Binding ranks to cores is the launcher's policy: a core each when the host has
+		// enough (coll leaves placement alone unless told).
+		env = append(env, "MOEX_CPU_BIND=auto")
+	}
+	if os.Getenv("MOEX_GOMAXPROCS") == "" && os.Getenv("GOMAXPROCS") == "" {
+		// So is each rank's share of the CPUs where its transport needs it
+		// (bootstrap.ProcsShare); a GOMAXPROCS the user set wins.
+		env = append(env, "MOEX_GOMAXPROCS=auto")
+	}
+	env = append(env, j.cfg.Env...)
+	if j.cfg.RankEnv != nil {
+		env = append(env, j.cfg.RankEnv(r)...)
+	}
+	return env
+}
+
+// start starts rank r and the goroutines that copy its output. On error nothing of
+// rank r is left behind.
+func (j *job) start(r int) error {
+	cmd := exec.Command(j.cfg.Prog, j.cfg.Args...)
+	cmd.Env = j.env(r)
+	// Own process group, so that we decide who gets which signal; and die with us.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	prefix := ""
+	if !j.cfg.NoPrefix {
+		prefix = "[" + strconv.Itoa(r) + "] "
+	}
+	// Our own pipes rather than StdoutPipe: Wait then never races the copiers, which read
+	// until every writer (the rank and anything it spawned) is gone. Without prefixes, a
+	// stderr that is a file (a terminal) is the ranks' own: what they draw there (a
+	// progress bar, no newline) shows as they draw it.
+	direct, _ := j.cfg.Stderr.(*os.File)
+	if !j.cfg.NoPrefix {
+		direct = nil
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("launch: rank %d's output: %w", r, err)
+	}
+	cmd.Stdout = outW
+	var errR *os.File
+	if direct != nil {
+		cmd.Stderr = direct
+	} else {
+		var errW *os.File
+		if errR, errW, err = os.Pipe(); err != nil {
+			outR.Close()
+			outW.Close()
+			return fmt.Errorf("launch: rank %d's output: %w", r, err)
+		}
+		cmd.Stderr = errW
+		defer errW.Close()
+	}
+	err = cmd.Start()
+	outW.Close() // the child has its own copies
+	if err != nil {
+		outR.Close()
+		if errR != nil {
+			errR.Close()
+		}
+		return fmt.Errorf("launch: starting rank %d: %w", r, err)
+	}
+	j.copiers.Add(1)
+	go copyLines(&j.copiers, &j.outMu, j.cfg.Stdout, outR, prefix)
+	if errR != nil {
+		j.copiers.Add(1)
+		go copyLines(&j.copiers, &j.outMu, j.cfg.Stderr, errR, prefix)
+	}
+	j.cmds[r] = cmd
+	return nil
+}
+
+// wait waits for every rank, stopping the job on the first failure (see Run).
+func (j *job) wait(ctx context.Context) error {
+	n := j.cfg.N
 	type exit struct {
 		rank int
 		err  error
 	}
-	exits := make(chan exit, cfg.N)
-	for r, cmd := range cmds {
+	exits := make(chan exit, n)
+	for r, cmd := range j.cmds {
 		go func() { exits <- exit{r, cmd.Wait()} }()
 	}
 	var first error
-	exited := make([]bool, cfg.N)
-	ends := make([]error, cfg.N) // each rank's end, in order of rank
-	var order []int              // ranks in the order they ended
+	exited := make([]bool, n)
+	ends := make([]error, n) // each rank's end, in order of rank
+	var order []int          // ranks in the order they ended
 	stopping, killed := false, false
 	var killTimer <-chan time.Time
 	stop := func(sig syscall.Signal) {
@@ -236,15 +274,34 @@ func Run(ctx context.Context, cfg Config) error {
 			return
 		}
 		stopping = true
-		for r, c := range cmds {
+		for r, c := range j.cmds {
 			if !exited[r] {
 				_ = syscall.Kill(-c.Process.Pid, sig)
 			}
 		}
-		killTimer = time.After(cfg.Grace)
+		killTimer = time.After(j.cfg.Grace)
+	}
+	// A rank that exits cleanly before it has joined leaves the others waiting for it
+	// once they start joining; look for that on every exit and, while such a rank
+	// exists, a few times a second.
+	var deserters *time.Ticker
+	var desertTick <-chan time.Time
+	defer func() {
+		if deserters != nil {
+			deserters.Stop()
+		}
+	}()
+	checkDeserted := func() {
+		if stopping || first != nil {
+			return
+		}
+		if e := j.deserted(exited, ends); e != nil {
+			first = e
+			stop(syscall.SIGTERM)
+		}
 	}
 	done := ctx.Done()
-	for left := cfg.N; left > 0; {
+	for left := n; left > 0; {
 		select {
 		case e := <-exits:
 			left--
@@ -253,10 +310,17 @@ func Run(ctx context.Context, cfg Config) error {
 			order = append(order, e.rank)
 			if e.err != nil && first == nil && !stopping {
 				first = rankError(e.rank, e.err)
-				if !cfg.KeepGoing {
+				if !j.cfg.KeepGoing {
 					stop(syscall.SIGTERM)
 				}
 			}
+			if e.err == nil && !j.joined(e.rank) && deserters == nil {
+				deserters = time.NewTicker(50 * time.Millisecond)
+				desertTick = deserters.C
+			}
+			checkDeserted()
+		case <-desertTick:
+			checkDeserted()
 		case <-done:
 			done = nil
 			if first == nil {
@@ -266,14 +330,48 @@ func Run(ctx context.Context, cfg Config) error {
 		case <-killTimer:
 			killTimer = nil
 			killed = true
-			killAll(cmds)
+			killAll(j.cmds)
 		}
 	}
-	copiers.Wait()
-	if first == nil || errors.Is(first, ErrInterrupted) {
+	j.copiers.Wait()
+	var re *RankError
+	if first == nil || errors.Is(first, ErrInterrupted) || errors.As(first, &re) && re.Unjoined {
 		return first
 	}
-	return rootCause(ends, order, killed, reports, first)
+	return rootCause(ends, order, killed, j.reports, first)
+}
+
+// joined says whether rank r finished joining its communicator (coll writes rankN.up).
+func (j *job) joined(r int) bool {
+	_, err := os.Stat(filepath.Join(j.reports, "rank"+strconv.Itoa(r)+".up"))
+	return err == nil
+}
+
+// joining says whether rank r began joining and has not finished (coll writes
+// rankN.join first).
+func (j *job) joining(r int) bool {
+	_, err := os.Stat(filepath.Join(j.reports, "rank"+strconv.Itoa(r)+".join"))
+	return err == nil && !j.joined(r)
+}
+
+// deserted finds a rank that exited cleanly without joining while others, still
+// running, are joining: they wait for a rank that is gone.
+func (j *job) deserted(exited []bool, ends []error) error {
+	var waiting []int
+	for r := range exited {
+		if !exited[r] && j.joining(r) {
+			waiting = append(waiting, r)
+		}
+	}
+	if len(waiting) == 0 {
+		return nil
+	}
+	for r := range exited {
+		if exited[r] && ends[r] == nil && !j.joined(r) {
+			return &RankError{Rank: r, Unjoined: true, Waiting: waiting}
+		}
+	}
+	return nil
 }
 
 // rootCause picks the rank to blame for a failed job: a rank killed by a signal the

@@ -60,6 +60,23 @@ func TestMain(m *testing.M) {
 			os.WriteFile(filepath.Join(dir, "rank"+os.Getenv("MOEX_RANK")), []byte("blame 1 peer\n"), 0o600)
 			os.Exit(1)
 		}
+	case "unjoined": // rank 1 leaves before joining; the others start joining and wait
+		dir, rank := os.Getenv("MOEX_LAUNCH_REPORT"), os.Getenv("MOEX_RANK")
+		if rank == "1" {
+			os.Exit(0)
+		}
+		os.WriteFile(filepath.Join(dir, "rank"+rank+".join"), nil, 0o600)
+		time.Sleep(time.Minute) // the launcher must stop us
+		os.Exit(0)
+	case "joinedearly": // rank 1 joins and leaves while the others work on
+		dir, rank := os.Getenv("MOEX_LAUNCH_REPORT"), os.Getenv("MOEX_RANK")
+		os.WriteFile(filepath.Join(dir, "rank"+rank+".join"), nil, 0o600)
+		os.WriteFile(filepath.Join(dir, "rank"+rank+".up"), nil, 0o600)
+		if rank != "1" {
+			time.Sleep(300 * time.Millisecond)
+		}
+		fmt.Println("done")
+		os.Exit(0)
 	case "stubborn":
 		signal.Ignore(syscall.SIGTERM, syscall.SIGINT)
 		if os.Getenv("MOEX_RANK") == "0" {
@@ -219,4 +236,25 @@ func TestBlameNamedRank(t *testing.T) {
 	assert.Equal(t, 3, re.Code)
 	assert.Equal(t, 2, re.Blamed)
 	assert.Contains(t, re.Error(), "named by 2 other rank(s)")
+}
+
+// A rank that exits cleanly before joining while the others join: the launcher stops
+// them and names it, rather than letting them wait out their start-up deadline.
+func TestUnjoinedRankNamed(t *testing.T) {
+	var out, errOut syncBuf
+	err := Run(context.Background(), cfg("unjoined", 4, &out, &errOut))
+	var re *RankError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, 1, re.Rank)
+	assert.True(t, re.Unjoined)
+	require.NotEmpty(t, re.Waiting, "the ranks seen joining when rank 1 was found gone")
+	assert.Subset(t, []int{0, 2, 3}, re.Waiting)
+	assert.Equal(t, 1, re.ExitCode(), "a job that failed exits non-zero")
+}
+
+// A rank that leaves after joining, or a job whose ranks never join, is no failure.
+func TestCleanExitsAreNoFailure(t *testing.T) {
+	var out, errOut syncBuf
+	require.NoError(t, Run(context.Background(), cfg("joinedearly", 4, &out, &errOut)))
+	assert.Equal(t, 4, strings.Count(out.String(), "] done\n"), out.String())
 }
