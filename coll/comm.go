@@ -34,21 +34,19 @@ package coll
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/coll/dtype"
+	"github.com/moex-ai/moex/coll/health"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/bootstrap"
@@ -267,13 +265,13 @@ func (c *Comm) watch(q int, req transport.Request) {
 			return
 		}
 		b := c.ctlBufs[q][:n]
-		if len(b) < noticeHeader {
-			c.abortLocal(&PeerError{Rank: c.ranks[q], Op: "control", Err: fmt.Errorf("%w: short abort notice", transport.ErrProtocol)})
+		m, err := health.Parse(b)
+		if err != nil {
+			c.abortLocal(&PeerError{Rank: c.ranks[q], Op: "control", Err: fmt.Errorf("%w: %w", transport.ErrProtocol, err)})
 			return
 		}
-		kind, peer := b[0], int(int32(binary.LittleEndian.Uint32(b[1:])))
-		if kind == kindProbe || kind == kindProbeReply {
-			c.onProbe(q, kind, b[noticeHeader:])
+		if m.Kind == health.Probe || m.Kind == health.ProbeReply {
+			c.onProbe(q, m.Kind, m.Body)
 			if req, err = c.tr.Irecv(c.ranks[q], c.ctlTag(), c.ctlBufs[q]); err != nil {
 				if c.actx.Err() == nil {
 					c.abortLocal(err)
@@ -282,7 +280,7 @@ func (c *Comm) watch(q int, req transport.Request) {
 			}
 			continue
 		}
-		if kind == kindTimeout && peer == c.ranks[c.rank] && time.Duration(nanotime()-c.progress.Load()) >= c.cfg.Timeout/2 {
+		if m.Kind == health.Timeout && m.Blame == c.ranks[c.rank] && c.dog.Idle() >= c.cfg.Timeout/2 {
 			// A rank timed out waiting for this one, which is alive and has itself waited a
 			// long time: the ranks this one waits for are the ones to name, to every rank.
 			// (One that entered its operation only lately is the rank that came late.)
@@ -291,23 +289,23 @@ func (c *Comm) watch(q int, req transport.Request) {
 				return
 			}
 		}
-		origin := int(int32(binary.LittleEndian.Uint32(b[5:])))
+		origin := m.Origin
 		if origin < 0 || origin >= c.size {
 			origin = q
 		}
 		// Forwarded as it came: a rank that cannot hear from the one that aborted (a cut
 		// link) hears from the others.
-		c.abortWith(&AbortError{Rank: origin, Err: decodeNotice(kind, peer, string(b[noticeHeader:]))}, append([]byte(nil), b...))
+		c.abortWith(&AbortError{Rank: origin, Err: decodeNotice(m.Kind, m.Blame, string(m.Body))}, append([]byte(nil), b...))
 		return
 	}
 }
 
 // onProbe answers peer q's stall probe with the ranks this rank waits for, or hands q's
 // reply to this rank's running probe.
-func (c *Comm) onProbe(q int, kind uint8, body []byte) {
-	if kind == kindProbeReply {
-		r := parseProbeReply(body, c.size)
-		r.from = c.ranks[q]
+func (c *Comm) onProbe(q int, kind health.Kind, body []byte) {
+	if kind == health.ProbeReply {
+		r := health.ParseReply(body, c.size)
+		r.From = c.ranks[q]
 		c.probeMu.Lock()
 		if c.probeCh != nil {
 			select {
@@ -318,31 +316,7 @@ func (c *Comm) onProbe(q int, kind uint8, body []byte) {
 		c.probeMu.Unlock()
 		return
 	}
-	w := c.waitingFor()
-	msg := make([]byte, noticeHeader+1, noticeHeader+1+4*len(w))
-	msg[0] = kindProbeReply
-	if c.inflight.Load() > 0 {
-		msg[noticeHeader] = 1
-	}
-	for _, x := range w {
-		msg = binary.LittleEndian.AppendUint32(msg, uint32(x))
-	}
-	c.sendCtl(q, msg)
-}
-
-// parseProbeReply reads a stall probe's reply from the wire: whether the peer is in an
-// operation, and at most max ranks it waits for, each below 2^31.
-func parseProbeReply(body []byte, max int) probeReply {
-	var r probeReply
-	if len(body) >= 1 {
-		r.inOp = body[0] == 1
-		for i := 1; i+4 <= len(body) && len(r.waiting) < max; i += 4 {
-			if w := binary.LittleEndian.Uint32(body[i:]); w < 1<<31 {
-				r.waiting = append(r.waiting, int(w))
-			}
-		}
-	}
-	return r
+	c.sendCtl(q, health.ReplyMessage(c.dog.Busy(), c.waitingFor()))
 }
 
 // sendCtl sends a control message to peer q without waiting for it: a watcher waits for
@@ -373,11 +347,7 @@ func (c *Comm) sendCtl(q int, msg []byte) {
 const ProbeWindow = 200 * time.Millisecond
 
 // findStuck follows the chain of waits from the ranks (of the world) this rank waits
-// for: it asks each, on the control channel, whom it waits for in turn, and returns the
-// ranks at the end of the chain: those that did not answer within the window (stopped,
-// or cut off), else those that answered but are in no operation of this communicator
-// (busy elsewhere). Nil when every rank asked is alive and waiting (a cycle, or the
-// window too short).
+// for, over the control channel, to the ranks at its end (health.FindStuck).
 func (c *Comm) findStuck(waiting []int) []int {
 	if len(waiting) == 0 || c.actx.Err() != nil {
 		return nil
@@ -386,7 +356,7 @@ func (c *Comm) findStuck(waiting []int) []int {
 	for q, w := range c.ranks {
 		index[w] = q
 	}
-	ch := make(chan probeReply, c.size)
+	ch := make(chan health.Reply, c.size)
 	c.probeMu.Lock()
 	c.probeCh = ch
 	c.probeMu.Unlock()
@@ -395,63 +365,20 @@ func (c *Comm) findStuck(waiting []int) []int {
 		c.probeCh = nil
 		c.probeMu.Unlock()
 	}()
-	asked, replies := map[int]bool{}, map[int]probeReply{}
-	ask := func(w int) {
+	ask := func(w int) bool {
 		q, ok := index[w]
-		if !ok || q == c.rank || asked[w] {
-			return
+		if !ok || q == c.rank {
+			return false
 		}
-		asked[w] = true
-		msg := make([]byte, noticeHeader)
-		msg[0] = kindProbe
-		c.sendCtl(q, msg)
+		c.sendCtl(q, health.ProbeMessage())
+		return true
 	}
-	for _, w := range waiting {
-		ask(w)
-	}
-	timer := time.NewTimer(min(ProbeWindow, c.cfg.Timeout/10))
-	defer timer.Stop()
-wait:
-	for len(replies) < len(asked) {
-		select {
-		case r := <-ch:
-			if !asked[r.from] {
-				continue
-			}
-			replies[r.from] = r
-			for _, w := range r.waiting {
-				ask(w)
-			}
-		case <-timer.C:
-			break wait
-		case <-c.actx.Done():
-			return nil
-		}
-	}
-	var silent, idle []int
-	for w := range asked {
-		r, ok := replies[w]
-		switch {
-		case !ok:
-			silent = append(silent, w)
-		case !r.inOp:
-			idle = append(idle, w)
-		}
-	}
-	if len(silent) == 0 {
-		silent = idle
-	}
-	slices.Sort(silent)
-	return silent
+	return health.FindStuck(waiting, min(ProbeWindow, c.cfg.Timeout/10), ask, ch, c.actx.Done())
 }
 
 // abortLocal aborts the communicator because of err, seen by this rank, and tells every
 // other rank.
 func (c *Comm) abortLocal(err error) { c.abortWith(&AbortError{Rank: c.rank, Err: err}, nil) }
-
-// noticeHeader is the length of a control message's header: its kind, the peer it names
-// (-1: none) and the rank that aborted (probes: unused), then the text.
-const noticeHeader = 9
 
 // abortWith aborts the communicator with ae and tells every other rank: with a notice of
 // its own (fwd nil), or by forwarding the notice it learnt ae from, so that every rank
@@ -511,68 +438,33 @@ func (c *Comm) abortWith(ae *AbortError, fwd []byte) {
 // see it too, so it must ignore their communicators.
 var abortTestHook atomic.Pointer[func(c *Comm)]
 
-// noticeOf is the abort notice that tells the other ranks of ae: its kind, the peer it
-// blames (a dead one, or the one a timeout waited for; -1: none), the rank that aborted,
-// then the reason.
-func noticeOf(ae *AbortError) []byte {
-	peer := -1
+// blamed is the rank (of the world) ae blames: a dead peer, the rank a timeout waited
+// for; -1: none.
+func blamed(ae *AbortError) int {
 	var pe *PeerError
 	var te *TimeoutError
 	switch {
 	case errors.As(ae.Err, &pe):
-		peer = pe.Rank
+		return pe.Rank
 	case errors.As(ae.Err, &te):
-		peer = te.blame()
+		return te.blame()
 	}
-	reason := ae.Err.Error()
-	if len(reason) > 900 {
-		reason = reason[:900]
-	}
-	msg := make([]byte, noticeHeader+len(reason))
-	msg[0] = kindOf(ae.Err)
-	binary.LittleEndian.PutUint32(msg[1:], uint32(int32(peer)))
-	binary.LittleEndian.PutUint32(msg[5:], uint32(int32(ae.Rank)))
-	copy(msg[noticeHeader:], reason)
-	return msg
+	return -1
 }
 
-// blameOnce makes a process report one root cause to its launcher: the first abort's.
-var blameOnce sync.Once
+// noticeOf is the abort notice that tells the other ranks of ae.
+func noticeOf(ae *AbortError) []byte {
+	return health.Notice(kindOf(ae.Err), blamed(ae), ae.Rank, ae.Err.Error())
+}
 
-// reportBlame tells the launcher (moex run: MOEX_LAUNCH_REPORT names a directory) which
-// rank of the world this rank holds to blame for ae: a dead peer, the rank a timeout
-// waited for, or the rank that aborted. The launcher blames that rank rather than the
-// first survivor that exited because of it.
+// reportBlame tells the launcher which rank of the world this rank holds to blame for
+// ae: the one ae blames, else the rank that aborted.
 func (c *Comm) reportBlame(ae *AbortError) {
-	dir := os.Getenv("MOEX_LAUNCH_REPORT")
-	if dir == "" {
-		return
+	blame := blamed(ae)
+	if blame < 0 {
+		blame = c.ranks[ae.Rank]
 	}
-	blame := c.ranks[ae.Rank]
-	var pe *PeerError
-	var te *TimeoutError
-	switch {
-	case errors.As(ae.Err, &pe):
-		blame = pe.Rank
-	case errors.As(ae.Err, &te) && te.blame() >= 0:
-		blame = te.blame()
-	}
-	blameOnce.Do(func() {
-		name := filepath.Join(dir, fmt.Sprintf("rank%d", c.ranks[c.rank]))
-		_ = os.WriteFile(name, []byte(fmt.Sprintf("blame %d %s\n", blame, kindName(ae.Err))), 0o600)
-	})
-}
-
-// reportJoin tells the launcher (MOEX_LAUNCH_REPORT) that this process, rank of the
-// world, began joining (stage "join") or has joined (stage "up"): a rank that exits
-// before it joins while others wait for it is then named at once, not after the
-// others' start-up deadline.
-func reportJoin(rank int, stage string) {
-	dir := os.Getenv("MOEX_LAUNCH_REPORT")
-	if dir == "" {
-		return
-	}
-	_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("rank%d.%s", rank, stage)), nil, 0o600)
+	health.ReportBlame(c.ranks[c.rank], blame, kindOf(ae.Err))
 }
 
 // Abort aborts the communicator: every pending and later operation on every rank fails
@@ -581,46 +473,22 @@ func (c *Comm) Abort(reason string) {
 	c.abortLocal(fmt.Errorf("%w: %s", ErrAborted, reason))
 }
 
-// checkProgress is the watchdog: an operation that made no progress for the timeout
-// aborts the communicator.
-func (c *Comm) checkProgress() {
-	if c.actx.Err() != nil {
-		return
-	}
-	if c.inflight.Load() == 0 {
-		// Nothing runs: stay unset. An operation that began since and found the timer
-		// still set is seen by the second look (it counts itself in before it looks at
-		// armed; this clears armed before it looks again).
-		c.armed.Store(false)
-		if c.inflight.Load() == 0 || !c.armed.CompareAndSwap(false, true) {
-			return
-		}
-	}
-	idle := time.Duration(nanotime() - c.progress.Load())
-	if idle >= c.cfg.Timeout {
-		w := c.waitingFor()
-		c.abortLocal(&TimeoutError{Idle: idle.Round(time.Millisecond), Waiting: w, Stuck: c.findStuck(w)})
-		return
-	}
-	if idle >= WarnAfter && !c.warned.Swap(true) {
-		c.log.Warn("moex: no progress; waiting for ranks", "comm", c.id, "rank", c.rank, "idle", idle.Round(time.Millisecond),
-			"waiting_for", c.waitingFor(), "timeout", c.cfg.Timeout)
-	}
-	c.timer.Reset(c.nextCheck(idle))
+// stalled is the watchdog's verdict: no progress for the timeout aborts the
+// communicator, naming the ranks it waited for and those at the end of the chain.
+func (c *Comm) stalled(idle time.Duration) {
+	w := c.waitingFor()
+	c.abortLocal(&TimeoutError{Idle: idle.Round(time.Millisecond), Waiting: w, Stuck: c.findStuck(w)})
+}
+
+// stalling is the watchdog's warning, long into a stall.
+func (c *Comm) stalling(idle time.Duration) {
+	c.log.Warn("moex: no progress; waiting for ranks", "comm", c.id, "rank", c.rank, "idle", idle.Round(time.Millisecond),
+		"waiting_for", c.waitingFor(), "timeout", c.cfg.Timeout)
 }
 
 // WarnAfter is how long an operation may make no progress before a warning names the
 // ranks it waits for (when the timeout is longer).
 const WarnAfter = 30 * time.Second
-
-// nextCheck is when the watchdog looks again, idle into a stall: at the warning, then
-// at the timeout.
-func (c *Comm) nextCheck(idle time.Duration) time.Duration {
-	if idle < WarnAfter && WarnAfter < c.cfg.Timeout && !c.warned.Load() {
-		return WarnAfter - idle
-	}
-	return c.cfg.Timeout - idle
-}
 
 // waitingFor lists the ranks (of the world) this rank's operations wait for now:
 // those with a transfer posted and not completed.
@@ -660,22 +528,11 @@ func (c *Comm) begin(ctx context.Context) error {
 		return c.Err()
 	}
 	c.watchCtx(ctx)
-	c.progress.Store(nanotime())
-	c.inflight.Add(1)
-	// Set the watchdog unless it is set already: it stays set while operations follow
-	// each other, instead of being reset by each (without the reset per operation, a
-	// 256-byte AlltoAll at P=4 over shm took 12% less user CPU).
-	if !c.armed.Load() && c.armed.CompareAndSwap(false, true) {
-		c.warned.Store(false)
-		c.timer.Reset(c.nextCheck(0))
-	}
+	c.dog.Begin()
 	return nil
 }
 
-func (c *Comm) end() {
-	c.progress.Store(nanotime())
-	c.inflight.Add(-1)
-}
+func (c *Comm) end() { c.dog.End() }
 
 // watchCtx arranges for ctx's end to abort the communicator while operations run. The
 // registration is kept while callers keep passing the same context, so that steady-state
@@ -694,7 +551,7 @@ func (c *Comm) watchCtx(ctx context.Context) {
 	}
 	c.lastCtx = ctx
 	c.stopCtx = context.AfterFunc(ctx, func() {
-		if c.inflight.Load() > 0 {
+		if c.dog.Busy() {
 			c.abortLocal(transport.CtxError(ctx.Err()))
 		}
 	})

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/moex-ai/moex/coll/health"
 	"github.com/moex-ai/moex/transport"
 )
 
@@ -97,38 +98,25 @@ func (e *AbortError) Error() string {
 
 func (e *AbortError) Unwrap() []error { return []error{ErrAborted, e.Err} }
 
-// Abort notices travel between ranks as a kind code and a text.
-const (
-	kindOther uint8 = iota
-	kindTimeout
-	kindMismatch
-	kindArg
-	kindPeer
-	kindCanceled
-	kindClosed
-	// Not abort notices: a stall probe (whom do you wait for?) and its reply (a byte, 1
-	// when the rank is in an operation, then the world ranks it waits for).
-	kindProbe      = 100
-	kindProbeReply = 101
-)
-
-func kindOf(err error) uint8 {
+// kindOf is the kind an abort notice gives err, so that the ranks that hear of it get
+// an error that matches the same sentinel.
+func kindOf(err error) health.Kind {
 	var pe *PeerError
 	switch {
 	case errors.Is(err, ErrMismatch):
-		return kindMismatch
+		return health.Mismatch
 	case errors.Is(err, ErrInvalidArgument):
-		return kindArg
+		return health.Argument
 	case errors.As(err, &pe):
-		return kindPeer
+		return health.Peer
 	case errors.Is(err, ErrTimeout):
-		return kindTimeout
+		return health.Timeout
 	case errors.Is(err, ErrCanceled):
-		return kindCanceled
+		return health.Canceled
 	case errors.Is(err, ErrClosed):
-		return kindClosed
+		return health.Closed
 	}
-	return kindOther
+	return health.Other
 }
 
 // remoteErr rebuilds, from a notice, an error that matches the same sentinels.
@@ -142,28 +130,23 @@ func (e *remoteErr) Error() string { return e.reason }
 
 func (e *remoteErr) Unwrap() error { return e.kind }
 
-func decodeNotice(kind uint8, peer int, reason string) error {
+func decodeNotice(kind health.Kind, peer int, reason string) error {
 	switch kind {
-	case kindTimeout:
+	case health.Timeout:
 		if peer >= 0 {
 			return &TimeoutError{Waiting: []int{peer}, remote: reason}
 		}
 		return &remoteErr{ErrTimeout, reason, -1}
-	case kindMismatch:
+	case health.Mismatch:
 		return &remoteErr{ErrMismatch, reason, -1}
-	case kindArg:
+	case health.Argument:
 		return &remoteErr{ErrInvalidArgument, reason, -1}
-	case kindPeer:
+	case health.Peer:
 		return &PeerError{Rank: peer, Op: "remote", Err: errors.New(reason)}
-	case kindCanceled:
+	case health.Canceled:
 		return &remoteErr{ErrCanceled, reason, -1}
-	case kindClosed:
+	case health.Closed:
 		return &remoteErr{ErrClosed, reason, -1}
 	}
 	return errors.New(reason)
-}
-
-// kindName names an error's kind for the launcher's report.
-func kindName(err error) string {
-	return [...]string{"other", "timeout", "mismatch", "argument", "peer", "canceled", "closed"}[kindOf(err)]
 }

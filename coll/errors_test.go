@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moex-ai/moex/coll/health"
+
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -483,7 +485,7 @@ func TestProbeDuringClose(t *testing.T) {
 					return
 				default:
 				}
-				cs[0].sendCtl(1, []byte{kindProbe, 0, 0, 0, 0, 0, 0, 0, 0})
+				cs[0].sendCtl(1, health.ProbeMessage())
 			}
 		}()
 		time.Sleep(time.Millisecond)

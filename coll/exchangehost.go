@@ -57,7 +57,7 @@ func (h exchangeHost) Tracing() bool                  { return h.c.cfg.TraceDir 
 func (h exchangeHost) End()                           { h.c.end() }
 func (h exchangeHost) Aborted() context.Context       { return h.c.actx }
 func (h exchangeHost) Waiting(q, delta int)           { h.c.pend[q].Add(int32(delta)) }
-func (h exchangeHost) Progressed()                    { h.c.progress.Store(nanotime()) }
+func (h exchangeHost) Progressed()                    { h.c.dog.Progressed() }
 func (h exchangeHost) Now() int64                     { return nanotime() }
 
 func (h exchangeHost) OpenWindow(ctx context.Context, sig uint32, size int, what string) (transport.Window, []byte, error) {

@@ -219,7 +219,7 @@ func (c *Comm) execute(pl *algos.Plan, seq uint32, cl *call) error {
 		for _, l := range st.Post {
 			doLocal(l)
 		}
-		c.progress.Store(nanotime())
+		c.dog.Progressed()
 	}
 	return nil
 }

@@ -2,12 +2,14 @@ package coll
 
 import (
 	"context"
-	"github.com/moex-ai/moex/coll/algos"
-	"github.com/moex-ai/moex/coll/shared"
 	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/moex-ai/moex/coll/algos"
+	"github.com/moex-ai/moex/coll/health"
+	"github.com/moex-ai/moex/coll/shared"
 
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/coll/dtype"
@@ -116,14 +118,10 @@ type Comm struct {
 	lost []chan struct{}
 
 	probeMu sync.Mutex
-	probeCh chan probeReply // replies to this rank's stall probe, while one runs
+	probeCh chan health.Reply // replies to this rank's stall probe, while one runs
 
-	timer    *time.Timer
-	armed    atomic.Bool // timer is set (it stays set across operations until it fires idle)
-	inflight atomic.Int32
-	progress atomic.Int64
-	pend     []atomic.Int32 // per peer: transfers posted and not yet waited for (who a stuck op waits for)
-	warned   atomic.Bool    // the no-progress warning was logged for the current stall
+	dog  *health.Watchdog // no progress for the timeout aborts the communicator
+	pend []atomic.Int32   // per peer: transfers posted and not yet waited for (who a stuck op waits for)
 
 	ctxMu   sync.Mutex
 	lastCtx context.Context
@@ -160,14 +158,6 @@ type Link struct {
 	Transport string // the transport's name ("shm", "tcp", "ucx", "shm+tcp" ...)
 	Path      string // the path the transport reports for the peer (lanes, copies)
 	Why       string // why this transport was chosen
-}
-
-// probeReply is a peer's answer to a stall probe: the ranks (of the world) it waits
-// for, and whether it is in an operation of this communicator at all.
-type probeReply struct {
-	from    int // world rank
-	inOp    bool
-	waiting []int
 }
 
 // owner holds what the communicators made by Init or Local own, and what Shrink makes

@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/moex-ai/moex/coll/algos"
-	"github.com/moex-ai/moex/coll/shared"
 	"log/slog"
 	"os"
 	"runtime"
@@ -13,6 +11,10 @@ import (
 	"sort"
 	"sync/atomic"
 	"time"
+
+	"github.com/moex-ai/moex/coll/algos"
+	"github.com/moex-ai/moex/coll/health"
+	"github.com/moex-ai/moex/coll/shared"
 
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/coll/dtype"
@@ -48,8 +50,7 @@ func newComm(tr transport.Transport, id uint32, ranks, hosts []int, rank int, cf
 	}
 	c.pend = make([]atomic.Int32, c.size)
 	c.actx, c.acancel = context.WithCancelCause(context.Background())
-	c.timer = time.AfterFunc(time.Hour, c.checkProgress)
-	c.timer.Stop()
+	c.dog = health.NewWatchdog(cfg.Timeout, WarnAfter, func() bool { return c.actx.Err() != nil }, c.stalled, c.stalling)
 	c.execPool.New = func() any { return &execState{} }
 	return c
 }
@@ -89,7 +90,7 @@ func (c *Comm) Close() error {
 	}
 	c.abortOnce.Do(func() { c.acancel(ErrClosed) })
 	c.acancel(ErrClosed)
-	c.timer.Stop()
+	c.dog.Stop()
 	c.ctxMu.Lock()
 	if c.stopCtx != nil {
 		c.stopCtx()
@@ -221,7 +222,7 @@ func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) 
 		return nil, err
 	}
 	log := cfg.Logger
-	reportJoin(env.Rank, "join")
+	health.ReportJoin(env.Rank, health.Joining)
 	// Start-up is an operation like any other: one deadline (MOEX_INIT_TIMEOUT, else the
 	// communicator's timeout), and on failure every rank says which ranks it never heard
 	// from and how far each got (*bootstrap.StartupError).
@@ -288,7 +289,7 @@ func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) 
 		return fail(err)
 	}
 	stopWatch()
-	reportJoin(env.Rank, "up")
+	health.ReportJoin(env.Rank, health.Joined)
 	c.owned = newOwner(rv.Close, tr.Close)
 	c.closeBarrier = true
 	c.listen()

@@ -18,7 +18,7 @@ var level = map[string]int{
 	"internal/race": 0, "internal/long": 0, "internal/wire": 0, "internal/memx": 0, "internal/launch": 0, "internal/hosts": 0, "coll/dtype": 0,
 	"busypoll": 0, "router": 0, "obuf": 0, "internal/layers": 0,
 	"transport": 1, "coll/algos": 2, "transport/internal/core": 2,
-	"transport/inproc": 3, "coll/exchange": 3, "coll/agree": 2, "coll/shared": 3, "transport/topo": 3, "transport/ucx": 3, "transport/transporttest": 3,
+	"transport/inproc": 3, "coll/exchange": 3, "coll/agree": 2, "coll/health": 1, "coll/shared": 3, "transport/topo": 3, "transport/ucx": 3, "transport/transporttest": 3,
 	"transport/shm": 4, "transport/tcp": 4,
 	"transport/bootstrap": 5,
 	"coll":                6,
