@@ -59,7 +59,7 @@ func allReduceOK(cs []*Comm) []error {
 // A message lost on the way: every rank fails with ErrTimeout, none hangs, and the rank
 // that waited for the lost message names its sender.
 func TestFaultDrop(t *testing.T) {
-	cs, _ := faultyLocal(t, 4, Config{Timeout: 400 * time.Millisecond, Algo: map[OpKind]Algo{OpAllReduce: Ring}},
+	cs, fs := faultyLocal(t, 4, Config{Timeout: 400 * time.Millisecond, Algo: map[OpKind]Algo{OpAllReduce: Ring}},
 		func(rank int, m transporttest.Msg) transporttest.Fault {
 			if rank == 1 && m.Peer == 2 && m.N == 0 && data(m) {
 				return transporttest.Drop
@@ -67,6 +67,7 @@ func TestFaultDrop(t *testing.T) {
 			return transporttest.Pass
 		})
 	errs := allReduceOK(cs)
+	assert.Equal(t, 1, fs[1].Fired(transporttest.Drop))
 	for r, err := range errs {
 		require.ErrorIs(t, err, ErrTimeout, "rank %d", r)
 	}
@@ -93,13 +94,18 @@ func TestFaultDelay(t *testing.T) {
 		for i := 0; i < 3; i++ {
 			noErr(t, allReduceOK(cs))
 		}
+		delayed := 0
+		for _, f := range fs {
+			delayed += f.Fired(transporttest.Delay)
+		}
+		assert.Positive(t, delayed, "%v: the rule delayed messages", algo)
 	}
 }
 
 // A message delivered twice (an operation's, which carries its sequence number): the
 // copy is never taken for a later operation's message; the results stay exact.
 func TestFaultDuplicate(t *testing.T) {
-	cs, _ := faultyLocal(t, 3, Config{Timeout: 10 * time.Second}, func(rank int, m transporttest.Msg) transporttest.Fault {
+	cs, fs := faultyLocal(t, 3, Config{Timeout: 10 * time.Second}, func(rank int, m transporttest.Msg) transporttest.Fault {
 		if data(m) && rank == 0 {
 			return transporttest.Duplicate
 		}
@@ -108,6 +114,8 @@ func TestFaultDuplicate(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		noErr(t, allReduceOK(cs))
 	}
+	assert.Positive(t, fs[0].Fired(transporttest.Duplicate), "rank 0 sent copies")
+	assert.Zero(t, fs[1].Fired(transporttest.Duplicate)+fs[2].Fired(transporttest.Duplicate), "only rank 0's rule fires")
 }
 
 // A cable cut between ranks 1 and 2: every rank fails the operation, each with an error
@@ -143,4 +151,5 @@ func TestFaultFlipReachesTheData(t *testing.T) {
 	fs[0].FlipBit = 30 // a high exponent bit of the first float
 	errs := allReduceOK(cs)
 	require.ErrorIs(t, errors.Join(errs...), errWrongSum, "a flipped bit went unnoticed by the sums")
+	assert.Equal(t, 1, fs[0].Fired(transporttest.Flip))
 }

@@ -57,6 +57,7 @@ type Faulty struct {
 
 	mu     sync.Mutex
 	sent   map[int]int  // per peer: messages sent so far
+	fired  map[Fault]int
 	cut    map[int]bool // peers whose link is down
 	wg     sync.WaitGroup
 	ctx    context.Context // ends at Close: the delayed and duplicated sends give up
@@ -66,7 +67,22 @@ type Faulty struct {
 // NewFaulty wraps tr.
 func NewFaulty(tr transport.Transport, rule func(Msg) Fault) *Faulty {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Faulty{Transport: tr, Rule: rule, sent: map[int]int{}, cut: map[int]bool{}, ctx: ctx, cancel: cancel}
+	return &Faulty{Transport: tr, Rule: rule, sent: map[int]int{}, fired: map[Fault]int{}, cut: map[int]bool{}, ctx: ctx, cancel: cancel}
+}
+
+// Fired is how many messages fault was done to: dropped, flipped, sent a second time,
+// or sent late. A test asserts it, so that a rule that never matches cannot pass for a
+// transport that withstands the fault.
+func (f *Faulty) Fired(fault Fault) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fired[fault]
+}
+
+func (f *Faulty) fire(fault Fault) {
+	f.mu.Lock()
+	f.fired[fault]++
+	f.mu.Unlock()
 }
 
 // Cut takes the link to peer down: sends to it and receives from it fail at once with a
@@ -101,6 +117,7 @@ func (f *Faulty) Isend(peer int, tag transport.Tag, buf []byte) (transport.Reque
 	}
 	switch fault {
 	case Drop:
+		f.fire(Drop)
 		return done{n: len(buf)}, nil
 	case Flip:
 		if len(buf) == 0 {
@@ -113,6 +130,7 @@ func (f *Faulty) Isend(peer int, tag transport.Tag, buf []byte) (transport.Reque
 		if err != nil {
 			return nil, err
 		}
+		f.fire(Flip)
 		return sized{r, len(buf)}, nil
 	case Duplicate:
 		c := append([]byte(nil), buf...)
@@ -122,6 +140,7 @@ func (f *Faulty) Isend(peer int, tag transport.Tag, buf []byte) (transport.Reque
 		}
 		f.background(func(ctx context.Context) {
 			if r2, err := f.Transport.Isend(peer, tag, c); err == nil {
+				f.fire(Duplicate)
 				_, _ = r2.Wait(ctx)
 			}
 		})
@@ -145,6 +164,7 @@ func (f *Faulty) Isend(peer int, tag transport.Tag, buf []byte) (transport.Reque
 				ch <- done{err: err}
 				return
 			}
+			f.fire(Delay)
 			_, err = r.Wait(ctx)
 			ch <- done{n: len(c), err: err}
 		})

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/moex-ai/moex/internal/long"
+	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/internal/race"
 	"github.com/moex-ai/moex/internal/wire"
@@ -638,8 +639,12 @@ func testPeerLeaves(t *testing.T, f Factory, crash bool) {
 	}
 }
 
-// A rank that dies while a message is on the wire fails the receive with an error naming
-// it. Transports with a byte stream are made to die with half a frame sent.
+// A peer that dies in the middle of a message fails the receive with a *PeerError naming
+// it; nothing completes with part of a message. The middle is made sure of where the
+// test can reach the wire: on a byte stream, a frame header that promises 1000 bytes and
+// 10 of them; on shared-memory rings (whole frames), a large message announced and
+// matched but none of its data sent. Elsewhere a 64 MiB send is cut by the kill; a run
+// in which it arrives whole before the kill proves nothing and skips saying so.
 func testMidMessage(t *testing.T, f Factory) {
 	w := f(t, 2)
 	if w.Kill == nil {
@@ -648,32 +653,31 @@ func testMidMessage(t *testing.T, f Factory) {
 	ctx := ctxT(t)
 	buf := make([]byte, 64<<20)
 	r := must(w.T[1].Irecv(0, tag(70), buf))(t)
-	if w.Inject != nil && !w.WholeFrames {
-		var h wire.Header
-		h.Type, h.Comm, h.Tag, h.Length = wire.TypeEager, 1, 70, 1000
+	var h wire.Header
+	h.Comm, h.Tag = 1, 70
+	switch {
+	case w.Inject != nil && !w.WholeFrames:
+		h.Type, h.Length = wire.TypeEager, 1000
 		frame := make([]byte, wire.HeaderSize+10)
 		h.Encode(frame)
-		if err := w.Inject(0, 1, frame); err != nil {
-			t.Fatal(err)
-		}
-	} else {
-		msg := make([]byte, 64<<20)
+		require.NoError(t, w.Inject(0, 1, frame))
+	case w.Inject != nil:
+		h.Type, h.ID, h.Aux = wire.TypeRTS, 1<<40, 1<<20 // 1 MiB announced, never sent
+		frame := make([]byte, wire.HeaderSize)
+		h.Encode(frame)
+		require.NoError(t, w.Inject(0, 1, frame))
+	default:
+		msg := make([]byte, len(buf))
 		Pattern(msg, 70)
 		_ = must(w.T[0].Isend(1, tag(70), msg))(t)
 	}
 	time.Sleep(5 * time.Millisecond)
 	w.Kill(0)
 	n, err := r.Wait(ctx)
-	if (w.Inject == nil || w.WholeFrames) && err == nil {
-		// The whole message made it before the crash (a single copy of 64 MiB can take
-		// less than the sleep): then it is whole and right.
-		if n != len(buf) {
-			t.Fatalf("receive completed with %d of %d bytes and no error", n, len(buf))
-		}
-		if err := Check(buf, 70); err != nil {
-			t.Fatalf("message that beat the crash: %v", err)
-		}
-		return
+	if w.Inject == nil && err == nil {
+		require.Equal(t, len(buf), n, "a receive that completed without error")
+		require.NoError(t, Check(buf, 70), "the message that beat the kill")
+		t.Skip("the 64 MiB message arrived whole before the kill (the transport has no wire the test can reach to stop it halfway): this run proved nothing about dying mid-message")
 	}
 	wantPeerErr(t, "receive cut short", err, 0)
 }
