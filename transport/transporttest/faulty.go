@@ -56,7 +56,7 @@ type Faulty struct {
 	FlipBit int             // Flip's bit, counted from the message's first byte (modulo its length)
 
 	mu     sync.Mutex
-	sent   map[int]int  // per peer: messages sent so far
+	sent   map[int]int // per peer: messages sent so far
 	fired  map[Fault]int
 	cut    map[int]bool // peers whose link is down
 	wg     sync.WaitGroup
