@@ -167,12 +167,6 @@ func TestMoECombineTypes(t *testing.T) {
 	}
 }
 
-func BenchmarkMoEStep(b *testing.B) {
-	for i := 0; i < b.N; i++ {
-		runMoE(b, 4, MoEOpts{Model: "mixtral-8x7b", Tokens: 512, Iters: 20, LocalRanks: 4})
-	}
-}
-
 // The step floor's conversions: none where the wire is the activations' type; else each
 // token encoded once and each received row decoded, unless the experts take the
 // quantised rows; a row decoded once however many entries share it.
