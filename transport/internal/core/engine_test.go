@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -351,8 +352,9 @@ func TestEngineRejects(t *testing.T) {
 	}
 }
 
+// ended is a context whose deadline has passed (in fake time too).
 func ended() context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Nanosecond)
+	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, 0))
 	cancel()
 	return ctx
 }
@@ -384,29 +386,33 @@ func waitAside(r transport.Request, ctx context.Context) <-chan error {
 	return ch
 }
 
-// settleUntil delivers frames until ch has a result.
+// settleUntil delivers frames until ch has a result. It runs in a synctest bubble:
+// after each round of deliveries it waits until every goroutine of the test is blocked
+// (the waiter has acted on what arrived), so no wall-clock pause is needed and a round
+// that brings nothing new is certain.
 func (n *fakeNet) settleUntil(t *testing.T, ch <-chan error) error {
 	t.Helper()
-	deadline := time.After(10 * time.Second)
-	for {
+	for range 100 {
+		synctest.Wait()
 		select {
 		case err := <-ch:
 			return err
-		case <-deadline:
-			t.Fatal("Wait did not return")
 		default:
 		}
 		_, err := n.step(0)
 		require.NoError(t, err)
 		_, err = n.step(1)
 		require.NoError(t, err)
-		time.Sleep(100 * time.Microsecond)
 	}
+	t.Fatal("Wait did not return after 100 rounds of deliveries")
+	return nil
 }
 
 // An announcement that is out but unmatched is asked back: the receiver gives it back,
 // the send fails with the context's error, and a receive posted later does not get it.
-func TestEngineCancelAnnounced(t *testing.T) {
+func TestEngineCancelAnnounced(t *testing.T) { synctest.Test(t, testEngineCancelAnnounced) }
+
+func testEngineCancelAnnounced(t *testing.T) {
 	n := newFakeNet(t)
 	s := n.e[0].Isend(n.peer[0], tagOf(4), payload(500, 1))
 	n.settle(t) // the announcement is unexpected at rank 1
@@ -423,7 +429,9 @@ func TestEngineCancelAnnounced(t *testing.T) {
 
 // An announcement matched before the sender's cancel arrives is delivered whole, and the
 // send reports success: a cancelled send is never half delivered.
-func TestEngineCancelAfterMatch(t *testing.T) {
+func TestEngineCancelAfterMatch(t *testing.T) { synctest.Test(t, testEngineCancelAfterMatch) }
+
+func testEngineCancelAfterMatch(t *testing.T) {
 	for _, copies := range []bool{false, true} {
 		n := newFakeNet(t)
 		n.link[1].copies = copies
