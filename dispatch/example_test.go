@@ -96,7 +96,10 @@ func serve(ctx context.Context, c *coll.Comm, pl *router.Placement, hidden, expe
 		// The experts: one output row per entry, in entry order. Walk the entries of each
 		// local expert; in the low-latency mode the rows stay where they arrived (not in
 		// expert order), so Entry(j), not a block of in.X, is entry j's row.
-		y := make([]float32, in.Rows()*hidden)
+		y := cb.Buffer(h) // where the combine reads the outputs in place (one host), else nil
+		if y == nil {
+			y = make([]float32, in.Rows()*hidden)
+		}
 		for i := range in.Counts {
 			for j := in.Offsets[i]; j < in.Offsets[i]+in.Counts[i]; j++ {
 				scale := float32(in.Expert[j] + 1)
