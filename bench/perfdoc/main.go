@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,12 +27,14 @@ import (
 func main() {
 	out := flag.String("out", "docs/PERFORMANCE.md", "file to write")
 	quick := flag.Bool("quick", false, "few iterations (to check the script, not for figures)")
+	against := flag.String("against", "", "a commit: run the MoE stages on its build too, side by side with this one")
+	only := flag.String("only", "", "comma-separated sections to run (to check one; the document then holds only them): "+strings.Join(sectionNames, ","))
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "perfdoc: unexpected argument %q\n", flag.Arg(0))
 		os.Exit(2)
 	}
-	if err := run(*out, *quick); err != nil {
+	if err := run(*out, *quick, *against, *only); err != nil {
 		fmt.Fprintln(os.Stderr, "perfdoc:", err)
 		os.Exit(1)
 	}
@@ -47,6 +50,8 @@ type runner struct {
 	plots, plotRef string
 	// stepRows are the MoE results drawn as stacked bars.
 	stepRows []*bench.MoEResult
+	// base is moex built at the commit named baseName, to compare with (-against).
+	base, baseName string
 }
 
 // plot returns the file for a plot named name and the Markdown that shows it.
@@ -54,7 +59,10 @@ func (r *runner) plot(name, alt string) (file, md string) {
 	return filepath.Join(r.plots, name), fmt.Sprintf("![%s](%s/%s)\n\n", alt, r.plotRef, name)
 }
 
-func run(out string, quick bool) error {
+// sectionNames name the document's sections, in order, for -only.
+var sectionNames = []string{"against", "moe", "overlap", "balance", "lost", "step", "coalesce", "p2p", "coll", "openmpi", "twohosts"}
+
+func run(out string, quick bool, against, only string) error {
 	start := time.Now()
 	dir, err := os.MkdirTemp("", "perfdoc")
 	if err != nil {
@@ -69,6 +77,12 @@ func run(out string, quick bool) error {
 	if b, err := exec.Command("go", "build", "-buildvcs=true", "-o", r.moex, "./cmd/moex").CombinedOutput(); err != nil {
 		return fmt.Errorf("building moex: %v\n%s", err, b)
 	}
+	if against != "" {
+		if r.base, err = buildAt(against, dir); err != nil {
+			return err
+		}
+		r.baseName = shortCommit(against)
+	}
 	var doc bytes.Buffer
 	fmt.Fprintf(&doc, "# moex performance\n\n")
 	fmt.Fprintf(&doc, "Every figure below was measured by `go run ./bench/perfdoc` (docs/perf.sh) in one run on the\n")
@@ -77,7 +91,20 @@ func run(out string, quick bool) error {
 	fmt.Fprintf(&doc, "together; p50 and p99 are over the iterations. This machine is shared and noisy: compare\n")
 	fmt.Fprintf(&doc, "figures within one run, not across runs.\n\n")
 	machine(&doc)
-	for _, section := range []func(io.Writer) error{r.moe, r.overlap, r.balance, r.lostRank, r.moeStep, r.coalesce, r.p2p, r.coll, r.openMPI, r.twoHosts} {
+	sections := []func(io.Writer) error{r.against, r.moe, r.overlap, r.balance, r.lostRank, r.moeStep, r.coalesce, r.p2p, r.coll, r.openMPI, r.twoHosts}
+	chosen := map[string]bool{}
+	for _, name := range strings.Split(only, ",") {
+		if name = strings.TrimSpace(name); name != "" {
+			if !slices.Contains(sectionNames, name) {
+				return fmt.Errorf("-only: no section %q (want %s)", name, strings.Join(sectionNames, ","))
+			}
+			chosen[name] = true
+		}
+	}
+	for i, section := range sections {
+		if len(chosen) > 0 && !chosen[sectionNames[i]] {
+			continue
+		}
 		if err := section(&doc); err != nil {
 			return err
 		}
