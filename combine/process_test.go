@@ -109,6 +109,9 @@ func TestHelperMoERank(t *testing.T) {
 	require.NoError(t, err)
 	defer cb.Close()
 	require.Equal(t, tr == "shm", cb.InPlace(), "combine in place over %s", tr)
+	// A bad handle on one rank fails every rank's combine, in every mode, and the pair
+	// and the communicator serve on.
+	require.NoError(t, badHandles(ctx, c, 1), "rank %d over %s", c.Rank(), tr)
 	fmt.Printf("rank %d ok\n", c.Rank())
 }
 

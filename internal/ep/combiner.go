@@ -2,6 +2,7 @@ package ep
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/moex-ai/moex/coll"
@@ -232,7 +233,7 @@ func (cb *Combiner[T]) Combine(ctx context.Context, h Handle, y, out []T) error 
 // place (Buffer), Start only says that the outputs are there (copying y there first if
 // it is elsewhere), and Wait does the sums.
 func (cb *Combiner[T]) Start(ctx context.Context, h Handle, y, out []T) (*CombinePending[T], error) {
-	return cb.start(ctx, h, dtype.Bytes(y), dtype.Bytes(out), len(y), len(out), false)
+	return cb.start(ctx, h, dtype.Bytes(y), dtype.Bytes(out), len(y), len(out), false, nil)
 }
 
 // CombineRows is Combine for expert outputs already weighted and summed on this rank:
@@ -241,14 +242,31 @@ func (cb *Combiner[T]) Start(ctx context.Context, h Handle, y, out []T) (*Combin
 // rank ascending, then the origin's token order), and each goes back to its origin as
 // it is, to be added there to the token's other partial sums. Not in the gathered mode.
 func (cb *Combiner[T]) CombineRows(ctx context.Context, h Handle, y, out []T) error {
-	p, err := cb.start(ctx, h, dtype.Bytes(y), dtype.Bytes(out), len(y), len(out), true)
+	p, err := cb.start(ctx, h, dtype.Bytes(y), dtype.Bytes(out), len(y), len(out), true, nil)
 	if err != nil {
 		return err
 	}
 	return p.Wait(ctx)
 }
 
-func (cb *Combiner[T]) start(ctx context.Context, h Handle, y, out []byte, ny, nout int, rows bool) (*CombinePending[T], error) {
+// abandon takes part in the combine the other ranks run (see start) with a status that
+// fails theirs, because this rank cannot combine: the stage before failed here. It
+// returns cause, and what else went wrong.
+func (cb *Combiner[T]) abandon(ctx context.Context, cause error) error {
+	p, err := cb.start(ctx, Handle{}, nil, nil, 0, 0, false, cause)
+	if err == nil {
+		err = p.Wait(ctx)
+	}
+	if err == nil || errors.Is(err, cause) {
+		return cause
+	}
+	return errors.Join(cause, err)
+}
+
+// start begins a combine of h. A rank whose call is bad (the handle, the lengths), or
+// that gives up (giveUp, from abandon), still takes part, with a status that fails
+// every rank's call.
+func (cb *Combiner[T]) start(ctx context.Context, h Handle, y, out []byte, ny, nout int, rows bool, giveUp error) (*CombinePending[T], error) {
 	d := cb.d
 	if rows && d.cfg.Mode == Gathered {
 		return nil, fmt.Errorf("%w: summed rows in the gathered mode", ErrConfig)
@@ -257,15 +275,29 @@ func (cb *Combiner[T]) start(ctx context.Context, h Handle, y, out []byte, ny, n
 	if cs.started {
 		return nil, fmt.Errorf("%w: combine %d would reuse the buffers of a combine not waited for", ErrBusy, cb.n+1)
 	}
-	if h.s == nil || h.s.d != d {
-		return nil, fmt.Errorf("%w: the handle is not from this combiner's dispatcher", ErrStale)
-	}
-	s := h.s
+	s, gen := h.s, h.gen
 	hid := d.cfg.Hidden
 	cs.code, cs.inErr = CodeOK, nil
+	bad := giveUp
+	if bad == nil {
+		bad = badHandle(h, d)
+	}
+	if bad != nil {
+		// This rank still takes part, in the combine the others run, with a status that
+		// fails theirs: every rank fails in this call, and the pair stays usable. Their
+		// combine is, as combines follow dispatches, that of the dispatch now in the
+		// stale handle's buffers, else of the oldest dispatch not combined yet (the
+		// low-latency mode's blocks do not depend on which).
+		if s = d.uncombined(); h.s != nil && h.s.d == d && h.s.valid && !h.s.combined && h.s.pins == 0 {
+			s = h.s
+		}
+		if s == nil {
+			return nil, fmt.Errorf("%w (and no dispatch of this dispatcher waits for its combine)", bad)
+		}
+		gen, cs.code, cs.inErr = s.gen, codeOf(bad), bad
+	}
 	switch {
-	case !h.Valid():
-		cs.code, cs.inErr = CodeStale, ErrStale
+	case cs.code != CodeOK:
 	case nout != s.tokens*hid:
 		cs.code, cs.inErr = CodeOutput, fmt.Errorf("%w: output of %d values for %d tokens of %d", ErrCombineInput, nout, s.tokens, hid)
 	case !rows && ny != s.rowsOut*hid:
@@ -275,14 +307,18 @@ func (cb *Combiner[T]) start(ctx context.Context, h Handle, y, out []byte, ny, n
 	case rows && cb.cfg.SumAtOrigin:
 		cs.code, cs.inErr = CodeOutput, fmt.Errorf("%w: CombineRows with SumAtOrigin (the rows are summed already)", ErrConfig)
 	}
-	cs.s, cs.gen, cs.y, cs.out, cs.rows = s, h.gen, y, out, rows
+	cs.s, cs.gen, cs.y, cs.out, cs.rows = s, gen, y, out, rows
 	cs.fp = combineFingerprint(s.fp, cb.cfg, cb.out)
 	if cs.code == CodeOK {
 		s.pins++
+		s.combined = true
 		cs.pinned = true
 		cb.sums.own(cs)
 	}
 	if err := cb.back.start(ctx, cs); err != nil {
+		if cs.code == CodeOK {
+			s.combined = false
+		}
 		cs.unpin()
 		return nil, err
 	}
@@ -291,6 +327,23 @@ func (cb *Combiner[T]) start(ctx context.Context, h Handle, y, out []byte, ny, n
 	p := &cb.pending[cs.idx]
 	*p = CombinePending[T]{cs: cs, n: cb.n}
 	return p, nil
+}
+
+// badHandle says what is wrong with h as the handle of a combine on d: ErrStale for a
+// zero handle, one of another dispatcher, one whose buffers a later dispatch reused,
+// or one combined already; nil for a good one.
+func badHandle(h Handle, d *core) error {
+	switch {
+	case h.s == nil:
+		return fmt.Errorf("%w: a zero handle (not one that Dispatch returned)", ErrStale)
+	case h.s.d != d:
+		return fmt.Errorf("%w: the handle is not from this combiner's dispatcher", ErrStale)
+	case !h.Valid():
+		return fmt.Errorf("%w: the handle's dispatch was overwritten by a later one (InFlight %d) or its dispatcher closed", ErrStale, len(d.slots))
+	case h.s.combined:
+		return fmt.Errorf("%w: the handle's dispatch was combined already", ErrStale)
+	}
+	return nil
 }
 
 func (cs *cslot) unpin() {
@@ -315,6 +368,9 @@ func (p *CombinePending[T]) Wait(ctx context.Context) error {
 		err = cs.inErr
 	}
 	if err != nil {
+		if cs.code == CodeOK && cs.s.gen == cs.gen {
+			cs.s.combined = false // it failed on every rank: the handle may be combined again
+		}
 		return err
 	}
 	// Every rank has started this combine, so its experts read no more of the

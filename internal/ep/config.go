@@ -187,6 +187,23 @@ var codeErrs = [codeEnd]struct {
 	CodeWeights: {ErrWeights, "expert weights of the wrong size"},
 }
 
+// codeOf is the status a rank sends for err, the reason it cannot take its part: what
+// another rank reported, if err is that, else what err is.
+func codeOf(err error) int {
+	var pie *PeerInputError
+	switch {
+	case errors.As(err, &pie) && pie.code > CodeOK && pie.code < codeEnd:
+		return pie.code
+	case errors.Is(err, ErrStale):
+		return CodeStale
+	case errors.Is(err, ErrCombineInput):
+		return CodeOutput
+	case errors.Is(err, ErrWeights):
+		return CodeWeights
+	}
+	return CodeRouting
+}
+
 // PeerInputError says that another rank could not dispatch (or combine) its tokens:
 // every rank returns an error in the same call, and the communicator stays usable.
 // errors.Is matches it with ErrInput, and with what was wrong (ErrStale,

@@ -114,6 +114,8 @@ type slot struct {
 	// done (the low-latency rows read in place): every rank has started the combine
 	// of this slot's dispatch, so no rank reads this rank's staging of it any more.
 	done bool
+	// combined: a combine of this dispatch has started on this rank.
+	combined bool
 }
 
 // view is the non-generic part of an Output.
@@ -270,9 +272,22 @@ func (d *core) take() (*slot, error) {
 		return nil, fmt.Errorf("%w: dispatch %d would reuse the buffers of dispatch %d, whose combine runs (InFlight %d)", ErrBusy, d.gen+1, s.gen, len(d.slots))
 	}
 	d.gen++
-	s.gen, s.valid = d.gen, false
+	s.gen, s.valid, s.combined = d.gen, false, false
 	s.pl, s.fp = d.cfg.Placement, d.fp
 	return s, nil
+}
+
+// uncombined is the slot of the oldest dispatch that completed here and has not been
+// combined: the one every other rank combines when this rank's combine call is bad, as
+// combines follow dispatches in order. Nil when there is none.
+func (d *core) uncombined() *slot {
+	var oldest *slot
+	for _, s := range d.slots {
+		if s.valid && !s.combined && s.state == slotIdle && s.pins == 0 && (oldest == nil || s.gen < oldest.gen) {
+			oldest = s
+		}
+	}
+	return oldest
 }
 
 // startSlot hands the slot to the mode. A rank whose input is bad (code) still takes
@@ -323,7 +338,7 @@ func (d *Dispatcher[T]) Abandon(ctx context.Context, cause error) error {
 	if err != nil {
 		return errors.Join(cause, err)
 	}
-	p, err := d.startSlot(ctx, s, nil, nil, CodeRouting, cause, false)
+	p, err := d.startSlot(ctx, s, nil, nil, codeOf(cause), cause, false)
 	if err != nil {
 		return errors.Join(cause, err)
 	}

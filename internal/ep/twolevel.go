@@ -163,7 +163,9 @@ func (d *TwoLevel[T]) Down() *Dispatcher[T] { return d.down }
 func (d *TwoLevel[T]) Dispatch(ctx context.Context, x []T, r *router.Routing) (*Output[T], TwoLevelHandle, error) {
 	out1, h1, err := d.up.Dispatch(ctx, x, r)
 	if err != nil {
-		return nil, TwoLevelHandle{}, err
+		// The ranks of this host whose up stage went well wait in the down stage for
+		// this one: it takes part there, failing their call too.
+		return nil, TwoLevelHandle{}, d.down.Abandon(ctx, err)
 	}
 	// The rows this rank relays become the down stage's tokens, each with the choices
 	// of this host's experts it came with.
@@ -285,7 +287,9 @@ func (cb *TwoLevelCombiner[T]) Combine(ctx context.Context, h TwoLevelHandle, y,
 	}
 	mid := dtype.FromBytes[T](cb.mid.Bytes(n * cb.hidden * outType[T]().Size()))
 	if err := cb.down.Combine(ctx, h.Down, y, mid); err != nil {
-		return err
+		// The ranks of other hosts wait in the up stage for this one: it takes part
+		// there, failing their call too.
+		return cb.up.abandon(ctx, err)
 	}
 	return cb.up.CombineRows(ctx, h.Up, mid, out)
 }
