@@ -19,8 +19,8 @@ import (
 // failure reached them; with the agreement every rank fails in the same call. The
 // agreement is an all-gather of 8 bytes in ceil(log2 p) steps: from this size on a few
 // percent of the operation (BenchmarkBroadcastVerify), below it up to as much again.
-// Smaller rooted operations do not verify: their send-only ranks see a peer's failure on
-// their next operation.
+// Smaller rooted operations do not verify: their send-only ranks see a peer's failure in
+// their next operation, which confirms the rooted one first (see confirms).
 const VerifyRootedMin = 1 << 20
 
 // verifies says whether the call starts with the agreement: the same on every rank that
@@ -41,6 +41,35 @@ func (c *Comm) verifies(cl *call) bool {
 		return false
 	}
 	return n >= VerifyRootedMin
+}
+
+// confirms says whether the call must start with the agreement because the operation
+// before it was a rooted one that did not verify: its send-only ranks (a Broadcast's
+// root, a Reduce's leaves) finished without hearing from the others, so a peer that
+// failed there (a short buffer, a mismatch) has left them unaware. An operation in which
+// every rank hears from every rank (AllReduce, AllGather, ReduceScatter, AlltoAll,
+// Barrier) confirms it by itself: a rank that aborted does not take part, so the others
+// wait until its abort notice reaches them. Any other operation (another small rooted
+// one, an AlltoAllv, whose blocks may be empty) starts with the agreement, which the
+// aborted rank does not join. Every rank issues the same operations, so every rank
+// decides alike. Config.NoRootedVerify turns this off with the rooted operations' check.
+func (c *Comm) confirms(cl *call) bool {
+	if c.cfg.NoRootedVerify || c.cfg.Verify || c.size < 2 {
+		return false // no automatic check; or every operation checks itself
+	}
+	c.issueMu.Lock()
+	defer c.issueMu.Unlock()
+	unconfirmed := c.unconfirmed
+	switch cl.op {
+	case OpBroadcast, OpReduce, OpGather, OpScatter:
+		c.unconfirmed = !c.verifies(cl) && !unconfirmed // a verified one confirms itself
+	case OpAllReduce, OpAllGather, OpAllGatherv, OpReduceScatter, OpReduceScatterv, OpAlltoAll, OpBarrier:
+		c.unconfirmed = false
+		return false
+	default:
+		c.unconfirmed = false
+	}
+	return unconfirmed
 }
 
 // getPlan returns the cached plan for the call, computing it on first use.

@@ -98,6 +98,8 @@ func TestHelperCollRank(t *testing.T) {
 		err = helperStuck(ctx, c)
 	case "launcher":
 		err = helperLauncher(ctx, c)
+	case "shortbcast":
+		helperShortBroadcast(ctx, c)
 	case "procs":
 		fmt.Printf("rank %d procs=%d from=%d\n", c.Rank(), runtime.GOMAXPROCS(0), procs0)
 		err = Barrier(ctx, c)
@@ -775,6 +777,27 @@ func helperStuck(ctx context.Context, c *Comm) error {
 	return nil
 }
 
+// helperShortBroadcast: four 4 KiB Broadcasts from rank 0; in the first, the rank named
+// by MOEX_SHORT_RANK passes a buffer one element short. Each rank prints the first call
+// that failed (or none) and exits 0: the test reads what each saw.
+func helperShortBroadcast(ctx context.Context, c *Comm) {
+	short := envInt("MOEX_SHORT_RANK")
+	failed := -1
+	var first error
+	for i := 0; i < 4 && failed < 0; i++ {
+		n := 1024
+		if i == 0 && c.Rank() == short {
+			n--
+		}
+		if first = Broadcast(ctx, c, make([]float32, n), 0); first != nil {
+			failed = i
+		}
+	}
+	fmt.Printf("rank %d first failed call %d mismatch=%v: %v\n", c.Rank(), failed, errors.Is(first, ErrMismatch), first)
+	c.Close()
+	os.Exit(0)
+}
+
 // freeAddr is a loopback address whose port was free a moment ago.
 func freeAddr(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -880,6 +903,22 @@ func TestLeftBeforeInitNamed(t *testing.T) {
 	assert.Equal(t, 1, ee.ExitCode(), out)
 	assert.Regexp(t, `rank 1 exited with code 0 before joining the communicator; ranks \[[0-9 ]+\] were waiting`, out)
 	assert.NotContains(t, out, "rank 2 exited", "a survivor is not to blame")
+}
+
+// A 4 KiB Broadcast with one buffer one element short, a non-root rank's or the root's,
+// between processes over tcp and shm: every rank fails that call or its next one (a
+// second Broadcast), with ErrMismatch; nobody finishes the four calls.
+func TestShortBroadcastProcesses(t *testing.T) {
+	moex := buildMoex(t)
+	for _, tr := range []string{"tcp", "shm"} {
+		for _, short := range []int{1, 0} {
+			out, err := moexRunKeepGoing(moex, false, 4, "shortbcast", "MOEX_TIMEOUT=20s", "MOEX_TRANSPORT="+tr, fmt.Sprintf("MOEX_SHORT_RANK=%d", short))
+			require.NoError(t, err, out)
+			for r := 0; r < 4; r++ {
+				assert.Regexp(t, fmt.Sprintf(`rank %d first failed call [01] mismatch=true`, r), out, "%s, short rank %d", tr, short)
+			}
+		}
+	}
 }
 
 // buildMoex builds the moex command with flags, once per set of flags for the test

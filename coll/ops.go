@@ -80,7 +80,8 @@ func (c *Comm) submitInto(ctx context.Context, cl call, pl *algos.Plan, h *Handl
 			return err
 		}
 	}
-	cl.verify = c.verifies(&cl)
+	confirm := c.confirms(&cl) // first: it keeps the state of every call
+	cl.verify = c.verifies(&cl) || confirm
 	seq, err := c.start(ctx, cl.verify)
 	if err != nil {
 		if after != nil {

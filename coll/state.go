@@ -53,7 +53,9 @@ type Config struct {
 	// ranks that both think they are the root), and that every rank fails in the same
 	// call when one has a bad argument. Costs one extra round trip per op. Broadcast,
 	// Reduce, Gather and Scatter of VerifyRootedMin bytes and more verify unless
-	// NoRootedVerify is set.
+	// NoRootedVerify is set; smaller ones leave their send-only ranks to learn of a
+	// failure in their next operation, which then starts with the agreement unless every
+	// rank hears from every rank in it (an AllReduce, say).
 	Verify         bool
 	NoRootedVerify bool
 	// Profile measures, for every operation, how long this rank waited for the others to
@@ -96,8 +98,11 @@ type Comm struct {
 	issueMu sync.Mutex
 	seq     uint32
 	splits  uint32
-	shrinks uint32
-	closed  atomic.Bool
+	// unconfirmed (under issueMu): the last operation was a rooted one that did not
+	// verify, so the next may have to (Comm.confirms).
+	unconfirmed bool
+	shrinks     uint32
+	closed      atomic.Bool
 
 	planMu   sync.Mutex
 	plans    map[algos.PlanKey]*algos.Plan
