@@ -73,8 +73,8 @@ func TestHelperCollRank(t *testing.T) {
 		if errors.As(err, &pe) {
 			peer = pe.Rank
 		}
-		fmt.Printf("rank %s startup failed: missing=%v timeout=%v dup=%v peer=%d after=%v\n", os.Getenv("MOEX_RANK"), se.Missing(),
-			errors.Is(err, ErrTimeout), errors.Is(err, bootstrap.ErrDuplicateRank), peer, time.Since(start).Round(10*time.Millisecond))
+		fmt.Printf("rank %s startup failed: missing=%v timeout=%v dup=%v peer=%d blame=%d after=%v: %v\n", os.Getenv("MOEX_RANK"), se.Missing(),
+			errors.Is(err, ErrTimeout), errors.Is(err, bootstrap.ErrDuplicateRank), peer, se.Rank, time.Since(start).Round(10*time.Millisecond), err)
 		os.Exit(0)
 	}
 	if err != nil {
@@ -858,6 +858,58 @@ func TestStartupRankDies(t *testing.T) {
 func TestStartupDuplicateRank(t *testing.T) {
 	out := startRanks(t, freeAddr(t), []int{0, 1, 1}, 3, "startup", "MOEX_TIMEOUT=60s")
 	assert.Equal(t, 3, strings.Count(out, "dup=true"), out)
+}
+
+// A rank with no rank 0: it fails at the start-up deadline blaming rank 0, which serves
+// the store and has not come, in one sentence (no prefix repeated).
+func TestStartupNoRank0(t *testing.T) {
+	t.Parallel() // most of it is the wait for the timeout
+	out := startRanks(t, freeAddr(t), []int{1}, 2, "startup", "MOEX_TIMEOUT=2s")
+	assert.Contains(t, out, "timeout=true dup=false peer=-1 blame=0", out)
+	assert.Contains(t, out, "rank 0, which serves the rendezvous store", out)
+	assert.Equal(t, 1, strings.Count(out, "transport:"), "one prefix: %s", out)
+}
+
+// Rank 0 dies during the rendezvous: the others fail at once, naming it (a PeerError
+// for rank 0), not with the store's EOF.
+func TestStartupRank0Dies(t *testing.T) {
+	addr := freeAddr(t)
+	var outs [2]string
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); outs[0] = startRanks(t, addr, []int{1, 2}, 3, "startup", "MOEX_TIMEOUT=60s") }()
+	outs[1] = startRanks(t, addr, []int{0}, 3, "joinanddie")
+	wg.Wait()
+	assert.Equal(t, 2, strings.Count(outs[0], "timeout=false dup=false peer=0 blame=0"), "%s\n%s", outs[0], outs[1])
+	assert.Contains(t, outs[0], "rank 0, which serves the rendezvous store, is gone")
+}
+
+// Two processes claim rank 0: the second says so (not "address already in use"), and
+// every rank fails at once with ErrDuplicateRank.
+func TestStartupTwoRank0(t *testing.T) {
+	addr := freeAddr(t)
+	var first string
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); first = startRanks(t, addr, []int{0, 1}, 3, "startup", "MOEX_TIMEOUT=60s") }()
+	// Ranks 0 and 1 wait for rank 2 at the store; then a second rank 0 comes.
+	require.Eventually(t, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		st, err := bootstrap.DialStore(ctx, addr, []byte("startup-test"))
+		if err != nil {
+			return false
+		}
+		defer st.Close()
+		stages, err := st.Status(ctx)
+		return err == nil && len(stages) == 3 && stages[0] != "" && stages[1] != ""
+	}, 30*time.Second, 20*time.Millisecond, "ranks 0 and 1 at the store")
+	second := startRanks(t, addr, []int{0}, 3, "startup", "MOEX_TIMEOUT=60s")
+	wg.Wait()
+	out := first + second
+	assert.Equal(t, 3, strings.Count(out, "dup=true"), out)
+	assert.Contains(t, out, "two processes claim rank 0", out)
+	assert.NotContains(t, out, "address already in use", out)
 }
 
 // A rank stopped with SIGSTOP: the others fail at the timeout, each naming the ranks it

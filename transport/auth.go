@@ -18,6 +18,12 @@ const (
 	authVersion = "moex-auth/1"
 )
 
+// AcceptIdle bounds how long the accepting end of a handshake waits for the dialer's
+// first bytes, which a peer sends as soon as it connects: a connection that sends
+// nothing (a port scanner, a stuck client) is dropped after it, and one whose first byte
+// is not a dialer's at once, however long the handshake's context allows.
+const AcceptIdle = 3 * time.Second
+
 // Role distinguishes the two ends of a handshake so that a proof cannot be reflected back.
 type Role byte
 
@@ -34,10 +40,13 @@ func Handshake(ctx context.Context, conn net.Conn, token []byte, role Role, hell
 	if len(hello) > maxHello {
 		return nil, &ArgError{Arg: "hello", Reason: "longer than 4096 bytes"}
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	} else {
-		_ = conn.SetDeadline(time.Now().Add(30 * time.Second))
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(30 * time.Second)
+	}
+	_ = conn.SetDeadline(dl)
+	if idle := time.Now().Add(AcceptIdle); role == RoleAcceptor && idle.Before(dl) {
+		_ = conn.SetReadDeadline(idle)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer func() {
@@ -55,16 +64,20 @@ func Handshake(ctx context.Context, conn net.Conn, token []byte, role Role, hell
 	out = binary.LittleEndian.AppendUint16(out, uint16(len(hello)))
 	out = append(out, hello...)
 	if _, err := conn.Write(out); err != nil {
-		return nil, fmt.Errorf("transport: handshake: %w", err)
+		return nil, fmt.Errorf("handshake: %w", err)
 	}
 	var head [1 + nonceSize + 2]byte
-	if _, err := io.ReadFull(conn, head[:]); err != nil {
-		return nil, fmt.Errorf("transport: handshake: %w", err)
+	if _, err := io.ReadFull(conn, head[:1]); err != nil {
+		return nil, fmt.Errorf("handshake: %w", err)
 	}
 	peerRole := Role(head[0])
 	if peerRole == role || (peerRole != RoleDialer && peerRole != RoleAcceptor) {
-		return nil, fmt.Errorf("%w: peer role %q", ErrAuth, peerRole)
+		return nil, fmt.Errorf("%w: peer role %q (not a moex peer)", ErrAuth, peerRole)
 	}
+	if _, err := io.ReadFull(conn, head[1:]); err != nil {
+		return nil, fmt.Errorf("handshake: %w", err)
+	}
+	_ = conn.SetReadDeadline(dl)
 	peerNonce := head[1 : 1+nonceSize]
 	n := int(binary.LittleEndian.Uint16(head[1+nonceSize:]))
 	if n > maxHello {
@@ -72,7 +85,7 @@ func Handshake(ctx context.Context, conn net.Conn, token []byte, role Role, hell
 	}
 	peerHello := make([]byte, n)
 	if _, err := io.ReadFull(conn, peerHello); err != nil {
-		return nil, fmt.Errorf("transport: handshake: %w", err)
+		return nil, fmt.Errorf("handshake: %w", err)
 	}
 	proof := func(r Role, a, b, ha, hb []byte) []byte {
 		m := hmac.New(sha256.New, token)
@@ -87,7 +100,7 @@ func Handshake(ctx context.Context, conn net.Conn, token []byte, role Role, hell
 		return m.Sum(nil)
 	}
 	if _, err := conn.Write(proof(role, mine[:], peerNonce, hello, peerHello)); err != nil {
-		return nil, fmt.Errorf("transport: handshake: %w", err)
+		return nil, fmt.Errorf("handshake: %w", err)
 	}
 	got := make([]byte, sha256.Size)
 	if _, err := io.ReadFull(conn, got); err != nil {

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Tag identifies a message between two ranks. Comm, Seq and Tag must match exactly between
@@ -139,7 +140,16 @@ type PeerError struct {
 }
 
 func (e *PeerError) Error() string {
-	return fmt.Sprintf("transport: %s with rank %d: %v", e.Op, e.Rank, e.Err)
+	return fmt.Sprintf("transport: %s with rank %d: %s", e.Op, e.Rank, Unprefixed(e.Err))
+}
+
+// Unprefixed is err's text without a leading "transport: ", for an error of this
+// package that wraps it and says "transport: " once.
+func Unprefixed(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return strings.TrimPrefix(err.Error(), "transport: ")
 }
 
 func (e *PeerError) Unwrap() error { return e.Err }
@@ -151,6 +161,21 @@ type ArgError struct {
 }
 
 func (e *ArgError) Error() string { return "transport: invalid " + e.Arg + ": " + e.Reason }
+
+// Because returns an error whose text is its own, a sentence that says more than its
+// cause's text (which it does not repeat), and which matches cause with errors.Is and
+// errors.As: one prefix per layer, not one per wrapping.
+func Because(cause error, format string, args ...any) error {
+	return &because{msg: fmt.Sprintf(format, args...), cause: cause}
+}
+
+type because struct {
+	msg   string
+	cause error
+}
+
+func (e *because) Error() string { return e.msg }
+func (e *because) Unwrap() error { return e.cause }
 
 // CtxError converts a context error into one that wraps ErrTimeout or ErrCanceled and the
 // context's own error.

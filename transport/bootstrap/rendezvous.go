@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/moex-ai/moex/transport"
@@ -50,6 +51,9 @@ func Join(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, error) {
 			return nil, err
 		}
 		if srv, err = ServeStore(net.JoinHostPort(bind, port), []byte(env.Token), log); err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) {
+				return joinTaken(ctx, env, err)
+			}
 			if env.AddrNote != "" {
 				err = fmt.Errorf("%w (the address is %s; set MOEX_ADDR to choose another)", err, env.AddrNote)
 			}
@@ -57,6 +61,31 @@ func Join(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, error) {
 		}
 	}
 	return joinAt(ctx, env, srv)
+}
+
+// joinTaken is rank 0's start-up when the store's address is taken (inUse). If a store
+// of this job answers there, another process serves it as rank 0: this one claims rank 0
+// there too, so that the store fails every rank with ErrDuplicateRank, and says so.
+// Otherwise another program holds the port.
+func joinTaken(ctx context.Context, env Env, inUse error) (*Rendezvous, error) {
+	dctx, cancel := context.WithTimeout(ctx, time.Second)
+	st, err := DialStore(dctx, env.Addr, []byte(env.Token))
+	cancel()
+	if err != nil {
+		return nil, &StartupError{Expected: env.Size, Rank: 0, Err: transport.Because(inUse,
+			"rank 0 cannot serve the rendezvous store: %s is taken by another program (set MOEX_ADDR to a free port): %v", env.Addr, inUse)}
+	}
+	defer st.Close()
+	var nonce [12]byte
+	_, _ = rand.Read(nonce[:])
+	err = st.Claim(ctx, 0, env.Size, hex.EncodeToString(nonce[:]))
+	var se *StartupError
+	if errors.As(err, &se) {
+		se.Expected = env.Size
+		return nil, se
+	}
+	return nil, &StartupError{Expected: env.Size, Rank: 0, Err: transport.Because(ErrDuplicateRank,
+		"two processes claim rank 0: a store of this job already answers at %s", env.Addr)}
 }
 
 // joinAt connects to the store at env.Addr (served by srv on rank 0) and claims this
@@ -104,7 +133,7 @@ func joinByFile(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, er
 		if err != nil {
 			srv.Close()
 			os.Remove(tmp)
-			return nil, &StartupError{Expected: env.Size, Rank: 0, Err: fmt.Errorf("transport: publishing the rendezvous address: %w", err)}
+			return nil, &StartupError{Expected: env.Size, Rank: 0, Err: fmt.Errorf("publishing the rendezvous address: %w", err)}
 		}
 		file := env.AddrFile
 		env.AddrFile = ""
@@ -130,7 +159,7 @@ func joinByFile(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, er
 		}
 		select {
 		case <-ctx.Done():
-			return nil, &StartupError{Expected: env.Size, Rank: 0, Err: fmt.Errorf("transport: waiting for rank 0's rendezvous file %s: %w", env.AddrFile, context.Cause(ctx))}
+			return nil, &StartupError{Expected: env.Size, Rank: 0, Err: transport.Because(context.Cause(ctx), "rank 0 has not come: no rendezvous file %s before the start-up deadline", env.AddrFile)}
 		case <-tick.C:
 		}
 	}
@@ -179,7 +208,7 @@ func (rv *Rendezvous) AllGather(ctx context.Context, mine []byte) ([][]byte, err
 	rv.mu.Unlock()
 	vals, err := rv.store.AllGather(ctx, key, rv.Env.Rank, rv.Env.Size, mine)
 	if err != nil {
-		return nil, rv.explain(fmt.Errorf("transport: rendezvous all-gather: %w", err))
+		return nil, rv.explain(fmt.Errorf("rendezvous all-gather: %w", err))
 	}
 	return vals, nil
 }

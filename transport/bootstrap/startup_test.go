@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/transporttest"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -144,4 +145,15 @@ func TestStoreAcceptSurvives(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "v", string(vals[0]))
 	assert.False(t, errors.Is(err, transport.ErrClosed))
+}
+
+// The store drops connections that are not a rank's: garbage at once, silence after
+// transport.AcceptIdle.
+func TestStoreDropsStrangers(t *testing.T) {
+	srv, err := ServeStore("127.0.0.1:0", []byte("job"), nil)
+	require.NoError(t, err)
+	defer srv.Close()
+	for _, s := range transporttest.Strangers {
+		assert.NoError(t, transporttest.Dropped(srv.Addr(), s.Send), s.Name)
+	}
 }

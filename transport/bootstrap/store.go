@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/moex-ai/moex/transport"
@@ -81,7 +82,7 @@ func ServeStore(addr string, token []byte, log *slog.Logger) (*StoreServer, erro
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("transport: store: %w", err)
+		return nil, fmt.Errorf("transport: serving the rendezvous store: %w", err)
 	}
 	return serveStoreOn(ln, token, log), nil
 }
@@ -496,12 +497,13 @@ func DialStore(ctx context.Context, addr string, token []byte) (*Store, error) {
 			}
 			_ = c.Close()
 			if errors.Is(err, transport.ErrAuth) {
-				return nil, fmt.Errorf("transport: store %s: %w", addr, err)
+				return nil, transport.Because(err, "the rendezvous store at %s refused this rank (another job's, or a job secret that differs: MOEX_JOB_TOKEN): %v", addr, err)
 			}
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("transport: connecting to the rendezvous store %s: %w (last error: %v)", addr, transport.CtxError(ctx.Err()), err)
+			return nil, transport.Because(transport.CtxError(ctx.Err()),
+				"rank 0, which serves the rendezvous store at %s, has not come: no answer before the start-up deadline (last error: %v)", addr, err)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
@@ -521,12 +523,21 @@ func (s *Store) call(ctx context.Context, req []byte) ([][]byte, error) {
 	defer stop()
 	fail := func(err error) ([][]byte, error) {
 		var ne net.Error
-		if ctx.Err() != nil {
-			err = transport.CtxError(ctx.Err())
-		} else if _, has := ctx.Deadline(); has && errors.As(err, &ne) && ne.Timeout() {
-			err = transport.CtxError(context.DeadlineExceeded) // the socket deadline fired first
+		switch {
+		case ctx.Err() != nil:
+			s.broken = transport.Because(transport.CtxError(ctx.Err()), "no answer from the rendezvous store before the start-up deadline")
+		case errors.As(err, &ne) && ne.Timeout():
+			// the socket deadline fired first
+			s.broken = transport.Because(transport.CtxError(context.DeadlineExceeded), "no answer from the rendezvous store before the start-up deadline")
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE):
+			// The store lives in rank 0's process, which has closed it: it exited,
+			// crashed, or failed its own start-up.
+			s.broken = &StartupError{Rank: 0, Err: transport.Because(
+				&transport.PeerError{Rank: 0, Op: "start-up", Err: fmt.Errorf("%w: %v", transport.ErrPeerClosed, err)},
+				"rank 0, which serves the rendezvous store, is gone: it closed the store's connection (%v)", err)}
+		default:
+			s.broken = fmt.Errorf("rendezvous store: %w", err)
 		}
-		s.broken = fmt.Errorf("transport: store: %w", err)
 		return nil, s.broken
 	}
 	if _, err := s.c.Write(req); err != nil {
@@ -546,7 +557,7 @@ func (s *Store) call(ctx context.Context, req []byte) ([][]byte, error) {
 			stage = string(vals[1])
 		}
 		if st == stDup {
-			s.broken = &StartupError{Rank: rank, Err: fmt.Errorf("%w: rank %d", ErrDuplicateRank, rank)}
+			s.broken = &StartupError{Rank: rank, Err: transport.Because(ErrDuplicateRank, "two processes claim rank %d", rank)}
 		} else {
 			s.broken = &StartupError{Rank: rank, Err: &transport.PeerError{Rank: rank, Op: "start-up",
 				Err: fmt.Errorf("%w during start-up (it had reached %q)", transport.ErrPeerClosed, stage)}}
@@ -656,7 +667,7 @@ func (e *StartupError) Error() string {
 		}
 		fmt.Fprintf(&b, "; stages reached: %s", strings.Join(at, " "))
 	}
-	fmt.Fprintf(&b, ": %v", e.Err)
+	fmt.Fprintf(&b, ": %s", transport.Unprefixed(e.Err))
 	return b.String()
 }
 

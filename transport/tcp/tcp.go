@@ -224,10 +224,6 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
 	}
-	busyUS := cfg.BusyPollUS
-	if busyUS == 0 {
-		busyUS = DefaultBusyPollUS
-	}
 	t.self = inproc.New(1, inproc.Config{Poller: t.waitPoller, Pool: t.pool})[0]
 	t.eng = core.Engine[sendX, recvX]{Rank: t.rank, Name: "tcp", EagerMax: t.eager, Pool: t.pool, Closed: t.closed.Load,
 		Await: t.await, GracePoller: t.waitPoller, Grace: t.grace, Log: t.log}
@@ -236,59 +232,13 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		t.busyPoll = "n/a (single rank)"
 		return t, nil
 	}
-	bind := cfg.Bind
-	if bind == "" {
-		bind = "127.0.0.1"
-	}
-	ln, err := net.Listen("tcp", net.JoinHostPort(bind, "0"))
+	conns, err := t.connectAll(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("tcp: listen on %s: %w", bind, err)
-	}
-	defer ln.Close() // every peer is connected (or setup failed) when New returns
-	addrs, err := cfg.Exchange(ctx, []byte(ln.Addr().String()))
-	if err != nil {
-		return nil, fmt.Errorf("tcp: exchanging addresses: %w", err)
-	}
-	if len(addrs) != t.size {
-		return nil, fmt.Errorf("tcp: address exchange returned %d entries for %d ranks", len(addrs), t.size)
-	}
-	conns := make([][]*net.TCPConn, t.size)
-	for i := range conns {
-		conns[i] = make([]*net.TCPConn, t.streams)
-	}
-	var mu sync.Mutex
-	closeAll := func() {
-		for _, cs := range conns {
-			for _, c := range cs {
-				if c != nil {
-					_ = c.Close()
-				}
-			}
-		}
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	// Dial lower ranks.
-	for p := 0; p < t.rank; p++ {
-		for s := 0; s < t.streams; s++ {
-			g.Go(func() error {
-				c, err := t.dial(gctx, string(addrs[p]), p, s, []byte(cfg.Token))
-				if err != nil {
-					return &transport.PeerError{Rank: p, Op: "connect", Err: err}
-				}
-				mu.Lock()
-				conns[p][s] = c
-				mu.Unlock()
-				return nil
-			})
-		}
-	}
-	// Accept higher ranks.
-	if want := (t.size - 1 - t.rank) * t.streams; want > 0 {
-		g.Go(func() error { return t.acceptAll(gctx, ln, want, conns, &mu, []byte(cfg.Token)) })
-	}
-	if err := g.Wait(); err != nil {
-		closeAll()
 		return nil, err
+	}
+	busyUS := cfg.BusyPollUS
+	if busyUS == 0 {
+		busyUS = DefaultBusyPollUS
 	}
 	t.busyPoll = "unset"
 	for p := range t.peers {
@@ -309,9 +259,78 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 			pr.start()
 		}
 	}
-	t.log.Info("moex tcp: connected", "rank", t.rank, "size", t.size, "listen", ln.Addr().String(),
+	t.log.Info("moex tcp: connected", "rank", t.rank, "size", t.size,
 		"streams", t.streams, "busy_poll", t.busyPoll, "poll", t.poller.Mode().String())
 	return t, nil
+}
+
+// connectAll listens, publishes the address through cfg.Exchange, and connects every
+// stream to every peer: it dials lower ranks and accepts higher ones.
+func (t *Transport) connectAll(ctx context.Context, cfg Config) ([][]*net.TCPConn, error) {
+	bind := cfg.Bind
+	if bind == "" {
+		bind = "127.0.0.1"
+	}
+	ln, err := net.Listen("tcp", net.JoinHostPort(bind, "0"))
+	if err != nil {
+		return nil, fmt.Errorf("tcp: listen on %s: %w", bind, err)
+	}
+	defer ln.Close() // every peer is connected (or setup failed) when New returns
+	conns := make([][]*net.TCPConn, t.size)
+	for i := range conns {
+		conns[i] = make([]*net.TCPConn, t.streams)
+	}
+	var mu sync.Mutex
+	closeAll := func() {
+		for _, cs := range conns {
+			for _, c := range cs {
+				if c != nil {
+					_ = c.Close()
+				}
+			}
+		}
+	}
+	sctx, cancelSetup := context.WithCancel(ctx)
+	defer cancelSetup()
+	g, gctx := errgroup.WithContext(sctx)
+	// Accept higher ranks, from now: a connection that is not a peer's (garbage, or one
+	// that says nothing) is dropped at once, not left until the addresses are known.
+	if want := (t.size - 1 - t.rank) * t.streams; want > 0 {
+		g.Go(func() error { return t.acceptAll(gctx, ln, want, conns, &mu, []byte(cfg.Token)) })
+	}
+	addrs, err := cfg.Exchange(ctx, []byte(ln.Addr().String()))
+	if err == nil && len(addrs) != t.size {
+		err = fmt.Errorf("tcp: address exchange returned %d entries for %d ranks", len(addrs), t.size)
+	} else if err != nil {
+		err = fmt.Errorf("tcp: exchanging addresses: %w", err)
+	}
+	if err != nil {
+		cancelSetup()
+		_ = g.Wait()
+		closeAll()
+		return nil, err
+	}
+	// Dial lower ranks.
+	for p := 0; p < t.rank; p++ {
+		for s := 0; s < t.streams; s++ {
+			g.Go(func() error {
+				c, err := t.dial(gctx, string(addrs[p]), p, s, []byte(cfg.Token))
+				if err != nil {
+					return &transport.PeerError{Rank: p, Op: "connect", Err: err}
+				}
+				mu.Lock()
+				conns[p][s] = c
+				mu.Unlock()
+				return nil
+			})
+		}
+	}
+	if err := g.Wait(); err != nil {
+		closeAll()
+		return nil, err
+	}
+	t.log.Info("moex tcp: listened", "rank", t.rank, "listen", ln.Addr().String())
+	return conns, nil
 }
 
 func (t *Transport) dial(ctx context.Context, addr string, peerRank, stream int, token []byte) (*net.TCPConn, error) {
