@@ -88,6 +88,9 @@ type CollResult struct {
 	P50US float64 `json:"p50_us"`
 	P90US float64 `json:"p90_us"`
 	P99US float64 `json:"p99_us"`
+	// Tail says who the slow operations (over twice the p50) waited for: the rank that
+	// entered them last, by the host's clock (one host), most often.
+	Tail Tail `json:"tail"`
 	// OutOfPlace says whether the main columns are the out-of-place form (send and
 	// receive buffers apart); broadcast has only the in-place one, which fills them.
 	OutOfPlace bool `json:"out_of_place"`
@@ -286,6 +289,7 @@ type form struct {
 	timeUS, p50, p90, p99 float64
 	wrong                 int
 	iters                 int
+	tail                  Tail
 }
 
 func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResult, error) {
@@ -317,6 +321,7 @@ func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResul
 	default:
 		res.OutOfPlace = true
 		res.TimeUS, res.P50US, res.P90US, res.P99US, res.Wrong, res.Iters = out.timeUS, out.p50, out.p90, out.p99, out.wrong, out.iters
+		res.Tail = out.tail
 	}
 	in, ac, err := collForm(ctx, c, o, size, true, !res.OutOfPlace, &res)
 	switch {
@@ -327,6 +332,7 @@ func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResul
 		res.InPlaceUS, res.InPlaceWrong = in.timeUS, in.wrong
 		if !res.OutOfPlace { // the operation's only form fills the main columns too
 			res.TimeUS, res.P50US, res.P90US, res.P99US, res.Wrong, res.Iters = in.timeUS, in.p50, in.p90, in.p99, in.wrong, in.iters
+			res.Tail = in.tail
 			algoCount = ac
 		}
 	}
@@ -394,11 +400,19 @@ func collForm(ctx context.Context, c *coll.Comm, o CollOpts, size int, inPlace, 
 	straggle := o.StraggleDelay > 0 && c.Rank() == o.StraggleRank
 	prof0 := c.ProfileOf(o.Op)
 	samples := make([]float64, min(iters, maxSamples))
+	entered := make([]float64, len(samples)) // when each operation began, by the host's clock
+	base := []int64{time.Now().UnixNano()}
+	if err := coll.AllReduce(ctx, c, nil, base, dtype.Min); err != nil {
+		return f, 0, err
+	}
 	start := time.Now()
 	last := start
 	for i := 0; i < iters; i++ {
 		if straggle {
 			time.Sleep(o.StraggleDelay)
+		}
+		if i < len(samples) {
+			entered[i] = float64(time.Now().UnixNano() - base[0])
 		}
 		if err := bo.run(); err != nil {
 			return f, 0, err
@@ -413,10 +427,18 @@ func collForm(ctx context.Context, c *coll.Comm, o CollOpts, size int, inPlace, 
 	if err := coll.AllReduce(ctx, c, nil, el, dtype.Max); err != nil {
 		return f, 0, err
 	}
-	// Per iteration, the slowest rank's time.
+	// Per iteration, the slowest rank's time, and who entered it last.
+	all := make([]float64, c.Size()*len(entered))
+	if err := coll.AllGather(ctx, c, entered, all); err != nil {
+		return f, 0, err
+	}
 	if err := coll.AllReduce(ctx, c, nil, samples, dtype.Max); err != nil {
 		return f, 0, err
 	}
+	n := len(entered)
+	// The rank that entered last is the one whose entry time is the largest: tailOf
+	// picks the smallest of what at returns.
+	f.tail = tailOf(samples, c.Size(), func(r, i int) float64 { return -all[r*n+i] })
 	if o.Profile && main {
 		prof := c.ProfileOf(o.Op)
 		n := float64(max(prof.Count-prof0.Count, 1))
@@ -487,8 +509,8 @@ func PrintColl(w io.Writer, rows []CollResult) {
 	if !r0.OutOfPlace {
 		main, other = "in-place", "out-of-place"
 	}
-	fmt.Fprintf(tw, "\t\t\t\t\t\t%s\t\t\t\t\t\t\t%s\t\t\t\t\n", main, other)
-	head := "size (B)\tcount\ttype\tredop\troot\talgo\ttime (us)\tp50\tp90\tp99\talgbw (GB/s)\tbusbw (GB/s)\t#wrong\ttime (us)\tbusbw (GB/s)\t#wrong\tmemcpy (GB/s)\t"
+	fmt.Fprintf(tw, "\t\t\t\t\t\t%s\t\t\t\t\t\t\t\t\t%s\t\t\t\t\n", main, other)
+	head := "size (B)\tcount\ttype\tredop\troot\talgo\ttime (us)\tp50\tp90\tp99\tslow\tlate\talgbw (GB/s)\tbusbw (GB/s)\t#wrong\ttime (us)\tbusbw (GB/s)\t#wrong\tmemcpy (GB/s)\t"
 	if profiled {
 		head += "wait (us)\tmove (us)\tlast rank\t"
 	}
@@ -498,8 +520,12 @@ func PrintColl(w io.Writer, rows []CollResult) {
 		if red == "" {
 			red = "none"
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.2f\t%.2f\t%d\t",
-			r.Bytes, r.Count, r.DType, red, r.Root, r.Algo, r.TimeUS, r.P50US, r.P90US, r.P99US, r.AlgBW, r.BusBW, r.Wrong)
+		late := "-"
+		if r.Tail.Steps > 0 {
+			late = fmt.Sprintf("%d (%d)", r.Tail.Late, r.Tail.LateIn)
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%s\t%.1f\t%.1f\t%.1f\t%.1f\t%d\t%s\t%.2f\t%.2f\t%d\t",
+			r.Bytes, r.Count, r.DType, red, r.Root, r.Algo, r.TimeUS, r.P50US, r.P90US, r.P99US, r.Tail.Steps, late, r.AlgBW, r.BusBW, r.Wrong)
 		if r.OutOfPlace && r.InPlaceWrong >= 0 {
 			fmt.Fprintf(tw, "%.1f\t%.2f\t%d\t", r.InPlaceUS, r.InPlaceBusBW, r.InPlaceWrong)
 		} else {
@@ -512,7 +538,7 @@ func PrintColl(w io.Writer, rows []CollResult) {
 		fmt.Fprintln(tw)
 	}
 	tw.Flush()
-	fmt.Fprintln(w, "# time: mean per operation of the slowest rank; p50/p90/p99: over iterations, each the slowest rank's; #wrong: elements off the reference over every rank")
+	fmt.Fprintln(w, "# time: mean per operation of the slowest rank; p50/p90/p99: over iterations, each the slowest rank's; slow: operations over 2x the p50; late: the rank that entered them last most often (how often); #wrong: elements off the reference over every rank")
 	if profiled {
 		fmt.Fprintln(w, "# wait: longest time a rank spent waiting for the last one to arrive; move: longest time of the operation after that (per op, over the ranks)")
 	}

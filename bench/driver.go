@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -41,6 +42,7 @@ type Timing struct {
 	Stages []string
 	Iters  int
 	times  []float64 // [iteration*len(Stages) + stage]
+	ranks  []float64 // every rank's: [rank][iteration*len(Stages) + stage]
 }
 
 // Time runs sc on every rank of c (collectively) and returns its timing, the same on
@@ -78,8 +80,16 @@ func Time(ctx context.Context, c *coll.Comm, sc Scenario, o TimeOpts) (*Timing, 
 			o.Progress(i+1, iters)
 		}
 	}
-	if err := coll.AllReduce(ctx, c, nil, t.times, dtype.Max); err != nil {
+	// Every rank's times, for the slowest (a stage takes as long as its slowest rank) and
+	// for who came late in the slow steps (Tail).
+	t.ranks = make([]float64, c.Size()*len(t.times))
+	if err := coll.AllGather(ctx, c, t.times, t.ranks); err != nil {
 		return nil, err
+	}
+	for r := 0; r < c.Size(); r++ {
+		for j, v := range t.ranks[r*len(t.times) : (r+1)*len(t.times)] {
+			t.times[j] = max(t.times[j], v)
+		}
 	}
 	return t, nil
 }
@@ -106,8 +116,68 @@ func (t *Timing) Steps() []float64 {
 	return v
 }
 
-// Stage is stage k's mean, p50 and p99.
-func (t *Timing) Stage(k int) Stage { return stageOf(t.Column(k)) }
+// Stage is stage k's mean, p50 and p99, and who its tail waited for.
+func (t *Timing) Stage(k int) Stage {
+	st := stageOf(t.Column(k))
+	st.Tail = t.Tail(k)
+	return st
+}
+
+// Tail is what the slow steps of a stage waited for.
+type Tail struct {
+	// Steps is how many timed steps took more than twice the stage's p50.
+	Steps int `json:"steps"`
+	// Late is the rank that arrived last in the most of them, LateIn in how many: a
+	// rank that enters a stage late waits for nobody, so its own time in it is the
+	// shortest of the ranks'; the others' include the wait for it. -1 without slow steps.
+	Late   int `json:"late_rank"`
+	LateIn int `json:"late_in"`
+}
+
+func (tl Tail) String() string {
+	if tl.Steps == 0 {
+		return "no step over 2x p50"
+	}
+	return fmt.Sprintf("%d step(s) over 2x p50, rank %d arrived last in %d", tl.Steps, tl.Late, tl.LateIn)
+}
+
+// Tail says who stage k's slow steps waited for.
+func (t *Timing) Tail(k int) Tail {
+	if len(t.ranks) == 0 {
+		return Tail{Late: -1}
+	}
+	return tailOf(t.Column(k), len(t.ranks)/len(t.times), func(r, i int) float64 {
+		return t.ranks[r*len(t.times)+len(t.Stages)*i+k]
+	})
+}
+
+// tailOf finds, among the steps of slowest (each step's slowest rank) over twice their
+// p50, the rank whose own time was the shortest (the one that came last) most often;
+// at(r, i) is rank r's time in step i.
+func tailOf(slowest []float64, ranks int, at func(r, i int) float64) Tail {
+	tl := Tail{Late: -1}
+	p50 := percentile(slowest, 0.5)
+	late := make([]int, ranks)
+	for i, v := range slowest {
+		if v <= 2*p50 {
+			continue
+		}
+		tl.Steps++
+		first := 0
+		for r := 1; r < ranks; r++ {
+			if at(r, i) < at(first, i) {
+				first = r
+			}
+		}
+		late[first]++
+	}
+	for r, n := range late {
+		if n > tl.LateIn {
+			tl.Late, tl.LateIn = r, n
+		}
+	}
+	return tl
+}
 
 // stageOf is the figures of times (seconds): mean, p50 and p99 in microseconds.
 func stageOf(times []float64) Stage {

@@ -79,3 +79,19 @@ func TestPercentile(t *testing.T) {
 	assert.Zero(t, percentile(nil, 0.5))
 	assert.Zero(t, mean(nil))
 }
+
+// The slow steps' late rank is the one with the shortest own time in them (it waited
+// for nobody), counted only over the steps above twice the p50.
+func TestTailOf(t *testing.T) {
+	// 3 ranks, 6 steps; steps 2 and 5 are slow, rank 1 came last in both, rank 2 in a
+	// fast one.
+	own := [][]float64{
+		{1, 1, 9, 1, 1, 8},
+		{1, 1, 2, 1, 1, 1},
+		{1, 0.5, 9, 1, 1, 8},
+	}
+	slowest := []float64{1, 1, 9, 1, 1, 8}
+	tl := tailOf(slowest, 3, func(r, i int) float64 { return own[r][i] })
+	assert.Equal(t, Tail{Steps: 2, Late: 1, LateIn: 2}, tl)
+	assert.Equal(t, Tail{Late: -1}, tailOf([]float64{1, 1, 1}, 3, func(r, i int) float64 { return 1 }))
+}

@@ -28,6 +28,7 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 		}
 		row(name, fmt.Sprintf("p50 %.1f us, p99 %.1f us, mean %.1f us; %s on the wire, copy floor %.1f us for %s (p50 %.2fx the floor), %.1f us in a step's cache state%s (p50 %.2fx)",
 			s.P50US, s.P99US, s.MeanUS, SizeOf(s.Bytes), s.FloorUS, SizeOf(s.Moved), s.OverP50, s.StepFloorUS, conv, s.OverStepFloor))
+		row(name+" tail", s.Tail.String())
 	}
 	row("path", r.Path)
 	if note := SharedCPUsNote(r); note != "" {
