@@ -65,7 +65,7 @@ type Stage struct {
 	MeanUS float64 `json:"mean_us"`
 	P50US  float64 `json:"p50_us"`
 	P99US  float64 `json:"p99_us"`
-	Tail   Tail    `json:"tail"` // who the slow steps waited for
+	Tail   Tail    `json:"tail"`       // who the slow steps waited for
 	Bytes  int64   `json:"wire_bytes"` // every rank's bytes on the wire in one stage
 	// Moved is what the stage must move at least once: its bytes on the wire, and for the
 	// combine the expert outputs it reads (one row per (token, expert) choice, as DeepEP
