@@ -158,7 +158,7 @@ func EPLB(ctx context.Context, c *coll.Comm, o EPLBOpts) (*EPLBResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	dcfg := dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Mode: o.Mode, MaxTokens: max(o.Tokens, 1)}
+	dcfg := dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Mode: o.Mode, MaxTokens: maxTokensOf(MoEOpts{Mode: o.Mode, Tokens: o.Tokens})}
 	var d *dispatch.Dispatcher[float32]
 	var cb *combine.Combiner[float32]
 	closeStages := func() {

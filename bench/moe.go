@@ -93,7 +93,9 @@ type MoEResult struct {
 	Ranks     int    `json:"ranks"`
 	Transport string `json:"transport"`
 	Mode      string `json:"mode"`
-	Path      string `json:"path"` // how rows move: the AlltoAllv's algorithm, or the low-latency exchange's
+	// StepMode is the mode the steps ran in: Mode, or the one the Auto mode picked.
+	StepMode string `json:"step_mode"`
+	Path     string `json:"path"` // how rows move: the AlltoAllv's algorithm, or the low-latency exchange's
 	// Kernels: the vector kernels that encode, decode and sum the rows (dtype.Kernels).
 	Kernels       string `json:"kernels"`
 	TokensPerRank int    `json:"tokens_per_rank"`
@@ -186,7 +188,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	if err != nil {
 		return nil, err
 	}
-	sc.prof = c.ProfileOf(profiled(o.Mode))
+	sc.prof = c.ProfileOf(profiled(StepMode(o)))
 	res := sc.result(tm)
 	for _, part := range []func(context.Context, *MoEResult) error{sc.errorAndFloors, sc.loads, sc.copyFloors, sc.extras} {
 		if err := part(ctx, res); err != nil {
@@ -229,7 +231,7 @@ func (sc *moeScenario[T]) experts(o2 *dispatch.Output[T]) error {
 func (sc *moeScenario[T]) Step(ctx context.Context, i int, rec []float64) error {
 	ep := sc.ep
 	if i == 0 && rec != nil {
-		sc.prof0 = sc.c.ProfileOf(profiled(sc.o.Mode))
+		sc.prof0 = sc.c.ProfileOf(profiled(StepMode(sc.o)))
 	}
 	xs := sc.x
 	if b := ep.D.Buffer(); b != nil && sc.o.TokensInBuffer {
@@ -276,12 +278,12 @@ func (sc *moeScenario[T]) result(tm *Timing) *MoEResult {
 	sc.iters = tm.Iters
 	st := ep.D.Stats()
 	res := &MoEResult{
-		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), TokensPerRank: o.Tokens,
+		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), StepMode: StepMode(o).String(), TokensPerRank: o.Tokens,
 		Act: o.Act.String(), Hidden: cfg.Hidden, TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(), Quantized: o.Quantized,
 		CombineWire: ep.C.Config().PartialDType.String(), CombineInPlace: ep.C.InPlace(), SumAtOrigin: ep.C.Config().SumAtOrigin, DispatchInPlace: ep.D.RowsInPlace(), TokensInBuffer: sc.inBuffer, Compute: o.Compute, Iters: tm.Iters,
 		GOMAXPROCS: runtime.GOMAXPROCS(0), HostCPUs: runtime.NumCPU(), HostRanks: HostRanks(c),
 	}
-	switch o.Mode {
+	switch StepMode(o) {
 	case dispatch.LowLatency:
 		res.Path = fmt.Sprintf("exchange, written into %d of %d peers' memory", st.Pushed, p-1)
 		if ep.D.RowsInPlace() {

@@ -18,7 +18,7 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 		back = "expert outputs back unsummed (" + r.CombineWire + "), summed at the tokens' ranks"
 	}
 	fmt.Fprintf(w, "# moex bench moe: %s (hidden %d, %d experts, top-%d), %d ranks over %s, %s mode, %d tokens per rank, %s activations, %s on the wire, %s, experts: %s\n",
-		r.Model, r.Hidden, r.Experts, r.TopK, r.Ranks, r.Transport, r.Mode, r.TokensPerRank, r.Act, r.Wire, back, r.Compute)
+		r.Model, r.Hidden, r.Experts, r.TopK, r.Ranks, r.Transport, modeOf(r), r.TokensPerRank, r.Act, r.Wire, back, r.Compute)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row := func(k, v string) { fmt.Fprintf(tw, "%s\t%s\n", k, v) }
 	stage := func(name string, s Stage) {
@@ -62,7 +62,7 @@ func PrintMoE(w io.Writer, r *MoEResult) {
 		if longest < len(r.WaitForUS) {
 			waited = fmt.Sprintf("; waited longest for rank %d (%.1f us per step)", longest, r.WaitForUS[longest])
 		}
-		if r.Mode == dispatch.LowLatency.String() {
+		if r.StepMode == dispatch.LowLatency.String() {
 			row("exchange wait", fmt.Sprintf("%.1f us per step (longest over the ranks); last to arrive most often: rank %d%s", r.WaitUS, *r.LastRank, waited))
 		} else {
 			row("alltoallv wait / move", fmt.Sprintf("%.1f / %.1f us per step (longest over the ranks); last to arrive most often: rank %d%s", r.WaitUS, r.MoveUS, *r.LastRank, waited))
@@ -85,4 +85,12 @@ func SizeOf(n int64) string {
 		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
 	}
 	return fmt.Sprintf("%d B", n)
+}
+
+// modeOf names the mode a result ran in: the Auto mode with the one it picked.
+func modeOf(r *MoEResult) string {
+	if r.StepMode != "" && r.StepMode != r.Mode {
+		return r.Mode + " (" + r.StepMode + " steps)"
+	}
+	return r.Mode
 }

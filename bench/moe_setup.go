@@ -19,6 +19,27 @@ import (
 
 // The MoE bench's set-up: the model's layer, its expert-parallel form and the tokens.
 
+// StepMode is the mode o's steps run in: o.Mode, or in the Auto mode the one it picks
+// for o.Tokens tokens on every rank (its MaxTokens left at dispatch.AutoMaxTokens).
+func StepMode(o MoEOpts) dispatch.Mode {
+	switch {
+	case o.Mode != dispatch.Auto:
+		return o.Mode
+	case o.Tokens <= dispatch.AutoMaxTokens:
+		return dispatch.LowLatency
+	}
+	return dispatch.Normal
+}
+
+// maxTokensOf is the Config.MaxTokens of o's dispatcher: o.Tokens, except in the Auto
+// mode, whose default is what a user who sets nothing gets.
+func maxTokensOf(o MoEOpts) int {
+	if o.Mode == dispatch.Auto {
+		return 0
+	}
+	return max(o.Tokens, 1)
+}
+
 // profiled is the operation whose waits the profile of a mode's stages reports.
 func profiled(m dispatch.Mode) coll.OpKind {
 	if m == dispatch.LowLatency {
@@ -113,7 +134,7 @@ func setup[T combine.Act](ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSe
 	if err != nil {
 		return nil, fmt.Errorf("%w (use --compute none, a smaller model or fewer ranks per process)", err)
 	}
-	dcfg := dispatch.Config{WireDType: o.Wire, Placement: pl, Mode: o.Mode, MaxTokens: max(o.Tokens, 1), Quantized: o.Quantized, PushRows: o.PushRows}
+	dcfg := dispatch.Config{WireDType: o.Wire, Placement: pl, Mode: o.Mode, MaxTokens: maxTokensOf(*o), Quantized: o.Quantized, PushRows: o.PushRows}
 	ccfg := combine.Config{PartialDType: o.Combine, SendPartials: o.SendPartials, SumAtOrigin: o.SumAtOrigin}
 	ep, err := models.NewEP[T](ctx, c, layer, dcfg, ccfg)
 	if err != nil {

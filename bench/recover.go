@@ -84,7 +84,7 @@ func Recover(ctx context.Context, c *coll.Comm, o RecoverOpts, kill func()) (*co
 	}
 	sc := &recoverScenario{ctx: ctx, me: me, hid: cfg.Hidden, tokens: o.Tokens, zr: newZipfRouter(cfg.Experts, cfg.TopK, 0, o.Seed),
 		rng: rand.New(rand.NewPCG(o.Seed, uint64(me))), r: &router.Routing{}, x: make([]float32, o.Tokens*cfg.Hidden), ws: ws,
-		dcfg: dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Mode: o.Mode, MaxTokens: max(o.Tokens, 1)}}
+		dcfg: dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Mode: o.Mode, MaxTokens: maxTokensOf(MoEOpts{Mode: o.Mode, Tokens: o.Tokens})}}
 	for i := range sc.x {
 		sc.x[i] = float32(i%97) / 97
 	}

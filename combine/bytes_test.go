@@ -153,8 +153,14 @@ func TestLowLatencyBytesBeforehand(t *testing.T) {
 			})
 		}
 	}
-	_, err := dispatch.LowLatencyBytes[float32](dispatch.Config{Hidden: 8, TopK: 1, Placement: placement(t, "contiguous", 4, 2)}, true)
+	_, err := dispatch.LowLatencyBytes[float32](dispatch.Config{Hidden: 8, TopK: 1, Mode: dispatch.Normal, Placement: placement(t, "contiguous", 4, 2)}, true)
 	require.ErrorIs(t, err, dispatch.ErrConfig, "the normal mode has no fixed buffers")
+	// The Auto mode's are its low-latency mode's, for AutoMaxTokens unless told.
+	auto, err := dispatch.LowLatencyBytes[float32](dispatch.Config{Hidden: 8, TopK: 1, Placement: placement(t, "contiguous", 4, 2)}, true)
+	require.NoError(t, err)
+	ll, err := dispatch.LowLatencyBytes[float32](dispatch.Config{Hidden: 8, TopK: 1, Mode: dispatch.LowLatency, MaxTokens: dispatch.AutoMaxTokens, Placement: placement(t, "contiguous", 4, 2)}, true)
+	require.NoError(t, err)
+	assert.Equal(t, ll, auto)
 	_, err = combine.LowLatencyBytes[float32](dispatch.Config{Hidden: 8, TopK: 1, Mode: dispatch.LowLatency, Placement: placement(t, "contiguous", 4, 2)}, combine.Config{}, true)
 	require.ErrorIs(t, err, dispatch.ErrConfig, "no MaxTokens")
 }

@@ -535,7 +535,7 @@ func TestDispatchQuantizedAlignSkew(t *testing.T) {
 			})
 		}
 	}
-	check[float32](t, s, step{Config: dispatch.Config{Placement: placement(t, "contiguous", 16, 4), Align: 8}}, coll.Config{})
+	check[float32](t, s, step{Config: dispatch.Config{Placement: placement(t, "contiguous", 16, 4), Align: 8, Mode: dispatch.Normal}}, coll.Config{})
 }
 
 // Opaque rows (Dispatcher[byte]) travel as they are; the combine runs in float32.

@@ -222,7 +222,7 @@ func TestUsePlacementAllocs(t *testing.T) {
 	const p, experts = 2, 256
 	a, b := placement(t, "contiguous", experts, p), placement(t, "roundrobin", experts, p)
 	runRanks(t, p, quick, func(c *coll.Comm) error {
-		d, err := dispatch.New[float32](context.Background(), c, dispatch.Config{Hidden: 64, TopK: 8, Placement: a})
+		d, err := dispatch.New[float32](context.Background(), c, dispatch.Config{Hidden: 64, TopK: 8, Placement: a, Mode: dispatch.Normal})
 		if err != nil {
 			return err
 		}

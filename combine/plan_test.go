@@ -274,6 +274,14 @@ func TestExecutorsFollowSchedule(t *testing.T) {
 				}
 			}
 		}
+		// The Auto mode: its step runs as the low-latency mode where every rank's tokens
+		// fit in MaxTokens, as the normal mode where one rank's do not.
+		for _, maxTokens := range []int{13, 6} {
+			for _, b := range []back{{"partials", combine.Config{}}, {"sum at origin", combine.Config{SumAtOrigin: true, SendPartials: true}}} {
+				cfg := dispatch.Config{Hidden: hid, TopK: k, WireDType: dtype.BF16, Placement: pl, MaxTokens: maxTokens}
+				checkSchedules(t, fmt.Sprintf("P=%d/auto, MaxTokens %d/%s", p, maxTokens, b.name), cfg, b.cfg, rs)
+			}
+		}
 	}
 }
 

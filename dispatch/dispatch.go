@@ -65,6 +65,11 @@ type Mode = ep.Mode
 
 // The modes.
 const (
+	// Auto, the zero Mode: each step in the low-latency mode when every rank's tokens
+	// fit in MaxTokens (default AutoMaxTokens), else in the normal mode; a step that
+	// does not fit costs one exchange of headers more. The mode for a serving loop that
+	// mixes decode and prefill steps.
+	Auto = ep.Auto
 	// Normal: a counts all-gather, then an exact-size AlltoAllv (prefill).
 	Normal = ep.Normal
 	// LowLatency: one exchange into buffers sized for MaxTokens tokens per rank, counts
@@ -76,8 +81,11 @@ const (
 	Gathered = ep.Gathered
 )
 
-// ParseMode accepts "normal", "low-latency" (or "ll") and "gathered".
+// ParseMode accepts "auto" (or ""), "normal", "low-latency" (or "ll") and "gathered".
 func ParseMode(s string) (Mode, error) { return ep.ParseMode(s) }
+
+// AutoMaxTokens is MaxTokens in the Auto mode where it is not set.
+const AutoMaxTokens = ep.AutoMaxTokens
 
 // MaxLowLatencyTokens bounds Config.MaxTokens.
 const MaxLowLatencyTokens = ep.MaxLowLatencyTokens

@@ -165,7 +165,7 @@ func checkEP(t *testing.T, cfg Config, ref *Layer, seed uint64, tokens, p int, k
 				if err != nil {
 					return err
 				}
-				ep, err := NewEP[float32](context.Background(), c, l, dispatch.Config{WireDType: wire, Placement: pl}, combine.Config{})
+				ep, err := NewEP[float32](context.Background(), c, l, dispatch.Config{WireDType: wire, Placement: pl, Mode: dispatch.Normal}, combine.Config{})
 				if err != nil {
 					return err
 				}
@@ -249,7 +249,7 @@ func TestNonFiniteLogitsOnOneRank(t *testing.T) {
 			r := c.Rank()
 			errs[r] = func() error {
 				l, _ := NewLayer(cfg, 3, pl.Local[r], 0)
-				ep, err := NewEP[float32](context.Background(), c, l, dispatch.Config{Placement: pl}, combine.Config{})
+				ep, err := NewEP[float32](context.Background(), c, l, dispatch.Config{Placement: pl, Mode: dispatch.Normal}, combine.Config{})
 				if err != nil {
 					return err
 				}

@@ -70,7 +70,7 @@ func printFlow(w io.Writer, o bench.MoEOpts, mc models.Config, pl *combine.Plan,
 	p := len(pl.Rows)
 	cfg := pl.Cfg
 	fmt.Fprintf(w, "# moex flow: one MoE step of %s (hidden %d, %d experts, top-%d, %s), %d ranks on %d host(s), %d tokens per rank, %s mode, %s on the wire, %s back\n\n",
-		mc.Name, mc.Hidden, mc.Experts, mc.TopK, mc.Gating, p, m.Hosts(), o.Tokens, cfg.Mode, cfg.WireDType, backType(pl))
+		mc.Name, mc.Hidden, mc.Experts, mc.TopK, mc.Gating, p, m.Hosts(), o.Tokens, flowMode(o, cfg.Mode), cfg.WireDType, backType(pl))
 	fmt.Fprintln(w, "1. route (every rank, local): gate, top-k, weights; experts by rank:")
 	for r := 0; r < p; r++ {
 		fmt.Fprintf(w, "     rank %d (host %d): experts %s\n", r, m.Host(r), spans(cfg.Placement.Local[r]))
@@ -360,4 +360,12 @@ func spans(xs []int) string {
 		return "none"
 	}
 	return strings.Join(parts, ",")
+}
+
+// flowMode names the mode of the step: the Auto mode with the one it picks.
+func flowMode(o bench.MoEOpts, m dispatch.Mode) string {
+	if o.Mode == dispatch.Auto {
+		return fmt.Sprintf("auto (%v)", m)
+	}
+	return m.String()
 }

@@ -135,7 +135,7 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 	wire := fs.String("wire-dtype", "f32", "activations on the wire: f32, bf16, fp8 (e4m3, a scale per 128 values) or int8 (a scale per token)")
 	act := fs.String("act", "f32", "activations: f32 or bf16")
 	back := fs.String("combine-dtype", "", "partial sums on the way back: f32, bf16, fp8 or int8 (default: f32 with an f32 wire, else bf16)")
-	mode := fs.String("mode", "normal", "normal (counts all-gather, then an exact-size AlltoAllv), low-latency (buffers sized for --tokens, counts travel with the rows) or gathered (every token all-gathered, the sums reduce-scattered back)")
+	mode := fs.String("mode", "auto", "auto (the library's default: each step low-latency when every rank's tokens fit in dispatch.AutoMaxTokens, else normal), normal (counts all-gather, then an exact-size AlltoAllv), low-latency (buffers sized for --tokens, counts travel with the rows) or gathered (every token all-gathered, the sums reduce-scattered back)")
 	fs.StringVar(&o.Placement, "placement", "contiguous", "expert placement: contiguous or roundrobin")
 	fs.BoolVar(&o.SendPartials, "send-partials", false, "low-latency mode: the combine sends partial sums even where ranks can read the expert outputs in each other's memory")
 	fs.BoolVar(&o.SumAtOrigin, "sum-at-origin", false, "the combine sends the expert outputs back unsummed and each token's rank adds them in the order of its choices: the bits of one process, for more bytes")
@@ -179,7 +179,7 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 		}
 		m, err := dispatch.ParseMode(*mode)
 		if err != nil {
-			return &usageError{fmt.Sprintf("--mode %q: want normal, low-latency or gathered", *mode)}
+			return &usageError{fmt.Sprintf("--mode %q: want auto, normal, low-latency or gathered", *mode)}
 		}
 		o.Mode = m
 		switch o.Placement {
@@ -199,11 +199,11 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 		if o.Mode == dispatch.Gathered && o.Combine != 0 && o.Combine != dtype.F32 && o.Combine != dtype.BF16 {
 			return &usageError{fmt.Sprintf("--combine-dtype %s: the gathered mode adds the partial sums on the way; want f32 or bf16", *back)}
 		}
-		if o.SendPartials && o.Mode != dispatch.LowLatency {
-			return &usageError{"--send-partials: only with --mode low-latency"}
+		if o.SendPartials && o.Mode != dispatch.LowLatency && o.Mode != dispatch.Auto {
+			return &usageError{"--send-partials: only with --mode low-latency (or auto)"}
 		}
-		if o.PushRows && o.Mode != dispatch.LowLatency {
-			return &usageError{"--push-rows: only with --mode low-latency"}
+		if o.PushRows && o.Mode != dispatch.LowLatency && o.Mode != dispatch.Auto {
+			return &usageError{"--push-rows: only with --mode low-latency (or auto)"}
 		}
 		return nil
 	}

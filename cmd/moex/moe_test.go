@@ -34,7 +34,7 @@ func TestBenchMoEEPLBFlagsRefused(t *testing.T) {
 // would be ignored, so they are usage errors.
 func TestBenchMoESendPartialsRefused(t *testing.T) {
 	for _, args := range [][]string{
-		{"--push-rows"},
+		{"--push-rows", "--mode", "normal"},
 		{"--push-rows", "--mode", "gathered"},
 		{"--push-rows", "--mode", "low-latency", "--eplb", "4"},
 		{"--push-rows", "--mode", "low-latency", "--kill", "1"},
@@ -42,7 +42,7 @@ func TestBenchMoESendPartialsRefused(t *testing.T) {
 		{"--tokens-in-buffer", "--mode", "low-latency", "--push-rows"},
 		{"--tokens-in-buffer", "--mode", "low-latency", "--wire-dtype", "bf16"},
 		{"--tokens-in-buffer", "--mode", "low-latency", "--eplb", "4"},
-		{"--send-partials"},
+		{"--send-partials", "--mode", "normal"},
 		{"--send-partials", "--mode", "gathered"},
 		{"--send-partials", "--mode", "low-latency", "--eplb", "4"},
 		{"--send-partials", "--mode", "low-latency", "--kill", "1"},

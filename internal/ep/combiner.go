@@ -56,6 +56,7 @@ type backCore struct {
 	sums   sums
 	stats  CombineStats
 	closed bool
+	alt    *backCore // the Auto mode's normal-mode combiner
 }
 
 // CombineStats describes the last combine.
@@ -95,6 +96,7 @@ type Combiner[T Out] struct {
 	*backCore
 	pending []CombinePending[T]
 	chunkR  []router.Routing // Pipeline's chunks
+	alt     *Combiner[T]     // the Auto mode's, for the dispatches its normal mode took
 }
 
 // NewCombiner returns a combiner for the dispatches of d. In the low-latency mode it is
@@ -130,7 +132,36 @@ func NewCombiner[T Out](ctx context.Context, src Source, ccfg CombineConfig) (*C
 	default:
 		cb.sums = newPartialSums[T](cb)
 	}
-	return &Combiner[T]{backCore: cb, pending: make([]CombinePending[T], len(cb.slots))}, nil
+	c := &Combiner[T]{backCore: cb, pending: make([]CombinePending[T], len(cb.slots))}
+	if d.alt != nil {
+		// The Auto mode: a combiner for the normal mode's dispatches too (it sends the
+		// partial sums in any case).
+		acfg := ccfg
+		acfg.SendPartials = false
+		if c.alt, err = NewCombiner[T](ctx, d.alt, acfg); err != nil {
+			cb.Close()
+			return nil, err
+		}
+		cb.alt = c.alt.backCore
+	}
+	return c, nil
+}
+
+// pick is the combiner of h's dispatch: in the Auto mode, the normal mode's for the
+// dispatches it took; for a bad handle, the one of the last dispatch that completed
+// (whose combine the other ranks run).
+func (cb *Combiner[T]) pick(h Handle) *Combiner[T] {
+	switch {
+	case cb.alt == nil:
+		return cb
+	case h.of(cb.d):
+		return cb
+	case h.of(cb.alt.d):
+		return cb.alt
+	case cb.d.lastAlt:
+		return cb.alt
+	}
+	return cb
 }
 
 // declare records the combine configuration the dispatcher serves: its schedules plan
@@ -159,6 +190,9 @@ type declared struct {
 // y anywhere else copies y there first; CombineRows takes the first IncomingRows() x
 // Hidden values of it the same way.
 func (cb *Combiner[T]) Buffer(h Handle) []T {
+	if c := cb.pick(h); c != cb {
+		return c.Buffer(h)
+	}
 	b, ok := cb.back.(*inPlaceBack)
 	if !ok || !h.of(cb.d) {
 		return nil
@@ -166,11 +200,22 @@ func (cb *Combiner[T]) Buffer(h Handle) []T {
 	return dtype.FromBytes[T](b.buffer(h.s))
 }
 
-// InPlace reports whether the combine reads the expert outputs in place (Buffer).
-func (cb *backCore) InPlace() bool { return cb.back.inPlace() }
+// InPlace reports whether the combine reads the expert outputs in place (Buffer): in
+// the Auto mode, that of the last dispatch's mode.
+func (cb *backCore) InPlace() bool {
+	if cb.alt != nil && cb.d.lastAlt {
+		return cb.alt.InPlace()
+	}
+	return cb.back.inPlace()
+}
 
 // Stats describes the last combine.
-func (cb *backCore) Stats() CombineStats { return cb.stats }
+func (cb *backCore) Stats() CombineStats {
+	if cb.alt != nil && cb.d.lastAlt {
+		return cb.alt.stats
+	}
+	return cb.stats
+}
 
 // Config returns the combine's configuration (defaults filled).
 func (cb *backCore) Config() CombineConfig { return cb.cfg }
@@ -193,6 +238,9 @@ func (cb *backCore) Bytes() int {
 	for _, cs := range cb.slots {
 		n += cs.accS.Cap()
 	}
+	if cb.alt != nil {
+		n += cb.alt.Bytes()
+	}
 	return n
 }
 
@@ -205,6 +253,9 @@ func (cb *backCore) Close() error {
 	for _, cs := range cb.slots {
 		cs.acc = nil
 		cs.accS.Release()
+	}
+	if cb.alt != nil {
+		cb.alt.Close()
 	}
 	return cb.back.close()
 }
@@ -233,6 +284,9 @@ func (cb *Combiner[T]) Combine(ctx context.Context, h Handle, y, out []T) error 
 // place (Buffer), Start only says that the outputs are there (copying y there first if
 // it is elsewhere), and Wait does the sums.
 func (cb *Combiner[T]) Start(ctx context.Context, h Handle, y, out []T) (*CombinePending[T], error) {
+	if c := cb.pick(h); c != cb {
+		return c.Start(ctx, h, y, out)
+	}
 	return cb.start(ctx, h, dtype.Bytes(y), dtype.Bytes(out), len(y), len(out), false, nil)
 }
 
@@ -242,6 +296,9 @@ func (cb *Combiner[T]) Start(ctx context.Context, h Handle, y, out []T) (*Combin
 // rank ascending, then the origin's token order), and each goes back to its origin as
 // it is, to be added there to the token's other partial sums. Not in the gathered mode.
 func (cb *Combiner[T]) CombineRows(ctx context.Context, h Handle, y, out []T) error {
+	if c := cb.pick(h); c != cb {
+		return c.CombineRows(ctx, h, y, out)
+	}
 	p, err := cb.start(ctx, h, dtype.Bytes(y), dtype.Bytes(out), len(y), len(out), true, nil)
 	if err != nil {
 		return err

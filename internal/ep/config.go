@@ -28,8 +28,15 @@ type Out interface{ float32 | dtype.BFloat16 }
 type Mode int
 
 const (
+	// Auto, the zero Mode: every step in the low-latency mode when every rank's tokens
+	// fit in MaxTokens (default AutoMaxTokens), in the normal mode otherwise. The choice
+	// needs no agreement of its own: a rank with more tokens says so in the low-latency
+	// exchange's headers, which every rank reads, and every rank then runs that step
+	// again in the normal mode (the cost of a step that does not fit: one exchange of
+	// headers). Decode steps get the low-latency mode's latency, prefill steps any size.
+	Auto Mode = iota
 	// Normal: a counts all-gather, then an exact-size AlltoAllv (prefill).
-	Normal Mode = iota
+	Normal
 	// LowLatency: one exchange into buffers sized for MaxTokens tokens per rank, counts
 	// travelling with the rows (decode).
 	LowLatency
@@ -42,6 +49,8 @@ const (
 
 func (m Mode) String() string {
 	switch m {
+	case Auto:
+		return "auto"
 	case Normal:
 		return "normal"
 	case LowLatency:
@@ -52,9 +61,11 @@ func (m Mode) String() string {
 	return fmt.Sprintf("mode(%d)", int(m))
 }
 
-// ParseMode accepts "normal", "low-latency" (or "ll") and "gathered".
+// ParseMode accepts "auto" (or ""), "normal", "low-latency" (or "ll") and "gathered".
 func ParseMode(s string) (Mode, error) {
 	switch s {
+	case "auto", "":
+		return Auto, nil
 	case "normal":
 		return Normal, nil
 	case "low-latency", "lowlatency", "ll":
@@ -62,11 +73,15 @@ func ParseMode(s string) (Mode, error) {
 	case "gathered", "agrs":
 		return Gathered, nil
 	}
-	return 0, fmt.Errorf("%w: mode %q (want normal, low-latency or gathered)", ErrConfig, s)
+	return 0, fmt.Errorf("%w: mode %q (want auto, normal, low-latency or gathered)", ErrConfig, s)
 }
 
 // MaxLowLatencyTokens bounds Config.MaxTokens.
 const MaxLowLatencyTokens = 1 << 16
+
+// AutoMaxTokens is MaxTokens in the Auto mode where it is not set: the decode steps of
+// up to this many tokens per rank run in the low-latency mode.
+const AutoMaxTokens = 16
 
 // Config describes the dispatch of one MoE layer: what every rank must agree on, and
 // the limits its buffers are sized for.
@@ -79,7 +94,9 @@ type Config struct {
 	Placement *router.Placement // which ranks hold which experts
 	Mode      Mode
 	// MaxTokens is, in the low-latency mode, the most tokens any rank dispatches in one
-	// call (required; at most MaxLowLatencyTokens). Buffers are sized for it once.
+	// call (required; at most MaxLowLatencyTokens); in the Auto mode, the most for which
+	// a step runs in the low-latency mode (default AutoMaxTokens). Buffers are sized for
+	// it once.
 	MaxTokens int
 	// InFlight is how many dispatch results may be alive at once (default 2, at most
 	// 16): the dispatch after them makes the oldest stale.
@@ -263,6 +280,9 @@ func (cfg *Config) fill() error {
 	if cfg.Align < 1 {
 		cfg.Align = 1
 	}
+	if cfg.Mode == Auto && cfg.MaxTokens == 0 {
+		cfg.MaxTokens = AutoMaxTokens
+	}
 	switch {
 	case cfg.Hidden < 1 || cfg.Hidden > 1<<24:
 		return fmt.Errorf("%w: hidden size %d", ErrConfig, cfg.Hidden)
@@ -270,16 +290,16 @@ func (cfg *Config) fill() error {
 		return fmt.Errorf("%w: top-k %d (want 1..64)", ErrConfig, cfg.TopK)
 	case cfg.WireDType != dtype.F32 && cfg.WireDType != dtype.BF16 && cfg.WireDType != dtype.FP8E4M3 && cfg.WireDType != dtype.I8 && cfg.WireDType != dtype.U8:
 		return fmt.Errorf("%w: wire type %v (want f32, bf16, fp8 or int8)", ErrConfig, cfg.WireDType)
-	case cfg.Mode != LowLatency && cfg.PushRows:
+	case cfg.Mode != LowLatency && cfg.Mode != Auto && cfg.PushRows:
 		return fmt.Errorf("%w: PushRows is for the low-latency mode, not the %v mode", ErrConfig, cfg.Mode)
 	case cfg.Placement == nil:
 		return fmt.Errorf("%w: no placement", ErrConfig)
 	case cfg.TopK > cfg.Placement.Experts:
 		return fmt.Errorf("%w: top-k %d with %d experts", ErrConfig, cfg.TopK, cfg.Placement.Experts)
-	case cfg.Mode != Normal && cfg.Mode != LowLatency && cfg.Mode != Gathered:
+	case cfg.Mode != Auto && cfg.Mode != Normal && cfg.Mode != LowLatency && cfg.Mode != Gathered:
 		return fmt.Errorf("%w: mode %v", ErrConfig, cfg.Mode)
-	case cfg.Mode == LowLatency && (cfg.MaxTokens < 1 || cfg.MaxTokens > MaxLowLatencyTokens):
-		return fmt.Errorf("%w: the low-latency mode needs MaxTokens in 1..%d, not %d", ErrConfig, MaxLowLatencyTokens, cfg.MaxTokens)
+	case (cfg.Mode == LowLatency || cfg.Mode == Auto) && (cfg.MaxTokens < 1 || cfg.MaxTokens > MaxLowLatencyTokens):
+		return fmt.Errorf("%w: the %v mode needs MaxTokens in 1..%d, not %d", ErrConfig, cfg.Mode, MaxLowLatencyTokens, cfg.MaxTokens)
 	case cfg.InFlight < 1 || cfg.InFlight > 16:
 		return fmt.Errorf("%w: InFlight %d (want 1..16)", ErrConfig, cfg.InFlight)
 	case cfg.Align > 1<<16:
@@ -307,7 +327,7 @@ func CombineDefaults(cfg Config, ccfg CombineConfig, out dtype.Type) (CombineCon
 	switch p := ccfg.PartialDType; {
 	case p != dtype.F32 && p != dtype.BF16 && p != dtype.FP8E4M3 && p != dtype.I8:
 		return ccfg, fmt.Errorf("%w: partial sums of type %v (want f32, bf16, fp8 or int8)", ErrConfig, p)
-	case cfg.Mode != LowLatency && ccfg.SendPartials:
+	case cfg.Mode != LowLatency && cfg.Mode != Auto && ccfg.SendPartials:
 		return ccfg, fmt.Errorf("%w: SendPartials is for the low-latency mode, not the %v mode", ErrConfig, cfg.Mode)
 	case cfg.Mode == Gathered && ccfg.SumAtOrigin:
 		return ccfg, fmt.Errorf("%w: SumAtOrigin in the gathered mode, whose reduce-scatter adds the partial sums on the way", ErrConfig)

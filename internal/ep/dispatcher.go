@@ -70,6 +70,12 @@ type core struct {
 	// whether it reads the outputs in place: the schedules plan it.
 	back        *declared
 	backInPlace bool
+	// The Auto mode: this core is the low-latency one, alt the normal one that takes the
+	// steps that do not fit; lastAlt says which took the last dispatch that completed.
+	alt     *core
+	auto    bool
+	lastAlt bool
+	fpSalt  uint64 // told the fingerprint, so that Auto's cores differ from the modes'
 }
 
 // slot states.
@@ -134,6 +140,7 @@ type Dispatcher[T Act] struct {
 	*core
 	outs    []Output[T]
 	pending []Pending[T]
+	altD    *Dispatcher[T] // the Auto mode's normal-mode dispatcher
 }
 
 // Options are what the engine's own stages set beside a Config.
@@ -156,6 +163,9 @@ func NewWith[T Act](ctx context.Context, c *coll.Comm, cfg Config, o Options) (*
 	}
 	if cfg.Placement.Ranks != c.Size() {
 		return nil, fmt.Errorf("%w: placement over %d ranks on a communicator of %d", ErrConfig, cfg.Placement.Ranks, c.Size())
+	}
+	if cfg.Mode == Auto {
+		return newAuto[T](ctx, c, cfg, o)
 	}
 	if cfg.Pool == nil {
 		cfg.Pool = obuf.Default
@@ -187,6 +197,39 @@ func NewWith[T Act](ctx context.Context, c *coll.Comm, cfg Config, o Options) (*
 	return d, nil
 }
 
+// Salts of the Auto mode's fingerprints: a rank in the Auto mode and one in the mode
+// its step runs in fail together (ErrMismatch) rather than disagree later.
+const (
+	autoLowLatencySalt = 0x6175746f2d6c6c00 // "auto-ll"
+	autoNormalSalt     = 0x6175746f2d6e6f00 // "auto-no"
+)
+
+// newAuto makes the Auto mode's two dispatchers, collectively: the low-latency one,
+// sized for cfg.MaxTokens, which takes every step that fits, and the normal one.
+func newAuto[T Act](ctx context.Context, c *coll.Comm, cfg Config, o Options) (*Dispatcher[T], error) {
+	ll, nm := cfg, cfg
+	ll.Mode = LowLatency
+	nm.Mode, nm.PushRows = Normal, false
+	d, err := NewWith[T](ctx, c, ll, o)
+	if err != nil {
+		return nil, err
+	}
+	alt, err := NewWith[T](ctx, c, nm, o)
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	d.altD, d.alt, d.auto = alt, alt.core, true
+	d.fpSalt, alt.fpSalt = autoLowLatencySalt, autoNormalSalt
+	d.fp ^= d.fpSalt
+	alt.fp ^= alt.fpSalt
+	return d, nil
+}
+
+// errOverflow is the low-latency attempt of an Auto step that some rank's tokens did
+// not fit: every rank then runs the step in the normal mode.
+var errOverflow = errors.New("ep: the step does not fit the low-latency buffers")
+
 // source makes every dispatcher a Source of a combiner.
 func (d *core) source() *core { return d }
 
@@ -214,26 +257,46 @@ func (d *core) UsePlacement(pl *router.Placement) error {
 	case maxLocal(pl) > d.cfg.MaxLocalExperts:
 		return fmt.Errorf("%w: a rank holds %d experts, MaxLocalExperts is %d", ErrConfig, maxLocal(pl), d.cfg.MaxLocalExperts)
 	}
+	if d.alt != nil {
+		if err := d.alt.UsePlacement(pl); err != nil {
+			return err
+		}
+	}
 	d.cfg.Placement = pl
 	d.fp, d.fpBuf = fingerprint(d.fpBuf, d.cfg)
+	d.fp ^= d.fpSalt
 	return nil
 }
 
 // Config returns the dispatcher's configuration (defaults filled; the placement is the
 // one the next dispatch uses).
-func (d *core) Config() Config { return d.cfg }
+func (d *core) Config() Config {
+	cfg := d.cfg
+	if d.auto {
+		cfg.Mode = Auto
+	}
+	return cfg
+}
 
 // Comm returns the communicator.
 func (d *core) Comm() *coll.Comm { return d.c }
 
 // Stats describes the last dispatch.
-func (d *core) Stats() Stats { return d.stats }
+func (d *core) Stats() Stats {
+	if d.alt != nil && d.lastAlt {
+		return d.alt.stats
+	}
+	return d.stats
+}
 
 // Pending is a dispatch whose rows are on their way: Wait completes it.
 type Pending[T Act] struct {
 	d   *Dispatcher[T]
 	s   *slot
 	gen uint64
+	// The Auto mode: the step's input, for the normal mode if it does not fit.
+	x []T
+	r *router.Routing
 }
 
 // Dispatch sends this rank's T tokens x (T x Hidden, row-major) to the experts r chose
@@ -256,7 +319,11 @@ func (d *Dispatcher[T]) Start(ctx context.Context, x []T, r *router.Routing) (*P
 		return nil, err
 	}
 	code, inErr := d.check(len(x), r)
-	return d.startSlot(ctx, s, dtype.Bytes(x), r, code, inErr, false)
+	p, err := d.startSlot(ctx, s, dtype.Bytes(x), r, code, inErr, false)
+	if err == nil && d.altD != nil {
+		p.x, p.r = x, r
+	}
+	return p, err
 }
 
 // take reserves the next slot, unless its buffers are still in use.
@@ -320,9 +387,21 @@ func (p *Pending[T]) Wait(ctx context.Context) (*Output[T], Handle, error) {
 	err := d.mode.wait(ctx, s)
 	s.state = slotIdle
 	s.x = nil
+	if errors.Is(err, errOverflow) && d.altD != nil {
+		// Some rank's tokens did not fit: every rank saw it in the headers, and every
+		// rank runs the step in the normal mode.
+		out, h, err := d.altD.Dispatch(ctx, p.x, p.r)
+		p.x, p.r = nil, nil
+		if err == nil {
+			d.lastAlt = true
+		}
+		return out, h, err
+	}
+	p.x, p.r = nil, nil
 	if err != nil {
 		return nil, Handle{}, err
 	}
+	d.lastAlt = false
 	s.valid = true
 	d.stats = s.stats
 	o := &d.outs[s.idx]
@@ -352,6 +431,9 @@ func (d *Dispatcher[T]) Abandon(ctx context.Context, cause error) error {
 // the layout and plan of h are reused (in the normal mode: no counts exchange), and h
 // and its Output stay valid. Every rank must call it.
 func (d *Dispatcher[T]) Redispatch(ctx context.Context, h Handle, x []T) (*Output[T], error) {
+	if d.altD != nil && h.s != nil && h.s.d == d.alt {
+		return d.altD.Redispatch(ctx, h, x)
+	}
 	if h.s == nil || h.s.d != d.core || !h.Valid() {
 		return nil, ErrStale
 	}
@@ -394,6 +476,9 @@ func (d *core) Close() error {
 	}
 	d.closed = true
 	d.gen++
+	if d.alt != nil {
+		d.alt.Close()
+	}
 	for _, s := range d.slots {
 		s.valid = false
 		s.view = view{}
@@ -421,6 +506,9 @@ func (d *core) Bytes() int {
 	for _, s := range d.slots {
 		n += s.xS.Cap()
 	}
+	if d.alt != nil {
+		n += d.alt.Bytes()
+	}
 	return n
 }
 
@@ -428,6 +516,9 @@ func (d *core) Bytes() int {
 // its origin's staging, where the experts read it (PushRows unset, and every rank can
 // map every rank's staging side by side).
 func (d *core) RowsInPlace() bool {
+	if d.alt != nil && d.lastAlt {
+		return false // the Auto mode's last step ran in the normal mode
+	}
 	ll, ok := d.mode.(*lowLatency)
 	return ok && ll.rowsPer > 0
 }

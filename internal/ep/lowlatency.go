@@ -77,9 +77,10 @@ func LowLatencyBytes[T Act](cfg Config, shared bool) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if cfg.Mode != LowLatency {
+	if cfg.Mode != LowLatency && cfg.Mode != Auto { // Auto: its low-latency mode's
 		return 0, fmt.Errorf("%w: LowLatencyBytes of the %v mode", ErrConfig, cfg.Mode)
 	}
+	cfg.Mode = LowLatency
 	p, f := cfg.Placement.Ranks, NewFormat(cfg)
 	n := coll.ExchangeBytes(llExchange(cfg, f), p, shared)
 	perSrc := cfg.MaxTokens // rows per source rank in the experts' view
@@ -315,6 +316,13 @@ func (m *lowLatency) wait(ctx context.Context, s *slot) error {
 			return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, hd.fp, s.fp)
 		}
 	}
+	if d.auto {
+		if over, err := m.overflowed(s, op); err != nil {
+			return err
+		} else if over {
+			return errOverflow
+		}
+	}
 	if s.inErr != nil {
 		return s.inErr
 	}
@@ -346,6 +354,27 @@ func (m *lowLatency) wait(ctx context.Context, s *slot) error {
 	}
 	s.finishStats()
 	return m.view(s, op)
+}
+
+// overflowed reads, in the Auto mode, every rank's status: an error for the first
+// input that is bad (this rank's, else a peer's) other than tokens that do not fit, and
+// whether any rank's tokens did not fit (CodeTooMany): the step then runs in the normal
+// mode on every rank, unless some input is bad, which fails every rank alike.
+func (m *lowLatency) overflowed(s *slot, op *coll.XOp) (bool, error) {
+	over := s.code == CodeTooMany
+	if s.code != CodeOK && !over {
+		return false, s.inErr
+	}
+	for q := 0; q < m.d.c.Size(); q++ {
+		switch st := readHeader(op.Recv(q, 0)).status; st {
+		case CodeOK:
+		case CodeTooMany:
+			over = true
+		default:
+			return false, PeerInput(q, st)
+		}
+	}
+	return over, nil
 }
 
 func growBools(s []bool, n int) []bool {

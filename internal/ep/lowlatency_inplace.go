@@ -392,9 +392,10 @@ func CombineLowLatencyBytes[T Out](cfg Config, ccfg CombineConfig, shared bool) 
 	if err != nil {
 		return 0, err
 	}
-	if cfg.Mode != LowLatency {
+	if cfg.Mode != LowLatency && cfg.Mode != Auto { // Auto: its low-latency mode's
 		return 0, fmt.Errorf("%w: LowLatencyBytes of the %v mode", ErrConfig, cfg.Mode)
 	}
+	cfg.Mode = LowLatency
 	p, es := cfg.Placement.Ranks, outType[T]().Size()
 	f := NewCombineFormat(cfg.Hidden, ccfg, outType[T]())
 	board := boardSize(cfg, ccfg, p, es)

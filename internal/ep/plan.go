@@ -39,6 +39,14 @@ func NewPlan[T Out](cfg Config, ccfg CombineConfig, routings []*router.Routing, 
 	if err != nil {
 		return nil, err
 	}
+	if cfg.Mode == Auto { // the mode that step runs in
+		cfg.Mode = LowLatency
+		for _, rt := range routings {
+			if rt != nil && rt.T > cfg.MaxTokens {
+				cfg.Mode, cfg.PushRows, ccfg.SendPartials = Normal, false, false
+			}
+		}
+	}
 	ccfg, err = CombineDefaults(cfg, ccfg, outType[T]())
 	if err != nil {
 		return nil, err

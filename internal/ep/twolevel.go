@@ -51,6 +51,11 @@ type TwoLevelHandle struct {
 // NewTwoLevel splits c by host (collectively: every rank calls it with the same cfg)
 // and makes the two stages' dispatchers.
 func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLevel[T], error) {
+	if cfg.Mode == Auto {
+		// Both stages in the normal mode: the relays' down stage takes every host's
+		// tokens for this host, which an Auto choice would size for none.
+		cfg.Mode = Normal
+	}
 	cfg, err := Defaults[T](cfg)
 	if err != nil {
 		return nil, err
