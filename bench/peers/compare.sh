@@ -22,7 +22,8 @@
 # malloc (GLIBC_TUNABLES=glibc.malloc.hugetlb=1) to compare on equal pages.
 #
 # Installs Open MPI from Debian's packages when missing (needs root for apt-get).
-# usage: [MPI_HUGE=1] bench/peers/compare.sh [ROUNDS]
+# MOEX_BIN names a moex binary (with twocopy beside it) to use instead of building them.
+# usage: [MPI_HUGE=1] [MOEX_BIN=path] bench/peers/compare.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-3}
@@ -36,8 +37,13 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpicc -O2 -o "$work/mpi_coll" bench/peers/mpi_coll.c
-go build -o "$work/moex" ./cmd/moex
-go build -o "$work/twocopy" ./bench/peers/twocopy
+if [ -n "${MOEX_BIN:-}" ]; then # built elsewhere (a host without Go): moex and twocopy beside it
+	cp "$MOEX_BIN" "$work/moex"
+	cp "$(dirname "$MOEX_BIN")/twocopy" "$work/twocopy"
+else
+	go build -o "$work/moex" ./cmd/moex
+	go build -o "$work/twocopy" ./bench/peers/twocopy
+fi
 mpirun_version=$(mpirun --version 2>&1 | head -1)
 mpi_env=()
 pages="malloc's pages"

@@ -13,6 +13,7 @@
 # its tail. One line per (model, ranks, tokens, pair, stage).
 #
 # Installs Open MPI from Debian's packages when missing (needs root for apt-get).
+# MOEX_BIN names a moex binary to use instead of building one (a host without Go).
 # usage: bench/peers/moe_compare.sh [ROUNDS] [CONFIGS...], a config being MODEL:RANKS:TOKENS
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,7 +33,11 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mpicc -O2 -o "$work/mpi_moe" bench/peers/mpi_moe.c -lm
-go build -o "$work/moex" ./cmd/moex
+if [ -n "${MOEX_BIN:-}" ]; then # a moex built elsewhere (a host without Go)
+	cp "$MOEX_BIN" "$work/moex"
+else
+	go build -o "$work/moex" ./cmd/moex
+fi
 echo "# $(mpirun --version 2>&1 | head -1); moex $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(nproc) CPUs; $(date -u +%FT%TZ); best of $rounds alternating rounds"
 printf "%-14s %5s %6s %-8s %-8s %10s %10s %7s %10s %10s %7s %9s %9s\n" model ranks tokens pair stage moex_mean mpi_mean ratio moex_med mpi_med ratio_med moex_p99 mpi_p99
 
