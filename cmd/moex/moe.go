@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
+	"strings"
 
 	"github.com/moex-ai/moex/bench"
 	"github.com/moex-ai/moex/coll"
@@ -40,7 +44,8 @@ func benchMoE(ctx context.Context, args []string) error {
 	fs.Var(bytesFlag{&ro.WeightBytes}, "weight-bytes", "with --kill: bytes of weights per expert, moved to the ranks that take an expert over (default 64K)")
 	levels := fs.String("levels", "", "ranks on several hosts: flat, two (dispatch.TwoLevel: a token crosses to a host once, its relay hands it on), auto (as dispatch.ChooseTwoLevel picks) or compare (flat, then two); prints step time and bytes within and across hosts")
 	list := fs.Bool("models", false, "list the models and exit")
-	plot := fs.String("plot", "", "write a stacked bar of dispatch, expert compute and combine to this SVG file")
+	plot := fs.String("plot", "", "write a stacked bar of dispatch, expert compute and combine to this SVG file (with --sweep: time and buffers against the swept value)")
+	sweep := fs.String("sweep", "", "ranks or tokens: run the step at 2..8 ranks (2..64 over inproc) or 1..512 tokens per rank, each in a job of its own, and print how each stage's time and each rank's buffers grow, beside DeepEP's low-latency buffer")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -56,6 +61,9 @@ func benchMoE(ctx context.Context, args []string) error {
 	}
 	if err := rf.check(); err != nil {
 		return err
+	}
+	if *sweep != "" {
+		return benchSweep(ctx, fs, rf, *sweep, *plot)
 	}
 	switch {
 	case o.Iters < 0 || o.Iters > 1_000_000:
@@ -300,5 +308,57 @@ func benchLevels(ctx context.Context, rf rankFlags, o bench.MoEOpts, levels stri
 		return bench.PrintJSON(os.Stdout, out)
 	}
 	bench.PrintLevels(os.Stdout, out)
+	return nil
+}
+
+// benchSweep runs `moex bench moe --sweep ranks|tokens`: the same command, without
+// --sweep, --plot and --json, at each point, as a job of its own, and prints the table
+// (or its rows as JSON) and draws the plot.
+func benchSweep(ctx context.Context, fs *flag.FlagSet, rf rankFlags, what, plot string) error {
+	values, err := bench.SweepValues(what, rf.transport)
+	if err != nil {
+		return &usageError{err.Error()}
+	}
+	if err := noneSet(fs, "a plain run (not --sweep)", "eplb", "kill", "levels", "naive", "overlap", "profile"); err != nil {
+		return err
+	}
+	swept := map[string]string{"ranks": "ranks", "tokens": "tokens"}[what]
+	var base []string
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "sweep", "plot", "json", swept:
+		default:
+			base = append(base, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	var rs []*bench.MoEResult
+	for _, v := range values {
+		args := append([]string{"bench", "moe", "--json", fmt.Sprintf("--%s=%d", swept, v)}, base...)
+		cmd := exec.CommandContext(ctx, exe, args...)
+		cmd.Stderr = os.Stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return fmt.Errorf("moex %s: %w", strings.Join(args, " "), err)
+		}
+		var res bench.MoEResult
+		lines := bytes.Split(bytes.TrimSpace(out), []byte("\n"))
+		if err := json.Unmarshal(lines[len(lines)-1], &res); err != nil {
+			return fmt.Errorf("moex %s: %w", strings.Join(args, " "), err)
+		}
+		rs = append(rs, &res)
+	}
+	if plot != "" {
+		if err := bench.PlotSweep(plot, what, rs); err != nil {
+			return err
+		}
+	}
+	if rf.json {
+		return bench.PrintJSON(os.Stdout, rs)
+	}
+	bench.PrintSweep(os.Stdout, what, rs)
 	return nil
 }
