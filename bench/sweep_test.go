@@ -47,6 +47,6 @@ func TestPrintSweep(t *testing.T) {
 	PrintSweep(&b, "ranks", rs)
 	lines := strings.Split(strings.TrimSpace(b.String()), "\n")
 	require.Len(t, lines, 5, b.String()) // title, header, two rows, note
-	assert.Contains(t, lines[3], "2.50")   // the step grew 2.5x
-	assert.Contains(t, lines[3], "2.00")   // the buffers 2x
+	assert.Contains(t, lines[3], "2.50") // the step grew 2.5x
+	assert.Contains(t, lines[3], "2.00") // the buffers 2x
 }
