@@ -82,6 +82,8 @@ type CollResult struct {
 	// AlltoAll: the copy floor, the time this host takes to move every byte of the
 	// operation once with all its CPUs and no synchronisation at all (CopyFloor).
 	FloorUS float64 `json:"floor_us,omitempty"`
+	// OfFloor is the floor over the time: the fraction of the host's limit reached.
+	OfFloor float64 `json:"of_floor,omitempty"`
 	Iters   int     `json:"iters"`
 	// P50US, P90US and P99US are percentiles over the iterations of the slowest rank's
 	// time (the first 100000 iterations).
@@ -170,6 +172,63 @@ func CopyFloor(p, n int) time.Duration {
 			}
 		}
 	})
+}
+
+// AllReduceFloor is the copy floor of an f32 AllReduce of n bytes on p ranks of this
+// host: the best time, over a few tries, of p buffers reduced block by block (each of p
+// workers sums its block of every buffer, n bytes read and n/p written) and the sums
+// gathered back into every buffer (each worker copies the p-1 blocks it lacks), with as
+// many threads as there are CPUs (at most p) and no synchronisation but a join between
+// the halves: the bytes any reduce-scatter and all-gather must read and write, each
+// once, with nothing else.
+func AllReduceFloor(p, n int) time.Duration {
+	if p < 2 || n < 4*p {
+		return 0
+	}
+	b := n / p / 4 * 4
+	bufs := make([]*obuf.Buf, p)
+	for i := range bufs {
+		bufs[i] = obuf.Default.Get(n)
+		defer bufs[i].Release()
+		clear(bufs[i].Bytes())
+	}
+	threads := min(p, runtime.NumCPU())
+	best := time.Duration(1 << 62)
+	for try := 0; try < max(5, min(100, (128<<20)/(p*n))); try++ {
+		start := time.Now()
+		var wg sync.WaitGroup
+		for w := 0; w < threads; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for r := w; r < p; r += threads { // reduce block r into buffer r
+					dst := bufs[r].Bytes()[r*b : (r+1)*b]
+					for q := 0; q < p; q++ {
+						if q != r {
+							dtype.Reduce(dtype.F32, dtype.Sum, dst, bufs[q].Bytes()[r*b:(r+1)*b])
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		for w := 0; w < threads; w++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for r := w; r < p; r += threads { // gather every block into buffer r
+					for q := 0; q < p; q++ {
+						if q != r {
+							copy(bufs[r].Bytes()[q*b:(q+1)*b], bufs[q].Bytes()[q*b:(q+1)*b])
+						}
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		best = min(best, time.Since(start))
+	}
+	return best
 }
 
 // fastestCopy is the best time, over tries rounds of each copy function (Go's copy,
@@ -347,8 +406,16 @@ func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResul
 	}
 	if c.Rank() == 0 {
 		res.MemcpyGBs = Memcpy(size)
-		if o.Op == coll.OpAlltoAll {
+		switch o.Op {
+		case coll.OpAlltoAll:
 			res.FloorUS = CopyFloor(p, size).Seconds() * 1e6
+		case coll.OpAllReduce:
+			if o.DType == dtype.F32 {
+				res.FloorUS = AllReduceFloor(p, size).Seconds() * 1e6
+			}
+		}
+		if res.FloorUS > 0 && res.TimeUS > 0 {
+			res.OfFloor = res.FloorUS / res.TimeUS
 		}
 	}
 	return res, nil

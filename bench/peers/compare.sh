@@ -74,11 +74,11 @@ t = [r["time_us"] for r in rows if r["bytes"] == size]
 print(statistics.median(t) if t else "nan")' "$@"
 }
 
-for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 16777216"; do
+for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 4194304" "allreduce 16777216"; do
 	set -- $spec
 	op=$1 size=$2
 	for p in 2 4 8; do
-		if [ "$op" = allreduce ] && [ "$p" = 8 ]; then continue; fi
+		if [ "$op" = allreduce ] && [ "$p" = 8 ] && [ "$size" -gt 4194304 ]; then continue; fi
 		: >"$work/moex.json"
 		: >"$work/ompi.json"
 		: >"$work/twocopy.json"
@@ -98,6 +98,10 @@ for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 167
 		m=$(best "$size" time_us "$work/moex.json")
 		o=$(best "$size" time_us "$work/ompi.json")
 		note=""
+		if [ "$op" = allreduce ] && [ "$size" -ge 1048576 ]; then
+			fl=$(best "$size" floor_us "$work/moex.json")
+			note=$(python3 -c "print(f'copy floor {float(\"$fl\"):.0f} us: moex at {float(\"$fl\")/float(\"$m\")*100:.0f}% of it, Open MPI at {float(\"$fl\")/float(\"$o\")*100:.0f}%; 2x Open MPI needs {float(\"$o\")/2:.0f} us')")
+		fi
 		if [ "$op" = alltoall ]; then
 			bw=$(best "$size" algbw_gbs "$work/moex.json")
 			mc=$(best "$size" memcpy_gbs "$work/moex.json")

@@ -178,8 +178,26 @@ func (r *runner) openMPI(w io.Writer) error {
 	fmt.Fprintf(w, "`bench/peers/compare.sh %s` (it installs Open MPI from Debian's packages when missing): MPI_Alltoall\n", rounds)
 	fmt.Fprintf(w, "and MPI_Allreduce against `moex bench coll --transport shm`, the same ranks and sizes, alternating, the\n")
 	fmt.Fprintf(w, "best and the median of the rounds; ratio = Open MPI's time over moex's (above 1, moex is faster);\n")
-	fmt.Fprintf(w, "`shared` is moex with its buffers from obuf.Shared (read in place by the other ranks).\n\n")
-	return r.script(w, "bench/peers/compare.sh", rounds)
+	fmt.Fprintf(w, "`shared` is moex with its buffers from obuf.Shared (read in place by the other ranks). For AllReduce from\n")
+	fmt.Fprintf(w, "1 MiB the note gives the copy floor (bench.AllReduceFloor: every byte a reduce-scatter and an all-gather\n")
+	fmt.Fprintf(w, "must read and write, once, on every CPU) and each side's fraction of it.\n\n")
+	if err := r.script(w, "bench/peers/compare.sh", rounds); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "### The MoE step against the same step written with MPI\n\n")
+	fmt.Fprintf(w, "`bench/peers/moe_compare.sh %s`: `moex bench moe` against bench/peers/mpi_moe.c (pack each token once per\n", rounds)
+	fmt.Fprintf(w, "destination rank, MPI_Alltoall of the counts, MPI_Alltoallv of the rows, unpack expert-major; the partial\n")
+	fmt.Fprintf(w, "sums back the same way), shared memory, experts as the identity, alternating, the best mean of each stage;\n")
+	fmt.Fprintf(w, "`default` leaves the mode unset (Auto) with f32 rows against MPI with f32 rows, `ll-bf16` is the low-latency\n")
+	fmt.Fprintf(w, "mode with bf16 rows against MPI with 2-byte rows; ratio = MPI's mean over moex's.\n\n")
+	if err := r.script(w, "bench/peers/moe_compare.sh", rounds); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "### Over TCP against torch's gloo\n\n")
+	fmt.Fprintf(w, "`bench/peers/gloo_compare.sh %s`: all_reduce and all_to_all_single of torch.distributed's gloo backend\n", rounds)
+	fmt.Fprintf(w, "(Debian's python3-torch) against `moex bench coll --transport tcp`, loopback, alternating, the best of each;\n")
+	fmt.Fprintf(w, "ratio = gloo's time over moex's.\n\n")
+	return r.script(w, "bench/peers/gloo_compare.sh", rounds)
 }
 
 func (r *runner) twoHosts(w io.Writer) error {
