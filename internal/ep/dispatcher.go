@@ -117,9 +117,6 @@ type slot struct {
 	view        view
 	xS          obuf.Scratch // the rows decoded for the experts
 	stats       Stats
-	// done (the low-latency rows read in place): every rank has started the combine
-	// of this slot's dispatch, so no rank reads this rank's staging of it any more.
-	done bool
 	// combined: a combine of this dispatch has started on this rank.
 	combined bool
 }

@@ -406,8 +406,6 @@ func (b *normalBack) close() error {
 	return nil
 }
 
-func (b *normalBack) plan(cs *cslot) *coll.VPlan { return &b.cs[cs.idx].plan }
-
 func (b *normalBack) start(ctx context.Context, cs *cslot) error {
 	cb := b.cb
 	c := cb.d.c
