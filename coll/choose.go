@@ -48,12 +48,18 @@ func (c *Comm) sharedFits(op OpKind, n int) bool {
 		return c.direct.Fits(n * c.size)
 	case op == OpAllGather, op == OpAllGatherv:
 		return c.direct.Fits(n)
-	case op == OpAllReduce: // the buffer through the area, never read across
-		return n <= c.direct.Cap()
+	case op == OpAllReduce:
+		return n <= c.direct.Cap() || c.reducesAcross(n)
 	case op == OpReduceScatter:
 		return n*c.size <= c.direct.Cap()
 	}
 	return false
+}
+
+// reducesAcross reports whether a shared-area AllReduce of n bytes runs in place in the
+// ranks' buffers (shared.Direct.AllReduceAcross) rather than through the areas.
+func (c *Comm) reducesAcross(n int) bool {
+	return c.direct != nil && n > c.direct.Cap() && c.direct.CanReduceAcross()
 }
 
 // Algorithm returns the algorithm this communicator runs op with for bytes (AllReduce,
@@ -89,6 +95,9 @@ func (c *Comm) estimate(op OpKind, algo Algo, n int) time.Duration {
 			c.intra.Estimate(OpAllGather, Ring, m, chunk)
 	}
 	l := c.link
+	if op == OpAllReduce && algo == Shared && c.reducesAcross(n) {
+		return l.EstimateAllReduceAcross(c.size, n)
+	}
 	switch op {
 	case OpAllReduce, OpAllGather, OpReduceScatter:
 		if t.Hosts > 1 {

@@ -123,6 +123,14 @@ func (c *Comm) fail(err error) error {
 func (c *Comm) execShared(pl *algos.Plan, cl *call) error {
 	var err error
 	switch {
+	case pl.Op == OpAllReduce && c.reducesAcross(len(cl.recv)): // from send (nil: in place)
+		send := cl.send
+		if send == nil {
+			send = cl.recv
+		}
+		if err = c.direct.AllReduceAcross(c.actx, cl.turn, send, cl.recv, cl.dt.Size(), pl.Reduce, uint64(pl.Sig)); err == nil {
+			dtype.Finish(cl.dt, cl.redop, cl.recv, c.size)
+		}
 	case pl.Op == OpAllReduce: // in place in recv
 		if err = c.direct.AllReduce(c.actx, cl.turn, cl.recv, cl.recv, cl.dt.Size(), pl.Reduce, uint64(pl.Sig)); err == nil {
 			dtype.Finish(cl.dt, cl.redop, cl.recv, c.size)

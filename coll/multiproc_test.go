@@ -557,12 +557,17 @@ func sharedReduce(ctx context.Context, c *Comm) error {
 	if crowded := p > runtime.NumCPU(); crowded && c.choose(OpAllReduce, 4096) != Shared {
 		return fmt.Errorf("allreduce of 4 KiB, %d ranks on %d CPUs: the model chose %v, want shared", p, runtime.NumCPU(), c.choose(OpAllReduce, 4096))
 	}
-	if a := c.choose(OpAllReduce, 4*(area+1)); a == Shared {
-		return fmt.Errorf("allreduce of %d bytes through a %d-byte area", 4*(area+1), 4*area)
+	// Larger buffers than the area are combined in place in the ranks' buffers, where
+	// they can be read across, and that beats the ring; else they must not go through it.
+	if a := c.choose(OpAllReduce, 64*area); c.direct.CanReduceAcross() != (a == Shared) {
+		return fmt.Errorf("allreduce of %d bytes, %d-byte area, read across %v: the model chose %v", 64*area, 4*area, c.direct.CanReduceAcross(), a)
 	}
 	defer func() { c.cfg.Algo = map[OpKind]Algo{} }()
 	x := func(op, q, k int) float32 { return float32((op*131+q*17+k*7)%1000 - 300) }
-	for op, n := range []int{1, p - 1, 1000, area, area + 1, 3*p + 1} {
+	// area+1 and more: combined across, a chunk at a time (several per block for the
+	// largest), from private buffers and from obuf.Shared's (op 6: read in place).
+	for op, n := range []int{1, p - 1, 1000, area, area + 1, 3*p + 1, 2*area + 40000*p + 3} {
+		sb, rb := obuf.Shared.Get(4*n), obuf.Shared.Get(4*n)
 		for _, redop := range []dtype.Op{dtype.Sum, dtype.Avg, dtype.Max} {
 			want := make([]float32, n)
 			for k := range want {
@@ -586,6 +591,9 @@ func sharedReduce(ctx context.Context, c *Comm) error {
 			for _, algo := range []Algo{Shared, Ring} {
 				c.cfg.Algo = map[OpKind]Algo{OpAllReduce: algo, OpReduceScatter: algo}
 				send, recv := make([]float32, n), make([]float32, n)
+				if op == 6 {
+					send, recv = dtype.FromBytes[float32](sb.Bytes()), dtype.FromBytes[float32](rb.Bytes())
+				}
 				for k := range send {
 					send[k] = x(op, r, k)
 				}
@@ -621,6 +629,8 @@ func sharedReduce(ctx context.Context, c *Comm) error {
 				}
 			}
 		}
+		sb.Release()
+		rb.Release()
 	}
 	c.cfg.Algo = map[OpKind]Algo{OpAllReduce: Shared, OpReduceScatter: Shared}
 	buf, blk := make([]float32, 1000), make([]float32, 1000/p)

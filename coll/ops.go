@@ -135,11 +135,16 @@ func allReduce[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, op dt
 	}
 	dt := dtype.Of[T]()
 	sb, rb := dtype.Bytes(send), dtype.Bytes(recv)
-	if send != nil && !sameStart(sb, rb) {
-		copy(rb, sb)
-	}
 	cl := call{op: OpAllReduce, dt: dt, redop: op, count: len(recv), recv: rb}
-	return c.submit(ctx, cl, key(c, &cl, len(rb)), async, nil)
+	k := key(c, &cl, len(rb))
+	if send != nil && !sameStart(sb, rb) {
+		if k.Algo == Shared && c.reducesAcross(len(rb)) {
+			cl.send = sb // read where it is
+		} else {
+			copy(rb, sb)
+		}
+	}
+	return c.submit(ctx, cl, k, async, nil)
 }
 
 // ---- Broadcast ----

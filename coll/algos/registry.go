@@ -274,6 +274,19 @@ func (c LinkCost) Estimate(op OpKind, algo Algo, p, n int) time.Duration {
 	return time.Duration(e.Cost(x) * 1e9)
 }
 
+// EstimateAllReduceAcross predicts the time of the shared-area AllReduce that runs in
+// place in the ranks' buffers (for buffers larger than the areas) on p ranks for n bytes:
+// two flags per rank; every rank reads its block of the others' buffers to combine and the
+// others' combined blocks, and writes its whole buffer, at memory speed.
+func (c LinkCost) EstimateAllReduceAcross(p, n int) time.Duration {
+	if p <= 1 {
+		return 0
+	}
+	fp, fn := float64(p), float64(n)
+	sec := c.Alpha.Seconds() + (2*(fp-1)/fp*fn+fn)/memBW + (fp-1)/fp*fn*c.Gamma
+	return time.Duration(sec * 1e9)
+}
+
 func Supports(op OpKind, a Algo) bool {
 	for _, x := range Algorithms[op] {
 		if x == a {

@@ -22,6 +22,8 @@ import (
 //
 //	0    published (u64): operations this rank has published
 //	8    combined (u64): reductions whose block this rank has combined (AllReduce)
+//	16   AllReduceAcross's recv buffer: its address (u64), and at 24 its offset in this
+//	     process's shared arena with arenaTag set, or 0 (u64)
 //	64   arrived (u32 futex word): publications of the other ranks (P-1 per phase:
 //	     one per operation, two for an AllReduce)
 //	128  reads (u32 futex word): blocks the other ranks read from this rank's send
@@ -99,6 +101,7 @@ type Direct struct {
 	wanted []int         // scratch: peers not read yet
 	llc    int           // the host's last-level cache, bytes (0: unknown)
 	stream bool          // the running operation's blocks read in place go past the caches
+	acc    []byte        // AllReduceAcross's running sum and the chunk read (2 x acrossChunk)
 	// What a wait waits for now, for Waiting (another goroutine): the turn (0: none)
 	// and the header word of the phase.
 	waitTurn atomic.Uint64

@@ -11,10 +11,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/coll/shared"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/shm"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // The collectives through the shared areas (package coll/shared), run on the areas of
@@ -551,6 +554,159 @@ func BenchmarkDirectAllToAll(b *testing.B) {
 						}
 						for i := 0; i < b.N; i++ {
 							if err := ds[r].AllToAll(ctx, ds[r].Turn(), send, recv, 1); err != nil {
+								return err
+							}
+						}
+						return nil
+					})
+					for _, err := range errs {
+						if err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
+		}
+	}
+}
+
+// AllReduceAcross combines buffers of any size in place in the ranks' own buffers: on
+// 2 to 8 ranks, with fewer elements than ranks, blocks that do not divide evenly and
+// blocks of several chunks, from private buffers (read across) and from obuf.Shared's
+// (read in place), in place and not, between AllToAlls through the areas: every rank
+// gets the combination of every rank's buffer in rank order, bit for bit, and its send
+// buffer is left as it was.
+func TestDirectAllReduceAcross(t *testing.T) {
+	for _, p := range []int{2, 3, 5, 8} {
+		t.Run(fmt.Sprintf("p=%d", p), func(t *testing.T) {
+			ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4096 })
+			ds := directs(t, ts)
+			require.True(t, ds[0].CanReduceAcross(), "cross-memory attach works between goroutines of one process")
+			sizes := []int{4, 4 * (p - 1), 4*p*1000 + 12, 4096 + 4, 3*128<<10*p + 4*p + 4, 40}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			errs := onRanks(p, func(r int) (err error) {
+				defer func() {
+					if err != nil {
+						cancel() // the others would wait for this rank
+					}
+				}()
+				d := ds[r]
+				for op, n := range sizes {
+					for _, arena := range []bool{false, true} {
+						for _, inPlace := range []bool{false, true} {
+							if err := func() error {
+								what := fmt.Sprintf("op %d, %d bytes, shared %v, in place %v", op, n, arena, inPlace)
+								in := input(op, r, n)
+								send, recv := slices.Clone(in), make([]byte, n)
+								if arena {
+									sb, rb := obuf.Shared.Get(n), obuf.Shared.Get(n)
+									defer sb.Release()
+									defer rb.Release()
+									send, recv = sb.Bytes(), rb.Bytes()
+									copy(send, in)
+								}
+								if inPlace {
+									recv = send
+								}
+								if err := d.AllReduceAcross(ctx, d.Turn(), send, recv, 4, mix, uint64(n)); err != nil {
+									return fmt.Errorf("%s: %w", what, err)
+								}
+								if !bytes.Equal(recv, combined(op, p, n)) {
+									return fmt.Errorf("%s: wrong result", what)
+								}
+								if !inPlace && !bytes.Equal(send, in) {
+									return fmt.Errorf("%s: send buffer changed", what)
+								}
+								return nil
+							}(); err != nil {
+								return err
+							}
+						}
+					}
+					m := 64 * p
+					recv := make([]byte, m)
+					if err := d.AllToAll(ctx, d.Turn(), sendFor(op, r, p, m), recv, 7); err != nil {
+						return fmt.Errorf("op %d: AllToAll: %w", op, err)
+					}
+					if err := checkRecv(recv, op, r, p); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			for r, err := range errs {
+				assert.NoError(t, err, "rank %d", r)
+			}
+		})
+	}
+}
+
+// Ranks whose AllReduceAcross differ (in size) all get ErrMismatch; a rank that closes
+// instead of taking part is named in a PeerError; buffers of unequal sizes are refused
+// with an ArgError before anything is published.
+func TestDirectAllReduceAcrossErrors(t *testing.T) {
+	const p, n = 3, 64 << 10
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ds := directs(t, start(t, p, nil))
+	errs := onRanks(p, func(r int) error {
+		m := n
+		if r == 2 {
+			m = 2 * n
+		}
+		return ds[r].AllReduceAcross(ctx, ds[r].Turn(), make([]byte, m), make([]byte, m), 4, mix, uint64(m))
+	})
+	for r, err := range errs {
+		require.ErrorIs(t, err, transport.ErrMismatch, "rank %d", r)
+	}
+
+	ts := start(t, p, nil)
+	ds = directs(t, ts)
+	ts[1].Close()
+	err := ds[0].AllReduceAcross(ctx, ds[0].Turn(), make([]byte, n), make([]byte, n), 4, mix, n)
+	var pe *transport.PeerError
+	require.ErrorIs(t, err, transport.ErrPeerClosed)
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, 1, pe.Rank)
+
+	ds = directs(t, start(t, 2, nil))
+	var ae *transport.ArgError
+	err = ds[0].AllReduceAcross(ctx, ds[0].Turn(), make([]byte, n), make([]byte, n/2), 4, mix, n)
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, "recv", ae.Arg)
+	err = ds[1].AllReduceAcross(ctx, ds[1].Turn(), make([]byte, 6), make([]byte, 6), 4, mix, 6)
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, "send", ae.Arg)
+}
+
+// BenchmarkDirectAllReduceAcross: the reduce-scatter and all-gather in place in the
+// ranks' buffers, from the heap (read across) and from obuf.Shared (read in place), f32
+// sums; ranks as goroutines of one process.
+func BenchmarkDirectAllReduceAcross(b *testing.B) {
+	sum := func(dst, src []byte) { dtype.Reduce(dtype.F32, dtype.Sum, dst, src) }
+	for _, p := range []int{2, 4} {
+		for _, n := range []int{4 << 20} {
+			for _, inArena := range []bool{false, true} {
+				b.Run(fmt.Sprintf("p=%d/%dKiB/shared=%v", p, n>>10, inArena), func(b *testing.B) {
+					ts := start(b, p, nil)
+					ds := make([]*shared.Direct, p)
+					for r := range ts {
+						ds[r] = areasOf(ts[r])
+					}
+					ctx := context.Background()
+					b.SetBytes(int64(n))
+					b.ResetTimer()
+					errs := onRanks(p, func(r int) error {
+						send, recv := make([]byte, n), make([]byte, n)
+						if inArena {
+							sb, rb := obuf.Shared.Get(n), obuf.Shared.Get(n)
+							defer sb.Release()
+							defer rb.Release()
+							send, recv = sb.Bytes(), rb.Bytes()
+						}
+						for i := 0; i < b.N; i++ {
+							if err := ds[r].AllReduceAcross(ctx, ds[r].Turn(), send, recv, 4, sum, 1); err != nil {
 								return err
 							}
 						}
