@@ -2,7 +2,8 @@
 # The one check of moex on a host with a core per rank and a GPU (16 cores and an H200
 # where this workplace lends one); it also runs on a 2-CPU host, skipping what needs a
 # GPU, in under five minutes. It writes one Markdown report:
-#   - the machine, and `moex topo --json` (the GPUs through NVML, NUMA nodes, NICs);
+#   - the machine, and `moex topo --json` of a build with -tags nvml (the GPUs through NVML,
+#     NUMA nodes, NICs);
 #   - the MoE stages at 8 ranks over shared memory, low-latency and the default (Auto)
 #     mode, 1, 16 and 128 tokens per rank: p50, p99 and mean of each stage, over its copy
 #     floor and its floor in a step, and whether the tails meet p99 <= 3x p50 and
@@ -23,7 +24,7 @@ prebuilt=$root/.device/bin
 
 if [ "${1:-}" = --prepare ]; then
 	mkdir -p "$prebuilt"
-	go build -o "$prebuilt/moex" ./cmd/moex
+	go build -tags nvml -o "$prebuilt/moex" ./cmd/moex
 	go build -o "$prebuilt/twocopy" ./bench/peers/twocopy
 	echo "built $prebuilt/moex and twocopy; carry .device (git ignores it)"
 	exit 0
@@ -42,7 +43,7 @@ log() { echo "device-check: $*" >&2; }
 # ---- the build
 if command -v go >/dev/null; then
 	log "building moex"
-	go build -o "$work/moex" ./cmd/moex
+	go build -tags nvml -o "$work/moex" ./cmd/moex
 	go build -o "$work/twocopy" ./bench/peers/twocopy
 	built="built here with $(go version | cut -d' ' -f3)"
 elif [ -x "$prebuilt/moex" ]; then

@@ -306,7 +306,7 @@ func (r *doctorReport) machine(c *coll.Comm) {
 		add("ptrace_scope", v+" (shm's single copy, process_vm_readv, needs ptrace rights between ranks; moex grants them to its peers)")
 	}
 	add("shm segments", fmt.Sprintf("%d stale in %s (left by crashed jobs; removed when a job starts)", facts.StaleSegments, facts.ShmDir))
-	tp := topo.Discover(topo.Options{})
+	tp := topo.Discover(topo.Options{GPUs: gpuSource()})
 	var nodes []string
 	for _, n := range tp.NUMA {
 		nodes = append(nodes, fmt.Sprintf("node %d: %d CPUs", n.ID, len(n.CPUs)))
@@ -332,7 +332,7 @@ func (r *doctorReport) machine(c *coll.Comm) {
 		}
 	}
 	if len(tp.GPUs) == 0 {
-		add("GPUs", "none listed ("+orDefault(tp.NoGPU, "NVML lists none")+")")
+		add("GPUs", "none listed ("+orDefault(tp.NoGPU, "none listed")+")")
 	} else {
 		add("GPUs", fmt.Sprintf("%d (%s); moex topo prints their links", len(tp.GPUs), tp.GPUs[0].Name))
 	}

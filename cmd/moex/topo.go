@@ -17,7 +17,7 @@ func cmdTopo(args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	t := topo.Discover(topo.Options{Sys: *sys, Logger: slog.Default()})
+	t := topo.Discover(topo.Options{Sys: *sys, GPUs: gpuSource(), Logger: slog.Default()})
 	if *asJSON {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")

@@ -18,7 +18,7 @@ var level = map[string]int{
 	"internal/race": 0, "internal/long": 0, "internal/wire": 0, "internal/memx": 0, "internal/launch": 0, "internal/hosts": 0, "coll/dtype": 0,
 	"busypoll": 0, "router": 0, "obuf": 0, "internal/layers": 0,
 	"transport": 1, "coll/algos": 2, "transport/internal/core": 2,
-	"transport/inproc": 3, "coll/exchange": 3, "coll/agree": 2, "coll/health": 1, "coll/shared": 3, "transport/topo": 3, "transport/ucx": 3, "transport/transporttest": 3,
+	"transport/inproc": 3, "coll/exchange": 3, "coll/agree": 2, "coll/health": 1, "coll/shared": 3, "transport/topo": 3, "transport/topo/nvml": 4, "transport/ucx": 3, "transport/transporttest": 3,
 	"transport/shm": 4, "transport/tcp": 4,
 	"transport/bootstrap": 5,
 	"coll":                6,
@@ -80,4 +80,20 @@ func TestForbiddenImports(t *testing.T) {
 		}
 	}
 	assert.Greater(t, seen, 20, "go list found too few packages")
+}
+
+// TestNoCgoInTheLibrary: a program that imports moex's packages (all but the command
+// and the benchmarks) does not compile go-nvml, whose cgo prints pages of warnings on a
+// first build; only a build with -tags nvml does, and only for moex topo.
+func TestNoCgoInTheLibrary(t *testing.T) {
+	for _, tags := range []string{"", "nvml"} {
+		out, err := exec.Command("go", "list", "-tags", tags, "-deps", module+"coll", module+"dispatch", module+"combine", module+"models", module+"router", module+"obuf").Output()
+		require.NoError(t, err)
+		for _, dep := range strings.Fields(string(out)) {
+			assert.False(t, strings.HasPrefix(dep, "github.com/NVIDIA/"), "with tags %q the library compiles %s", tags, dep)
+		}
+	}
+	out, err := exec.Command("go", "list", "-tags", "nvml", "-deps", module+"cmd/moex").Output()
+	require.NoError(t, err)
+	assert.Contains(t, strings.Fields(string(out)), "github.com/NVIDIA/go-nvml/pkg/nvml", "moex built with -tags nvml asks NVML")
 }

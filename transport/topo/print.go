@@ -39,9 +39,16 @@ func (t *Topology) Print(w io.Writer) {
 		}
 		tw.Flush()
 		fmt.Fprintln(w, "\n  X = self, NV# = # NVLinks, NODE = PCIe within a NUMA node, SYS = across NUMA nodes, PHB = NUMA node unknown")
+		if t.GPUs[0].P2P == nil {
+			fmt.Fprintln(w, "  (GPUs from sysfs: NVLinks are not known, so none is shown; moex built with -tags nvml asks NVML)")
+		}
 		fmt.Fprintln(w)
 		for _, g := range t.GPUs {
-			fmt.Fprintf(w, "GPU%d %s %s, P2P read: %s\n", g.Index, g.Name, g.BusID, strings.Join(g.P2P, " "))
+			p2p := strings.Join(g.P2P, " ")
+			if g.P2P == nil {
+				p2p = "unknown (sysfs; NVML's view needs a build with -tags nvml)"
+			}
+			fmt.Fprintf(w, "GPU%d %s %s, P2P read: %s\n", g.Index, g.Name, g.BusID, p2p)
 		}
 		fmt.Fprintln(w)
 	} else {

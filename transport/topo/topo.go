@@ -1,9 +1,11 @@
 // Package topo describes the host a rank runs on: its identity, NUMA nodes and their
 // CPUs, network interfaces with their speed and NUMA node, RDMA devices and their ports,
 // and GPUs with their PCI bus, NUMA node, NVLink links and peer-to-peer status. It reads
-// sysfs (a root that tests replace with a fake tree) and, for GPUs, NVIDIA's management
-// library through github.com/NVIDIA/go-nvml (in builds with cgo; tests hand it go-nvml's
-// mock). Without the library (no driver, or no cgo) the view has no GPUs and says why.
+// sysfs (a root that tests replace with a fake tree): GPUs as the PCI bus shows them
+// (SysfsGPUs: bus id and NUMA node). Their NVLinks and peer-to-peer status come from
+// NVIDIA's management library, through package transport/topo/nvml, which only a build
+// with -tags nvml compiles (go-nvml is cgo): a program that imports moex never compiles
+// it. Where no GPU is listed the view says why.
 //
 // `moex topo` prints it, `moex doctor` shows it, the cost model takes the network's
 // speed from it, and MOEX_CPU_BIND=numa binds a rank to the NUMA node of its GPU or NIC.
@@ -31,7 +33,7 @@ type Topology struct {
 	NICs  []NIC        `json:"nics"`
 	RDMA  []RDMADevice `json:"rdma"`
 	GPUs  []GPU        `json:"gpus"`
-	NoGPU string       `json:"no_gpu,omitempty"` // why no GPU is listed (no NVML, no cgo), if none is
+	NoGPU string       `json:"no_gpu,omitempty"` // why no GPU is listed, if none is
 }
 
 // NUMANode is a NUMA node and its CPUs.
@@ -64,7 +66,7 @@ type RDMAPort struct {
 	Rate      string `json:"rate"`       // e.g. "200 Gb/sec (4X HDR)"
 }
 
-// GPU is one GPU as NVML sees it.
+// GPU is one GPU: from sysfs (SysfsGPUs: no NVLink, no P2P) or NVML.
 type GPU struct {
 	Index  int      `json:"index"`
 	Name   string   `json:"name"`
@@ -88,14 +90,14 @@ type NVLink struct {
 type Options struct {
 	// Sys is the sysfs root (default /sys).
 	Sys string
-	// GPUs lists the GPUs (default: NVML, where this build has it); tests pass go-nvml's
-	// mock through NVMLSource.
+	// GPUs lists the GPUs (default: SysfsGPUs of Sys); moex topo built with -tags nvml
+	// passes package transport/topo/nvml's source.
 	GPUs GPUSource
 	// Logger gets the one debug line that says why there are no GPUs.
 	Logger *slog.Logger
 }
 
-// GPUSource lists GPUs; NVMLSource is the real one.
+// GPUSource lists GPUs: SysfsGPUs, or NVML's (package transport/topo/nvml).
 type GPUSource interface {
 	GPUs() ([]GPU, error)
 }
@@ -115,7 +117,7 @@ func Discover(o Options) *Topology {
 	t.RDMA = rdma(o.Sys)
 	src := o.GPUs
 	if src == nil {
-		src = defaultGPUs()
+		src = SysfsGPUs{Sys: o.Sys}
 	}
 	gpus, err := src.GPUs()
 	if err != nil {

@@ -124,3 +124,49 @@ func TestNodeFor(t *testing.T) {
 	n, _ = (&Topology{}).NodeFor(0, "")
 	assert.Equal(t, -1, n)
 }
+
+// GPUs from sysfs: NVIDIA display and 3D controllers in bus order, with their NUMA
+// nodes; other vendors' devices and NVIDIA's non-GPU functions (audio) are left out; a
+// host without one says why. NodeFor then binds to the GPU's node.
+func TestSysfsGPUs(t *testing.T) {
+	dev := func(bus, vendor, class, device, node string) map[string]string {
+		d := "bus/pci/devices/" + bus + "/"
+		return map[string]string{d + "vendor": vendor, d + "class": class, d + "device": device, d + "numa_node": node}
+	}
+	files := map[string]string{"devices/system/node/node0/cpulist": "0-7", "devices/system/node/node1/cpulist": "8-15"}
+	for _, m := range []map[string]string{
+		dev("0000:c1:00.0", "0x10de", "0x030200", "0x2330", "1"),
+		dev("0000:c1:00.1", "0x10de", "0x040300", "0x22bc", "1"), // HDMI audio
+		dev("0000:18:00.0", "0x10de", "0x030000", "0x2330", "0"),
+		dev("0000:3a:00.0", "0x1002", "0x030200", "0x74a1", "0"), // another vendor's
+		dev("0000:41:00.0", "0x10de", "0x030200", "0x2330", "-1"),
+	} {
+		for k, v := range m {
+			files[k] = v
+		}
+	}
+	root := fakeSys(t, files)
+	tp := Discover(Options{Sys: root})
+	require.Len(t, tp.GPUs, 3)
+	assert.Empty(t, tp.NoGPU)
+	for i, want := range []struct {
+		bus  string
+		numa int
+	}{{"0000:18:00.0", 0}, {"0000:41:00.0", -1}, {"0000:C1:00.0", 1}} {
+		g := tp.GPUs[i]
+		assert.Equal(t, i, g.Index)
+		assert.Equal(t, want.bus, g.BusID)
+		assert.Equal(t, want.numa, g.NUMA)
+		assert.Equal(t, "NVIDIA PCI device 0x2330", g.Name)
+		assert.Nil(t, g.P2P)
+	}
+	node, why := tp.NodeFor(2, "")
+	assert.Equal(t, 1, node, why)
+	var b strings.Builder
+	tp.Print(&b)
+	assert.Contains(t, b.String(), "NVLinks are not known")
+
+	empty := Discover(Options{Sys: fakeSys(t, map[string]string{"bus/pci/devices/0000:00:00.0/vendor": "0x8086"})})
+	assert.Empty(t, empty.GPUs)
+	assert.Contains(t, empty.NoGPU, "no NVIDIA GPU")
+}

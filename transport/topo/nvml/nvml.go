@@ -1,18 +1,22 @@
-//go:build cgo && linux
+//go:build nvml && cgo
 
-package topo
+package nvml
 
 import (
 	"fmt"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/moex-ai/moex/transport/topo"
 )
 
-// NVMLSource lists GPUs through an NVML interface: nvml.New() (the driver's
-// libnvidia-ml, loaded at run time) or go-nvml's mock.
-type NVMLSource struct{ Lib nvml.Interface }
+// Source lists GPUs through an NVML interface: nvml.New() (the driver's libnvidia-ml,
+// loaded at run time) or go-nvml's mock.
+type Source struct{ Lib nvml.Interface }
 
-func defaultGPUs() GPUSource { return NVMLSource{Lib: nvml.New()} }
+var _ topo.GPUSource = Source{}
+
+// New returns the source of the driver's library.
+func New() Source { return Source{Lib: nvml.New()} }
 
 // nvmlErr turns an NVML return code into an error.
 func nvmlErr(lib nvml.Interface, what string, ret nvml.Return) error {
@@ -36,7 +40,7 @@ func busID(p nvml.PciInfo) string {
 
 // GPUs implements GPUSource: every GPU's name, bus id, NUMA node, active NVLinks (and the
 // GPU at their other end) and peer-to-peer read status with every other GPU.
-func (s NVMLSource) GPUs() (gpus []GPU, err error) {
+func (s Source) GPUs() (gpus []topo.GPU, err error) {
 	lib := s.Lib
 	defer func() {
 		if r := recover(); r != nil { // the library could not be loaded
@@ -52,7 +56,7 @@ func (s NVMLSource) GPUs() (gpus []GPU, err error) {
 		return nil, err
 	}
 	devs := make([]nvml.Device, n)
-	gpus = make([]GPU, n)
+	gpus = make([]topo.GPU, n)
 	byBus := map[string]int{}
 	for i := range devs {
 		d, ret := lib.DeviceGetHandleByIndex(i)
@@ -60,7 +64,7 @@ func (s NVMLSource) GPUs() (gpus []GPU, err error) {
 			return nil, err
 		}
 		devs[i] = d
-		g := GPU{Index: i, NUMA: -1}
+		g := topo.GPU{Index: i, NUMA: -1}
 		g.Name, _ = d.GetName()
 		g.UUID, _ = d.GetUUID()
 		if pci, ret := d.GetPciInfo(); ret == nvml.SUCCESS {
@@ -86,7 +90,7 @@ func (s NVMLSource) GPUs() (gpus []GPU, err error) {
 			if !ok {
 				peer = -1
 			}
-			gpus[i].NVLink = append(gpus[i].NVLink, NVLink{Link: l, PeerBusID: busID(pci), Peer: peer})
+			gpus[i].NVLink = append(gpus[i].NVLink, topo.NVLink{Link: l, PeerBusID: busID(pci), Peer: peer})
 		}
 		gpus[i].P2P = make([]string, n)
 		for j, e := range devs {

@@ -1,6 +1,6 @@
-//go:build cgo && linux
+//go:build nvml && cgo
 
-package topo
+package nvml
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/moex-ai/moex/transport/topo"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -77,10 +78,10 @@ func TestNVLinkServer(t *testing.T) {
 		return l
 	}
 	lib := server(8, sw, func(i, j int) bool { return true })
-	gpus, err := NVMLSource{Lib: lib}.GPUs()
+	gpus, err := Source{Lib: lib}.GPUs()
 	require.NoError(t, err)
 	require.Len(t, gpus, 8)
-	topo := &Topology{GPUs: gpus, NICs: []NIC{{Name: "ens1", NUMA: 1, Speed: 400000}, {Name: "ens0", NUMA: 0, Speed: 400000}}}
+	tp := &topo.Topology{GPUs: gpus, NICs: []topo.NIC{{Name: "ens1", NUMA: 1, Speed: 400000}, {Name: "ens0", NUMA: 0, Speed: 400000}}}
 	for i := range gpus {
 		assert.Equal(t, fmt.Sprintf("00000000:%02X:00.0", 0x18+i*0x10), gpus[i].BusID)
 		assert.Equal(t, i/4, gpus[i].NUMA)
@@ -88,25 +89,25 @@ func TestNVLinkServer(t *testing.T) {
 		assert.Equal(t, -1, gpus[i].NVLink[0].Peer, "an NVSwitch at the other end")
 		for j := range gpus {
 			if i == j {
-				assert.Equal(t, "X", topo.Link(i, j))
+				assert.Equal(t, "X", tp.Link(i, j))
 				assert.Equal(t, "X", gpus[i].P2P[j])
 				continue
 			}
-			assert.Equal(t, "NV18", topo.Link(i, j), "GPU %d to %d", i, j)
+			assert.Equal(t, "NV18", tp.Link(i, j), "GPU %d to %d", i, j)
 			assert.Equal(t, "OK", gpus[i].P2P[j])
 		}
-		assert.Equal(t, map[int]string{0: "ens0", 1: "ens1"}[i/4], topo.NICFor(i))
+		assert.Equal(t, map[int]string{0: "ens0", 1: "ens1"}[i/4], tp.NICFor(i))
 	}
 }
 
 // A PCIe-only server (no NVLink), P2P only within a NUMA node: NODE within, SYS across.
 func TestPCIeServer(t *testing.T) {
 	lib := server(4, func(int) []string { return nil }, func(i, j int) bool { return i/2 == j/2 })
-	gpus, err := NVMLSource{Lib: lib}.GPUs()
+	gpus, err := Source{Lib: lib}.GPUs()
 	require.NoError(t, err)
-	topo := &Topology{GPUs: gpus}
-	assert.Equal(t, "NODE", topo.Link(0, 1))
-	assert.Equal(t, "SYS", topo.Link(1, 2))
+	tp := &topo.Topology{GPUs: gpus}
+	assert.Equal(t, "NODE", tp.Link(0, 1))
+	assert.Equal(t, "SYS", tp.Link(1, 2))
 	assert.Equal(t, "OK", gpus[0].P2P[1])
 	assert.Equal(t, "NS", gpus[0].P2P[3])
 	assert.Empty(t, gpus[3].NVLink)
@@ -118,12 +119,12 @@ func TestNVLinkDirect(t *testing.T) {
 	// GPU 0 and 1: four links; 0 and 2: two; 1 and 2: none.
 	links := map[int][]string{0: {bus(1), bus(1), bus(1), bus(1), bus(2), bus(2)}, 1: {bus(0), bus(0), bus(0), bus(0)}, 2: {bus(0), bus(0)}}
 	lib := server(3, func(i int) []string { return links[i] }, func(i, j int) bool { return true })
-	gpus, err := NVMLSource{Lib: lib}.GPUs()
+	gpus, err := Source{Lib: lib}.GPUs()
 	require.NoError(t, err)
-	topo := &Topology{GPUs: gpus}
-	assert.Equal(t, "NV4", topo.Link(0, 1))
-	assert.Equal(t, "NV2", topo.Link(0, 2))
-	assert.Equal(t, "SYS", topo.Link(1, 2), "no NVLink; GPU 1 on NUMA node 0, GPU 2 on node 1")
+	tp := &topo.Topology{GPUs: gpus}
+	assert.Equal(t, "NV4", tp.Link(0, 1))
+	assert.Equal(t, "NV2", tp.Link(0, 2))
+	assert.Equal(t, "SYS", tp.Link(1, 2), "no NVLink; GPU 1 on NUMA node 0, GPU 2 on node 1")
 	assert.Equal(t, 0, gpus[1].NVLink[0].Peer)
 }
 
@@ -133,7 +134,7 @@ func TestNoDriver(t *testing.T) {
 		InitFunc:        func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND },
 		ErrorStringFunc: func(r nvml.Return) string { return "library not found" },
 	}
-	topo := Discover(Options{Sys: t.TempDir(), GPUs: NVMLSource{Lib: lib}})
-	assert.Empty(t, topo.GPUs)
-	assert.Contains(t, topo.NoGPU, "library not found")
+	tp := topo.Discover(topo.Options{Sys: t.TempDir(), GPUs: Source{Lib: lib}})
+	assert.Empty(t, tp.GPUs)
+	assert.Contains(t, tp.NoGPU, "library not found")
 }
