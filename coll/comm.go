@@ -443,7 +443,10 @@ var abortTestHook atomic.Pointer[func(c *Comm)]
 func blamed(ae *AbortError) int {
 	var pe *PeerError
 	var te *TimeoutError
+	var pa *PanicError
 	switch {
+	case errors.As(ae.Err, &pa):
+		return pa.Rank
 	case errors.As(ae.Err, &pe):
 		return pe.Rank
 	case errors.As(ae.Err, &te):

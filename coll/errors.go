@@ -25,7 +25,27 @@ var (
 	ErrClosed = transport.ErrClosed
 	// ErrInvalidArgument: an argument is wrong (see *ArgError for which).
 	ErrInvalidArgument = errors.New("coll: invalid argument")
+	// ErrPanicked: a rank panicked with its communicator open (see *PanicError).
+	ErrPanicked = errors.New("coll: a rank panicked")
 )
+
+// PanicError is the abort of a rank that panicked while its communicator was open and
+// deferred its Close (see Comm.Close): on that rank and on every other one. Rank is the
+// rank of the world; Value is what it panicked with, as text. It matches ErrPanicked.
+type PanicError struct {
+	Rank   int
+	Value  string
+	remote string // the text the panicking rank sent
+}
+
+func (e *PanicError) Error() string {
+	if e.remote != "" {
+		return e.remote
+	}
+	return fmt.Sprintf("coll: rank %d panicked: %s", e.Rank, e.Value)
+}
+
+func (e *PanicError) Unwrap() error { return ErrPanicked }
 
 // PeerError reports the failure of a rank (it died, closed, or its connection broke).
 type PeerError = transport.PeerError
@@ -102,7 +122,10 @@ func (e *AbortError) Unwrap() []error { return []error{ErrAborted, e.Err} }
 // an error that matches the same sentinel.
 func kindOf(err error) health.Kind {
 	var pe *PeerError
+	var pa *PanicError
 	switch {
+	case errors.As(err, &pa):
+		return health.Panic
 	case errors.Is(err, ErrMismatch):
 		return health.Mismatch
 	case errors.Is(err, ErrInvalidArgument):
@@ -147,6 +170,8 @@ func decodeNotice(kind health.Kind, peer int, reason string) error {
 		return &remoteErr{ErrCanceled, reason, -1}
 	case health.Closed:
 		return &remoteErr{ErrClosed, reason, -1}
+	case health.Panic:
+		return &PanicError{Rank: peer, remote: reason}
 	}
 	return errors.New(reason)
 }

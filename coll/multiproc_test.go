@@ -86,6 +86,8 @@ func TestHelperCollRank(t *testing.T) {
 		err = helperSubset(ctx, c)
 	case "death":
 		err = helperDeath(ctx, c)
+	case "panic":
+		err = helperPanic(ctx, c)
 	case "sharedDeath":
 		err = helperSharedDeath(ctx, c)
 	case "shared":
@@ -725,6 +727,28 @@ func helperDeath(ctx context.Context, c *Comm) error {
 	return failedAsExpected(c, start, err, errors.As(err, &pe) && pe.Rank == 1, "a PeerError naming rank 1")
 }
 
+// helperPanic: rank 2 panics with its communicator's Close deferred, as the docs advise,
+// while the others wait for it in an AllReduce: each of them fails that AllReduce with a
+// PanicError naming rank 2 (and prints it); rank 2's panic goes on and kills it.
+func helperPanic(ctx context.Context, c *Comm) error {
+	if c.Rank() == 2 {
+		defer c.Close()
+		panic("rank 2 lost its way")
+	}
+	err := AllReduce(ctx, c, nil, make([]float32, 1024), dtype.Sum)
+	var pa *PanicError
+	fmt.Printf("rank %d saw: panicked=%v by=%d\n", c.Rank(), errors.As(err, &pa) && pa.Rank == 2, func() int {
+		if pa != nil {
+			return pa.Rank
+		}
+		return -1
+	}())
+	if err == nil {
+		return errors.New("the AllReduce without rank 2 succeeded")
+	}
+	return err
+}
+
 // helperShrink: rank 1 is killed (SIGKILL) between two operations; every survivor's
 // next operation fails naming it, Shrink gives each the same communicator of the
 // others, whose operations give the right results. It returns the communicator to
@@ -952,6 +976,35 @@ func TestKilledRankBlamed(t *testing.T) {
 		require.ErrorAs(t, err, &ee, out)
 		assert.Equal(t, 128+int(syscall.SIGKILL), ee.ExitCode(), "run %d:\n%s", i, out)
 		assert.Contains(t, out, "rank 1 killed by SIGKILL", "run %d", i)
+	}
+}
+
+// A rank that panics after Init, its Close deferred: moex run names it as the rank that
+// panicked, its message and stack print, and every other rank fails its AllReduce with
+// a PanicError naming it, over tcp and shm, well before the 20 s timeout (the context of
+// the run bounds it: a launcher that waited the timeout would fail it).
+func TestPanickingRankNamed(t *testing.T) {
+	moex := buildMoex(t)
+	for _, tr := range []string{"tcp", "shm"} {
+		// Without --keep-going the launcher stops the others at the first failure, but
+		// lets the panicking rank print its stack; with it, every survivor reports.
+		for _, keepGoing := range []bool{false, true} {
+			what := fmt.Sprintf("%s, keep going %v", tr, keepGoing)
+			out, err := moexRunKeepGoing(moex, keepGoing, 4, "panic", "MOEX_TIMEOUT=20s", "MOEX_TRANSPORT="+tr)
+			var ee *exec.ExitError
+			require.ErrorAs(t, err, &ee, out)
+			assert.Equal(t, 2, ee.ExitCode(), "%s: the launcher's exit code is the panicking rank's:\n%s", what, out)
+			assert.Contains(t, out, "rank 2 panicked (exit code 2)", what)
+			assert.Contains(t, out, "panic: rank 2 lost its way", "%s: the panic's message prints", what)
+			assert.Contains(t, out, "coll.helperPanic(", "%s: and its stack", what)
+			assert.Regexp(t, `rank [013] saw: panicked=true by=2`, out, what)
+			if keepGoing {
+				for _, r := range []int{0, 1, 3} {
+					assert.Contains(t, out, fmt.Sprintf("rank %d saw: panicked=true by=2", r), "%s:\n%s", what, out)
+				}
+			}
+			assert.NotContains(t, out, "timeout", what)
+		}
 	}
 }
 

@@ -62,7 +62,34 @@ func newComm(tr transport.Transport, id uint32, ranks, hosts []int, rank int, cf
 // For the communicator Init returned, Close is collective: it first waits (for at most the
 // timeout, or 30 s) until every rank has reached Close, so that a rank that finishes early
 // does not fail the last operation of a slower one by leaving.
+//
+// Deferred directly (defer c.Close()) in a function that panics, Close reports the panic
+// before the panic goes on: it aborts the communicator with a *PanicError naming this
+// rank (every other rank's pending and next operations fail with it, and a launcher such
+// as moex run names this rank as the one that panicked), closes without waiting for the
+// others, and panics again with the same value, so that the message and the stack print
+// as they would have. Deferred any other way (inside a closure), it cannot see the
+// panic, and the others learn of this rank's end as of a dead peer.
 func (c *Comm) Close() error {
+	if r := recover(); r != nil {
+		c.abortLocal(&PanicError{Rank: c.ranks[c.rank], Value: panicText(r)})
+		_ = c.close()
+		panic(r)
+	}
+	return c.close()
+}
+
+// panicText is a panic's value as a PanicError carries it: its text, cut to what an
+// abort notice carries.
+func panicText(r any) string {
+	s := fmt.Sprint(r)
+	if len(s) > health.MaxReason/2 {
+		s = s[:health.MaxReason/2] + "..."
+	}
+	return s
+}
+
+func (c *Comm) close() error {
 	if c.closeBarrier && !c.closed.Load() && c.Err() == nil && c.size > 1 {
 		ctx, cancel := context.WithTimeout(context.Background(), min(c.cfg.Timeout, 30*time.Second))
 		if err := Barrier(ctx, c); err != nil {

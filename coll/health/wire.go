@@ -23,12 +23,13 @@ const (
 	Peer
 	Canceled
 	Closed
+	Panic // the rank that aborted panicked
 	// Not abort notices: a stall probe (whom do you wait for?) and its reply.
 	Probe      Kind = 100
 	ProbeReply Kind = 101
 )
 
-var kindNames = [...]string{"other", "timeout", "mismatch", "argument", "peer", "canceled", "closed"}
+var kindNames = [...]string{"other", "timeout", "mismatch", "argument", "peer", "canceled", "closed", "panic"}
 
 // String names the kind as launchers' reports do.
 func (k Kind) String() string {

@@ -59,6 +59,9 @@ type RankError struct {
 	Code   int            // exit code, or -1 when killed by a signal
 	Signal syscall.Signal // the signal, when killed by one
 	Blamed int            // how many other ranks' errors named it (0: none did)
+	// Panicked: the rank panicked with its communicator open (it reported so through
+	// MOEX_LAUNCH_REPORT); its message and stack are in its output.
+	Panicked bool
 	// Unjoined: the rank exited, with code 0, before joining the communicator that the
 	// Waiting ranks were starting; they were stopped rather than left to wait for it.
 	Unjoined bool
@@ -72,6 +75,13 @@ func (e *RankError) Error() string {
 	}
 	if e.Unjoined {
 		return fmt.Sprintf("launch: rank %d exited with code %d before joining the communicator; ranks %v were waiting for it and were stopped", e.Rank, e.Code, e.Waiting)
+	}
+	if e.Panicked {
+		how := fmt.Sprintf("exit code %d", e.Code)
+		if e.Signal != 0 {
+			how = "then killed by " + unix.SignalName(e.Signal)
+		}
+		return fmt.Sprintf("launch: rank %d panicked (%s); its message and stack are in its output above%s", e.Rank, how, named)
 	}
 	if e.Signal != 0 {
 		return fmt.Sprintf("launch: rank %d killed by %s (%v)%s", e.Rank, unix.SignalName(e.Signal), e.Signal, named)
@@ -275,7 +285,9 @@ func (j *job) wait(ctx context.Context) error {
 		}
 		stopping = true
 		for r, c := range j.cmds {
-			if !exited[r] {
+			// A rank that panicked is printing its stack and exits by itself (the kill
+			// timer still ends it after the grace period).
+			if !exited[r] && !j.panicked(r) {
 				_ = syscall.Kill(-c.Process.Pid, sig)
 			}
 		}
@@ -374,11 +386,41 @@ func (j *job) deserted(exited []bool, ends []error) error {
 	return nil
 }
 
-// rootCause picks the rank to blame for a failed job: a rank killed by a signal the
-// launcher did not send (SIGKILL from the OOM killer or an operator, SIGSEGV...), else
-// the rank the others' reports blame most (a rank that hung or died, named by the
-// survivors' errors), else the first rank that failed.
+// panicked says whether rank r reported that it panicked (coll's Close, deferred in the
+// function that panicked, reports it before the panic goes on).
+func (j *job) panicked(r int) bool {
+	blamed, kind := report(j.reports, r)
+	return blamed == r && kind == "panic"
+}
+
+// report reads what rank r reported of its abort: the rank it blames and the kind;
+// -1 and "" where it reported nothing.
+func report(reports string, r int) (int, string) {
+	b, err := os.ReadFile(filepath.Join(reports, "rank"+strconv.Itoa(r)))
+	if err != nil {
+		return -1, ""
+	}
+	blamed, kind := -1, ""
+	if n, _ := fmt.Sscanf(string(b), "blame %d %s", &blamed, &kind); n < 1 {
+		return -1, ""
+	}
+	return blamed, kind
+}
+
+// rootCause picks the rank to blame for a failed job: a rank that reported it panicked,
+// else a rank killed by a signal the launcher did not send (SIGKILL from the OOM killer
+// or an operator, SIGSEGV...), else the rank the others' reports blame most (a rank that
+// hung or died, named by the survivors' errors), else the first rank that failed.
 func rootCause(ends []error, order []int, killed bool, reports string, first error) error {
+	for _, r := range order {
+		if blamed, kind := report(reports, r); blamed == r && kind == "panic" {
+			re := &RankError{Rank: r, Code: 2, Panicked: true}
+			if e := rankError(r, ends[r]); errors.As(e, &re) {
+				re.Panicked = true
+			}
+			return re
+		}
+	}
 	for _, r := range order {
 		var re *RankError
 		if e := rankError(r, ends[r]); errors.As(e, &re) && re.Signal != 0 &&
@@ -389,13 +431,7 @@ func rootCause(ends []error, order []int, killed bool, reports string, first err
 	votes := map[int]int{}
 	waited := map[int]bool{} // ranks that timed out waiting: alive, so not the cause
 	for r := range ends {
-		b, err := os.ReadFile(filepath.Join(reports, "rank"+strconv.Itoa(r)))
-		if err != nil {
-			continue
-		}
-		var blamed int
-		var kind string
-		if n, _ := fmt.Sscanf(string(b), "blame %d %s", &blamed, &kind); n >= 1 && blamed >= 0 && blamed < len(ends) && blamed != r {
+		if blamed, kind := report(reports, r); blamed >= 0 && blamed < len(ends) && blamed != r {
 			votes[blamed]++
 			if kind == "timeout" {
 				waited[r] = true
