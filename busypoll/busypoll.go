@@ -66,7 +66,7 @@ func ParseMode(s string) (Mode, error) {
 
 // Config tunes a Poller. The zero value is adaptive with the default budgets.
 type Config struct {
-	Mode Mode
+	Mode Mode // spin, adaptive or block (default adaptive)
 	// MaxSpin is the longest an adaptive waiter spins before yielding (0: 1ms; negative:
 	// never spin).
 	MaxSpin time.Duration

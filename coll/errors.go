@@ -33,8 +33,8 @@ var (
 // deferred its Close (see Comm.Close): on that rank and on every other one. Rank is the
 // rank of the world; Value is what it panicked with, as text. It matches ErrPanicked.
 type PanicError struct {
-	Rank   int
-	Value  string
+	Rank   int    // the rank (of the world) that panicked
+	Value  string // what it panicked with, as text
 	remote string // the text the panicking rank sent
 }
 
@@ -52,8 +52,8 @@ type PeerError = transport.PeerError
 
 // ArgError names the argument that is wrong and why.
 type ArgError struct {
-	Arg    string
-	Reason string
+	Arg    string // the argument, by its name in the call
+	Reason string // what is wrong with it
 }
 
 func (e *ArgError) Error() string { return "coll: invalid " + e.Arg + ": " + e.Reason }
@@ -71,10 +71,10 @@ func (e *ArgError) Is(target error) bool { return target == ErrInvalidArgument }
 // none. On the other ranks, the timeout that one rank reported names its stuck rank, or
 // the first it waited for, in Waiting. It matches ErrTimeout.
 type TimeoutError struct {
-	Idle    time.Duration
-	Waiting []int
-	Stuck   []int
-	remote  string // the text of a timeout another rank reported
+	Idle    time.Duration // how long the operation made no progress
+	Waiting []int         // the ranks it waited for
+	Stuck   []int         // the ranks at the end of the chain of waits
+	remote  string        // the text of a timeout another rank reported
 }
 
 // blame is the rank to name first: the first stuck one, else the first waited for, else

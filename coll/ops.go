@@ -424,10 +424,10 @@ func Recv[T dtype.Elem](ctx context.Context, c *Comm, buf []T, peer, tag int) (i
 // P2P is one message of a SendRecv batch: Buf goes to Peer (Recv false) or comes from
 // it (Recv true, and the message must fill Buf exactly), under Tag.
 type P2P struct {
-	Peer int
-	Tag  int
-	Buf  []byte
-	Recv bool
+	Peer int    // the other rank
+	Tag  int    // the message's tag: messages of one (peer, tag) arrive in order
+	Buf  []byte // what to send, or where to receive
+	Recv bool   // a receive (else a send)
 }
 
 // SendRecv posts every message of ops at once and returns when all have completed (a

@@ -152,8 +152,8 @@ type Comm struct {
 
 // Stats counts a communicator's work.
 type Stats struct {
-	Ops       atomic.Uint64
-	BytesSent atomic.Uint64
+	Ops       atomic.Uint64 // operations completed
+	BytesSent atomic.Uint64 // bytes this rank sent in them
 }
 
 // Link describes how this rank reaches one peer.
@@ -234,8 +234,8 @@ type verifyScratch struct {
 
 // OpProfile is what profiling measured for one kind of operation on this rank.
 type OpProfile struct {
-	Op    OpKind
-	Count int
+	Op    OpKind // the operation
+	Count int    // how many ran
 	// Wait is the time from entering operations until every rank had entered them (as
 	// the arrival all-gather saw it, its own latency included); Move is the time of the
 	// operations after that.

@@ -118,7 +118,7 @@ func BenchmarkMoEStep(b *testing.B) {
 
 // scheduled is what a rank's schedule moves to other ranks: its blocks, dispatch and
 // combine, and what they read in place.
-func scheduled(s *dispatch.Schedule) int {
+func scheduled(s dispatch.Schedule) int {
 	n := 0
 	for j := range s.Dispatch.Send {
 		if j != s.Rank {

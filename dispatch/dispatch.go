@@ -40,99 +40,207 @@
 // Handle is an opaque token for package combine; its Schedule says what moved to and
 // from every peer.
 //
-// The engine behind both stages is internal/ep (one object per mode, which owns both
-// halves of its protocol, and the pure planner whose schedule they execute): the types
-// here are its, under the names engines use. dispatch adds what runs beside the step:
-// expert load (LoadRecorder), weight migration (Migrate) and recovery (Recover). It must
-// not import combine or models.
+// Beside the step, the package keeps what serving over time needs: the load of every
+// expert (LoadRecorder), moving expert weights to a new placement (Migrate), and putting
+// a lost rank's experts back after coll.Comm.Shrink (Recover).
 package dispatch
 
 import (
-	"context"
+	"fmt"
 
 	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/internal/ep"
+	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
 )
 
 // Act is the element type of the activations a Dispatcher moves: float32, bfloat16, or
 // byte for opaque rows (Hidden is then the bytes of a row, and the wire carries them as
 // they are).
-type Act = ep.Act
+type Act interface {
+	float32 | dtype.BFloat16 | byte
+}
 
-// Mode selects how a step moves its rows: Normal, LowLatency or Gathered.
-type Mode = ep.Mode
+// Mode selects how a step moves its rows: Auto, Normal, LowLatency or Gathered.
+type Mode int
 
 // The modes.
 const (
 	// Auto, the zero Mode: each step in the low-latency mode when every rank's tokens
-	// fit in MaxTokens (default AutoMaxTokens), else in the normal mode; a step that
-	// does not fit costs one exchange of headers more. The mode for a serving loop that
-	// mixes decode and prefill steps.
-	Auto = ep.Auto
+	// fit in MaxTokens (default AutoMaxTokens), else in the normal mode. The choice
+	// needs no agreement of its own: a rank with more tokens says so in the low-latency
+	// exchange's headers, and every rank then runs that step in the normal mode (a step
+	// that does not fit costs one exchange of headers more). The mode for a serving
+	// loop that mixes decode and prefill steps.
+	Auto Mode = iota
 	// Normal: a counts all-gather, then an exact-size AlltoAllv (prefill).
-	Normal = ep.Normal
+	Normal
 	// LowLatency: one exchange into buffers sized for MaxTokens tokens per rank, counts
 	// travelling with the rows (decode).
-	LowLatency = ep.LowLatency
+	LowLatency
 	// Gathered: every rank's tokens all-gathered, each rank's experts take the ones that
 	// chose them, and the combine reduce-scatters the sums back (data-parallel attention
-	// with expert parallelism, vLLM's AgRs).
-	Gathered = ep.Gathered
+	// with expert parallelism, vLLM's AgRs). Every token crosses to every rank.
+	Gathered
 )
 
-// ParseMode accepts "auto" (or ""), "normal", "low-latency" (or "ll") and "gathered".
-func ParseMode(s string) (Mode, error) { return ep.ParseMode(s) }
+// String names the mode as ParseMode reads it.
+func (m Mode) String() string { return ep.Mode(m).String() }
 
-// AutoMaxTokens is MaxTokens in the Auto mode where it is not set.
+// ParseMode accepts "auto" (or ""), "normal", "low-latency" (or "ll") and "gathered".
+func ParseMode(s string) (Mode, error) {
+	m, err := ep.ParseMode(s)
+	return Mode(m), err
+}
+
+// AutoMaxTokens is MaxTokens in the Auto mode where it is not set: the steps of up to
+// this many tokens per rank run in the low-latency mode.
 const AutoMaxTokens = ep.AutoMaxTokens
 
 // MaxLowLatencyTokens bounds Config.MaxTokens.
 const MaxLowLatencyTokens = ep.MaxLowLatencyTokens
 
-// Config describes the dispatch of one MoE layer: Hidden, TopK, WireDType, Placement,
-// Mode, MaxTokens (low-latency), InFlight, Align, Quantized, PowerOfTwoScales,
-// MaxLocalExperts, PushRows and Pool (see their comments). What the combine adds is
-// combine.Config.
-type Config = ep.Config
+// Config describes the dispatch of one MoE layer: what every rank must agree on, and the
+// limits its buffers are sized for. What the combine adds is combine.Config.
+type Config struct {
+	// Hidden is the elements of a token's row (bytes, for opaque rows).
+	Hidden int
+	// TopK is the experts per token (the router's k).
+	TopK int
+	// WireDType is the type of the rows on the wire: F32, BF16, FP8E4M3 (a float32 scale
+	// per 128 values) or I8 (a float32 scale per row). Default: the activation type; U8,
+	// and only U8, for opaque rows.
+	WireDType dtype.Type
+	// Placement says which ranks hold which experts; it spans the communicator's ranks.
+	Placement *router.Placement
+	// Mode is how steps move their rows (default Auto).
+	Mode Mode
+	// MaxTokens is, in the low-latency mode, the most tokens any rank dispatches in one
+	// call (required; at most MaxLowLatencyTokens); in the Auto mode, the most for which
+	// a step runs in the low-latency mode (default AutoMaxTokens). Buffers are sized for
+	// it once.
+	MaxTokens int
+	// InFlight is how many dispatch results may be alive at once (default 2, at most
+	// 16): the dispatch after them makes the oldest stale.
+	InFlight int
+	// Align pads each local expert's block of entries to a multiple of Align (grouped
+	// GEMM kernels want this; default 1); padding entries have origin -1 (and, in the
+	// normal mode, zero activations).
+	Align int
+	// Quantized hands the experts the rows as the wire carries them (Output.Q and
+	// Output.Scales, for fp8 or int8 kernels) instead of rows in the activation type
+	// (Output.X).
+	Quantized bool
+	// PowerOfTwoScales rounds fp8 scales up to powers of two (exact to apply; the UE8M0
+	// scales some kernels want).
+	PowerOfTwoScales bool
+	// MaxLocalExperts is the most experts any rank holds in any placement the
+	// dispatcher will use (UsePlacement): the combine's buffers are sized for it.
+	// Default, and least: the most any rank holds in Placement.
+	MaxLocalExperts int
+	// PushRows makes the low-latency dispatch write each token's row into every
+	// destination's memory even where every rank maps every rank's memory (inproc; shm
+	// on one host), where by default each rank writes its tokens once into its own
+	// staging and the experts read them there in place (Output.X then spans the ranks'
+	// staging). Only in the low-latency mode (else ErrConfig).
+	PushRows bool
+	// Pool provides the buffers: page aligned, reused across calls. Default: obuf.Shared
+	// when the communicator's collectives run through shared memory
+	// (coll.Comm.SharedMemory), where the other ranks read the wire buffers in place;
+	// obuf.Default (huge pages from 2 MiB) otherwise.
+	Pool *obuf.Pool
+}
 
-// Dispatcher moves tokens to experts over one communicator: New makes one, Dispatch (or
-// Start and Wait) runs a step, UsePlacement switches layers, Close frees its buffers.
-type Dispatcher[T Act] = ep.Dispatcher[T]
+// engine is cfg as the engine takes it.
+func (cfg Config) engine() ep.Config {
+	return ep.Config{
+		Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: cfg.WireDType, Placement: cfg.Placement,
+		Mode: ep.Mode(cfg.Mode), MaxTokens: cfg.MaxTokens, InFlight: cfg.InFlight, Align: cfg.Align,
+		Quantized: cfg.Quantized, PowerOfTwoScales: cfg.PowerOfTwoScales,
+		MaxLocalExperts: cfg.MaxLocalExperts, PushRows: cfg.PushRows, Pool: cfg.Pool,
+	}
+}
 
-// Pending is a dispatch whose rows are on their way: Wait completes it.
-type Pending[T Act] = ep.Pending[T]
+// configOf is the engine's configuration as a Config.
+func configOf(c ep.Config) Config {
+	return Config{
+		Hidden: c.Hidden, TopK: c.TopK, WireDType: c.WireDType, Placement: c.Placement,
+		Mode: Mode(c.Mode), MaxTokens: c.MaxTokens, InFlight: c.InFlight, Align: c.Align,
+		Quantized: c.Quantized, PowerOfTwoScales: c.PowerOfTwoScales,
+		MaxLocalExperts: c.MaxLocalExperts, PushRows: c.PushRows, Pool: c.Pool,
+	}
+}
 
-// Output is what a rank's experts receive, through an expert-major view: local expert
-// i's entries are [Offsets[i], Offsets[i]+Counts[i]); walk them with Entry(j), or copy
-// an expert's rows into one matrix with Gather. The rows themselves are expert-major
-// only where ExpertMajor holds (the normal mode).
-type Output[T Act] = ep.Output[T]
+// Defaults returns cfg as New[T] would use it: the wire type defaulting to T's, InFlight
+// to 2, Align to 1, MaxLocalExperts to the placement's, and every field checked
+// (ErrConfig).
+func Defaults[T Act](cfg Config) (Config, error) {
+	c, err := ep.Defaults[T](cfg.engine())
+	return configOf(c), err
+}
 
-// Handle is an opaque token for one dispatch, for the combine and Redispatch: Valid,
-// Rows, Tokens, IncomingRows, Contributions (for CombineRows), Placement and Schedule.
-type Handle = ep.Handle
+// Format is the wire format of a dispatch: how big a row is, where its parts are. A row
+// carries the metadata of the token's choices its destination holds (MetaBytes(m) for m
+// of them), the payload and its scales.
+type Format struct {
+	Hidden  int        // elements per row
+	TopK    int        // routing choices per token
+	Wire    dtype.Type // the payload's type
+	Scales  int        // float32 scales per row (fp8: one per 128 values; int8: one)
+	Meta    int        // the most bytes of a row's metadata (MetaBytes(TopK))
+	Payload int        // bytes of a row's values on the wire
+	Row     int        // the most bytes of a row in the normal mode (RowBytes(TopK))
+}
 
-// Stats describes the last dispatch: rows and bytes each way, the algorithm, whether
-// the rows were read in place.
-type Stats = ep.Stats
+// NewFormat returns the wire format of cfg (the wire type defaults to f32).
+func NewFormat(cfg Config) Format { return Format(ep.NewFormat(cfg.engine())) }
 
-// Format is the wire format of a dispatch: how big a row is, where its parts are.
-type Format = ep.Format
+// MetaBytes is the bytes of the metadata of a row with m choices: its source index, m,
+// and each (local expert, weight).
+func (f Format) MetaBytes(m int) int { return ep.Format(f).MetaBytes(m) }
 
-// Schedule is one rank's part of a step, as the planner lays it out and the executors
-// move it: for every peer, the block this rank sends and receives in the dispatch and
-// in the combine, field by field (Stage, Block).
-type (
-	Schedule = ep.Schedule
-	Stage    = ep.Stage
-	Block    = ep.Block
-)
+// RowBytes is the bytes of a row with m choices in the normal mode: metadata, payload
+// and scales (4-aligned after the payload), 8-aligned.
+func (f Format) RowBytes(m int) int { return ep.Format(f).RowBytes(m) }
+
+// ScaleBytes is the bytes of a row's scales.
+func (f Format) ScaleBytes() int { return ep.Format(f).ScaleBytes() }
+
+// WireBytesPerChoice is the bytes DeepEP counts per valid (token, expert) choice: the
+// payload, its scales and 16 bytes of routing (index and weight).
+func (f Format) WireBytesPerChoice() int { return ep.Format(f).WireBytesPerChoice() }
+
+// GatheredMeta is the bytes of a token's routing in the gathered mode.
+func (f Format) GatheredMeta() int { return ep.Format(f).GatheredMeta() }
+
+// Fingerprint identifies what every rank must agree on to dispatch together: the
+// format, the mode, the limits and the placement.
+func Fingerprint(cfg Config) uint64 { return ep.Fingerprint(cfg.engine()) }
+
+// PlacementFingerprint identifies a placement: its kind and every expert's replicas.
+func PlacementFingerprint(pl *router.Placement) uint64 { return ep.PlacementFingerprint(pl) }
+
+// LowLatencyBytes is the memory (Dispatcher.Bytes) that a Dispatcher[T] of cfg in the
+// low-latency mode holds on each rank of cfg.Placement once every slot has taken a
+// dispatch of MaxTokens tokens: where every rank maps every rank's memory (shared: one
+// host, over shm or inproc), or where blocks travel as messages. It runs nothing, so
+// that an engine can size its other buffers first (moex flow prints it).
+func LowLatencyBytes[T Act](cfg Config, shared bool) (int, error) {
+	return ep.LowLatencyBytes[T](cfg.engine(), shared)
+}
+
+// ChooseTwoLevel reports whether the two-level dispatch (NewTwoLevel) is expected to
+// take less time than the flat one for cfg on c, and says why (the cost model's
+// figures).
+func ChooseTwoLevel(c *coll.Comm, cfg Config) (bool, string) {
+	return ep.ChooseTwoLevel(c, cfg.engine())
+}
 
 // PeerInputError says that another rank could not dispatch (or combine) its tokens:
-// every rank returns an error in the same call, and the communicator stays usable.
-// errors.Is matches it with ErrInput, and with what the rank found wrong (ErrStale,
-// combine.ErrInput, ErrWeights).
+// every rank returns an error in the same call, and the communicator stays usable. Rank
+// is that rank. errors.Is matches it with ErrInput, and with what the rank found wrong
+// (ErrStale, combine.ErrInput, ErrWeights).
 type PeerInputError = ep.PeerInputError
 
 // Errors.
@@ -154,50 +262,5 @@ var (
 	ErrWeights = ep.ErrWeights
 )
 
-// New returns a dispatcher for c. In the low-latency mode it is collective (every rank
-// calls it with the same configuration): it makes the exchange's buffers.
-func New[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*Dispatcher[T], error) {
-	return ep.New[T](ctx, c, cfg)
-}
-
-// Defaults returns cfg as New[T] would use it: the wire type defaulting to T's, InFlight
-// to 2, Align to 1, MaxLocalExperts to the placement's, and every field checked
-// (ErrConfig).
-func Defaults[T Act](cfg Config) (Config, error) { return ep.Defaults[T](cfg) }
-
-// LowLatencyBytes is the memory (Dispatcher.Bytes) that a Dispatcher[T] of cfg in the
-// low-latency mode holds on each rank of cfg.Placement once every slot has taken a
-// dispatch of MaxTokens tokens: where every rank maps every rank's memory (shared: one
-// host, over shm or inproc), or where blocks travel as messages. It runs nothing, so
-// that an engine can size its other buffers first (moex flow prints it).
-func LowLatencyBytes[T Act](cfg Config, shared bool) (int, error) {
-	return ep.LowLatencyBytes[T](cfg, shared)
-}
-
-// NewFormat returns the wire format of cfg (the wire type defaults to f32).
-func NewFormat(cfg Config) Format { return ep.NewFormat(cfg) }
-
-// Fingerprint identifies what every rank must agree on to dispatch together: the
-// format, the mode, the limits and the placement.
-func Fingerprint(cfg Config) uint64 { return ep.Fingerprint(cfg) }
-
-// PlacementFingerprint identifies a placement: its kind and every expert's replicas.
-func PlacementFingerprint(pl *router.Placement) uint64 { return ep.PlacementFingerprint(pl) }
-
-// TwoLevel is the dispatch for ranks on several hosts: a token crosses the network once
-// per remote host, and the host's ranks pass it on among themselves (combine.NewTwoLevel
-// combines it).
-type TwoLevel[T Act] = ep.TwoLevel[T]
-
-// TwoLevelHandle remembers a two-level dispatch for the combine.
-type TwoLevelHandle = ep.TwoLevelHandle
-
-// NewTwoLevel splits c by host (collectively: every rank calls it with the same cfg)
-// and makes the two stages' dispatchers.
-func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLevel[T], error) {
-	return ep.NewTwoLevel[T](ctx, c, cfg)
-}
-
-// ChooseTwoLevel reports whether the two-level dispatch is expected to take less time
-// than the flat one for cfg on c, and says why (the cost model's figures).
-func ChooseTwoLevel(c *coll.Comm, cfg Config) (bool, string) { return ep.ChooseTwoLevel(c, cfg) }
+// errZero is the error of a method called on a zero Handle or Output.
+var errZero = fmt.Errorf("%w: a zero Handle", ErrStale)

@@ -116,6 +116,7 @@ type LostExpertsError struct {
 	Ranks   []int // the lost ranks, in the communicator that was shrunk
 }
 
+// Error names the lost experts and ranks.
 func (e *LostExpertsError) Error() string {
 	return fmt.Sprintf("dispatch: experts %v had every replica on the lost ranks %v", e.Experts, e.Ranks)
 }

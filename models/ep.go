@@ -19,9 +19,9 @@ import (
 // rows are widened for them and their outputs rounded back), combines, and adds the
 // shared experts for its own tokens.
 type EP[T combine.Act] struct {
-	L   *Layer
-	D   *dispatch.Dispatcher[T]
-	C   *combine.Combiner[T]
+	L   *Layer                  // the layer: its router and expert weights
+	D   *dispatch.Dispatcher[T] // the dispatcher of its steps
+	C   *combine.Combiner[T]    // and their combiner
 	pl  *router.Placement
 	y   []T // the last Experts' or Identity's outputs: the combine's Buffer, or own
 	own []T

@@ -20,9 +20,9 @@ var ErrTooLarge = errors.New("models: layer does not fit in memory")
 // a rank that materialises only its own experts gets the very weights the single-rank
 // reference uses.
 type Layer struct {
-	Cfg    Config
-	Router router.Config
-	Gate   []float32 // Experts x Hidden
+	Cfg    Config        // the model
+	Router router.Config // its router
+	Gate   []float32     // Experts x Hidden
 	// Per materialised expert e: W1 and W3 (FFN x Hidden: gate and up projections) and
 	// W2 (Hidden x FFN: down projection). Nil for experts not materialised.
 	W1, W3, W2 [][]float32

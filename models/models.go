@@ -18,13 +18,13 @@ import (
 
 // Config is one MoE layer of a model.
 type Config struct {
-	Name        string
-	Hidden      int // hidden_size
-	ExpertFFN   int // intermediate size of one routed expert
-	Experts     int // routed experts
-	TopK        int // experts per token
-	Shared      int // shared experts (always applied)
-	SharedFFN   int // intermediate size of one shared expert (0: ExpertFFN)
+	Name        string // as ByName takes it
+	Hidden      int    // hidden_size
+	ExpertFFN   int    // intermediate size of one routed expert
+	Experts     int    // routed experts
+	TopK        int    // experts per token
+	Shared      int    // shared experts (always applied)
+	SharedFFN   int    // intermediate size of one shared expert (0: ExpertFFN)
 	Gating      router.Gating
 	Renormalize bool    // softmax-topk: renormalise the chosen probabilities
 	Groups      int     // DeepSeek-V3 n_group

@@ -92,7 +92,7 @@ var Shared = NewSharedPool(0)
 
 // PoolStats counts pool traffic.
 type PoolStats struct {
-	Gets, Allocs, Releases uint64
+	Gets, Allocs, Releases uint64 // buffers handed out, made, and given back
 }
 
 // Stats returns the pool's counters. Allocs stops growing in steady state.

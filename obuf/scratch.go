@@ -7,7 +7,7 @@ package obuf
 // from HugeThreshold on: cross-memory attach and RDMA registration at full speed), and
 // steady-state use allocates nothing. The zero value uses Default.
 type Scratch struct {
-	Pool *Pool
+	Pool *Pool // where the buffer comes from (nil: Default)
 	b    *Buf
 }
 

@@ -435,7 +435,7 @@ func trade(bins [][]int, cnt []int, kindOf func(int) int, has func(int, int) boo
 
 // Move is one expert's weights going from a rank that holds them to one that will.
 type Move struct {
-	Expert, From, To int
+	Expert, From, To int // the expert, and the ranks its weights go from and to
 }
 
 // Moves plans the weight transfers for a change of placement from old to next: for

@@ -39,12 +39,12 @@ func (k PlacementKind) String() string {
 // number (o + t) mod replicas, in the order of Owners[e] (ranks ascending), which spreads
 // the hot expert's tokens evenly and deterministically.
 type Placement struct {
-	Kind    PlacementKind
-	Experts int
-	Ranks   int
-	Owners  [][]int // expert -> ranks holding it, ascending
-	Local   [][]int // rank -> experts it holds, in local order (ascending)
-	local   []int32 // [rank*Experts+expert]: local index, -1 where not held
+	Kind    PlacementKind // how it was made
+	Experts int           // experts placed
+	Ranks   int           // ranks they are placed on
+	Owners  [][]int       // expert -> ranks holding it, ascending
+	Local   [][]int       // rank -> experts it holds, in local order (ascending)
+	local   []int32       // [rank*Experts+expert]: local index, -1 where not held
 }
 
 // Bounds of a placement.
@@ -238,7 +238,7 @@ func (pl *Placement) LocalIndex(r, e int) int { return int(pl.local[r*pl.Experts
 // Layout is the dispatch plan of one rank's tokens: for each destination rank, the tokens
 // that go there (each once, however many of its experts live there), in token order.
 type Layout struct {
-	Ranks int
+	Ranks int // ranks of the placement
 	// Rows[d] lists the token indices sent to rank d, ascending.
 	Rows [][]int32
 	// Dest[t] lists the ranks token t goes to (each once).

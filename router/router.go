@@ -53,10 +53,10 @@ func (g Gating) String() string {
 
 // Config describes a router.
 type Config struct {
-	Experts     int
-	TopK        int
-	Gating      Gating
-	Renormalize bool // SoftmaxTopK: divide the chosen probabilities by their sum
+	Experts     int    // routed experts
+	TopK        int    // experts per token
+	Gating      Gating // how scores become choices and weights
+	Renormalize bool   // SoftmaxTopK: divide the chosen probabilities by their sum
 	// DeepSeekV3 only.
 	Groups        int       // n_group
 	TopKGroups    int       // topk_group
@@ -114,10 +114,10 @@ func (c *Config) Validate() error {
 // token t (-1 when dropped by capacity) and Weights[t*K+j] its weight. Choices of a token
 // are in decreasing order of selection score.
 type Routing struct {
-	T, K    int
-	E       int
-	Experts []int32
-	Weights []float32
+	T, K    int       // tokens, and choices per token
+	E       int       // experts
+	Experts []int32   // T x K: token t's choices, -1 for a dropped one
+	Weights []float32 // T x K: their weights
 	// Probs[e] is the mean gate probability of expert e over the tokens (for the
 	// auxiliary loss); Dropped counts assignments dropped by capacity.
 	Probs   []float32

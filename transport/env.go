@@ -8,9 +8,9 @@ import (
 
 // EnvError reports a missing or malformed variable.
 type EnvError struct {
-	Var    string
-	Value  string
-	Reason string
+	Var    string // the variable
+	Value  string // its value
+	Reason string // what is wrong with it
 }
 
 func (e *EnvError) Error() string {
@@ -23,9 +23,9 @@ func (e *EnvError) Error() string {
 // EnvVar describes one environment variable that moex reads: the package that reads it
 // lists it, and `moex env` prints them all (coll.EnvVars gathers them).
 type EnvVar struct {
-	Name     string
+	Name     string // the variable
 	Default  string // what applies when it is unset, from the code's constant where there is one
-	Meaning  string
+	Meaning  string // what it does
 	Owner    string // the package that reads it
 	Internal bool   // set by moex for its own processes, or for developers: users leave it alone
 }

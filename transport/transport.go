@@ -41,7 +41,9 @@ func (t Tag) String() string {
 }
 
 // Key is the matched part of a Tag.
-type Key struct{ Comm, Seq, Tag uint32 }
+type Key struct {
+	Comm, Seq, Tag uint32 // the communicator, its operation's sequence number, the tag
+}
 
 // Transport moves bytes between the ranks of one job.
 type Transport interface {
@@ -156,8 +158,8 @@ func (e *PeerError) Unwrap() error { return e.Err }
 
 // ArgError reports an invalid argument, naming it.
 type ArgError struct {
-	Arg    string
-	Reason string
+	Arg    string // the argument, by its name in the call
+	Reason string // what is wrong with it
 }
 
 func (e *ArgError) Error() string { return "transport: invalid " + e.Arg + ": " + e.Reason }

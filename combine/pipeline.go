@@ -1,35 +1,41 @@
-package ep
+package combine
 
 import (
 	"context"
 	"fmt"
 
+	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/router"
 )
 
-// Experts computes one chunk's expert outputs: one row of Hidden values per entry of o,
-// in entry order. The returned slice is read by the combine's Start, before Pipeline
-// calls Experts again, so one buffer can serve every chunk; or it is
+// Experts computes one chunk's expert outputs for Pipeline: one row of Hidden values per
+// entry of o, in entry order. The returned slice is read by the combine's Start, before
+// Pipeline calls Experts again, so one buffer can serve every chunk; or it is
 // Combiner.Buffer(o.Handle()), where the combine then reads the outputs in place.
-type Experts[T Out] func(o *Output[T]) ([]T, error)
+type Experts[T Act] func(o *dispatch.Output[T]) ([]T, error)
+
+// MaxChunks bounds Pipeline's chunks.
+const MaxChunks = 1 << 16
 
 // Pipeline runs one MoE layer over this rank's tokens x (routed by r) in chunks of
 // consecutive tokens, so that chunk i+1's rows move while chunk i's experts compute, and
 // chunk i's partial sums move back while chunk i+1's experts compute; out receives every
-// token's combined row. Every rank must call it with the same number of chunks (their
-// sizes may differ); the dispatcher needs InFlight of at least 2. With one chunk it is
-// Dispatch, Experts, Combine.
-func (cb *Combiner[T]) Pipeline(ctx context.Context, d *Dispatcher[T], x []T, r *router.Routing, chunks int, experts Experts[T], out []T) error {
-	hid := cb.d.cfg.Hidden
+// token's combined row. d is the combiner's dispatcher. Every rank must call it with the
+// same number of chunks (their sizes may differ); the dispatcher needs InFlight of at
+// least 2. With one chunk it is Dispatch, Experts, Combine. An error of Experts on one
+// rank fails every rank's Pipeline, after the chunks in flight have completed.
+func (cb *Combiner[T]) Pipeline(ctx context.Context, d *dispatch.Dispatcher[T], x []T, r *router.Routing, chunks int, experts Experts[T], out []T) error {
+	cfg := d.Config()
+	hid := cfg.Hidden
 	switch {
-	case d.core != cb.d:
-		return fmt.Errorf("%w: the dispatcher is not this combiner's", ErrStale)
-	case chunks < 1 || chunks > 1<<16:
-		return fmt.Errorf("%w: %d chunks", ErrCombineInput, chunks)
-	case chunks > 1 && cb.d.cfg.InFlight < 2:
-		return fmt.Errorf("%w: a pipeline needs InFlight 2 or more, not %d", ErrCombineInput, cb.d.cfg.InFlight)
+	case Source(d) != cb.src:
+		return fmt.Errorf("%w: the dispatcher is not this combiner's", dispatch.ErrStale)
+	case chunks < 1 || chunks > MaxChunks:
+		return fmt.Errorf("%w: %d chunks (want 1 to %d)", ErrInput, chunks, MaxChunks)
+	case chunks > 1 && cfg.InFlight < 2:
+		return fmt.Errorf("%w: a pipeline needs InFlight 2 or more, not %d", ErrInput, cfg.InFlight)
 	case r == nil || len(x) != r.T*hid || len(out) != len(x):
-		return fmt.Errorf("%w: %d values, %d output values for a routing of the wrong shape or %d tokens of %d", ErrCombineInput, len(x), len(out), tokensOf(r), hid)
+		return fmt.Errorf("%w: %d values, %d output values for a routing of the wrong shape or %d tokens of %d", ErrInput, len(x), len(out), tokensOf(r), hid)
 	}
 	if cap(cb.chunkR) < chunks {
 		cb.chunkR = make([]router.Routing, chunks)
@@ -51,7 +57,7 @@ func (cb *Combiner[T]) Pipeline(ctx context.Context, d *Dispatcher[T], x []T, r 
 			first = err
 		}
 	}
-	var inflight [2]*CombinePending[T] // combines of chunks i-1 and i
+	var inflight [2]*Pending[T] // combines of chunks i-1 and i
 	wait := func(k int) {
 		if k >= 0 && inflight[k%2] != nil {
 			note(inflight[k%2].Wait(ctx))
