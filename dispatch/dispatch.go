@@ -46,8 +46,6 @@
 package dispatch
 
 import (
-	"fmt"
-
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/internal/ep"
@@ -261,6 +259,3 @@ var (
 	// ErrWeights: expert weights of the wrong size (Migrate).
 	ErrWeights = ep.ErrWeights
 )
-
-// errZero is the error of a method called on a zero Handle or Output.
-var errZero = fmt.Errorf("%w: a zero Handle", ErrStale)

@@ -8,7 +8,6 @@ import (
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/obuf"
-	"github.com/moex-ai/moex/router"
 )
 
 // The combine: each expert rank first sums, weighted, the outputs of its experts for the
@@ -95,8 +94,7 @@ type cslot struct {
 type Combiner[T Out] struct {
 	*backCore
 	pending []CombinePending[T]
-	chunkR  []router.Routing // Pipeline's chunks
-	alt     *Combiner[T]     // the Auto mode's, for the dispatches its normal mode took
+	alt     *Combiner[T] // the Auto mode's, for the dispatches its normal mode took
 }
 
 // NewCombiner returns a combiner for the dispatches of d. In the low-latency mode it is
