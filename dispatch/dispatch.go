@@ -241,6 +241,13 @@ func ChooseTwoLevel(c *coll.Comm, cfg Config) (bool, string) {
 // (ErrStale, combine.ErrInput, ErrWeights).
 type PeerInputError = ep.PeerInputError
 
+// ConfigMismatchError says which field of the configuration the ranks disagree on, when
+// New finds it (in the modes where New is collective: Auto and LowLatency): Field, the
+// odd Ranks (whose Value differs from the most ranks'; on a tie, from the lowest rank's)
+// and the others (Rest, with Want). Every rank gets the same one, and a launcher (moex
+// run) blames the odd ranks. It matches ErrMismatch.
+type ConfigMismatchError = ep.ConfigMismatchError
+
 // Errors.
 var (
 	// ErrConfig: the configuration is invalid.
@@ -250,8 +257,9 @@ var (
 	// ErrMismatch: ranks disagree on the configuration or the placement; every rank gets
 	// it, naming one that differs.
 	ErrMismatch = ep.ErrMismatch
-	// ErrStale: a Handle or Output was used after a newer dispatch reused its buffers,
-	// or is not one of the dispatcher's.
+	// ErrStale: a Handle or Output that does not describe a live dispatch of this
+	// dispatcher: the zero Handle, another dispatcher's, one whose buffers a newer
+	// dispatch reused, or one combined already (the error says which).
 	ErrStale = ep.ErrStale
 	// ErrBusy: a dispatch would reuse buffers still in use (InFlight results, the
 	// oldest not waited for or pinned by a combine).

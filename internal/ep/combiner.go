@@ -392,14 +392,18 @@ func badHandle(h Handle, d *core) error {
 	case h.s == nil:
 		return fmt.Errorf("%w: a zero handle (not one that Dispatch returned)", ErrStale)
 	case h.s.d != d:
-		return fmt.Errorf("%w: the handle is not from this combiner's dispatcher", ErrStale)
+		return fmt.Errorf("%w: the handle is another dispatcher's", ErrStale)
 	case !h.Valid():
 		return fmt.Errorf("%w: the handle's dispatch was overwritten by a later one (InFlight %d) or its dispatcher closed", ErrStale, len(d.slots))
 	case h.s.combined:
-		return fmt.Errorf("%w: the handle's dispatch was combined already", ErrStale)
+		return errCombined
 	}
 	return nil
 }
+
+// errCombined is badHandle's answer for the handle of a dispatch combined already (which
+// Redispatch may still take).
+var errCombined = fmt.Errorf("%w: the handle's dispatch was combined already", ErrStale)
 
 func (cs *cslot) unpin() {
 	if cs.pinned {

@@ -168,9 +168,10 @@ var (
 	// ErrMismatch: ranks disagree on the configuration or the placement; every rank gets
 	// it, naming one that differs.
 	ErrMismatch = coll.ErrMismatch
-	// ErrStale: a Handle or Output was used after a newer dispatch reused its buffers,
-	// or is not one of this dispatcher's.
-	ErrStale = errors.New("dispatch: handle is stale (a newer dispatch reused its buffers)")
+	// ErrStale: a Handle or Output that does not describe a live dispatch of this
+	// dispatcher: the zero Handle, another dispatcher's, one whose buffers a newer
+	// dispatch reused, or one combined already (the error says which).
+	ErrStale = errors.New("dispatch: not a live handle")
 	// ErrBusy: a dispatch would reuse buffers still in use (InFlight results, the
 	// oldest not waited for or pinned by a combine).
 	ErrBusy = coll.ErrBusy

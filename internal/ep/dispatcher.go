@@ -144,6 +144,7 @@ type Dispatcher[T Act] struct {
 type Options struct {
 	// Arrival keeps the normal mode's rows in arrival order (TwoLevel's up stage).
 	Arrival bool
+	agreed  bool // the ranks agreed on the configuration already (newAuto's stages)
 }
 
 // New returns a dispatcher for c. In the low-latency mode it is collective (every rank
@@ -160,6 +161,14 @@ func NewWith[T Act](ctx context.Context, c *coll.Comm, cfg Config, o Options) (*
 	}
 	if cfg.Placement.Ranks != c.Size() {
 		return nil, fmt.Errorf("%w: placement over %d ranks on a communicator of %d", ErrConfig, cfg.Placement.Ranks, c.Size())
+	}
+	if (cfg.Mode == Auto || cfg.Mode == LowLatency) && !o.agreed {
+		// New is collective in these modes: agree first, so that a rank with another
+		// configuration is named with the field, before any buffer is made.
+		if err := agreeConfig(ctx, c, cfg); err != nil {
+			return nil, err
+		}
+		o.agreed = true
 	}
 	if cfg.Mode == Auto {
 		return newAuto[T](ctx, c, cfg, o)
@@ -431,8 +440,8 @@ func (d *Dispatcher[T]) Redispatch(ctx context.Context, h Handle, x []T) (*Outpu
 	if d.altD != nil && h.s != nil && h.s.d == d.alt {
 		return d.altD.Redispatch(ctx, h, x)
 	}
-	if h.s == nil || h.s.d != d.core || !h.Valid() {
-		return nil, ErrStale
+	if err := badHandle(h, d.core); err != nil && !errors.Is(err, errCombined) {
+		return nil, err
 	}
 	s := h.s
 	if s.state == slotStarted || s.pins > 0 {

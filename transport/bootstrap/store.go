@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"golang.org/x/time/rate"
 	"io"
 	"log/slog"
 	"net"
@@ -72,7 +73,8 @@ type StoreServer struct {
 	size   int
 	claims map[int]*claim
 	failed []byte // a reply to every later Get: status, rank, stage
-	warned time.Time
+	// The WARN about refused connections, at most once a second.
+	refusedLog rate.Sometimes
 }
 
 // ServeStore listens on addr and serves until Close.
@@ -92,7 +94,7 @@ func serveStoreOn(ln net.Listener, token []byte, log *slog.Logger) *StoreServer 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &StoreServer{ln: ln, token: token, log: log, data: map[string][]byte{}, conns: map[net.Conn]struct{}{}, claims: map[int]*claim{}}
+	s := &StoreServer{ln: ln, token: token, log: log, data: map[string][]byte{}, conns: map[net.Conn]struct{}{}, claims: map[int]*claim{}, refusedLog: rate.Sometimes{Interval: time.Second}}
 	s.cond = sync.NewCond(&s.mu)
 	s.wg.Add(1)
 	go s.acceptLoop()
@@ -189,14 +191,10 @@ func (s *StoreServer) refusedWarn(remote string, err error) {
 	s.mu.Lock()
 	s.refused++
 	n := s.refused
-	quiet := time.Since(s.warned) < time.Second
-	if !quiet {
-		s.warned = time.Now()
-	}
 	s.mu.Unlock()
-	if !quiet {
+	s.refusedLog.Do(func() {
 		s.log.Warn("moex store: refused connection", "remote", remote, "err", err, "refused_so_far", n)
-	}
+	})
 }
 
 func (s *StoreServer) serve(c net.Conn) {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -38,4 +40,20 @@ func TestSetupDropsStrangers(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("New did not return after its exchange failed")
 	}
+}
+
+// A flood of refused connections logs one WARN a second, with the count so far, and
+// counts every one (the launcher's logs once had 511 such lines).
+func TestRefusedConnectionsRateLimited(t *testing.T) {
+	var logs transporttest.Recorder
+	tr := &Transport{log: logs.Logger(), refusedLog: rate.Sometimes{Interval: time.Hour}}
+	for i := 0; i < 500; i++ {
+		tr.refusedWarn("moex tcp: refused connection", "rank", 0)
+	}
+	assert.Equal(t, uint64(500), tr.refused.Load())
+	warned := logs.Records()
+	require.Len(t, warned, 1)
+	n, ok := warned[0].Int("refused_so_far")
+	assert.True(t, ok)
+	assert.Equal(t, int64(1), n)
 }

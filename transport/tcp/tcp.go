@@ -22,6 +22,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"golang.org/x/time/rate"
 	"log/slog"
 	"net"
 	"os"
@@ -139,10 +140,22 @@ type Transport struct {
 	busyPoll string
 
 	framesOut, writevs, direct, bytesOut, bytesIn, reads atomic.Uint64
+
+	// Connections refused at connect time, and the WARN about them, at most once a
+	// second: a flood of them (a stranger's job, a port scanner) must not flood the log.
+	refused    atomic.Uint64
+	refusedLog rate.Sometimes
 }
 
 var _ transport.Transport = (*Transport)(nil)
 var _ transport.PathReporter = (*Transport)(nil)
+
+// refusedWarn counts a refused connection and logs it at WARN, at most once a second,
+// with the count so far.
+func (t *Transport) refusedWarn(msg string, args ...any) {
+	n := t.refused.Add(1)
+	t.refusedLog.Do(func() { t.log.Warn(msg, append(args, "refused_so_far", int64(n))...) })
+}
 
 type hello struct {
 	rank, size, stream, streams uint32
@@ -177,7 +190,8 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		return nil, &transport.ArgError{Arg: "Exchange", Reason: "nil with more than one rank"}
 	}
 	t := &Transport{
-		rank: cfg.Rank, size: cfg.Size, streams: cfg.Streams, eager: cfg.EagerLimit,
+		refusedLog: rate.Sometimes{Interval: time.Second},
+		rank:       cfg.Rank, size: cfg.Size, streams: cfg.Streams, eager: cfg.EagerLimit,
 		chunk: cfg.Chunk, checksum: cfg.Checksum, grace: cfg.CancelGrace,
 		poller: cfg.Poller, pool: cfg.Pool, log: cfg.Logger,
 	}
@@ -424,14 +438,14 @@ func (t *Transport) acceptAll(ctx context.Context, ln net.Listener, want int, co
 		select {
 		case r := <-results:
 			if r.err != nil {
-				t.log.Warn("moex tcp: refused connection", "rank", t.rank, "remote", r.c.RemoteAddr().String(), "err", r.err)
+				t.refusedWarn("moex tcp: refused connection", "rank", t.rank, "remote", r.c.RemoteAddr().String(), "err", r.err)
 				_ = r.c.Close()
 				continue
 			}
 			h := r.h
 			if int(h.rank) <= t.rank || int(h.rank) >= t.size || int(h.stream) >= t.streams ||
 				h.size != uint32(t.size) || h.streams != uint32(t.streams) {
-				t.log.Warn("moex tcp: refused connection with unexpected hello", "rank", t.rank,
+				t.refusedWarn("moex tcp: refused connection with unexpected hello", "rank", t.rank,
 					"remote", r.c.RemoteAddr().String(), "peer_rank", h.rank, "size", h.size, "stream", h.stream, "streams", h.streams)
 				_ = r.c.Close()
 				continue
@@ -443,7 +457,7 @@ func (t *Transport) acceptAll(ctx context.Context, ln net.Listener, want int, co
 			}
 			mu.Unlock()
 			if dup {
-				t.log.Warn("moex tcp: refused duplicate connection", "rank", t.rank, "peer_rank", h.rank, "stream", h.stream)
+				t.refusedWarn("moex tcp: refused duplicate connection", "rank", t.rank, "peer_rank", h.rank, "stream", h.stream)
 				_ = r.c.Close()
 				continue
 			}
