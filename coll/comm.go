@@ -527,7 +527,7 @@ func (c *Comm) begin(ctx context.Context) error {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		c.abortLocal(transport.CtxError(err))
+		c.abortLocal(ctxError(err))
 		return c.Err()
 	}
 	c.watchCtx(ctx)
@@ -555,9 +555,21 @@ func (c *Comm) watchCtx(ctx context.Context) {
 	c.lastCtx = ctx
 	c.stopCtx = context.AfterFunc(ctx, func() {
 		if c.dog.Busy() {
-			c.abortLocal(transport.CtxError(ctx.Err()))
+			c.abortLocal(ctxError(ctx.Err()))
 		}
 	})
+}
+
+// ctxError is the error of an operation whose context ended (transport.CtxError): where
+// the launcher (moex run) is stopping the job, which is why a rank's program cancels its
+// context on SIGTERM, a *StoppedError that names the rank the launcher blames, rather
+// than only "context canceled".
+func ctxError(err error) error {
+	err = transport.CtxError(err)
+	if rank, why := health.StopReason(); rank >= 0 && errors.Is(err, ErrCanceled) {
+		return &StoppedError{Rank: rank, Reason: why, err: err}
+	}
+	return err
 }
 
 // nextSeq returns the sequence number of the next collective.

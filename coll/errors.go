@@ -29,6 +29,23 @@ var (
 	ErrPanicked = errors.New("coll: a rank panicked")
 )
 
+// StoppedError is the error of an operation whose context was cancelled while the
+// launcher (moex run) was stopping the job because a rank failed: a rank's program that
+// cancels its context on SIGTERM gets it instead of only "context canceled". Rank is the
+// rank (of the world) the launcher blames, Reason how it ended. It matches ErrCanceled
+// and the context's error.
+type StoppedError struct {
+	Rank   int    // the rank the launcher blames
+	Reason string // how it ended, as the launcher says it
+	err    error
+}
+
+func (e *StoppedError) Error() string {
+	return fmt.Sprintf("%v: the launcher is stopping the job (%s)", e.err, e.Reason)
+}
+
+func (e *StoppedError) Unwrap() error { return e.err }
+
 // PanicError is the abort of a rank that panicked while its communicator was open and
 // deferred its Close (see Comm.Close): on that rank and on every other one. Rank is the
 // rank of the world; Value is what it panicked with, as text. It matches ErrPanicked.

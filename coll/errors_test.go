@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/moex-ai/moex/internal/launch"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -224,6 +227,37 @@ func TestContextDeadline(t *testing.T) {
 	}
 	if !errors.Is(errs[1], ErrAborted) {
 		t.Fatalf("rank 1: %v", errs[1])
+	}
+}
+
+// An operation whose context is cancelled while the launcher stops the job (it wrote
+// why, as moex run does before its SIGTERM) fails with a StoppedError that names the rank
+// the launcher blames, and matches ErrCanceled; without a launcher's reason, a plain
+// cancellation.
+func TestCancelWhileStoppedNamesTheRank(t *testing.T) {
+	require.Equal(t, launch.StopFile, health.StopFile, "moex run writes where coll reads")
+	dir := t.TempDir()
+	t.Setenv(health.ReportDirVar, dir)
+	for _, stopping := range []bool{false, true} {
+		if stopping {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, health.StopFile), []byte("3 launch: rank 3 killed by SIGKILL\n"), 0o600))
+		}
+		errs := world(t, 2, Config{}, func(c *Comm) error {
+			ctx, cancel := context.WithCancel(context.Background())
+			if c.Rank() == 0 {
+				cancel()
+			} else {
+				defer cancel()
+			}
+			return Barrier(ctx, c)
+		})
+		var se *StoppedError
+		assert.ErrorIs(t, errs[0], ErrCanceled)
+		assert.ErrorIs(t, errs[0], context.Canceled)
+		assert.Equal(t, stopping, errors.As(errs[0], &se), "%v", errs[0])
+		if stopping {
+			assert.Equal(t, 3, se.Rank)
+		}
 	}
 }
 

@@ -88,6 +88,8 @@ func TestHelperCollRank(t *testing.T) {
 		err = helperDeath(ctx, c)
 	case "panic":
 		err = helperPanic(ctx, c)
+	case "killed":
+		err = helperKilled(ctx, c)
 	case "sharedDeath":
 		err = helperSharedDeath(ctx, c)
 	case "shared":
@@ -749,6 +751,36 @@ func helperPanic(ctx context.Context, c *Comm) error {
 	return err
 }
 
+// helperKilled: a serving loop of AllReduces and compute that stops on SIGTERM, as a
+// server does (signal.NotifyContext); rank 1 is killed (SIGKILL) in its middle. Each survivor ends
+// with an error and prints which rank it names: the dead one, whether it learnt of the
+// death itself (a PeerError, or an abort that names it) or through the launcher that
+// stopped it (a StoppedError).
+func helperKilled(ctx context.Context, c *Comm) error {
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM)
+	defer stop()
+	x := make([]float32, 4096)
+	for i := 0; ; i++ {
+		if c.Rank() == 1 && i == 200 {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+		time.Sleep(time.Millisecond) // the experts compute: the ranks are in no collective
+		if err := AllReduce(ctx, c, nil, x, dtype.Sum); err != nil {
+			named := -1
+			var pe *PeerError
+			var se *StoppedError
+			switch {
+			case errors.As(err, &se):
+				named = se.Rank
+			case errors.As(err, &pe):
+				named = pe.Rank
+			}
+			fmt.Printf("rank %d names rank %d: %v\n", c.Rank(), named, err)
+			return err
+		}
+	}
+}
+
 // helperShrink: rank 1 is killed (SIGKILL) between two operations; every survivor's
 // next operation fails naming it, Shrink gives each the same communicator of the
 // others, whose operations give the right results. It returns the communicator to
@@ -1004,6 +1036,29 @@ func TestPanickingRankNamed(t *testing.T) {
 				}
 			}
 			assert.NotContains(t, out, "timeout", what)
+		}
+	}
+}
+
+// A rank killed in the middle of serving: every survivor that prints an error names it,
+// whether it learnt of the death itself or from the launcher stopping the job (its
+// context cancelled on SIGTERM: a StoppedError), and the launcher names it too.
+func TestKilledRankNamedBySurvivors(t *testing.T) {
+	moex := buildMoex(t)
+	runs := 3
+	if long.Enabled() {
+		runs = 12
+	}
+	for i := 0; i < runs; i++ {
+		for _, tr := range []string{"tcp", "shm"} {
+			out, err := moexRunKeepGoing(moex, false, 4, "killed", "MOEX_TIMEOUT=20s", "MOEX_TRANSPORT="+tr)
+			var ee *exec.ExitError
+			require.ErrorAs(t, err, &ee, out)
+			assert.Contains(t, out, "rank 1 killed by SIGKILL", "%s, run %d", tr, i)
+			named := regexp.MustCompile(`rank [023] names rank (-?\d+)`).FindAllStringSubmatch(out, -1)
+			for _, m := range named {
+				assert.Equal(t, "1", m[1], "%s, run %d: a survivor names another rank:\n%s", tr, i, out)
+			}
 		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 )
 
@@ -44,4 +46,33 @@ func ReportJoin(rank int, stage string) {
 		return
 	}
 	_ = os.WriteFile(filepath.Join(dir, fmt.Sprintf("rank%d.%s", rank, stage)), nil, 0o600)
+}
+
+// StopFile is the file of the reports directory in which a launcher that stops the job
+// (a rank failed) writes why, before it signals the other ranks: the rank it blames and
+// how that rank ended, as "RANK TEXT". Their operations that fail because they were
+// stopped then say so (StopReason).
+const StopFile = "stop"
+
+// StopReason is what the launcher wrote in StopFile: the rank (of the world) it blames
+// for stopping the job, and how that rank ended; -1 and "" when it is not stopping it,
+// or there is no launcher.
+func StopReason() (int, string) {
+	dir := os.Getenv(ReportDirVar)
+	if dir == "" {
+		return -1, ""
+	}
+	b, err := os.ReadFile(filepath.Join(dir, StopFile))
+	if err != nil {
+		return -1, ""
+	}
+	if len(b) > MaxReason {
+		b = b[:MaxReason]
+	}
+	rank, why, ok := strings.Cut(strings.TrimSpace(string(b)), " ")
+	r, err := strconv.Atoi(rank)
+	if !ok || err != nil || r < 0 {
+		return -1, ""
+	}
+	return r, why
 }

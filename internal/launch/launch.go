@@ -278,7 +278,7 @@ func (j *job) wait(ctx context.Context) error {
 	ends := make([]error, n) // each rank's end, in order of rank
 	var order []int          // ranks in the order they ended
 	stopping, killed := false, false
-	var killTimer <-chan time.Time
+	var killTimer, settle <-chan time.Time
 	stop := func(sig syscall.Signal) {
 		if stopping {
 			return
@@ -323,7 +323,11 @@ func (j *job) wait(ctx context.Context) error {
 			if e.err != nil && first == nil && !stopping {
 				first = rankError(e.rank, e.err)
 				if !j.cfg.KeepGoing {
-					stop(syscall.SIGTERM)
+					// The others learn of a rank's end by themselves, in milliseconds:
+					// give them that long to fail naming it, then stop them, saying why
+					// (coll adds it to the error of an operation they cancel on SIGTERM).
+					j.writeStop(rootCause(ends, order, false, j.reports, first))
+					settle = time.After(min(j.cfg.Grace, StopSettle))
 				}
 			}
 			if e.err == nil && !j.joined(e.rank) && deserters == nil {
@@ -339,6 +343,9 @@ func (j *job) wait(ctx context.Context) error {
 				first = ErrInterrupted
 			}
 			stop(syscall.SIGINT)
+		case <-settle:
+			settle = nil
+			stop(syscall.SIGTERM)
 		case <-killTimer:
 			killTimer = nil
 			killed = true
@@ -384,6 +391,26 @@ func (j *job) deserted(exited []bool, ends []error) error {
 		}
 	}
 	return nil
+}
+
+// StopSettle is how long the launcher lets the other ranks fail by themselves after a
+// rank failed (they learn of a dead or aborting peer in milliseconds, and their errors
+// then name it) before it stops them with SIGTERM.
+const StopSettle = 250 * time.Millisecond
+
+// StopFile is where the ranks read why the launcher stops the job, as "RANK TEXT"
+// (coll/health.StopFile, StopReason).
+const StopFile = "stop"
+
+// writeStop writes why the job is stopping, for the ranks to read: the rank blamed and
+// the error that blames it.
+func (j *job) writeStop(why error) {
+	rank := -1
+	var re *RankError
+	if errors.As(why, &re) {
+		rank = re.Rank
+	}
+	_ = os.WriteFile(filepath.Join(j.reports, StopFile), []byte(fmt.Sprintf("%d %v\n", rank, why)), 0o600)
 }
 
 // panicked says whether rank r reported that it panicked (coll's Close, deferred in the
