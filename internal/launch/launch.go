@@ -164,7 +164,28 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
-	return j.wait(ctx)
+	err = j.wait(ctx)
+	j.removeSegments()
+	return err
+}
+
+// DevShm is where moex's shared-memory files are (package transport/shm's segments and
+// windows, named "moex-...-p<pid>" after the process that made them).
+var DevShm = "/dev/shm"
+
+// removeSegments removes the shared-memory files the ranks made and left behind: a rank
+// killed, or stopped between making a window and every peer mapping it, cannot unlink its
+// own. Every rank has ended when it runs.
+func (j *job) removeSegments() {
+	for _, c := range j.cmds {
+		if c == nil || c.Process == nil {
+			continue
+		}
+		left, _ := filepath.Glob(filepath.Join(DevShm, "moex-*-p"+strconv.Itoa(c.Process.Pid)))
+		for _, f := range left {
+			_ = os.Remove(f)
+		}
+	}
 }
 
 // job is one Run: its ranks' processes and the goroutines that copy their output.

@@ -83,6 +83,16 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 		time.Sleep(time.Minute)
+	case "leftover": // every rank leaves a segment and a window behind; rank 1 is killed
+		for _, kind := range []string{"r", "w1-r"} {
+			name := fmt.Sprintf("moex-launchtest-%s%s-p%d", kind, os.Getenv("MOEX_RANK"), os.Getpid())
+			os.WriteFile(filepath.Join(DevShm, name), []byte("x"), 0o600)
+		}
+		if os.Getenv("MOEX_RANK") == "1" {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+		time.Sleep(time.Minute) // the launcher must stop us
+		os.Exit(0)
 	case "interrupt":
 		c := make(chan os.Signal, 1)
 		signal.Notify(c, os.Interrupt)
@@ -257,4 +267,19 @@ func TestCleanExitsAreNoFailure(t *testing.T) {
 	var out, errOut syncBuf
 	require.NoError(t, Run(context.Background(), cfg("joinedearly", 4, &out, &errOut)))
 	assert.Equal(t, 4, strings.Count(out.String(), "] done\n"), out.String())
+}
+
+// Shared-memory files that ranks leave behind (a rank killed, or stopped before it could
+// unlink them) are gone once Run returns; others' are left alone.
+func TestLeftoverSegmentsRemoved(t *testing.T) {
+	other := filepath.Join(DevShm, fmt.Sprintf("moex-launchtest-r9-p%d", os.Getpid()))
+	require.NoError(t, os.WriteFile(other, []byte("x"), 0o600))
+	defer os.Remove(other)
+	var out, errOut syncBuf
+	err := Run(context.Background(), cfg("leftover", 3, &out, &errOut))
+	var re *RankError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, 1, re.Rank)
+	left, _ := filepath.Glob(filepath.Join(DevShm, "moex-launchtest-*"))
+	assert.Equal(t, []string{other}, left, "only the file of a process outside the job is left")
 }

@@ -203,6 +203,19 @@ func TestDialStoreGivesUp(t *testing.T) {
 	}
 }
 
+// A start-up cancelled (the launcher stopping the job) while waiting for rank 0's store
+// is a cancellation, not a timeout.
+func TestDialStoreCancelled(t *testing.T) {
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	_, err := DialStore(ctx, addr, []byte("x"))
+	assert.ErrorIs(t, err, transport.ErrCanceled)
+	assert.NotErrorIs(t, err, transport.ErrTimeout)
+}
+
 // Open MPI without an address: on several hosts (no shared session directory), or with
 // no session directory in the environment, it is an EnvError naming MOEX_ADDR.
 func TestParseEnvOpenMPINeedsAddress(t *testing.T) {

@@ -159,7 +159,7 @@ func joinByFile(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, er
 		}
 		select {
 		case <-ctx.Done():
-			return nil, &StartupError{Expected: env.Size, Rank: 0, Err: transport.Because(context.Cause(ctx), "rank 0 has not come: no rendezvous file %s before the start-up deadline", env.AddrFile)}
+			return nil, &StartupError{Expected: env.Size, Rank: 0, Err: transport.Because(context.Cause(ctx), "rank 0 has not come: no rendezvous file %s %s", env.AddrFile, gaveUp(ctx))}
 		case <-tick.C:
 		}
 	}

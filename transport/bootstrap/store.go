@@ -501,11 +501,20 @@ func DialStore(ctx context.Context, addr string, token []byte) (*Store, error) {
 		select {
 		case <-ctx.Done():
 			return nil, transport.Because(transport.CtxError(ctx.Err()),
-				"rank 0, which serves the rendezvous store at %s, has not come: no answer before the start-up deadline (last error: %v)", addr, err)
+				"rank 0, which serves the rendezvous store at %s, has not come: no answer %s (last error: %v)", addr, gaveUp(ctx), err)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
 	}
+}
+
+// gaveUp says why a wait of the start-up ended, for its error: the deadline passed, or
+// the start-up was cancelled (the launcher stopping the job, for instance).
+func gaveUp(ctx context.Context) string {
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return "before the start-up was cancelled"
+	}
+	return "before the start-up deadline"
 }
 
 func (s *Store) call(ctx context.Context, req []byte) ([][]byte, error) {
@@ -523,7 +532,7 @@ func (s *Store) call(ctx context.Context, req []byte) ([][]byte, error) {
 		var ne net.Error
 		switch {
 		case ctx.Err() != nil:
-			s.broken = transport.Because(transport.CtxError(ctx.Err()), "no answer from the rendezvous store before the start-up deadline")
+			s.broken = transport.Because(transport.CtxError(ctx.Err()), "no answer from the rendezvous store %s", gaveUp(ctx))
 		case errors.As(err, &ne) && ne.Timeout():
 			// the socket deadline fired first
 			s.broken = transport.Because(transport.CtxError(context.DeadlineExceeded), "no answer from the rendezvous store before the start-up deadline")
