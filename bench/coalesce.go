@@ -402,7 +402,7 @@ func Coalesce(ctx context.Context, c *coll.Comm, o CoalesceOpts, procRank bool) 
 		}
 	}
 	res.Rows = ways
-	res.RecommendedChunk, res.Reason = recommendChunk(ways)
+	res.RecommendedChunk, _, res.Reason = recommendChunk(ways)
 	return res, nil
 }
 
@@ -524,8 +524,10 @@ func (sc *coalesceScenario) run(ctx context.Context, wi int, w *CoalesceRow, o C
 // recommendChunk picks, among the fused way and the chunk sizes that do split it, the
 // one with the least CPU per GB whose p50 is within 5% of the fastest of them: splitting
 // costs messages, so a chunk must buy time to be worth it. Chunks as large as every
-// fused message split nothing; their runs count as the fused way's.
-func recommendChunk(rows []CoalesceRow) (int, string) {
+// fused message split nothing: their runs are the fused way's too, and the fastest of
+// those runs stands for it. It returns the chunk (0: do not split), the row whose figures
+// the reason quotes (each figure of the reason is that row's), and the reason.
+func recommendChunk(rows []CoalesceRow) (int, *CoalesceRow, string) {
 	var fused *CoalesceRow
 	for i := range rows {
 		if rows[i].Way == WayFused {
@@ -533,9 +535,9 @@ func recommendChunk(rows []CoalesceRow) (int, string) {
 		}
 	}
 	if fused == nil {
-		return 0, "no fused way was measured"
+		return 0, nil, "no fused way was measured"
 	}
-	fusedP50, fusedCPU := fused.P50US, fused.CPUSecGB
+	unsplit := fused // the fastest run of one message per rank
 	best := math.Inf(1)
 	var split []*CoalesceRow
 	for i := range rows {
@@ -545,11 +547,17 @@ func recommendChunk(rows []CoalesceRow) (int, string) {
 		case r.Way != WayChunked:
 			continue
 		case r.Messages == fused.Messages:
-			fusedP50, fusedCPU = min(fusedP50, r.P50US), min(fusedCPU, r.CPUSecGB)
+			if r.P50US < unsplit.P50US {
+				unsplit = r
+			}
 		default:
 			split = append(split, r)
 		}
 		best = min(best, r.P50US)
+	}
+	which := "the fused run"
+	if unsplit != fused {
+		which = fmt.Sprintf("the run of %s chunks, which split nothing", SizeOf(int64(unsplit.ChunkBytes)))
 	}
 	var pick *CoalesceRow
 	for _, r := range split {
@@ -557,8 +565,9 @@ func recommendChunk(rows []CoalesceRow) (int, string) {
 			pick = r
 		}
 	}
-	if fusedP50 <= 1.05*best && (pick == nil || fusedCPU <= pick.CPUSecGB) {
-		return 0, fmt.Sprintf("do not split: one fused message per rank is within 5%% of the fastest (p50 %.0f us against %.0f) at the least CPU, %.2f s/GB", fusedP50, best, fusedCPU)
+	if unsplit.P50US <= 1.05*best && (pick == nil || unsplit.CPUSecGB <= pick.CPUSecGB) {
+		return 0, unsplit, fmt.Sprintf("do not split: one fused message per rank is within 5%% of the fastest (p50 %.0f us against %.0f) at the least CPU, %.2f s/GB (%s)",
+			unsplit.P50US, best, unsplit.CPUSecGB, which)
 	}
 	if pick == nil { // no way within 5% of the best: take the fastest
 		for _, r := range split {
@@ -567,8 +576,8 @@ func recommendChunk(rows []CoalesceRow) (int, string) {
 			}
 		}
 	}
-	return pick.ChunkBytes, fmt.Sprintf("chunks of %s: p50 %.0f us (the fastest: %.0f) at %.2f CPU s/GB, against %.0f us and %.2f s/GB unsplit",
-		SizeOf(int64(pick.ChunkBytes)), pick.P50US, best, pick.CPUSecGB, fusedP50, fusedCPU)
+	return pick.ChunkBytes, pick, fmt.Sprintf("chunks of %s: p50 %.0f us (the fastest: %.0f) at %.2f CPU s/GB, against %.0f us and %.2f s/GB unsplit (%s)",
+		SizeOf(int64(pick.ChunkBytes)), pick.P50US, best, pick.CPUSecGB, unsplit.P50US, unsplit.CPUSecGB, which)
 }
 
 // PrintCoalesce writes the study as a table and its recommendation.

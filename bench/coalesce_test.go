@@ -113,9 +113,29 @@ func TestRecommendChunk(t *testing.T) {
 		{Way: WayChunked, ChunkBytes: 4 << 10, P50US: 300, CPUSecGB: 3, Messages: 400},
 		{Way: WayChunked, ChunkBytes: 1 << 20, P50US: 80, CPUSecGB: 0.5, Messages: 12},
 	}
-	k, why := recommendChunk(rows)
+	k, quoted, why := recommendChunk(rows)
 	assert.Zero(t, k, why)
+	assert.Same(t, &rows[3], quoted, "the 1 MiB chunks split nothing: theirs is the fastest unsplit run, and its figures are quoted")
 	rows[2].P50US, rows[2].CPUSecGB = 50, 0.9
-	k, why = recommendChunk(rows)
+	k, quoted, why = recommendChunk(rows)
 	assert.Equal(t, 4<<10, k, why)
+	assert.Same(t, &rows[2], quoted)
+}
+
+// The figures a recommendation quotes are one run's, named: the fused row's p50 is not
+// quoted with another run's CPU (bench coalesce once gave the 2 MiB chunked row's p50
+// 2385 us and 0.18 s/GB as the fused row's 2544.5 and 0.22).
+func TestRecommendChunkQuotesOneRun(t *testing.T) {
+	rows := []CoalesceRow{
+		{Way: WayFused, P50US: 2544.5, CPUSecGB: 0.22, Messages: 12},
+		{Way: WayChunked, ChunkBytes: 2 << 20, P50US: 2385, CPUSecGB: 0.25, Messages: 12},
+		{Way: WayChunked, ChunkBytes: 4 << 20, P50US: 2600, CPUSecGB: 0.18, Messages: 12},
+		{Way: WayChunked, ChunkBytes: 64 << 10, P50US: 4000, CPUSecGB: 0.9, Messages: 800},
+	}
+	k, quoted, why := recommendChunk(rows)
+	assert.Zero(t, k, why)
+	require.Same(t, &rows[1], quoted)
+	assert.Contains(t, why, "p50 2385 us")
+	assert.Contains(t, why, "0.25 s/GB", "the CPU of the run whose p50 it quotes, not the least of any run")
+	assert.Contains(t, why, "2.0 MiB chunks, which split nothing")
 }

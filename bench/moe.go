@@ -164,6 +164,8 @@ type MoEResult struct {
 	MoveUS    float64   `json:"move_us,omitempty"`
 	LastRank  *int      `json:"last_rank,omitempty"`
 	WaitForUS []float64 `json:"wait_for_us,omitempty"`
+	// Run is the command line and the machine (as bench coll's rows have them).
+	Run *RunInfo `json:"run,omitempty"`
 }
 
 // MoE runs the measurement on every rank of c (collectively); the result on rank 0.

@@ -32,26 +32,35 @@ func NewRunInfo(c *coll.Comm, command string) *RunInfo {
 		l := c.Links()[1%c.Size()]
 		ri.Path = l.Path
 	}
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		var rev, dirty string
-		for _, s := range bi.Settings {
-			switch s.Key {
-			case "vcs.revision":
-				rev = s.Value
-			case "vcs.modified":
-				if s.Value == "true" {
-					dirty = "+dirty"
-				}
+	ri.Commit = Commit()
+	return ri
+}
+
+// Commit is the VCS revision this binary was built from (12 digits, "+dirty" when the
+// tree had changes), or "unknown" (go run of a module without VCS data, for instance).
+func Commit() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+dirty"
 			}
 		}
-		if len(rev) > 12 {
-			rev = rev[:12]
-		}
-		if rev != "" {
-			ri.Commit = rev + dirty
-		}
 	}
-	return ri
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if rev == "" {
+		return "unknown"
+	}
+	return rev + dirty
 }
 
 // CPUModel is the CPU's model name from /proc/cpuinfo (the architecture where there is

@@ -19,7 +19,8 @@ const benchUsage = `usage: moex bench coll|p2p|moe|coalesce [flags]
 
   coll      collectives, nccl-tests style: time, bandwidth, #wrong per size
   p2p       point-to-point bandwidth and round trip
-  moe       MoE dispatch and combine: tokens/s, stage percentiles, copy floors
+  moe       MoE dispatch and combine: tokens/s, stage percentiles, copy floors (the
+            main job)
   coalesce  one MoE dispatch sent five ways, from a message per (token, expert) to
             fused and chunked: the reference for tuning AlltoAll coalescing
 
@@ -44,6 +45,14 @@ func cmdBench(ctx context.Context, args []string) error {
 		return benchMoE(ctx, args[1:])
 	}
 	return &usageError{fmt.Sprintf("moex bench: unknown benchmark %q (coll, p2p, moe, coalesce)", args[0])}
+}
+
+// describe gives fs a usage text: the synopsis, what the command does, then its flags.
+func describe(fs *flag.FlagSet, synopsis, text string) {
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: %s\n\n%s\n\nflags:\n", synopsis, strings.TrimSpace(text))
+		fs.PrintDefaults()
+	}
 }
 
 // parseBytes reads sizes like 4096, 64K, 64KiB, 16M, 1G.
@@ -83,8 +92,10 @@ func (a aliasFlag) Set(s string) error { return a.fs.Set(a.name, s) }
 
 type bytesFlag struct{ v *int }
 
+// String is the value for flag's usage text: "" for 0, a flag whose default the usage
+// text gives itself (0 means "the default"), so that it is not said twice.
 func (b bytesFlag) String() string {
-	if b.v == nil {
+	if b.v == nil || *b.v == 0 {
 		return ""
 	}
 	return strconv.Itoa(*b.v)
@@ -219,6 +230,12 @@ func closeAll(cs []*coll.Comm) {
 
 func benchColl(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("moex bench coll", flag.ContinueOnError)
+	describe(fs, "moex bench coll [flags]", `
+Times one collective at sizes from --min-bytes to --max-bytes, nccl-tests style: per
+size, the out-of-place and in-place forms, time (mean, p50, p90, p99 of the slowest
+rank), algorithm and bus bandwidth, the results checked (#wrong), and the copy speed
+of this machine in the same run. The ranks are goroutines (--transport inproc) or
+processes that moex starts (shm, tcp, ucx).`)
 	var rf rankFlags
 	rf.register(fs, 4)
 	opName := fs.String("op", "allreduce", "allreduce, alltoall, alltoallv, allgather, reducescatter, broadcast, reduce")
@@ -322,6 +339,9 @@ func benchColl(ctx context.Context, args []string) error {
 
 func benchP2P(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("moex bench p2p", flag.ContinueOnError)
+	describe(fs, "moex bench p2p [flags]", `
+Measures point-to-point bandwidth (one direction, messages from --min-bytes to
+--max-bytes) and the round trip of small messages between two ranks over a transport.`)
 	var rf rankFlags
 	rf.register(fs, 2)
 	minB, maxB := 8, 16<<20

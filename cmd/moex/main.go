@@ -23,10 +23,12 @@ usage:
   moex bench coll [flags]             collective benchmark, nccl-tests style
   moex bench p2p [flags]              point-to-point bandwidth and latency
   moex bench moe [flags]              MoE dispatch/combine throughput (the main job)
+  moex bench coalesce [flags]         one MoE dispatch sent five ways: tunes AlltoAll coalescing
   moex doctor [flags]                 what this machine and job would use, and why
   moex flow [flags]                   the data flow of one MoE step: primitives, links, bytes
-  moex topo [--json]                  this host's GPUs, NVLinks, NUMA nodes, NICs, RDMA devices
+  moex topo [--json]                  this host's GPUs, NUMA nodes, NICs, RDMA devices
   moex env                            the environment variables moex reads
+  moex version                        moex's version, its Go and the build's settings
 
 Run "moex <command> -h" for a command's flags.
 `
@@ -67,6 +69,8 @@ func run(ctx context.Context, args []string) int {
 		err = cmdEnv(args[1:])
 	case "topo":
 		err = cmdTopo(args[1:])
+	case "version", "-version", "--version":
+		err = cmdVersion(args[1:])
 	case "-h", "-help", "--help", "help":
 		fmt.Print(usage)
 		return 0

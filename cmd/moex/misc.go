@@ -2,7 +2,12 @@ package main
 
 import (
 	"flag"
+	"runtime"
+	"runtime/debug"
+
 	"fmt"
+	"github.com/moex-ai/moex/bench"
+	"github.com/moex-ai/moex/coll/dtype"
 	"io"
 	"os"
 	"strings"
@@ -46,4 +51,30 @@ func envMarkdown(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// cmdVersion: moex version. The module's version (a tagged release, or "(devel)" for a
+// build from a checkout), the commit, the Go that built it, the build's tags, and the
+// kernels the conversions and sums run on this CPU.
+func cmdVersion(args []string) error {
+	fs := flag.NewFlagSet("moex version", flag.ContinueOnError)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	version, tags := "unknown", ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		version = bi.Main.Version
+		for _, s := range bi.Settings {
+			if s.Key == "-tags" {
+				tags = s.Value
+			}
+		}
+	}
+	fmt.Printf("moex %s (commit %s)\n", version, bench.Commit())
+	fmt.Printf("built with %s for %s/%s", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	if tags != "" {
+		fmt.Printf(", tags %s", tags)
+	}
+	fmt.Printf("\nkernels: %s\n", dtype.Kernels())
+	return nil
 }

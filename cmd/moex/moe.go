@@ -20,6 +20,14 @@ import (
 
 func benchMoE(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("moex bench moe", flag.ContinueOnError)
+	describe(fs, "moex bench moe [flags]", `
+The main job: one MoE layer of a real model (--model) under expert parallelism. Every
+rank routes its tokens, dispatches them to the experts' ranks, runs the experts
+(identity, or the model's SwiGLU with --compute ffn) and combines the outputs, step
+after step. It prints tokens/s, each stage's p50/p90/p99 beside its copy floor (the
+bytes each rank must move at this machine's copy speed), the bytes on the wire, the
+buffers per rank, the error against the single-process reference, and a verdict line.
+--sweep, --eplb, --kill and --levels run the studies their flags describe.`)
 	var rf rankFlags
 	rf.register(fs, 4)
 	var o bench.MoEOpts
@@ -106,6 +114,10 @@ func benchMoE(ctx context.Context, args []string) error {
 	if o.Profile {
 		os.Setenv("MOEX_PROFILE", "1") // for the communicators below, and ranks launched
 	}
+	if !worker() {
+		// A word on stderr before the run's seconds of silence (the table comes at the end).
+		fmt.Fprintf(os.Stderr, "moex bench moe: %s, %d ranks over %s, %d tokens per rank: timing the steps...\n", o.Model, rf.ranks, rf.transport, o.Tokens)
+	}
 	cs, launched, err := comms(ctx, rf, append([]string{"bench", "moe"}, args...))
 	if launched || err != nil {
 		return err
@@ -122,6 +134,7 @@ func benchMoE(ctx context.Context, args []string) error {
 	if res == nil {
 		return nil // a rank other than 0 of a launched job
 	}
+	res.Run = bench.NewRunInfo(cs[0], "moex bench moe "+strings.Join(args, " "))
 	if *plot != "" {
 		if err := bench.PlotMoE(*plot, []*bench.MoEResult{res}); err != nil {
 			return err
