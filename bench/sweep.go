@@ -87,21 +87,26 @@ func PlotSweep(path, what string, rs []*MoEResult) error {
 	}
 	tp, mp := plot.New(), plot.New()
 	r0 := rs[0]
-	tp.Title.Text = fmt.Sprintf("%s over %s, %s mode: time and memory against %s", r0.Model, r0.Transport, r0.Mode, what)
-	for _, p := range []*plot.Plot{tp, mp} {
-		p.X.Label.Text = what
-		if what == "ranks" {
-			p.X.Label.Text = "ranks"
-		} else {
-			p.X.Label.Text = "tokens per rank"
-		}
-		p.X.Scale, p.Y.Scale = plot.LogScale{}, plot.LogScale{}
-		p.X.Tick.Marker = plot.TickerFunc(logTicks)
-		p.Y.Tick.Marker = plot.TickerFunc(logTicks)
-		p.Legend.Top, p.Legend.Left = true, true
+	xLabel := "tokens per rank"
+	if what == "ranks" {
+		xLabel = "ranks"
 	}
-	tp.Y.Label.Text = "p50 (us)"
-	mp.Y.Label.Text = "per rank (MiB)"
+	tp.Title.Text = fmt.Sprintf("One MoE step against the %s: each stage's p50 (the slowest rank), each rank's buffers\n%s over %s, %s mode", xLabel, r0.Model, r0.Transport, r0.Mode)
+	lo, hi := x(rs[0]), x(rs[len(rs)-1])
+	for _, p := range []*plot.Plot{tp, mp} {
+		p.X.Label.Text = xLabel + " (log scale)"
+		p.X.Scale = plot.LogScale{}
+		p.X.Tick.Marker = plot.TickerFunc(func(_, _ float64) []plot.Tick {
+			ts := make([]plot.Tick, len(rs))
+			for i, r := range rs {
+				ts[i] = plot.Tick{Value: x(r), Label: fmt.Sprint(x(r))}
+			}
+			return ts
+		})
+		// Room either side, so that the first and last labels are whole.
+		p.X.Min, p.X.Max = lo/1.3, hi*1.3
+	}
+	var tys, mys []plotter.XYs
 	series := func(f func(r *MoEResult) float64) plotter.XYs {
 		xys := make(plotter.XYs, 0, len(rs))
 		for _, r := range rs {
@@ -116,7 +121,9 @@ func PlotSweep(path, what string, rs []*MoEResult) error {
 		name string
 		f    func(r *MoEResult) float64
 	}{{"dispatch", func(r *MoEResult) float64 { return r.Dispatch.P50US }}, {"combine", func(r *MoEResult) float64 { return r.Combine.P50US }}} {
-		if err := line(tp, s.name, i, 0, series(s.f)); err != nil {
+		xys := series(s.f)
+		tys = append(tys, xys)
+		if err := line(tp, s.name, i, 0, xys); err != nil {
 			return err
 		}
 	}
@@ -129,9 +136,15 @@ func PlotSweep(path, what string, rs []*MoEResult) error {
 		{"combine buffers", 0, func(r *MoEResult) float64 { return mib(r.Combine.BufferBytes) }},
 		{"DeepEP LL buffer", 1, func(r *MoEResult) float64 { return mib(DeepEPLowLatencyBytes(r.TokensPerRank, r.Hidden, r.Experts)) }},
 	} {
-		if err := line(mp, s.name, i, s.dash, series(s.f)); err != nil {
+		xys := series(s.f)
+		mys = append(mys, xys)
+		if err := line(mp, s.name, i, s.dash, xys); err != nil {
 			return err
 		}
 	}
-	return saveGrid(path, 16*vg.Centimeter, 20*vg.Centimeter, [][]*plot.Plot{{tp}, {mp}})
+	ylo, yhi := extent(tys...)
+	logAxis(&tp.Y, "p50, us", ylo, yhi)
+	ylo, yhi = extent(mys...)
+	logAxis(&mp.Y, "MiB per rank", ylo, yhi)
+	return saveGrid(path, 20*vg.Centimeter, 20*vg.Centimeter, [][]*plot.Plot{{tp}, {mp}})
 }

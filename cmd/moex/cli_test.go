@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	imgpng "image/png"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -57,6 +59,16 @@ func TestFirstHourCLI(t *testing.T) {
 	assert.Contains(t, started, "moex bench moe: tiny-qwen, 2 ranks over inproc, 8 tokens per rank", "a word on stderr as it starts")
 	lines := strings.Split(strings.TrimSpace(table), "\n")
 	assert.Regexp(t, `^verdict +output correct \(error `, lines[len(lines)-1], "the last line is the verdict")
+
+	// --plot compares the run's mode with the other one (a job each): a PNG that decodes.
+	png := filepath.Join(t.TempDir(), "moe.png")
+	_, stderr, err := run("bench", "moe", "--model", "tiny-qwen", "--ranks", "2", "--tokens", "8", "--iters", "3", "--plot", png)
+	require.NoError(t, err, stderr)
+	f, err := os.Open(png)
+	require.NoError(t, err)
+	_, err = imgpng.Decode(f)
+	f.Close()
+	require.NoError(t, err)
 
 	js, _, err := run("bench", "moe", "--model", "tiny-qwen", "--ranks", "2", "--tokens", "8", "--iters", "3", "--json")
 	require.NoError(t, err)

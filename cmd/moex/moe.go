@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 
 	"github.com/moex-ai/moex/bench"
@@ -136,7 +137,7 @@ buffers per rank, the error against the single-process reference, and a verdict 
 	}
 	res.Run = bench.NewRunInfo(cs[0], "moex bench moe "+strings.Join(args, " "))
 	if *plot != "" {
-		if err := bench.PlotMoE(*plot, []*bench.MoEResult{res}); err != nil {
+		if err := plotModes(ctx, fs, *plot, res, o); err != nil {
 			return err
 		}
 	}
@@ -145,6 +146,54 @@ buffers per rank, the error against the single-process reference, and a verdict 
 	}
 	bench.PrintMoE(os.Stdout, res)
 	return nil
+}
+
+// plotModes draws the step of res beside the same step in the other modes of one host's
+// serving (normal and low-latency, each run as a job of its own with the run's other
+// flags): the plot compares how the modes spend a step.
+func plotModes(ctx context.Context, fs *flag.FlagSet, path string, res *bench.MoEResult, o bench.MoEOpts) error {
+	rs := []*bench.MoEResult{res}
+	for _, m := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency} {
+		if m.String() == res.StepMode || m == dispatch.LowLatency && o.Tokens > dispatch.MaxLowLatencyTokens {
+			continue
+		}
+		r, err := childRun(ctx, fs, map[string]string{"mode": m.String()}, "plot", "mode", "push-rows", "send-partials", "tokens-in-buffer")
+		if err != nil {
+			return err
+		}
+		rs = append(rs, r)
+	}
+	return bench.PlotMoE(path, rs)
+}
+
+// childRun runs moex bench moe --json in a process of its own, with the flags set on fs
+// but those named in drop, and with set's values, and returns its result.
+func childRun(ctx context.Context, fs *flag.FlagSet, set map[string]string, drop ...string) (*bench.MoEResult, error) {
+	args := []string{"bench", "moe", "--json"}
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name != "json" && !slices.Contains(drop, f.Name) {
+			args = append(args, "--"+f.Name+"="+f.Value.String())
+		}
+	})
+	for k, v := range set {
+		args = append(args, "--"+k+"="+v)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("moex %s: %w", strings.Join(args, " "), err)
+	}
+	var res bench.MoEResult
+	lines := bytes.Split(bytes.TrimSpace(out), []byte("\n"))
+	if err := json.Unmarshal(lines[len(lines)-1], &res); err != nil {
+		return nil, fmt.Errorf("moex %s: %w", strings.Join(args, " "), err)
+	}
+	return &res, nil
 }
 
 // moeFlags registers the flags that choose a MoE layer and its tokens (model, tokens,
@@ -336,33 +385,13 @@ func benchSweep(ctx context.Context, fs *flag.FlagSet, rf rankFlags, what, plot 
 		return err
 	}
 	swept := map[string]string{"ranks": "ranks", "tokens": "tokens"}[what]
-	var base []string
-	fs.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "sweep", "plot", "json", swept:
-		default:
-			base = append(base, "--"+f.Name+"="+f.Value.String())
-		}
-	})
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
 	var rs []*bench.MoEResult
 	for _, v := range values {
-		args := append([]string{"bench", "moe", "--json", fmt.Sprintf("--%s=%d", swept, v)}, base...)
-		cmd := exec.CommandContext(ctx, exe, args...)
-		cmd.Stderr = os.Stderr
-		out, err := cmd.Output()
+		res, err := childRun(ctx, fs, map[string]string{swept: fmt.Sprint(v)}, "sweep", "plot", swept)
 		if err != nil {
-			return fmt.Errorf("moex %s: %w", strings.Join(args, " "), err)
+			return err
 		}
-		var res bench.MoEResult
-		lines := bytes.Split(bytes.TrimSpace(out), []byte("\n"))
-		if err := json.Unmarshal(lines[len(lines)-1], &res); err != nil {
-			return fmt.Errorf("moex %s: %w", strings.Join(args, " "), err)
-		}
-		rs = append(rs, &res)
+		rs = append(rs, res)
 	}
 	if plot != "" {
 		if err := bench.PlotSweep(plot, what, rs); err != nil {
