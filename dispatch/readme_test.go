@@ -12,13 +12,15 @@ import (
 
 // TestREADMETour: every Go block of the README marked as coming from a tested file
 // (<!-- tour: path -->) is lines of that file, in order, so that the tour a new user
-// pastes cannot drift from code that go test compiles and runs.
+// pastes cannot drift from code that go test compiles and runs; and the block links
+// that whole file right after it, for the lines the tour leaves out.
 func TestREADMETour(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	require.NoError(t, err)
-	blocks := regexp.MustCompile("(?s)<!-- tour: (\\S+)[^>]*-->\\s*```go\\n(.*?)```").FindAllSubmatch(readme, -1)
+	blocks := regexp.MustCompile("(?s)<!-- tour: (\\S+)[^>]*-->\\s*```go\\n(.*?)```\\n\\s*([^\\n]*)").FindAllSubmatch(readme, -1)
 	require.NotEmpty(t, blocks, "the README's tour blocks")
 	for _, b := range blocks {
+		assert.Contains(t, string(b[3]), "]("+string(b[1])+")", "the tour block from %s links the whole file right after it", b[1])
 		src, err := os.ReadFile("../" + string(b[1]))
 		require.NoError(t, err, "the tour's source")
 		var lines []string
