@@ -190,7 +190,7 @@ func moe[T combine.Act](ctx context.Context, c *coll.Comm, o MoEOpts) (*MoEResul
 	if err != nil {
 		return nil, err
 	}
-	sc.prof = c.ProfileOf(profiled(StepMode(o)))
+	sc.prof = c.ProfileOf(profiled(su.ep.D.Stats().Mode))
 	res := sc.result(tm)
 	for _, part := range []func(context.Context, *MoEResult) error{sc.errorAndFloors, sc.loads, sc.copyFloors, sc.extras} {
 		if err := part(ctx, res); err != nil {
@@ -233,7 +233,7 @@ func (sc *moeScenario[T]) experts(o2 *dispatch.Output[T]) error {
 func (sc *moeScenario[T]) Step(ctx context.Context, i int, rec []float64) error {
 	ep := sc.ep
 	if i == 0 && rec != nil {
-		sc.prof0 = sc.c.ProfileOf(profiled(StepMode(sc.o)))
+		sc.prof0 = sc.c.ProfileOf(profiled(ep.D.Stats().Mode)) // the warm-up's steps ran in it
 	}
 	xs := sc.x
 	if b := ep.D.Buffer(); b != nil && sc.o.TokensInBuffer {
@@ -280,12 +280,12 @@ func (sc *moeScenario[T]) result(tm *Timing) *MoEResult {
 	sc.iters = tm.Iters
 	st := ep.D.Stats()
 	res := &MoEResult{
-		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), StepMode: StepMode(o).String(), TokensPerRank: o.Tokens,
+		Model: cfg.Name, Ranks: p, Transport: c.Transport().Name(), Mode: o.Mode.String(), StepMode: st.Mode.String(), TokensPerRank: o.Tokens,
 		Act: o.Act.String(), Hidden: cfg.Hidden, TopK: cfg.TopK, Experts: cfg.Experts, Wire: o.Wire.String(), Quantized: o.Quantized,
 		CombineWire: ep.C.Config().PartialDType.String(), CombineInPlace: ep.C.InPlace(), SumAtOrigin: ep.C.Config().SumAtOrigin, DispatchInPlace: ep.D.RowsInPlace(), TokensInBuffer: sc.inBuffer, Compute: o.Compute, Iters: tm.Iters,
 		GOMAXPROCS: runtime.GOMAXPROCS(0), HostCPUs: runtime.NumCPU(), HostRanks: HostRanks(c),
 	}
-	switch StepMode(o) {
+	switch st.Mode {
 	case dispatch.LowLatency:
 		res.Path = fmt.Sprintf("exchange, written into %d of %d peers' memory", st.Pushed, p-1)
 		if ep.D.RowsInPlace() {

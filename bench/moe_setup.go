@@ -19,18 +19,6 @@ import (
 
 // The MoE bench's set-up: the model's layer, its expert-parallel form and the tokens.
 
-// StepMode is the mode o's steps run in: o.Mode, or in the Auto mode the one it picks
-// for o.Tokens tokens on every rank (its MaxTokens left at dispatch.AutoMaxTokens).
-func StepMode(o MoEOpts) dispatch.Mode {
-	switch {
-	case o.Mode != dispatch.Auto:
-		return o.Mode
-	case o.Tokens <= dispatch.AutoMaxTokens:
-		return dispatch.LowLatency
-	}
-	return dispatch.Normal
-}
-
 // maxTokensOf is the Config.MaxTokens of o's dispatcher: o.Tokens, except in the Auto
 // mode, whose default is what a user who sets nothing gets.
 func maxTokensOf(o MoEOpts) int {

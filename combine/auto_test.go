@@ -33,83 +33,155 @@ func autoRouting(me, t, k, experts, hid int) (*router.Routing, []float32) {
 }
 
 // The zero Mode is Auto: a step in which every rank's tokens fit in MaxTokens runs in
-// the low-latency mode, one in which any rank's do not runs in the normal mode on every
-// rank, within the same call; either way each token comes back as itself (identity
+// the low-latency mode. One in which any rank's do not makes every rank grow the
+// low-latency buffers (here every rank maps every rank's memory) to the next power of
+// two of the largest, within the same call, and run in the low-latency mode; where they
+// may not grow (MaxBufferBytes negative, or another dispatch still in use), it runs in
+// the normal mode on every rank. Either way each token comes back as itself (identity
 // experts, weights summing to 1), and the pair serves step after step, mixed, one at a
 // time and two in flight.
 func TestAutoMode(t *testing.T) {
 	const p, experts, k, hid, maxTokens = 3, 6, 2, 16, 4
 	pl, err := router.NewPlacement(router.Contiguous, experts, p)
 	require.NoError(t, err)
-	// Tokens per rank per step: fits, rank 1 overflows, fits, everyone overflows, fits.
+	// Tokens per rank per step: fits, rank 1 overflows (to 16, where it may grow), fits,
+	// everyone overflows the first MaxTokens, fits.
 	steps := [][]int{{2, 3, 1}, {2, 9, 1}, {0, 4, 4}, {8, 7, 5}, {1, 1, 1}}
+	for _, grow := range []bool{false, true} {
+		t.Run(fmt.Sprintf("grow=%v", grow), func(t *testing.T) {
+			cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: pl, MaxTokens: maxTokens}
+			if !grow {
+				cfg.MaxBufferBytes = -1
+			}
+			runRanks(t, p, coll.Config{Timeout: 20 * time.Second}, func(c *coll.Comm) error {
+				return autoSteps(c, cfg, steps, grow)
+			})
+		})
+	}
+}
+
+// autoSteps runs the steps of TestAutoMode on one rank.
+func autoSteps(c *coll.Comm, cfg dispatch.Config, steps [][]int, grow bool) error {
+	ctx := context.Background()
+	hid, k, experts := cfg.Hidden, cfg.TopK, cfg.Placement.Experts
+	d, cb, err := newPair(ctx, c, cfg, combine.Config{})
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	defer cb.Close()
+	if d.Config().Mode != dispatch.Auto {
+		return fmt.Errorf("Config().Mode is %v, want auto", d.Config().Mode)
+	}
+	mt := cfg.MaxTokens // what the low-latency buffers hold now
+	// want is the mode a step of these tokens runs in; busy: another dispatch is in use.
+	want := func(ts []int, busy bool) dispatch.Mode {
+		most := 0
+		for _, n := range ts {
+			most = max(most, n)
+		}
+		switch {
+		case most <= mt:
+			return dispatch.LowLatency
+		case grow && !busy:
+			for mt < most {
+				mt *= 2
+			}
+			return dispatch.LowLatency
+		}
+		return dispatch.Normal
+	}
+	check := func(i int, ts []int, mode dispatch.Mode, out *dispatch.Output[float32], h dispatch.Handle, x []float32) error {
+		if got := h.Schedule().Mode; got != mode {
+			return fmt.Errorf("step %d %v: ran in the %v mode, want %v", i, ts, got, mode)
+		}
+		if got := d.Config().MaxTokens; got != mt {
+			return fmt.Errorf("step %d %v: the buffers hold %d tokens, want %d", i, ts, got, mt)
+		}
+		res := make([]float32, len(x))
+		if err := cb.Combine(ctx, h, identity(out, hid), res); err != nil {
+			return fmt.Errorf("step %d: %w", i, err)
+		}
+		for j := range x {
+			if res[j] != x[j] {
+				return fmt.Errorf("step %d: value %d came back %v, want %v", i, j, res[j], x[j])
+			}
+		}
+		return nil
+	}
+	for i, ts := range steps {
+		r, x := autoRouting(c.Rank(), ts[c.Rank()], k, experts, hid)
+		mode := want(ts, false)
+		out, h, err := d.Dispatch(ctx, x, r)
+		if err != nil {
+			return fmt.Errorf("step %d: %w", i, err)
+		}
+		if err := check(i, ts, mode, out, h, x); err != nil {
+			return err
+		}
+	}
+	// Two in flight: one that fits, and one that does not, which may not grow the
+	// buffers while the first is in use: the normal mode.
+	big := []int{mt + 1, 1, mt + 2}
+	ra, xa := autoRouting(c.Rank(), steps[0][c.Rank()], k, experts, hid)
+	rb, xb := autoRouting(c.Rank(), big[c.Rank()], k, experts, hid)
+	modeA := want(steps[0], false)
+	pa, err := d.Start(ctx, xa, ra)
+	if err != nil {
+		return err
+	}
+	pb, err := d.Start(ctx, xb, rb)
+	if err != nil {
+		return err
+	}
+	modeB := want(big, true)
+	oa, ha, err := pa.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	ob, hb, err := pb.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	if err := check(0, steps[0], modeA, oa, ha, xa); err != nil {
+		return err
+	}
+	return check(1, big, modeB, ob, hb, xb)
+}
+
+// A step that would grow the buffers past MaxBufferBytes runs in the normal mode, and
+// the buffers keep their size.
+func TestAutoModeGrowLimit(t *testing.T) {
+	const p, experts, k, hid = 2, 4, 2, 64
+	pl, err := router.NewPlacement(router.Contiguous, experts, p)
+	require.NoError(t, err)
+	cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: pl, MaxTokens: 4}
+	small, err := dispatch.LowLatencyBytes[float32](cfg, true)
+	require.NoError(t, err)
+	cfg.MaxBufferBytes = 4 * small // room for a little growth, not for 64 tokens
 	runRanks(t, p, coll.Config{Timeout: 20 * time.Second}, func(c *coll.Comm) error {
 		ctx := context.Background()
-		d, cb, err := newPair(ctx, c, dispatch.Config{Hidden: hid, TopK: k, Placement: pl, MaxTokens: maxTokens}, combine.Config{})
+		d, cb, err := newPair(ctx, c, cfg, combine.Config{})
 		if err != nil {
 			return err
 		}
 		defer d.Close()
 		defer cb.Close()
-		if d.Config().Mode != dispatch.Auto {
-			return fmt.Errorf("Config().Mode is %v, want auto", d.Config().Mode)
-		}
-		check := func(i int, out *dispatch.Output[float32], h dispatch.Handle, x []float32) error {
-			fits := true
-			for _, n := range steps[i] {
-				fits = fits && n <= maxTokens
-			}
-			want := dispatch.LowLatency
-			if !fits {
-				want = dispatch.Normal
-			}
-			if got := h.Schedule().Mode; got != want {
-				return fmt.Errorf("step %d %v: ran in the %v mode, want %v", i, steps[i], got, want)
-			}
-			res := make([]float32, len(x))
-			if err := cb.Combine(ctx, h, identity(out, hid), res); err != nil {
-				return fmt.Errorf("step %d: %w", i, err)
-			}
-			for j := range x {
-				if res[j] != x[j] {
-					return fmt.Errorf("step %d: value %d came back %v, want %v", i, j, res[j], x[j])
-				}
-			}
-			return nil
-		}
-		for i, ts := range steps {
-			r, x := autoRouting(c.Rank(), ts[c.Rank()], k, experts, hid)
-			out, h, err := d.Dispatch(ctx, x, r)
-			if err != nil {
-				return fmt.Errorf("step %d: %w", i, err)
-			}
-			if err := check(i, out, h, x); err != nil {
-				return err
-			}
-		}
-		// Two in flight: one that fits and one that does not.
-		ra, xa := autoRouting(c.Rank(), steps[0][c.Rank()], k, experts, hid)
-		rb, xb := autoRouting(c.Rank(), steps[1][c.Rank()], k, experts, hid)
-		pa, err := d.Start(ctx, xa, ra)
+		r, x := autoRouting(c.Rank(), 64, k, experts, hid)
+		out, h, err := d.Dispatch(ctx, x, r)
 		if err != nil {
 			return err
 		}
-		pb, err := d.Start(ctx, xb, rb)
-		if err != nil {
-			return err
+		if got := h.Schedule().Mode; got != dispatch.Normal {
+			return fmt.Errorf("ran in the %v mode, want normal", got)
 		}
-		oa, ha, err := pa.Wait(ctx)
-		if err != nil {
-			return err
+		if got := d.Config().MaxTokens; got != 4 {
+			return fmt.Errorf("the buffers hold %d tokens, want 4", got)
 		}
-		ob, hb, err := pb.Wait(ctx)
-		if err != nil {
-			return err
+		if d.Stats().Mode != dispatch.Normal {
+			return fmt.Errorf("Stats().Mode %v, want normal", d.Stats().Mode)
 		}
-		if err := check(0, oa, ha, xa); err != nil {
-			return err
-		}
-		return check(1, ob, hb, xb)
+		return cb.Combine(ctx, h, identity(out, hid), make([]float32, len(x)))
 	})
 }
 

@@ -99,6 +99,13 @@ const AutoMaxTokens = ep.AutoMaxTokens
 // MaxLowLatencyTokens bounds Config.MaxTokens.
 const MaxLowLatencyTokens = ep.MaxLowLatencyTokens
 
+// DefaultMaxBufferBytes is Config.MaxBufferBytes in the Auto mode where it is not set: 1
+// GiB a rank.
+const DefaultMaxBufferBytes = ep.DefaultMaxBufferBytes
+
+// MaxBufferBytesLimit bounds Config.MaxBufferBytes.
+const MaxBufferBytesLimit = ep.MaxBufferBytesLimit
+
 // Config describes the dispatch of one MoE layer: what every rank must agree on, and the
 // limits its buffers are sized for. What the combine adds is combine.Config.
 type Config struct {
@@ -116,9 +123,19 @@ type Config struct {
 	Mode Mode
 	// MaxTokens is, in the low-latency mode, the most tokens any rank dispatches in one
 	// call (required; at most MaxLowLatencyTokens); in the Auto mode, the most for which
-	// a step runs in the low-latency mode (default AutoMaxTokens). Buffers are sized for
-	// it once.
+	// a step runs in the low-latency mode (default AutoMaxTokens) when the dispatcher is
+	// made. Buffers are sized for it once (in the Auto mode, they grow: MaxBufferBytes).
 	MaxTokens int
+	// MaxBufferBytes bounds, in the Auto mode, the memory (Dispatcher.Bytes and its
+	// Combiner's) the low-latency buffers may grow to on a rank. Where every rank maps
+	// every rank's memory (inproc; shm on one host), a step with more tokens than they
+	// hold makes every rank grow them, together, for the next power of two of the
+	// tokens, when they then fit in MaxBufferBytes and no other dispatch is in use (not
+	// waited for, or not combined): that step and the ones after it run in the
+	// low-latency mode, each row written once and read in place; else the step runs in
+	// the normal mode. Growing makes the dispatcher's earlier Outputs and Handles stale.
+	// Default DefaultMaxBufferBytes; negative: never grow. At most MaxBufferBytesLimit.
+	MaxBufferBytes int
 	// InFlight is how many dispatch results may be alive at once (default 2, at most
 	// 16): the dispatch after them makes the oldest stale.
 	InFlight int
@@ -154,7 +171,7 @@ type Config struct {
 func (cfg Config) engine() ep.Config {
 	return ep.Config{
 		Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: cfg.WireDType, Placement: cfg.Placement,
-		Mode: ep.Mode(cfg.Mode), MaxTokens: cfg.MaxTokens, InFlight: cfg.InFlight, Align: cfg.Align,
+		Mode: ep.Mode(cfg.Mode), MaxTokens: cfg.MaxTokens, MaxBufferBytes: cfg.MaxBufferBytes, InFlight: cfg.InFlight, Align: cfg.Align,
 		Quantized: cfg.Quantized, PowerOfTwoScales: cfg.PowerOfTwoScales,
 		MaxLocalExperts: cfg.MaxLocalExperts, PushRows: cfg.PushRows, Pool: cfg.Pool,
 	}
@@ -164,7 +181,7 @@ func (cfg Config) engine() ep.Config {
 func configOf(c ep.Config) Config {
 	return Config{
 		Hidden: c.Hidden, TopK: c.TopK, WireDType: c.WireDType, Placement: c.Placement,
-		Mode: Mode(c.Mode), MaxTokens: c.MaxTokens, InFlight: c.InFlight, Align: c.Align,
+		Mode: Mode(c.Mode), MaxTokens: c.MaxTokens, MaxBufferBytes: c.MaxBufferBytes, InFlight: c.InFlight, Align: c.Align,
 		Quantized: c.Quantized, PowerOfTwoScales: c.PowerOfTwoScales,
 		MaxLocalExperts: c.MaxLocalExperts, PushRows: c.PushRows, Pool: c.Pool,
 	}

@@ -156,10 +156,13 @@ type Stats struct {
 	// InPlace, in the low-latency mode: this rank wrote its tokens once into its own
 	// staging and the other ranks read them there (the bytes above count those reads).
 	InPlace bool
+	// Mode is the mode the dispatch ran in (in the Auto mode, the one the step took).
+	Mode Mode
 }
 
 func statsOf(s ep.Stats) Stats {
-	st := Stats(s)
+	st := Stats{RowsSent: s.RowsSent, RowsReceived: s.RowsReceived, BytesSent: s.BytesSent, BytesReceived: s.BytesReceived,
+		Assignments: s.Assignments, Algo: s.Algo, Pushed: s.Pushed, InPlace: s.InPlace, Mode: Mode(s.Mode)}
 	st.RowsPerRank = slices.Clone(s.RowsPerRank)
 	return st
 }

@@ -62,6 +62,7 @@ var configFields = []configField{
 	{"WireDType", func(c Config) int64 { return int64(c.WireDType) }, func(v int64) string { return dtype.Type(v).String() }},
 	{"Mode", func(c Config) int64 { return int64(c.Mode) }, func(v int64) string { return Mode(v).String() }},
 	{"MaxTokens", func(c Config) int64 { return int64(c.MaxTokens) }, num},
+	{"MaxBufferBytes", func(c Config) int64 { return int64(c.MaxBufferBytes) }, num},
 	{"InFlight", func(c Config) int64 { return int64(c.InFlight) }, num},
 	{"Align", func(c Config) int64 { return int64(c.Align) }, num},
 	{"Quantized", func(c Config) int64 { return int64(b2i(c.Quantized)) }, boolText},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
@@ -56,6 +57,9 @@ type backCore struct {
 	stats  CombineStats
 	closed bool
 	alt    *backCore // the Auto mode's normal-mode combiner
+	// regrow makes the way back anew for the grown buffers of m (the dispatcher's
+	// low-latency mode, lowLatency.grow) and returns the close of the old one.
+	regrow func(ctx context.Context, m *lowLatency) (func() error, error)
 }
 
 // CombineStats describes the last combine.
@@ -120,16 +124,21 @@ func NewCombiner[T Out](ctx context.Context, src Source, ccfg CombineConfig) (*C
 		return nil, err
 	}
 	d.backInPlace = cb.back.inPlace()
-	switch {
-	case cb.back.inPlace():
-		cb.sums = newInPlaceSums[T](cb)
-	case d.cfg.Mode == Gathered:
-		cb.sums = newGatheredSums[T](cb)
-	case ccfg.SumAtOrigin:
-		cb.sums = &termSums[T]{cb: cb}
-	default:
-		cb.sums = newPartialSums[T](cb)
+	setSums[T](cb)
+	// Where the dispatcher's low-latency buffers grow (the Auto mode), this combiner's
+	// way back grows with them, in the outputs' type.
+	cb.regrow = func(ctx context.Context, m *lowLatency) (func() error, error) {
+		nb, err := m.newBack(ctx, cb)
+		if err != nil {
+			return nil, err
+		}
+		old := cb.back
+		cb.back = nb
+		d.backInPlace = nb.inPlace()
+		setSums[T](cb)
+		return old.close, nil
 	}
+	d.backs = append(d.backs, cb)
 	c := &Combiner[T]{backCore: cb, pending: make([]CombinePending[T], len(cb.slots))}
 	if d.alt != nil {
 		// The Auto mode: a combiner for the normal mode's dispatches too (it sends the
@@ -143,6 +152,20 @@ func NewCombiner[T Out](ctx context.Context, src Source, ccfg CombineConfig) (*C
 		cb.alt = c.alt.backCore
 	}
 	return c, nil
+}
+
+// setSums gives cb the arithmetic of its way back.
+func setSums[T Out](cb *backCore) {
+	switch {
+	case cb.back.inPlace():
+		cb.sums = newInPlaceSums[T](cb)
+	case cb.d.cfg.Mode == Gathered:
+		cb.sums = newGatheredSums[T](cb)
+	case cb.cfg.SumAtOrigin:
+		cb.sums = &termSums[T]{cb: cb}
+	default:
+		cb.sums = newPartialSums[T](cb)
+	}
 }
 
 // pick is the combiner of h's dispatch: in the Auto mode, the normal mode's for the
@@ -248,6 +271,7 @@ func (cb *backCore) Close() error {
 		return nil
 	}
 	cb.closed = true
+	cb.d.backs = slices.DeleteFunc(cb.d.backs, func(x *backCore) bool { return x == cb })
 	for _, cs := range cb.slots {
 		cs.acc = nil
 		cs.accS.Release()

@@ -79,6 +79,13 @@ func ParseMode(s string) (Mode, error) {
 // MaxLowLatencyTokens bounds Config.MaxTokens.
 const MaxLowLatencyTokens = 1 << 16
 
+// DefaultMaxBufferBytes is MaxBufferBytes in the Auto mode where it is not set: the
+// low-latency buffers of a dispatcher and its combiner may grow to 1 GiB a rank.
+const DefaultMaxBufferBytes = 1 << 30
+
+// MaxBufferBytesLimit bounds Config.MaxBufferBytes.
+const MaxBufferBytesLimit = 1 << 40
+
 // AutoMaxTokens is MaxTokens in the Auto mode where it is not set: the decode steps of
 // up to this many tokens per rank run in the low-latency mode.
 const AutoMaxTokens = 16
@@ -98,6 +105,10 @@ type Config struct {
 	// a step runs in the low-latency mode (default AutoMaxTokens). Buffers are sized for
 	// it once.
 	MaxTokens int
+	// MaxBufferBytes bounds, in the Auto mode, the memory the low-latency buffers of the
+	// dispatcher and its combiner may grow to on a rank (default DefaultMaxBufferBytes;
+	// negative: they do not grow).
+	MaxBufferBytes int
 	// InFlight is how many dispatch results may be alive at once (default 2, at most
 	// 16): the dispatch after them makes the oldest stale.
 	InFlight int
@@ -284,6 +295,9 @@ func (cfg *Config) fill() error {
 	if cfg.Mode == Auto && cfg.MaxTokens == 0 {
 		cfg.MaxTokens = AutoMaxTokens
 	}
+	if cfg.Mode == Auto && cfg.MaxBufferBytes == 0 {
+		cfg.MaxBufferBytes = DefaultMaxBufferBytes
+	}
 	switch {
 	case cfg.Hidden < 1 || cfg.Hidden > 1<<24:
 		return fmt.Errorf("%w: hidden size %d", ErrConfig, cfg.Hidden)
@@ -301,6 +315,8 @@ func (cfg *Config) fill() error {
 		return fmt.Errorf("%w: mode %v", ErrConfig, cfg.Mode)
 	case (cfg.Mode == LowLatency || cfg.Mode == Auto) && (cfg.MaxTokens < 1 || cfg.MaxTokens > MaxLowLatencyTokens):
 		return fmt.Errorf("%w: the %v mode needs MaxTokens in 1..%d, not %d", ErrConfig, cfg.Mode, MaxLowLatencyTokens, cfg.MaxTokens)
+	case cfg.MaxBufferBytes > MaxBufferBytesLimit:
+		return fmt.Errorf("%w: MaxBufferBytes %d (at most %d)", ErrConfig, cfg.MaxBufferBytes, MaxBufferBytesLimit)
 	case cfg.InFlight < 1 || cfg.InFlight > 16:
 		return fmt.Errorf("%w: InFlight %d (want 1..16)", ErrConfig, cfg.InFlight)
 	case cfg.Align > 1<<16:
@@ -374,7 +390,7 @@ func Fingerprint(cfg Config) uint64 {
 // buffer, a few microseconds for hundreds of experts.
 func fingerprint(buf []byte, cfg Config) (uint64, []byte) {
 	buf = buf[:0]
-	for _, v := range []int{cfg.Hidden, cfg.TopK, int(cfg.WireDType), int(cfg.Mode), cfg.MaxTokens, cfg.InFlight, b2i(cfg.PushRows), cfg.MaxLocalExperts} {
+	for _, v := range []int{cfg.Hidden, cfg.TopK, int(cfg.WireDType), int(cfg.Mode), cfg.MaxTokens, cfg.InFlight, b2i(cfg.PushRows), cfg.MaxLocalExperts, cfg.MaxBufferBytes} {
 		buf = binary.LittleEndian.AppendUint64(buf, uint64(v))
 	}
 	buf = appendPlacement(buf, cfg.Placement)

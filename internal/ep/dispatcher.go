@@ -27,6 +27,8 @@ type Stats struct {
 	// InPlace, in the low-latency mode: this rank wrote its tokens once into its own
 	// staging and the other ranks read them there (the bytes above count those reads).
 	InPlace bool
+	// Mode is the mode the dispatch ran in (in the Auto mode, the one the step took).
+	Mode Mode
 }
 
 // mode is one way of moving a step. It owns both halves of its protocol: the dispatch
@@ -70,6 +72,7 @@ type core struct {
 	// whether it reads the outputs in place: the schedules plan it.
 	back        *declared
 	backInPlace bool
+	backs       []*backCore // the combiners made for this dispatcher (lowLatency.grow)
 	// The Auto mode: this core is the low-latency one, alt the normal one that takes the
 	// steps that do not fit; lastAlt says which took the last dispatch that completed.
 	alt     *core
@@ -94,6 +97,7 @@ type slot struct {
 	pins   int  // running combines
 	valid  bool // holds a complete dispatch
 	tokens int
+	asked  int // the tokens this rank's dispatch asked to send (its routing's, valid or not)
 	r      *router.Routing
 	pl     *router.Placement // the placement it was dispatched with
 	fp     uint64            // and its fingerprint
@@ -236,6 +240,29 @@ func newAuto[T Act](ctx context.Context, c *coll.Comm, cfg Config, o Options) (*
 // not fit: every rank then runs the step in the normal mode.
 var errOverflow = errors.New("ep: the step does not fit the low-latency buffers")
 
+// errGrown is the low-latency attempt of an Auto step that some rank's tokens did not
+// fit, after which every rank grew the buffers: every rank then runs the step again.
+var errGrown = errors.New("ep: the low-latency buffers grew for the step")
+
+// othersFree says whether no slot but s is in use: started and not waited for, pinned by
+// a running combine, or holding a dispatch not combined yet. Growing the buffers
+// (lowLatency.grow) reuses every slot's.
+func (d *core) othersFree(s *slot) bool {
+	for _, o := range d.slots {
+		if o != s && (o.state == slotStarted || o.pins > 0 || o.valid && !o.combined) {
+			return false
+		}
+	}
+	return true
+}
+
+func tokensOf(r *router.Routing) int {
+	if r == nil {
+		return 0
+	}
+	return r.T
+}
+
 // source makes every dispatcher a Source of a combiner.
 func (d *core) source() *core { return d }
 
@@ -325,6 +352,7 @@ func (d *Dispatcher[T]) Start(ctx context.Context, x []T, r *router.Routing) (*P
 		return nil, err
 	}
 	code, inErr := d.check(len(x), r)
+	s.asked = tokensOf(r)
 	p, err := d.startSlot(ctx, s, dtype.Bytes(x), r, code, inErr, false)
 	if err == nil && d.altD != nil {
 		p.x, p.r = x, r
@@ -393,6 +421,13 @@ func (p *Pending[T]) Wait(ctx context.Context) (*Output[T], Handle, error) {
 	err := d.mode.wait(ctx, s)
 	s.state = slotIdle
 	s.x = nil
+	if errors.Is(err, errGrown) {
+		// Some rank's tokens did not fit, and every rank grew its buffers for them
+		// (lowLatency.grow): every rank runs the step again in the low-latency mode.
+		out, h, err := d.Dispatch(ctx, p.x, p.r)
+		p.x, p.r = nil, nil
+		return out, h, err
+	}
 	if errors.Is(err, errOverflow) && d.altD != nil {
 		// Some rank's tokens did not fit: every rank saw it in the headers, and every
 		// rank runs the step in the normal mode.
@@ -410,6 +445,7 @@ func (p *Pending[T]) Wait(ctx context.Context) (*Output[T], Handle, error) {
 	d.lastAlt = false
 	s.valid = true
 	d.stats = s.stats
+	d.stats.Mode = d.cfg.Mode
 	o := &d.outs[s.idx]
 	o.fill(s)
 	return o, o.h, nil

@@ -226,6 +226,11 @@ const blockHeader = 32
 // their token indices, to be read in place.
 const flagInPlace = 1
 
+// flagBusy, in a low-latency header's flags: the sender cannot grow its buffers now
+// (another dispatch of its is in use). The high 32 bits of the flags carry the tokens
+// the sender asked to dispatch, so that every rank knows the step's largest.
+const flagBusy = 2
+
 type header struct {
 	status, rows int
 	fp, gen      uint64

@@ -81,6 +81,11 @@ func LowLatencyBytes[T Act](cfg Config, shared bool) (int, error) {
 		return 0, fmt.Errorf("%w: LowLatencyBytes of the %v mode", ErrConfig, cfg.Mode)
 	}
 	cfg.Mode = LowLatency
+	return llBytes(cfg, actType[T](), shared), nil
+}
+
+// llBytes is LowLatencyBytes of cfg (defaults filled) for activations of type act.
+func llBytes(cfg Config, act dtype.Type, shared bool) int {
 	p, f := cfg.Placement.Ranks, NewFormat(cfg)
 	n := coll.ExchangeBytes(llExchange(cfg, f), p, shared)
 	perSrc := cfg.MaxTokens // rows per source rank in the experts' view
@@ -88,10 +93,10 @@ func LowLatencyBytes[T Act](cfg Config, shared bool) (int, error) {
 		n += cfg.InFlight * rows * (f.Payload + f.ScaleBytes())
 		perSrc = rows
 	}
-	if act := actType[T](); !cfg.Quantized && f.Wire != act { // the rows decoded for the experts
+	if !cfg.Quantized && f.Wire != act { // the rows decoded for the experts
 		n += cfg.InFlight * obuf.Capacity(p*perSrc*cfg.Hidden*act.Size())
 	}
-	return n, nil
+	return n
 }
 
 // maxStaging bounds the staging of one slot (every rank's part) for the rows read in
@@ -238,6 +243,7 @@ func (m *lowLatency) start(ctx context.Context, s *slot) error {
 		stream = sent*d.c.Size() > d.llc // about every rank's share, all of them
 	}
 	pushed := 0
+	busy := !d.othersFree(s)
 	for {
 		q, dst, err := op.NextDest(ctx)
 		if err != nil {
@@ -247,9 +253,12 @@ func (m *lowLatency) start(ctx context.Context, s *slot) error {
 			break
 		}
 		b := &s.sched.Dispatch.Send[q]
-		h := header{status: s.code, rows: b.Rows, fp: s.fp, gen: s.gen}
+		h := header{status: s.code, rows: b.Rows, fp: s.fp, gen: s.gen, flags: uint64(s.asked) << 32}
 		if inPlace {
-			h.flags = flagInPlace
+			h.flags |= flagInPlace
+		}
+		if busy {
+			h.flags |= flagBusy
 		}
 		h.put(dst[0])
 		mo := blockHeader // the metadata, packed: each row's as long as its choices need
@@ -320,6 +329,11 @@ func (m *lowLatency) wait(ctx context.Context, s *slot) error {
 		if over, err := m.overflowed(s, op); err != nil {
 			return err
 		} else if over {
+			if grown, err := m.grow(ctx, op); err != nil {
+				return err
+			} else if grown {
+				return errGrown
+			}
 			return errOverflow
 		}
 	}

@@ -396,8 +396,14 @@ func CombineLowLatencyBytes[T Out](cfg Config, ccfg CombineConfig, shared bool) 
 		return 0, fmt.Errorf("%w: LowLatencyBytes of the %v mode", ErrConfig, cfg.Mode)
 	}
 	cfg.Mode = LowLatency
-	p, es := cfg.Placement.Ranks, outType[T]().Size()
-	f := NewCombineFormat(cfg.Hidden, ccfg, outType[T]())
+	return llCombineBytes(cfg, ccfg, outType[T](), shared), nil
+}
+
+// llCombineBytes is CombineLowLatencyBytes of cfg and ccfg (defaults filled) for outputs
+// of type out.
+func llCombineBytes(cfg Config, ccfg CombineConfig, out dtype.Type, shared bool) int {
+	p, es := cfg.Placement.Ranks, out.Size()
+	f := NewCombineFormat(cfg.Hidden, ccfg, out)
 	board := boardSize(cfg, ccfg, p, es)
 	if !shared {
 		board = 0
@@ -406,8 +412,8 @@ func CombineLowLatencyBytes[T Out](cfg Config, ccfg CombineConfig, shared bool) 
 	switch {
 	case board == 0 && ccfg.SumAtOrigin: // the own terms (termSums.own)
 		n += cfg.InFlight * obuf.Capacity(f.Block(cfg.MaxTokens, cfg.MaxTokens*min(cfg.TopK, cfg.MaxLocalExperts)))
-	case board == 0 && !isF32[T](): // the sums in float32 (partialSums.own)
+	case board == 0 && out != dtype.F32: // the sums in float32 (partialSums.own)
 		n += cfg.InFlight * obuf.Capacity(cfg.MaxTokens*cfg.Hidden*4)
 	}
-	return n, nil
+	return n
 }

@@ -33,16 +33,30 @@ type Plan struct {
 
 // NewPlan plans a step of the given routing of every rank (routings[r] is rank r's)
 // under cfg and ccfg for activations and outputs of type T (the defaults of New[T] and
-// NewCombiner[T]), without running anything.
+// NewCombiner[T]), without running anything. In the Auto mode the step is planned in
+// the mode it runs in, with the buffers it grows to (Config.MaxBufferBytes): for a
+// dispatcher and combiner whose other dispatches are combined.
 func NewPlan[T Out](cfg Config, ccfg CombineConfig, routings []*router.Routing, shared bool) (*Plan, error) {
 	cfg, err := Defaults[T](cfg)
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Mode == Auto { // the mode that step runs in
+	if cfg.Mode == Auto { // the mode that step runs in, with the buffers it grows to
 		cfg.Mode = LowLatency
+		most := 0
 		for _, rt := range routings {
-			if rt != nil && rt.T > cfg.MaxTokens {
+			if rt != nil {
+				most = max(most, rt.T)
+			}
+		}
+		if most > cfg.MaxTokens {
+			mt := 0
+			if c, err := CombineDefaults(cfg, ccfg, outType[T]()); err == nil && shared && !cfg.PushRows && cfg.Placement.Ranks > 1 {
+				mt = grownTokens(cfg, outType[T](), []backOf{{c, outType[T]()}}, most)
+			}
+			if mt > 0 {
+				cfg.MaxTokens = mt
+			} else {
 				cfg.Mode, cfg.PushRows, ccfg.SendPartials = Normal, false, false
 			}
 		}
