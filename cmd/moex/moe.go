@@ -115,7 +115,7 @@ buffers per rank, the error against the single-process reference, and a verdict 
 	if o.Profile {
 		os.Setenv("MOEX_PROFILE", "1") // for the communicators below, and ranks launched
 	}
-	if !worker() {
+	if !worker() && !rf.json {
 		// A word on stderr before the run's seconds of silence (the table comes at the end).
 		fmt.Fprintf(os.Stderr, "moex bench moe: %s, %d ranks over %s, %d tokens per rank: timing the steps...\n", o.Model, rf.ranks, rf.transport, o.Tokens)
 	}
