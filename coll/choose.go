@@ -51,13 +51,14 @@ func (c *Comm) sharedFits(op OpKind, n int) bool {
 	case op == OpAllReduce:
 		return n <= c.direct.Cap() || c.reducesAcross(n)
 	case op == OpReduceScatter:
-		return n*c.size <= c.direct.Cap()
+		return n*c.size <= c.direct.Cap() || c.reducesAcross(n*c.size)
 	}
 	return false
 }
 
-// reducesAcross reports whether a shared-area AllReduce of n bytes runs in place in the
-// ranks' buffers (shared.Direct.AllReduceAcross) rather than through the areas.
+// reducesAcross reports whether a shared-area AllReduce of n bytes (a ReduceScatter of
+// send buffers of n bytes) runs in place in the ranks' buffers
+// (shared.Direct.AllReduceAcross, ReduceScatterAcross) rather than through the areas.
 func (c *Comm) reducesAcross(n int) bool {
 	return c.direct != nil && n > c.direct.Cap() && c.direct.CanReduceAcross()
 }
@@ -97,6 +98,9 @@ func (c *Comm) estimate(op OpKind, algo Algo, n int) time.Duration {
 	l := c.link
 	if op == OpAllReduce && algo == Shared && c.reducesAcross(n) {
 		return l.EstimateAllReduceAcross(c.size, n)
+	}
+	if op == OpReduceScatter && algo == Shared && c.reducesAcross(n*c.size) {
+		return l.EstimateReduceScatterAcross(c.size, n)
 	}
 	switch op {
 	case OpAllReduce, OpAllGather, OpReduceScatter:

@@ -135,6 +135,10 @@ func (c *Comm) execShared(pl *algos.Plan, cl *call) error {
 		if err = c.direct.AllReduce(c.actx, cl.turn, cl.recv, cl.recv, cl.dt.Size(), pl.Reduce, uint64(pl.Sig)); err == nil {
 			dtype.Finish(cl.dt, cl.redop, cl.recv, c.size)
 		}
+	case pl.Op == OpReduceScatter && c.reducesAcross(len(cl.send)):
+		if err = c.direct.ReduceScatterAcross(c.actx, cl.turn, cl.send, cl.recv, cl.dt.Size(), pl.Reduce, uint64(pl.Sig)); err == nil {
+			dtype.Finish(cl.dt, cl.redop, cl.recv, c.size)
+		}
 	case pl.Op == OpReduceScatter:
 		if err = c.direct.ReduceScatter(c.actx, cl.turn, cl.send, cl.recv, pl.Reduce, uint64(pl.Sig)); err == nil {
 			dtype.Finish(cl.dt, cl.redop, cl.recv, c.size)

@@ -88,7 +88,7 @@ func (d *Direct) AllReduceAcross(ctx context.Context, turn uint64, send, recv []
 	// Every send buffer is published: combine this rank's block of them, in rank order.
 	b := (n/es + d.size - 1) / d.size * es
 	lo, hi := span(me, b, n)
-	if err := d.reduceAcross(turn, send, recv, lo, hi, es, reduce); err != nil {
+	if err := d.reduceAcross(turn, send, recv[lo:hi], lo, hi, es, reduce); err != nil {
 		return err
 	}
 
@@ -125,8 +125,8 @@ func (d *Direct) AllReduceAcross(ctx context.Context, turn uint64, send, recv []
 }
 
 // reduceAcross combines block [lo, hi) of every rank's published send buffer (this
-// rank's is send) in rank order into recv[lo:hi], a chunk at a time.
-func (d *Direct) reduceAcross(turn uint64, send, recv []byte, lo, hi, es int, reduce func(dst, src []byte)) error {
+// rank's is send) in rank order into out (hi-lo bytes), a chunk at a time.
+func (d *Direct) reduceAcross(turn uint64, send, out []byte, lo, hi, es int, reduce func(dst, src []byte)) error {
 	if hi <= lo {
 		return nil
 	}
@@ -169,12 +169,70 @@ func (d *Direct) reduceAcross(turn uint64, send, recv []byte, lo, hi, es int, re
 			}
 		}
 		if d.stream {
-			memx.Stream(recv[clo:chi], acc)
+			memx.Stream(out[clo-lo:chi-lo], acc)
 		} else {
-			memx.Copy(recv[clo:chi], acc)
+			memx.Copy(out[clo-lo:chi-lo], acc)
 		}
 	}
 	return nil
+}
+
+// ReduceScatterAcross is ReduceScatter for send buffers of any size (P blocks of
+// len(recv) bytes), without copying them through the areas: every rank publishes the
+// address of send (or its offset in obuf's shared arena), then combines its block of
+// every rank's send, in rank order, a chunk at a time read into a buffer that stays in
+// the caches, into recv. Each byte of a send buffer is read from memory once, and recv
+// written once. Every rank returns only once the others have read its send, so it is
+// the caller's again on return. The result is bitwise ReduceScatter's. Requires
+// CanReduceAcross.
+func (d *Direct) ReduceScatterAcross(ctx context.Context, turn uint64, send, recv []byte, es int, reduce func(dst, src []byte), sig uint64) (err error) {
+	defer func() { d.finish(turn, err) }()
+	n, b := len(send), len(recv)
+	switch {
+	case n != d.size*b:
+		return &transport.ArgError{Arg: "send", Reason: fmt.Sprintf("%d bytes, want %d ranks x %d (recv)", n, d.size, b)}
+	case es <= 0 || b%es != 0:
+		return &transport.ArgError{Arg: "recv", Reason: fmt.Sprintf("%d bytes is not a whole number of %d-byte elements", b, es)}
+	case !d.pull:
+		return fmt.Errorf("%w: %d bytes, and no cross-memory attach", ErrTooLarge, n)
+	}
+	if err := d.awaitTurn(ctx, turn); err != nil {
+		return err
+	}
+	d.a.Count(1, 0, 0, 0, 0)
+	d.cur, d.op, d.flag = turn, "reducescatter", areaPublished
+	if !d.a.Hold() {
+		return transport.ErrClosed
+	}
+	defer d.a.Release()
+	defer runtime.KeepAlive(send) // the others read it by address until the last wait ends
+	me := d.rank
+	par := 8 * int(turn&1)
+	d.stream = d.a.Stream() >= 0 // see AllReduceAcross
+	atomic.StoreUint64(d.u64(me, areaArena+par), arenaOf(send, d))
+	if n > 0 {
+		atomic.StoreUint64(d.u64(me, areaWhere+par), uint64(uintptr(unsafe.Pointer(&send[0]))))
+	}
+	atomic.StoreUint64(d.u64(me, areaSig+par), sig)
+	d.pulled[me]++
+	target := d.countIn()
+	atomic.StoreUint64(d.u64(me, areaPublished), turn)
+	d.wanted = append(d.wanted[:0], d.order...)
+	if err := d.wait(ctx, areaArrived, target, func() (bool, error) { return d.arrivals(turn, sig, nil) }); err != nil {
+		return err
+	}
+	if err := d.reduceAcross(turn, send, recv, me*b, (me+1)*b, es, reduce); err != nil {
+		return err
+	}
+	// This rank is done with the others' buffers: tell each; then wait until every
+	// other rank is done with this one's.
+	for _, q := range d.order {
+		d.pulled[q]++
+		d.bump(q, areaReads, uint32(uint64(d.size-1)*d.pulled[q]))
+	}
+	want := uint32(uint64(d.size-1) * d.pulled[me])
+	reads := d.u32(me, areaReads)
+	return d.wait(ctx, areaReads, want, func() (bool, error) { return reached(atomic.LoadUint32(reads), want), nil })
 }
 
 func (d *Direct) readErr(q int, err error) error {

@@ -642,9 +642,81 @@ func TestDirectAllReduceAcross(t *testing.T) {
 	}
 }
 
+// ReduceScatterAcross combines send buffers of any size (P blocks each) in place in the
+// ranks' own buffers: on 2 to 8 ranks, blocks of one element, blocks of several chunks,
+// from private buffers (read across) and from obuf.Shared's (read in place), between
+// AllToAlls through the areas and AllReduceAcrosses (all count on the same counters):
+// every rank gets its block of the combination of every rank's buffer in rank order, bit
+// for bit, and its send buffer is left as it was.
+func TestDirectReduceScatterAcross(t *testing.T) {
+	for _, p := range []int{2, 3, 5, 8} {
+		t.Run(fmt.Sprintf("p=%d", p), func(t *testing.T) {
+			ds := directs(t, start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4096 }))
+			blocks := []int{4, 4096 + 4, 3*128<<10 + 8, 40}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			errs := onRanks(p, func(r int) (err error) {
+				defer func() {
+					if err != nil {
+						cancel() // the others would wait for this rank
+					}
+				}()
+				d := ds[r]
+				for op, b := range blocks {
+					n := b * p
+					for _, arena := range []bool{false, true} {
+						if err := func() error {
+							what := fmt.Sprintf("op %d, blocks of %d bytes, shared %v", op, b, arena)
+							in := input(op, r, n)
+							send, recv := slices.Clone(in), make([]byte, b)
+							if arena {
+								sb := obuf.Shared.Get(n)
+								defer sb.Release()
+								send = sb.Bytes()
+								copy(send, in)
+							}
+							if err := d.ReduceScatterAcross(ctx, d.Turn(), send, recv, 4, mix, uint64(n)); err != nil {
+								return fmt.Errorf("%s: %w", what, err)
+							}
+							if !bytes.Equal(recv, combined(op, p, n)[r*b:(r+1)*b]) {
+								return fmt.Errorf("%s: wrong result", what)
+							}
+							if !bytes.Equal(send, in) {
+								return fmt.Errorf("%s: send buffer changed", what)
+							}
+							return nil
+						}(); err != nil {
+							return err
+						}
+					}
+					full := make([]byte, n)
+					if err := d.AllReduceAcross(ctx, d.Turn(), input(op, r, n), full, 4, mix, uint64(n)); err != nil {
+						return fmt.Errorf("op %d: AllReduceAcross: %w", op, err)
+					}
+					if !bytes.Equal(full, combined(op, p, n)) {
+						return fmt.Errorf("op %d: AllReduceAcross: wrong result", op)
+					}
+					m := 64 * p
+					recv := make([]byte, m)
+					if err := d.AllToAll(ctx, d.Turn(), sendFor(op, r, p, m), recv, 7); err != nil {
+						return fmt.Errorf("op %d: AllToAll: %w", op, err)
+					}
+					if err := checkRecv(recv, op, r, p); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			for r, err := range errs {
+				assert.NoError(t, err, "rank %d", r)
+			}
+		})
+	}
+}
+
 // Ranks whose AllReduceAcross differ (in size) all get ErrMismatch; a rank that closes
-// instead of taking part is named in a PeerError; buffers of unequal sizes are refused
-// with an ArgError before anything is published.
+// instead of taking part is named in a PeerError; buffers of unequal sizes (for
+// ReduceScatterAcross too) are refused with an ArgError before anything is published.
 func TestDirectAllReduceAcrossErrors(t *testing.T) {
 	const p, n = 3, 64 << 10
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -678,6 +750,12 @@ func TestDirectAllReduceAcrossErrors(t *testing.T) {
 	err = ds[1].AllReduceAcross(ctx, ds[1].Turn(), make([]byte, 6), make([]byte, 6), 4, mix, 6)
 	require.ErrorAs(t, err, &ae)
 	assert.Equal(t, "send", ae.Arg)
+	err = ds[0].ReduceScatterAcross(ctx, ds[0].Turn(), make([]byte, n), make([]byte, n), 4, mix, n)
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, "send", ae.Arg, "a send of one block for two ranks")
+	err = ds[1].ReduceScatterAcross(ctx, ds[1].Turn(), make([]byte, 12), make([]byte, 6), 4, mix, 12)
+	require.ErrorAs(t, err, &ae)
+	assert.Equal(t, "recv", ae.Arg, "blocks of a partial element")
 }
 
 // BenchmarkDirectAllReduceAcross: the reduce-scatter and all-gather in place in the
