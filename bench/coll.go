@@ -181,7 +181,20 @@ func CopyFloor(p, n int) time.Duration {
 // many threads as there are CPUs (at most p) and no synchronisation but a join between
 // the halves: the bytes any reduce-scatter and all-gather must read and write, each
 // once, with nothing else.
-func AllReduceFloor(p, n int) time.Duration {
+func AllReduceFloor(p, n int) time.Duration { return reduceFloor(p, n, true) }
+
+// ReduceScatterFloor is the copy floor of an f32 ReduceScatter of send buffers of n bytes
+// on p ranks: the first half of AllReduceFloor (every worker sums its block of every
+// buffer: n bytes read, n/p written).
+func ReduceScatterFloor(p, n int) time.Duration { return reduceFloor(p, n, false) }
+
+// AllGatherFloor is the copy floor of an AllGather into buffers of n bytes on p ranks:
+// every rank's block copied into every other rank's buffer once, as CopyFloor times it
+// (the same bytes as an AlltoAll's).
+func AllGatherFloor(p, n int) time.Duration { return CopyFloor(p, n) }
+
+// reduceFloor times AllReduceFloor (gather) or ReduceScatterFloor.
+func reduceFloor(p, n int, gather bool) time.Duration {
 	if p < 2 || n < 4*p {
 		return 0
 	}
@@ -193,39 +206,39 @@ func AllReduceFloor(p, n int) time.Duration {
 		clear(bufs[i].Bytes())
 	}
 	threads := min(p, runtime.NumCPU())
-	best := time.Duration(1 << 62)
-	for try := 0; try < max(5, min(100, (128<<20)/(p*n))); try++ {
-		start := time.Now()
+	on := func(work func(r int)) {
 		var wg sync.WaitGroup
 		for w := 0; w < threads; w++ {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				for r := w; r < p; r += threads { // reduce block r into buffer r
-					dst := bufs[r].Bytes()[r*b : (r+1)*b]
-					for q := 0; q < p; q++ {
-						if q != r {
-							dtype.Reduce(dtype.F32, dtype.Sum, dst, bufs[q].Bytes()[r*b:(r+1)*b])
-						}
-					}
+				for r := w; r < p; r += threads {
+					work(r)
 				}
 			}()
 		}
 		wg.Wait()
-		for w := 0; w < threads; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for r := w; r < p; r += threads { // gather every block into buffer r
-					for q := 0; q < p; q++ {
-						if q != r {
-							copy(bufs[r].Bytes()[q*b:(q+1)*b], bufs[q].Bytes()[q*b:(q+1)*b])
-						}
+	}
+	best := time.Duration(1 << 62)
+	for try := 0; try < max(5, min(100, (128<<20)/(p*n))); try++ {
+		start := time.Now()
+		on(func(r int) { // reduce block r into buffer r
+			dst := bufs[r].Bytes()[r*b : (r+1)*b]
+			for q := 0; q < p; q++ {
+				if q != r {
+					dtype.Reduce(dtype.F32, dtype.Sum, dst, bufs[q].Bytes()[r*b:(r+1)*b])
+				}
+			}
+		})
+		if gather {
+			on(func(r int) { // gather every block into buffer r
+				for q := 0; q < p; q++ {
+					if q != r {
+						copy(bufs[r].Bytes()[q*b:(q+1)*b], bufs[q].Bytes()[q*b:(q+1)*b])
 					}
 				}
-			}()
+			})
 		}
-		wg.Wait()
 		best = min(best, time.Since(start))
 	}
 	return best
@@ -409,9 +422,15 @@ func collOne(ctx context.Context, c *coll.Comm, o CollOpts, size int) (CollResul
 		switch o.Op {
 		case coll.OpAlltoAll:
 			res.FloorUS = CopyFloor(p, size).Seconds() * 1e6
+		case coll.OpAllGather:
+			res.FloorUS = AllGatherFloor(p, size).Seconds() * 1e6
 		case coll.OpAllReduce:
 			if o.DType == dtype.F32 {
 				res.FloorUS = AllReduceFloor(p, size).Seconds() * 1e6
+			}
+		case coll.OpReduceScatter:
+			if o.DType == dtype.F32 {
+				res.FloorUS = ReduceScatterFloor(p, size).Seconds() * 1e6
 			}
 		}
 		if res.FloorUS > 0 && res.TimeUS > 0 {

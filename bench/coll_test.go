@@ -52,6 +52,16 @@ func TestCopyFloor(t *testing.T) {
 	if d := CopyFloor(4, 3); d != 0 {
 		t.Fatalf("CopyFloor(4, 3) = %v, want 0", d)
 	}
+	// The reduce floors: a ReduceScatter is the first half of an AllReduce; both nothing
+	// for buffers of fewer elements than ranks.
+	for _, f := range []func(p, n int) time.Duration{ReduceScatterFloor, AllReduceFloor, AllGatherFloor} {
+		if d := f(4, 1<<20); d <= 0 {
+			t.Fatalf("floor of 1 MiB on 4 ranks = %v", d)
+		}
+		if d := f(4, 3); d != 0 {
+			t.Fatalf("floor of 3 bytes on 4 ranks = %v, want 0", d)
+		}
+	}
 	cs, err := coll.Local(2, coll.Config{})
 	if err != nil {
 		t.Fatal(err)

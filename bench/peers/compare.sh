@@ -1,42 +1,45 @@
 #!/usr/bin/env bash
-# moex against Open MPI on this host: MPI_Alltoall and MPI_Allreduce (f32 sum) against
-# `moex bench coll --transport shm`, same ranks and sizes, the two run alternately
-# (ROUNDS times each), the best time of each kept. Prints one line per (op, ranks, size)
-# with both times and the ratio (Open MPI time / moex time: above 1, moex is faster), the
-# medians over the rounds and their ratio (what a user running it once should expect), and
-# the AlltoAll bandwidth beside memcpy of the same bytes and beside the copy floor (the
-# time this host needs to copy every byte of the operation once with all its CPUs and no
-# synchronisation: no implementation that moves each byte once can beat it). For the
-# AlltoAll rows that go through moex's shared areas with more ranks than CPUs, it also
-# runs bench/peers/twocopy (the bare two-copy exchange: no communicator, no checks)
-# in the same alternation and prints its best and median times: what a design that copies
-# each byte twice, through shared memory, can reach on this host.
+# moex against two MPIs on this host: Open MPI and MPICH, each one's MPI_Allreduce (f32
+# sum), MPI_Reduce_scatter_block (f32 sum), MPI_Allgather and MPI_Alltoall
+# (bench/peers/mpi_coll.c, built with each one's mpicc) against `moex bench coll
+# --transport shm`, the same ranks and sizes, the three run in turn ROUNDS times. One line
+# per (op, ranks, size): each one's median time over the rounds, the ratio of the better
+# MPI's median to moex's (above 1, moex is faster), moex's best, and the copy floor (the
+# time this host needs to read and write once, with all its CPUs and no synchronisation,
+# the bytes the operation must move: docs/PERFORMANCE.md says which) with the fraction of
+# it each side reaches. Where twice the better MPI would be faster than the floor, the
+# note says that "2x" is out of reach rather than quoting it.
 #
-# For AlltoAll it also runs moex with its send and receive buffers from obuf.Shared
-# (`--shared`: shared memory the other ranks read in place, one copy per byte, as NCCL's
-# registered buffers) and prints that time and its ratio to Open MPI after the others.
+# For AlltoAll it also runs moex with its buffers from obuf.Shared (`--shared`: shared
+# memory the other ranks read in place, as NCCL's registered buffers) and, where moex's
+# ranks share CPUs and blocks go through its shared areas (up to 1 MiB), the bare two-copy
+# exchange (bench/peers/twocopy: what copying each byte twice through shared memory can
+# reach here).
 #
-# moex's buffers come from obuf, on huge pages (madvise); mpi_coll's from malloc, which
-# here (transparent huge pages on madvise) gets 4 KiB pages, on which the kernel's
-# cross-memory copy runs at half speed. MPI_HUGE=1 gives Open MPI's ranks glibc's huge-page
-# malloc (GLIBC_TUNABLES=glibc.malloc.hugetlb=1) to compare on equal pages.
-#
-# Installs Open MPI from Debian's packages when missing (needs root for apt-get).
-# MOEX_BIN names a moex binary (with twocopy beside it) to use instead of building them.
-# usage: [MPI_HUGE=1] [MOEX_BIN=path] bench/peers/compare.sh [ROUNDS]
+# The MPIs' buffers come from malloc (4 KiB pages here), moex's from obuf (huge pages from
+# 2 MiB). MPICH busy-polls: with more ranks than CPUs its ranks take the CPU from each
+# other. Installs Open MPI and MPICH from Debian's packages when missing (needs root for
+# apt-get). MOEX_BIN names a moex binary (with twocopy beside it) to use instead of
+# building them. OPS, SIZES and RANKS narrow the sweep.
+# usage: [OPS="allreduce ..."] [SIZES="65536 ..."] [RANKS="2 4 8"] bench/peers/compare.sh [ROUNDS]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rounds=${1:-3}
-# mpicc comes with openmpi-bin; its headers (mpi.h) only with libopenmpi-dev.
-if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null ||
-	! echo '#include <mpi.h>' | mpicc -E -x c - >/dev/null 2>&1; then
-	echo "# installing Open MPI (openmpi-bin, libopenmpi-dev)" >&2
+ops=${OPS:-allreduce reducescatter allgather alltoall}
+sizes=${SIZES:-65536 1048576 4194304 16777216 67108864}
+ranks=${RANKS:-2 4 8}
+need=()
+command -v mpicc.openmpi >/dev/null && echo '#include <mpi.h>' | mpicc.openmpi -E -x c - >/dev/null 2>&1 || need+=(openmpi-bin libopenmpi-dev)
+command -v mpicc.mpich >/dev/null && echo '#include <mpi.h>' | mpicc.mpich -E -x c - >/dev/null 2>&1 || need+=(mpich libmpich-dev)
+if [ ${#need[@]} -gt 0 ]; then
+	echo "# installing ${need[*]}" >&2
 	apt-get update >/dev/null
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends openmpi-bin libopenmpi-dev >/dev/null
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >/dev/null
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-mpicc -O2 -o "$work/mpi_coll" bench/peers/mpi_coll.c
+mpicc.openmpi -O2 -o "$work/mpi_ompi" bench/peers/mpi_coll.c
+mpicc.mpich -O2 -o "$work/mpi_mpich" bench/peers/mpi_coll.c
 if [ -n "${MOEX_BIN:-}" ]; then # built elsewhere (a host without Go): moex and twocopy beside it
 	cp "$MOEX_BIN" "$work/moex"
 	cp "$(dirname "$MOEX_BIN")/twocopy" "$work/twocopy"
@@ -44,86 +47,55 @@ else
 	go build -o "$work/moex" ./cmd/moex
 	go build -o "$work/twocopy" ./bench/peers/twocopy
 fi
-mpirun_version=$(mpirun --version 2>&1 | head -1)
-mpi_env=()
-pages="malloc's pages"
-if [ "${MPI_HUGE:-0}" = 1 ]; then
-	mpi_env=(-x GLIBC_TUNABLES=glibc.malloc.hugetlb=1)
-	pages="huge-page malloc"
-fi
-echo "# $mpirun_version ($pages); moex $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(nproc) CPUs; $(date -u +%FT%TZ)"
-printf "%-10s %5s %10s %12s %12s %8s %12s %12s %8s %10s %8s %10s %9s %s\n" op ranks bytes moex_us ompi_us ratio moex_med ompi_med ratio_med shared_us ratio_sh shared_med ratio_shm note
+echo "# $(mpirun.openmpi --version 2>&1 | head -1); MPICH $(mpichversion 2>/dev/null | awk '/Version/ {print $3}'); moex $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(nproc) CPUs; $(date -u +%FT%TZ); medians of $rounds rounds"
+printf "%-13s %5s %9s %10s %10s %10s %8s %10s %9s %6s %6s %s\n" op ranks bytes moex_med ompi_med mpich_med vs_mpi moex_best floor_us moex_f mpi_f note
 
-best() { # field of the best (lowest time) JSON line for a size, from a file of lines
-	python3 -c '
-import sys, json
-size, field = int(sys.argv[1]), sys.argv[2]
-rows = [json.loads(l) for l in open(sys.argv[3]) if l.startswith("{")]
-rows = [r for r in rows if r["bytes"] == size]
-if not rows: print("nan"); sys.exit()
-b = min(rows, key=lambda r: r["time_us"])
-print(b[field])' "$@"
-}
-
-median() { # median time of a size, from a file of JSON lines
-	python3 -c '
-import sys, json, statistics
-size = int(sys.argv[1])
-rows = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")]
-t = [r["time_us"] for r in rows if r["bytes"] == size]
-print(statistics.median(t) if t else "nan")' "$@"
-}
-
-for spec in "alltoall 65536" "alltoall 4194304" "allreduce 65536" "allreduce 4194304" "allreduce 16777216"; do
-	set -- $spec
-	op=$1 size=$2
-	for p in 2 4 8; do
-		if [ "$op" = allreduce ] && [ "$p" = 8 ] && [ "$size" -gt 4194304 ]; then continue; fi
-		: >"$work/moex.json"
-		: >"$work/ompi.json"
-		: >"$work/twocopy.json"
-		: >"$work/shared.json"
-		# The bare two-copy exchange where moex copies twice (buffers up to the 1 MiB area)
-		# and its ranks share CPUs (with a CPU each, moex places blocks better than it).
-		floor2=no
-		if [ "$op" = alltoall ] && [ "$size" -le 1048576 ] && [ "$p" -gt "$(nproc)" ]; then floor2=yes; fi
-		for r in $(seq "$rounds"); do
-			"$work/moex" bench coll --op "$op" --ranks "$p" --transport shm --min-bytes "$size" --max-bytes "$size" --json >>"$work/moex.json"
-			mpirun --allow-run-as-root --oversubscribe "${mpi_env[@]}" -np "$p" "$work/mpi_coll" "$op" "$size" "$size" >>"$work/ompi.json" 2>/dev/null
-			if [ $floor2 = yes ]; then "$work/twocopy" -ranks "$p" -bytes "$size" >>"$work/twocopy.json"; fi
-			if [ "$op" = alltoall ]; then
-				"$work/moex" bench coll --op "$op" --ranks "$p" --transport shm --min-bytes "$size" --max-bytes "$size" --shared --json >>"$work/shared.json"
-			fi
+for op in $ops; do
+	for size in $sizes; do
+		for p in $ranks; do
+			for f in moex ompi mpich shared twocopy; do : >"$work/$f.json"; done
+			twocopy=no
+			if [ "$op" = alltoall ] && [ "$size" -le 1048576 ] && [ "$p" -gt "$(nproc)" ]; then twocopy=yes; fi
+			for r in $(seq "$rounds"); do
+				"$work/moex" bench coll --op "$op" --ranks "$p" --transport shm --min-bytes "$size" --max-bytes "$size" --json >>"$work/moex.json"
+				mpirun.openmpi --allow-run-as-root --oversubscribe -np "$p" "$work/mpi_ompi" "$op" "$size" "$size" >>"$work/ompi.json" 2>/dev/null
+				mpirun.mpich -n "$p" "$work/mpi_mpich" "$op" "$size" "$size" >>"$work/mpich.json" 2>/dev/null
+				if [ "$op" = alltoall ]; then
+					"$work/moex" bench coll --op "$op" --ranks "$p" --transport shm --min-bytes "$size" --max-bytes "$size" --shared --json >>"$work/shared.json"
+				fi
+				if [ $twocopy = yes ]; then "$work/twocopy" -ranks "$p" -bytes "$size" >>"$work/twocopy.json"; fi
+			done
+			python3 - "$op" "$p" "$size" "$work" <<'PY'
+import json, statistics, sys
+op, p, size, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+def rows(name):
+    try:
+        return [r for r in (json.loads(l) for l in open(f"{work}/{name}.json") if l.startswith("{")) if r.get("bytes", size) == size]
+    except FileNotFoundError:
+        return []
+def med(rs): return statistics.median(r["time_us"] for r in rs) if rs else float("nan")
+moex, ompi, mpich = rows("moex"), rows("ompi"), rows("mpich")
+mm, om, cm = med(moex), med(ompi), med(mpich)
+best_mpi = min(x for x in (om, cm) if x == x) if (om == om or cm == cm) else float("nan")
+floor = max((r.get("floor_us", 0) for r in moex), default=0)
+notes = []
+if any(r.get("wrong", 0) for r in moex + ompi + mpich):
+    notes.append("WRONG RESULTS")
+if floor > 0:
+    if best_mpi / 2 < floor:
+        notes.append(f"2x the better MPI ({best_mpi/2:.0f} us) would pass the floor")
+    else:
+        notes.append(f"2x the better MPI needs {best_mpi/2:.0f} us")
+sh = rows("shared")
+if sh:
+    notes.append(f"moex --shared {med(sh):.1f} us ({best_mpi/med(sh):.2f}x)")
+tc = rows("twocopy")
+if tc:
+    notes.append(f"bare two-copy exchange {med(tc):.1f} us")
+frac = lambda t: f"{floor/t*100:.0f}%" if floor > 0 and t == t else "-"
+moex_best = min((r["time_us"] for r in moex), default=float("nan"))
+print(f"{op:<13} {p:5d} {size:9d} {mm:10.1f} {om:10.1f} {cm:10.1f} {best_mpi/mm:7.2f}x {moex_best:10.1f} {floor:9.0f} {frac(mm):>6} {frac(best_mpi):>6} {'; '.join(notes)}")
+PY
 		done
-		m=$(best "$size" time_us "$work/moex.json")
-		o=$(best "$size" time_us "$work/ompi.json")
-		note=""
-		if [ "$op" = allreduce ] && [ "$size" -ge 1048576 ]; then
-			fl=$(best "$size" floor_us "$work/moex.json")
-			note=$(python3 -c "print(f'copy floor {float(\"$fl\"):.0f} us: moex at {float(\"$fl\")/float(\"$m\")*100:.0f}% of it, Open MPI at {float(\"$fl\")/float(\"$o\")*100:.0f}%; 2x Open MPI needs {float(\"$o\")/2:.0f} us')")
-		fi
-		if [ "$op" = alltoall ]; then
-			bw=$(best "$size" algbw_gbs "$work/moex.json")
-			mc=$(best "$size" memcpy_gbs "$work/moex.json")
-			fl=$(best "$size" floor_us "$work/moex.json")
-			note=$(python3 -c "print(f'moex algbw {float(\"$bw\"):.1f} GB/s = {float(\"$bw\")/float(\"$mc\")*100:.0f}% of memcpy ({float(\"$mc\"):.1f} GB/s); copy floor {float(\"$fl\"):.0f} us, 2x Open MPI needs {float(\"$o\")/2:.0f} us')")
-			if [ $floor2 = yes ]; then
-				tc=$(best "$size" time_us "$work/twocopy.json")
-				tcm=$(median "$size" "$work/twocopy.json")
-				note="$note; bare two-copy exchange $(python3 -c "print(f'{float(\"$tc\"):.1f} us (median {float(\"$tcm\"):.1f})')")"
-			fi
-		fi
-		ratio=$(python3 -c "print(f'{float(\"$o\")/float(\"$m\"):.2f}x')")
-		mm=$(median "$size" "$work/moex.json")
-		om=$(median "$size" "$work/ompi.json")
-		ratio_med=$(python3 -c "print(f'{float(\"$om\")/float(\"$mm\"):.2f}x')")
-		sh=- shr=- shm=- shmr=-
-		if [ "$op" = alltoall ]; then
-			sh=$(python3 -c "print(f'{float(\"$(best "$size" time_us "$work/shared.json")\"):.1f}')")
-			shm=$(python3 -c "print(f'{float(\"$(median "$size" "$work/shared.json")\"):.1f}')")
-			shr=$(python3 -c "print(f'{float(\"$o\")/float(\"$sh\"):.2f}x')")
-			shmr=$(python3 -c "print(f'{float(\"$om\")/float(\"$shm\"):.2f}x')")
-		fi
-		printf "%-10s %5s %10s %12.1f %12.1f %8s %12.1f %12.1f %8s %10s %8s %10s %9s %s\n" "$op" "$p" "$size" "$m" "$o" "$ratio" "$mm" "$om" "$ratio_med" "$sh" "$shr" "$shm" "$shmr" "$note"
 	done
 done
