@@ -28,11 +28,23 @@ type back interface {
 	start(ctx context.Context, cs *cslot) error
 	wait(ctx context.Context, cs *cslot) error
 	// inPlace reports whether the origins read the expert outputs where they were
-	// written (no partial sums travel).
+	// written (no partial sums travel); buffer is where, for slot s's dispatch, this
+	// rank's experts write them then (nil where they are not read in place).
 	inPlace() bool
+	buffer(s *slot) []byte
+	// takesRows reports whether the way back can carry rows summed already
+	// (CombineRows): a partial sum per incoming row.
+	takesRows() bool
 	bytes() int
 	close() error
 }
+
+// sent is the part of the back interface of the ways back that send their answers
+// (partial sums or terms) and take summed rows.
+type sent struct{}
+
+func (sent) buffer(*slot) []byte { return nil }
+func (sent) takesRows() bool     { return true }
 
 // sums is the combiner's arithmetic, which depends on the outputs' type.
 type sums interface {
@@ -214,11 +226,10 @@ func (cb *Combiner[T]) Buffer(h Handle) []T {
 	if c := cb.pick(h); c != cb {
 		return c.Buffer(h)
 	}
-	b, ok := cb.back.(*inPlaceBack)
-	if !ok || !h.of(cb.d) {
+	if !h.of(cb.d) {
 		return nil
 	}
-	return dtype.FromBytes[T](b.buffer(h.s))
+	return dtype.FromBytes[T](cb.back.buffer(h.s))
 }
 
 // InPlace reports whether the combine reads the expert outputs in place (Buffer): in
@@ -347,8 +358,8 @@ func (cb *Combiner[T]) abandon(ctx context.Context, cause error) error {
 // every rank's call.
 func (cb *Combiner[T]) start(ctx context.Context, h Handle, y, out []byte, ny, nout int, rows bool, giveUp error) (*CombinePending[T], error) {
 	d := cb.d
-	if rows && d.cfg.Mode == Gathered {
-		return nil, fmt.Errorf("%w: summed rows in the gathered mode", ErrConfig)
+	if rows && !cb.back.takesRows() {
+		return nil, fmt.Errorf("%w: summed rows in the %v mode", ErrConfig, d.cfg.Mode)
 	}
 	cs := cb.slots[cb.n%uint64(len(cb.slots))]
 	if cs.started {
@@ -458,8 +469,8 @@ func (p *CombinePending[T]) Wait(ctx context.Context) error {
 	}
 	// Every rank has started this combine, so its experts read no more of the
 	// dispatch's rows: this rank may write its staging again.
-	if ll, ok := cb.d.mode.(*lowLatency); ok && (Handle{s: cs.s, gen: cs.gen}).Valid() {
-		ll.done(cs.s)
+	if (Handle{s: cs.s, gen: cs.gen}).Valid() {
+		cb.d.mode.combined(cs.s)
 	}
 	me := cb.d.c.Rank()
 	st := &cs.s.sched.Combine

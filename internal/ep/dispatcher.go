@@ -40,25 +40,45 @@ type mode interface {
 	wait(ctx context.Context, s *slot) error
 	// newBack makes the combine half for a combiner of cb's configuration.
 	newBack(ctx context.Context, cb *backCore) (back, error)
+	// capacity is the most tokens a dispatch may carry (0: any number).
+	capacity() int
+	// readsInPlace reports whether the experts read the rows where their origins staged
+	// them; staging is where this rank may write the tokens of a dispatch into slot s so
+	// that it stages nothing (nil: nowhere, or not now).
+	readsInPlace() bool
+	staging(s *slot) []byte
+	// combined says that every rank has started the combine of slot s's dispatch: no
+	// rank reads its rows any more.
+	combined(s *slot)
 	// bytes is the memory the mode holds beyond the slots' scratch; close frees it.
 	bytes() int
 	close() error
 }
 
+// unstaged is the part of the mode interface of the modes that stage nothing in place
+// and take any number of tokens (normal, gathered).
+type unstaged struct{}
+
+func (unstaged) capacity() int        { return 0 }
+func (unstaged) readsInPlace() bool   { return false }
+func (unstaged) staging(*slot) []byte { return nil }
+func (unstaged) combined(*slot)       {}
+
 // core is the part of a dispatcher that does not depend on the activation type: its
 // configuration, its slots and its mode.
 type core struct {
-	c     *coll.Comm
-	cfg   Config
-	act   dtype.Type
-	f     Format
-	fp    uint64
-	fpBuf []byte // UsePlacement's encoding of the configuration
-	gen   uint64 // dispatches begun
-	slots []*slot
-	mode  mode
-	llc   int // the host's last-level cache, bytes (0: unknown)
-	stats Stats
+	c       *coll.Comm
+	cfg     Config
+	act     dtype.Type
+	f       Format
+	fp      uint64
+	fpBuf   []byte // UsePlacement's encoding of the configuration
+	gen     uint64 // dispatches begun
+	slots   []*slot
+	mode    mode
+	planner planner // the mode's (planners)
+	llc     int     // the host's last-level cache, bytes (0: unknown)
+	stats   Stats
 	// arrival (the normal mode, for TwoLevel's up stage): the rows stay in arrival
 	// order, one per incoming row (X row i is incoming row i), and the entries point at
 	// them, instead of a copy per entry in expert-major blocks.
@@ -183,7 +203,7 @@ func NewWith[T Act](ctx context.Context, c *coll.Comm, cfg Config, o Options) (*
 			cfg.Pool = obuf.Shared
 		}
 	}
-	co := &core{c: c, cfg: cfg, act: actType[T](), f: NewFormat(cfg), llc: memx.LastLevelCache(), arrival: o.Arrival}
+	co := &core{c: c, cfg: cfg, act: actType[T](), f: NewFormat(cfg), llc: memx.LastLevelCache(), arrival: o.Arrival, planner: planners[cfg.Mode]}
 	co.fp, co.fpBuf = fingerprint(nil, cfg)
 	co.stage.Pool = cfg.Pool
 	d := &Dispatcher[T]{core: co, outs: make([]Output[T], cfg.InFlight), pending: make([]Pending[T], cfg.InFlight)}
@@ -504,8 +524,8 @@ func (d *core) check(n int, r *router.Routing) (int, error) {
 	if n != t*d.cfg.Hidden {
 		return CodeShape, fmt.Errorf("%w: %d values for %d tokens of %d", ErrInput, n, t, d.cfg.Hidden)
 	}
-	if d.cfg.Mode == LowLatency && t > d.cfg.MaxTokens {
-		return CodeTooMany, fmt.Errorf("%w: %d tokens, MaxTokens is %d", ErrInput, t, d.cfg.MaxTokens)
+	if c := d.mode.capacity(); c > 0 && t > c {
+		return CodeTooMany, fmt.Errorf("%w: %d tokens, MaxTokens is %d", ErrInput, t, c)
 	}
 	return CodeOK, nil
 }
@@ -561,8 +581,7 @@ func (d *core) RowsInPlace() bool {
 	if d.alt != nil && d.lastAlt {
 		return false // the Auto mode's last step ran in the normal mode
 	}
-	ll, ok := d.mode.(*lowLatency)
-	return ok && ll.rowsPer > 0
+	return d.mode.readsInPlace()
 }
 
 // Buffer is where this rank may write the tokens of its next Start (Hidden values per
@@ -573,11 +592,10 @@ func (d *core) RowsInPlace() bool {
 // whose x is Buffer()[:T*Hidden] stages nothing; the memory is the other ranks' to read
 // until the combine of that dispatch completes, and must not be written meanwhile.
 func (d *Dispatcher[T]) Buffer() []T {
-	ll, ok := d.mode.(*lowLatency)
-	if !ok || d.closed {
+	if d.closed {
 		return nil
 	}
-	b := ll.buffer(d.slots[int(d.gen%uint64(len(d.slots)))])
+	b := d.mode.staging(d.slots[int(d.gen%uint64(len(d.slots)))])
 	if b == nil {
 		return nil
 	}
@@ -591,11 +609,8 @@ func (d *Dispatcher[T]) Buffer() []T {
 func (d *core) plan(s *slot) {
 	me, p := d.c.Rank(), d.c.Size()
 	sc := &s.sched
-	sc.Mode, sc.Rank, sc.Ranks, sc.Control = d.cfg.Mode, me, p, 0
-	if d.cfg.Mode != LowLatency {
-		sc.Control = 8 * (hdrLen + p)
-	}
-	planDispatch(&sc.Dispatch, d.cfg.Mode, &d.f, me, &s.k)
+	sc.Mode, sc.Rank, sc.Ranks, sc.Control = d.cfg.Mode, me, p, d.planner.control(p)
+	d.planner.dispatch(&sc.Dispatch, d.f, me, &s.k)
 	var f CombineFormat
 	if d.back != nil {
 		f = d.back.f
@@ -606,7 +621,7 @@ func (d *core) plan(s *slot) {
 		}
 		f = NewCombineFormat(d.cfg.Hidden, CombineConfig{PartialDType: out}, out)
 	}
-	planCombine(&sc.Combine, d.cfg.Mode, &f, me, &s.k, d.backInPlace)
+	d.planner.combine(&sc.Combine, f, me, &s.k, d.backInPlace)
 }
 
 // contribs is a scratch of TopK (local expert, weight) pairs.

@@ -22,6 +22,7 @@ import (
 // crosses to every rank: the mode trades bytes for the simplest exchange.
 
 type gathered struct {
+	unstaged
 	d  *core
 	ss []gatheredSlot
 }
@@ -255,7 +256,11 @@ func (m *gathered) newBack(_ context.Context, cb *backCore) (back, error) {
 	return b, nil
 }
 
-func (b *gatheredBack) inPlace() bool { return false }
+func (b *gatheredBack) inPlace() bool       { return false }
+func (b *gatheredBack) buffer(*slot) []byte { return nil }
+
+// takesRows: the reduce-scatter adds a partial sum per token, not per incoming row.
+func (b *gatheredBack) takesRows() bool { return false }
 
 func (b *gatheredBack) bytes() int {
 	n := 0

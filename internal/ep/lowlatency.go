@@ -189,18 +189,25 @@ func (m *lowLatency) bytes() int {
 	return n
 }
 
-// buffer is slot s's staging, where the next Start may write its tokens (Buffer); nil
+// capacity is MaxTokens: the buffers hold that many tokens per rank.
+func (m *lowLatency) capacity() int { return m.d.cfg.MaxTokens }
+
+// readsInPlace: the rows are staged where the experts read them (rowsPer > 0).
+func (m *lowLatency) readsInPlace() bool { return m.rowsPer > 0 }
+
+// staging is slot s's staging, where the next Start may write its tokens (Buffer); nil
 // where the rows are not read in place in the activation type or the staging is busy.
-func (m *lowLatency) buffer(s *slot) []byte {
+func (m *lowLatency) staging(s *slot) []byte {
 	if m.rowsPer == 0 || m.d.f.Wire != m.d.act || !m.ss[s.idx].stageFree || s.state == slotStarted || s.pins > 0 {
 		return nil
 	}
 	return m.stage[s.idx][0].Local()
 }
 
-// done marks slot s's staging free to write again: every rank has started the combine
-// of its dispatch, and experts read no row of a dispatch after the combine of it starts.
-func (m *lowLatency) done(s *slot) { m.ss[s.idx].stageFree = true }
+// combined marks slot s's staging free to write again: every rank has started the
+// combine of its dispatch, and experts read no row of a dispatch after the combine of it
+// starts.
+func (m *lowLatency) combined(s *slot) { m.ss[s.idx].stageFree = true }
 
 func (m *lowLatency) start(ctx context.Context, s *slot) error {
 	d := m.d
@@ -516,6 +523,7 @@ func (m *lowLatency) view(s *slot, op *coll.XOp) error {
 // answers to the rows the destination sent (partial sums, or terms with SumAtOrigin).
 
 type llBack struct {
+	sent
 	m  *lowLatency
 	cb *backCore
 	x  *coll.Exchange

@@ -113,8 +113,9 @@ func newInPlaceBack(ctx context.Context, m *lowLatency, cb *backCore) (*inPlaceB
 	return b, nil
 }
 
-func (b *inPlaceBack) inPlace() bool { return true }
-func (b *inPlaceBack) bytes() int    { return b.x.Bytes() + b.board.Size() }
+func (b *inPlaceBack) inPlace() bool   { return true }
+func (b *inPlaceBack) takesRows() bool { return true }
+func (b *inPlaceBack) bytes() int      { return b.x.Bytes() + b.board.Size() }
 
 func (b *inPlaceBack) close() error {
 	return errors.Join(b.board.Close(), b.x.Close())

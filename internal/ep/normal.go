@@ -20,6 +20,7 @@ import (
 const hdrLen = 2 // status, fingerprint
 
 type normal struct {
+	unstaged
 	d  *core
 	ss []normalSlot
 }
@@ -101,7 +102,7 @@ func (m *normal) start(ctx context.Context, s *slot) error {
 				ns.rows[i][j], ns.choices[i][j] = n, ch
 				ns.bytes[i][j] = 0
 				if i != j {
-					ns.bytes[i][j] = dispatchBlock(Normal, &d.f, n, ch, false).Total()
+					ns.bytes[i][j] = normalBlockBytes(&d.f, n, ch)
 				}
 			}
 		}
@@ -363,6 +364,7 @@ func (m *normal) unpack(s *slot, ns *normalSlot) error {
 // are), so that the sizes agree and every rank learns.
 
 type normalBack struct {
+	sent
 	m  *normal
 	cb *backCore
 	cs []normalBackSlot
@@ -417,7 +419,7 @@ func (b *normalBack) start(ctx context.Context, cs *cslot) error {
 		for j := 0; j < p; j++ {
 			bs.bytes[i][j] = 0
 			if i != j { // the answers to the rows j sent i
-				bs.bytes[i][j] = combineBlock(Normal, &cb.f, ns.rows[j][i], ns.choices[j][i], false).Total()
+				bs.bytes[i][j] = backBlock(&cb.f, ns.rows[j][i], ns.choices[j][i], false, true).Total()
 			}
 		}
 	}

@@ -111,6 +111,7 @@ func (pl *Plan) schedule() {
 	cfg := pl.Cfg
 	ll := cfg.Mode == LowLatency && pl.Shared && p > 1
 	rowsInPlace, outsInPlace := ll && !cfg.PushRows, ll && !pl.Combine.SendPartials
+	plan := planners[cfg.Mode]
 	pl.Schedules = make([]*Schedule, p)
 	for me := range pl.Schedules {
 		k := &counts{rowsTo: pl.Rows[me], choicesTo: pl.Choices[me], rowsFrom: make([]int, p), choicesFrom: make([]int, p),
@@ -120,12 +121,9 @@ func (pl *Plan) schedule() {
 			k.tokens[q] = pl.Layouts[q].Tokens()
 			k.fromInPlace[q] = rowsInPlace && pl.Rows[q][me] > 0
 		}
-		sc := &Schedule{Mode: cfg.Mode, Rank: me, Ranks: p}
-		if cfg.Mode != LowLatency {
-			sc.Control = 8 * (hdrLen + p)
-		}
-		planDispatch(&sc.Dispatch, cfg.Mode, &pl.Format, me, k)
-		planCombine(&sc.Combine, cfg.Mode, &pl.CombineFormat, me, k, outsInPlace)
+		sc := &Schedule{Mode: cfg.Mode, Rank: me, Ranks: p, Control: plan.control(p)}
+		plan.dispatch(&sc.Dispatch, pl.Format, me, k)
+		plan.combine(&sc.Combine, pl.CombineFormat, me, k, outsInPlace)
 		pl.Schedules[me] = sc
 	}
 }

@@ -76,112 +76,151 @@ type counts struct {
 	fromInPlace []bool
 }
 
-// dispatchBlock is the block of n rows carrying m choices in cfg's mode (in place: the
-// payload and scales are read where their sender staged them).
-func dispatchBlock(mode Mode, f *Format, n, m int, inPlace bool) Block {
-	b := Block{Rows: n, Choices: m}
-	switch mode {
-	case LowLatency:
-		b.Bytes = [3]int{blockHeader + n*f.MetaBytes(0) + 8*m, n * f.Payload, n * f.ScaleBytes()}
+// planner lays out one mode's stages from the counts: the pure half of a mode, which
+// its executors iterate and NewPlan uses without them. Each mode has one (planners); the
+// mode is chosen once, where the planner is. The formats come by value: a pointer
+// through the interface would escape, an allocation per step.
+type planner interface {
+	// control is the bytes every rank contributes to the step's control all-gather
+	// before the dispatch, on p ranks.
+	control(p int) int
+	dispatch(st *Stage, f Format, me int, k *counts)
+	// combine lays out the way back; inPlace: the origins read the expert outputs where
+	// they were written.
+	combine(st *Stage, f CombineFormat, me int, k *counts, inPlace bool)
+}
+
+// planners are the modes' planners.
+var planners = map[Mode]planner{Normal: normalPlan{}, LowLatency: llPlan{}, Gathered: gatheredPlan{}}
+
+// The names of the stages' fields (allocated once: the schedules are laid out per step).
+var (
+	oneField               = []string{"block"}
+	llDispatchFields       = []string{"header+meta", "payload", "scales"}
+	llCombineFields        = []string{"header", "partials"}
+	gatheredDispatchFields = []string{"meta", "payload", "scales"}
+	gatheredCombineFields  = []string{"partials"}
+)
+
+// begin sizes st for p ranks and names its fields.
+func begin(st *Stage, fields []string, p int) {
+	st.Fields = fields
+	st.Send, st.Recv = growBlocks(st.Send, p), growBlocks(st.Recv, p)
+}
+
+// The normal mode: one AlltoAllv block per peer, side by side in one buffer each way; a
+// rank's own rows stay where they are.
+type normalPlan struct{}
+
+func (normalPlan) control(p int) int { return 8 * (hdrLen + p) }
+
+func (normalPlan) dispatch(st *Stage, f Format, me int, k *counts) {
+	p := len(k.rowsTo)
+	begin(st, oneField, p)
+	block := func(n, m int) Block { return Block{Rows: n, Choices: m, Bytes: [3]int{normalBlockBytes(&f, n, m)}} }
+	for q := 0; q < p; q++ {
+		st.Send[q], st.Recv[q] = block(k.rowsTo[q], k.choicesTo[q]), block(k.rowsFrom[q], k.choicesFrom[q])
+	}
+	st.Send[me].Bytes, st.Recv[me].Bytes = [3]int{}, [3]int{}
+	layOut(st.Send, me)
+	layOut(st.Recv, me)
+}
+
+func (normalPlan) combine(st *Stage, f CombineFormat, me int, k *counts, inPlace bool) {
+	p := len(k.rowsTo)
+	begin(st, oneField, p)
+	for q := 0; q < p; q++ {
+		st.Send[q] = backBlock(&f, k.rowsFrom[q], k.choicesFrom[q], inPlace, true)
+		st.Recv[q] = backBlock(&f, k.rowsTo[q], k.choicesTo[q], inPlace, true)
+	}
+	st.Send[me].Bytes, st.Recv[me].Bytes = [3]int{}, [3]int{} // a rank's own answers stay
+	layOut(st.Send, me)
+	layOut(st.Recv, me)
+}
+
+// normalBlockBytes is the bytes of a normal-mode dispatch block of n rows carrying m
+// choices: a header, then each row (metadata, payload, scales) with its choices.
+func normalBlockBytes(f *Format, n, m int) int { return blockHeader + n*f.RowBytes(0) + 8*m }
+
+// The low-latency mode: a block of its own per peer, in three fields (header and
+// metadata, payloads, scales); a rank sends itself its block too. In place, the payloads
+// and scales are read where their sender staged them.
+type llPlan struct{}
+
+func (llPlan) control(int) int { return 0 } // the counts travel with the rows
+
+func (llPlan) dispatch(st *Stage, f Format, me int, k *counts) {
+	p := len(k.rowsTo)
+	begin(st, llDispatchFields, p)
+	block := func(n, m int, inPlace bool) Block {
+		b := Block{Rows: n, Choices: m, Bytes: [3]int{blockHeader + n*f.MetaBytes(0) + 8*m, n * f.Payload, n * f.ScaleBytes()}}
 		if inPlace {
 			b.Bytes[1], b.Bytes[2], b.InPlace, b.Read = 0, 0, true, n*(f.Payload+f.ScaleBytes())
 		}
-	case Gathered: // n tokens, every choice with them
-		b.Bytes = [3]int{n * f.GatheredMeta(), n * f.Payload, n * f.ScaleBytes()}
-	default:
-		b.Bytes[0] = blockHeader + n*f.RowBytes(0) + 8*m
+		return b
 	}
-	return b
+	for q := 0; q < p; q++ {
+		st.Send[q] = block(k.rowsTo[q], k.choicesTo[q], k.sentInPlace)
+		st.Recv[q] = block(k.rowsFrom[q], k.choicesFrom[q], k.fromInPlace != nil && k.fromInPlace[q])
+	}
 }
 
-// combineBlock is the block of the way back that answers n rows carrying m choices: a
-// header and the partial sums (or terms); in place, the header alone, the receiver
-// reading the m outputs of termRow bytes where they were written.
-func combineBlock(mode Mode, f *CombineFormat, n, m int, inPlace bool) Block {
+func (llPlan) combine(st *Stage, f CombineFormat, me int, k *counts, inPlace bool) {
+	p := len(k.rowsTo)
+	begin(st, llCombineFields, p)
+	for q := 0; q < p; q++ {
+		st.Send[q] = backBlock(&f, k.rowsFrom[q], k.choicesFrom[q], inPlace, false)
+		st.Recv[q] = backBlock(&f, k.rowsTo[q], k.choicesTo[q], inPlace, false)
+	}
+	// A rank's own answers stay in its memory; its header still goes to itself.
+	st.Send[me].Bytes, st.Recv[me].Bytes = [3]int{blockHeader}, [3]int{blockHeader}
+}
+
+// backBlock is the block of the way back that answers n rows carrying m choices: a
+// header and the partial sums (or terms), in one field (one) or two; in place, the
+// header alone, the receiver reading the m outputs of TermRow bytes where they were
+// written.
+func backBlock(f *CombineFormat, n, m int, inPlace, one bool) Block {
 	b := Block{Rows: n, Choices: m}
 	switch {
-	case mode == Gathered: // n: the receiver's tokens, a partial sum each
-		b.Bytes[0] = n * f.Row
 	case inPlace:
 		b.Bytes[0], b.InPlace, b.Read = blockHeader, true, m*f.TermRow
-	case mode == LowLatency:
-		b.Bytes = [3]int{blockHeader, f.Block(n, m)}
-	default:
+	case one:
 		b.Bytes[0] = blockHeader + f.Block(n, m)
+	default:
+		b.Bytes = [3]int{blockHeader, f.Block(n, m)}
 	}
 	return b
 }
 
-// planDispatch lays out the dispatch stage of rank me from k.
-func planDispatch(st *Stage, mode Mode, f *Format, me int, k *counts) {
+// The gathered mode: every rank's tokens, with every choice, to every rank (one send
+// buffer, every rank's side by side where they arrive); the way back a partial sum per
+// token of the receiver, reduce-scattered.
+type gatheredPlan struct{}
+
+func (gatheredPlan) control(p int) int { return 8 * (hdrLen + p) }
+
+func (gatheredPlan) dispatch(st *Stage, f Format, me int, k *counts) {
 	p := len(k.rowsTo)
-	st.Fields = dispatchFields[mode]
-	st.Send, st.Recv = growBlocks(st.Send, p), growBlocks(st.Recv, p)
+	begin(st, gatheredDispatchFields, p)
+	block := func(n int) Block {
+		return Block{Rows: n, Bytes: [3]int{n * f.GatheredMeta(), n * f.Payload, n * f.ScaleBytes()}}
+	}
 	for q := 0; q < p; q++ {
-		switch mode {
-		case Gathered:
-			st.Send[q] = dispatchBlock(mode, f, k.tokens[me], 0, false)
-			st.Recv[q] = dispatchBlock(mode, f, k.tokens[q], 0, false)
-		default:
-			st.Send[q] = dispatchBlock(mode, f, k.rowsTo[q], k.choicesTo[q], k.sentInPlace)
-			st.Recv[q] = dispatchBlock(mode, f, k.rowsFrom[q], k.choicesFrom[q], k.fromInPlace != nil && k.fromInPlace[q])
-		}
-		if q == me && mode == Normal { // an AlltoAllv keeps a rank's own rows where they are
-			st.Send[q].Bytes, st.Recv[q].Bytes = [3]int{}, [3]int{}
-		}
+		st.Send[q], st.Recv[q] = block(k.tokens[me]), block(k.tokens[q])
 	}
-	switch mode {
-	case Normal:
-		layOut(st.Send, me)
-		layOut(st.Recv, me)
-	case Gathered: // one send buffer for every rank; every rank's rows side by side
-		layOut(st.Recv, -1)
-	}
+	layOut(st.Recv, -1)
 }
 
-// planCombine lays out the combine stage of rank me: to each rank, the answers to the
-// rows it sent (k.rowsFrom); from it, those to the rows this rank sent (k.rowsTo).
-func planCombine(st *Stage, mode Mode, f *CombineFormat, me int, k *counts, inPlace bool) {
+func (gatheredPlan) combine(st *Stage, f CombineFormat, me int, k *counts, _ bool) {
 	p := len(k.rowsTo)
-	st.Fields = combineFields[mode]
-	st.Send, st.Recv = growBlocks(st.Send, p), growBlocks(st.Recv, p)
+	begin(st, gatheredCombineFields, p)
 	for q := 0; q < p; q++ {
-		switch mode {
-		case Gathered:
-			st.Send[q] = combineBlock(mode, f, k.tokens[q], 0, false)
-			st.Recv[q] = combineBlock(mode, f, k.tokens[me], 0, false)
-		default:
-			st.Send[q] = combineBlock(mode, f, k.rowsFrom[q], k.choicesFrom[q], inPlace)
-			st.Recv[q] = combineBlock(mode, f, k.rowsTo[q], k.choicesTo[q], inPlace)
-		}
-		if q == me && mode != Gathered { // a rank's own answers stay in its memory
-			st.Send[q].Bytes, st.Recv[q].Bytes = [3]int{}, [3]int{}
-			if mode == LowLatency {
-				st.Send[q].Bytes[0], st.Recv[q].Bytes[0] = blockHeader, blockHeader
-			}
-		}
+		st.Send[q] = Block{Rows: k.tokens[q], Bytes: [3]int{k.tokens[q] * f.Row}}
+		st.Recv[q] = Block{Rows: k.tokens[me], Bytes: [3]int{k.tokens[me] * f.Row}}
 	}
-	switch mode {
-	case Normal:
-		layOut(st.Send, me)
-		layOut(st.Recv, me)
-	case Gathered: // every rank's tokens' sums side by side; the reduced sum of this rank's
-		layOut(st.Send, -1)
-	}
+	layOut(st.Send, -1) // every rank's tokens' sums side by side
 }
-
-var (
-	dispatchFields = map[Mode][]string{
-		Normal:     {"block"},
-		LowLatency: {"header+meta", "payload", "scales"},
-		Gathered:   {"meta", "payload", "scales"},
-	}
-	combineFields = map[Mode][]string{
-		Normal:     {"block"},
-		LowLatency: {"header", "partials"},
-		Gathered:   {"partials"},
-	}
-)
 
 // layOut sets the offsets of blocks that lie side by side in one buffer, in rank order,
 // skip's left out (-1: none); the other blocks start at 0 (a low-latency block has a

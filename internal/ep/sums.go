@@ -225,8 +225,8 @@ func (ts *termSums[T]) own(cs *cslot) {
 	a, b := s.incoming(me)
 	need := termsBytes(b-a, s.layout.Choices[me], cb.f.TermRow)
 	size := need
-	if cb.d.cfg.Mode == LowLatency { // sized once
-		size = max(need, cb.f.Block(cb.d.cfg.MaxTokens, cb.d.cfg.MaxTokens*min(cb.d.cfg.TopK, cb.d.cfg.MaxLocalExperts)))
+	if c := cb.d.mode.capacity(); c > 0 { // sized once, for the most a dispatch carries
+		size = max(need, cb.f.Block(c, c*min(cb.d.cfg.TopK, cb.d.cfg.MaxLocalExperts)))
 	}
 	blk := cs.accS.Bytes(size)[:need]
 	ts.put(blk, cs, a, b)

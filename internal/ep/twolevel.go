@@ -41,6 +41,7 @@ type TwoLevel[T Act] struct {
 	r2           []router.Routing
 	n            int // dispatches
 	x2           obuf.Scratch
+	inArrival    bool // the up stage's rows are in arrival order, a row per incoming row
 }
 
 // TwoLevelHandle remembers a two-level dispatch for package combine.
@@ -115,6 +116,7 @@ func NewTwoLevel[T Act](ctx context.Context, c *coll.Comm, cfg Config) (*TwoLeve
 	}
 	d.r2 = make([]router.Routing, cfg.InFlight)
 	d.maxLocal = cfg.MaxLocalExperts
+	d.inArrival = cfg.Mode == Normal // the normal mode keeps them so (Options.Arrival)
 	d.x2.Pool = d.up.cfg.Pool
 	return d, nil
 }
@@ -182,14 +184,14 @@ func (d *TwoLevel[T]) Dispatch(ctx context.Context, x []T, r *router.Routing) (*
 	r2.Experts = growI32(r2.Experts, n*k)
 	r2.Weights = growF32(r2.Weights, n*k)
 	var x2 []T
-	if d.up.cfg.Mode == Normal {
+	if d.inArrival {
 		x2 = out1.X[:n*hid] // row i of X is incoming row i
-	} else { // low-latency: the rows stay where they arrived, gathered here
+	} else { // the rows stay where they arrived: gathered here
 		x2 = dtype.FromBytes[T](d.x2.Bytes(n * hid * d.up.act.Size()))
 	}
 	for i := 0; i < n; i++ {
 		entries, ws := h1.Contributions(i)
-		if d.up.cfg.Mode != Normal {
+		if !d.inArrival {
 			copy(x2[i*hid:(i+1)*hid], out1.Entry(int(entries[0])))
 		}
 		for j := 0; j < k; j++ {
