@@ -146,7 +146,34 @@ func autoSteps(c *coll.Comm, cfg dispatch.Config, steps [][]int, grow bool) erro
 	if err := check(0, steps[0], modeA, oa, ha, xa); err != nil {
 		return err
 	}
-	return check(1, big, modeB, ob, hb, xb)
+	if err := check(1, big, modeB, ob, hb, xb); err != nil {
+		return err
+	}
+	// The other order: the one that does not fit first, then one that fits, started
+	// before the first is waited for. The first's header said no other dispatch was in
+	// use, but by its Wait one is: it must not grow (the second's buffers are in use),
+	// and runs in the normal mode; the second in the low-latency one.
+	big = []int{mt + 3, 2, 1}
+	rb, xb = autoRouting(c.Rank(), big[c.Rank()], k, experts, hid)
+	pb, err = d.Start(ctx, xb, rb)
+	if err != nil {
+		return err
+	}
+	pa, err = d.Start(ctx, xa, ra)
+	if err != nil {
+		return err
+	}
+	modeB = want(big, true)
+	if ob, hb, err = pb.Wait(ctx); err != nil {
+		return err
+	}
+	if oa, ha, err = pa.Wait(ctx); err != nil {
+		return err
+	}
+	if err := check(2, big, modeB, ob, hb, xb); err != nil {
+		return err
+	}
+	return check(3, steps[0], modeA, oa, ha, xa)
 }
 
 // A step that would grow the buffers past MaxBufferBytes runs in the normal mode, and

@@ -19,13 +19,19 @@ import (
 // same on every rank: the grown buffers must fit Config.MaxBufferBytes, and no rank may
 // have another dispatch in use (the grown buffers replace every slot's).
 
-// grow grows the buffers for the step whose headers op holds, if every rank can, and
-// says whether it did. It is collective (every rank that reads the same headers makes
+// grow grows the buffers for the step of slot s, whose headers op holds, if every rank
+// can, and says whether it did. It is collective (every rank that reads the same headers makes
 // the same choice).
-func (m *lowLatency) grow(ctx context.Context, op *coll.XOp) (bool, error) {
+func (m *lowLatency) grow(ctx context.Context, s *slot, op *coll.XOp) (bool, error) {
 	d := m.d
 	if d.cfg.MaxBufferBytes < 0 || m.rowsPer == 0 || len(d.backs) == 0 {
 		return false, nil // nothing read in place, or no combiner to grow with
+	}
+	// Another dispatch started since this one (its header could not say so): its
+	// buffers are in use. Every rank is in the same state here, as ranks start and wait
+	// for their dispatches in the same order (the fallback's collectives need it too).
+	if !d.othersFree(s) {
+		return false, nil
 	}
 	most := 0
 	for q := 0; q < d.c.Size(); q++ {

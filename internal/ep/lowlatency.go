@@ -336,7 +336,7 @@ func (m *lowLatency) wait(ctx context.Context, s *slot) error {
 		if over, err := m.overflowed(s, op); err != nil {
 			return err
 		} else if over {
-			if grown, err := m.grow(ctx, op); err != nil {
+			if grown, err := m.grow(ctx, s, op); err != nil {
 				return err
 			} else if grown {
 				return errGrown
