@@ -271,3 +271,49 @@ func TestAutoModeMismatch(t *testing.T) {
 		assert.ErrorIs(t, err, dispatch.ErrMismatch, "rank %d", r)
 	}
 }
+
+// A rank whose tokens are in its staging already (Dispatcher.Buffer) takes part in a step
+// that grows the buffers (another rank's tokens do not fit): the step runs again from
+// those tokens, and every token comes back as itself.
+func TestAutoModeGrowFromBuffer(t *testing.T) {
+	const p, experts, k, hid = 2, 4, 2, 64
+	pl, err := router.NewPlacement(router.Contiguous, experts, p)
+	require.NoError(t, err)
+	cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: pl, MaxTokens: 4}
+	runRanks(t, p, coll.Config{Timeout: 20 * time.Second}, func(c *coll.Comm) error {
+		ctx := context.Background()
+		d, cb, err := newPair(ctx, c, cfg, combine.Config{})
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		defer cb.Close()
+		n := []int{3, 40}[c.Rank()]
+		r, x := autoRouting(c.Rank(), n, k, experts, hid)
+		in := x
+		if c.Rank() == 0 {
+			b := d.Buffer()
+			if b == nil {
+				return fmt.Errorf("no staging to write the tokens into")
+			}
+			in = b[:copy(b, x)]
+		}
+		out, h, err := d.Dispatch(ctx, in, r)
+		if err != nil {
+			return err
+		}
+		if got := h.Schedule().Mode; got != dispatch.LowLatency || d.Config().MaxTokens != 64 {
+			return fmt.Errorf("ran in the %v mode with buffers for %d tokens, want low-latency, 64", got, d.Config().MaxTokens)
+		}
+		res := make([]float32, len(x))
+		if err := cb.Combine(ctx, h, identity(out, hid), res); err != nil {
+			return err
+		}
+		for j := range x {
+			if res[j] != x[j] {
+				return fmt.Errorf("value %d came back %v, want %v", j, res[j], x[j])
+			}
+		}
+		return nil
+	})
+}

@@ -133,7 +133,8 @@ type Config struct {
 	// tokens, when they then fit in MaxBufferBytes and no other dispatch is in use (not
 	// waited for, or not combined): that step and the ones after it run in the
 	// low-latency mode, each row written once and read in place; else the step runs in
-	// the normal mode. Growing makes the dispatcher's earlier Outputs and Handles stale.
+	// the normal mode. Growing makes the dispatcher's earlier Outputs, Handles and Buffer
+	// slices stale (a step that grows the buffers runs from tokens in the old Buffer).
 	// Default DefaultMaxBufferBytes; negative: never grow. At most MaxBufferBytesLimit.
 	MaxBufferBytes int
 	// InFlight is how many dispatch results may be alive at once (default 2, at most

@@ -92,7 +92,8 @@ type core struct {
 	// whether it reads the outputs in place: the schedules plan it.
 	back        *declared
 	backInPlace bool
-	backs       []*backCore // the combiners made for this dispatcher (lowLatency.grow)
+	backs       []*backCore    // the combiners made for this dispatcher (lowLatency.grow)
+	retired     []func() error // the buffers a growth replaced, freed after the step
 	// The Auto mode: this core is the low-latency one, alt the normal one that takes the
 	// steps that do not fit; lastAlt says which took the last dispatch that completed.
 	alt     *core
@@ -443,9 +444,13 @@ func (p *Pending[T]) Wait(ctx context.Context) (*Output[T], Handle, error) {
 	s.x = nil
 	if errors.Is(err, errGrown) {
 		// Some rank's tokens did not fit, and every rank grew its buffers for them
-		// (lowLatency.grow): every rank runs the step again in the low-latency mode.
+		// (lowLatency.grow): every rank runs the step again in the low-latency mode,
+		// then frees the old buffers (the tokens may lie in the old staging).
 		out, h, err := d.Dispatch(ctx, p.x, p.r)
 		p.x, p.r = nil, nil
+		if rerr := d.retire(); err == nil {
+			err = rerr
+		}
 		return out, h, err
 	}
 	if errors.Is(err, errOverflow) && d.altD != nil {
@@ -547,7 +552,7 @@ func (d *core) Close() error {
 		s.xS.Release()
 	}
 	d.stage.Release()
-	return d.mode.close()
+	return errors.Join(d.retire(), d.mode.close())
 }
 
 // Bytes is the memory this rank holds for the dispatcher's buffers (address space: a

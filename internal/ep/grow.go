@@ -75,11 +75,20 @@ func (m *lowLatency) grow(ctx context.Context, s *slot, op *coll.XOp) (bool, err
 	}
 	d.fp, d.fpBuf = fingerprint(d.fpBuf, d.cfg)
 	d.fp ^= d.fpSalt
+	// The old buffers go once the step has run again: its tokens may lie in the old
+	// staging (Dispatcher.Buffer), where the run again reads them.
+	d.retired = append(d.retired, closers...)
+	return true, nil
+}
+
+// retire frees the buffers a growth replaced.
+func (d *core) retire() error {
 	var errs []error
-	for _, c := range closers {
+	for _, c := range d.retired {
 		errs = append(errs, c())
 	}
-	return true, errors.Join(errs...)
+	d.retired = d.retired[:0]
+	return errors.Join(errs...)
 }
 
 // backOf is what the size of a combiner's buffers depends on.
