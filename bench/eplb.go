@@ -18,15 +18,17 @@ import (
 
 // EPLBOpts selects a serving run with skewed routing and periodic rebalancing.
 type EPLBOpts struct {
-	Model     string
-	Tokens    int        // tokens per rank per step
-	Wire      dtype.Type // on the wire (default bf16)
-	Mode      dispatch.Mode
-	Skew      float64 // Zipf exponent of the experts' popularity (0: uniform)
-	Every     int     // rebalance every so many steps
-	Steps     int     // steps in all (0: 3 x Every)
-	Redundant int     // physical slots beyond one per logical expert
-	Placement string  // the placement before the first rebalance: contiguous (default) or roundrobin
+	Model  string
+	Tokens int        // tokens per rank per step
+	Wire   dtype.Type // on the wire (default bf16)
+	Mode   dispatch.Mode
+	// MaxBufferBytes is dispatch.Config.MaxBufferBytes (0: the default).
+	MaxBufferBytes int
+	Skew           float64 // Zipf exponent of the experts' popularity (0: uniform)
+	Every          int     // rebalance every so many steps
+	Steps          int     // steps in all (0: 3 x Every)
+	Redundant      int     // physical slots beyond one per logical expert
+	Placement      string  // the placement before the first rebalance: contiguous (default) or roundrobin
 	// ExpertUS is what one row costs a rank's experts: they sleep rows x ExpertUS, as
 	// ranks whose experts run on an accelerator wait for it, so that the busiest rank
 	// sets the step's pace. 0: identity experts (the communication alone).
@@ -158,7 +160,7 @@ func EPLB(ctx context.Context, c *coll.Comm, o EPLBOpts) (*EPLBResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	dcfg := dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Mode: o.Mode, MaxTokens: maxTokensOf(MoEOpts{Mode: o.Mode, Tokens: o.Tokens})}
+	dcfg := dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Mode: o.Mode, MaxTokens: maxTokensOf(MoEOpts{Mode: o.Mode, Tokens: o.Tokens}), MaxBufferBytes: o.MaxBufferBytes}
 	var d *dispatch.Dispatcher[float32]
 	var cb *combine.Combiner[float32]
 	closeStages := func() {

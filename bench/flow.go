@@ -48,7 +48,7 @@ func PlanMoE(o MoEOpts, p int, shared bool) (*combine.Plan, models.Config, error
 		}
 	}
 	dcfg := dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Placement: pl,
-		Mode: o.Mode, MaxTokens: maxTokensOf(o), PushRows: o.PushRows, Quantized: o.Quantized}
+		Mode: o.Mode, MaxTokens: maxTokensOf(o), PushRows: o.PushRows, MaxBufferBytes: o.MaxBufferBytes, Quantized: o.Quantized}
 	ccfg := combine.Config{PartialDType: o.Combine, SumAtOrigin: o.SumAtOrigin, SendPartials: o.SendPartials}
 	if o.Act == dtype.BF16 {
 		plan, err := combine.NewPlan[dtype.BFloat16](dcfg, ccfg, routings, shared)

@@ -15,14 +15,17 @@ import (
 
 // MoEOpts selects an expert-parallel MoE measurement.
 type MoEOpts struct {
-	Model     string
-	Tokens    int           // tokens per rank
-	Act       dtype.Type    // the activations: F32 (default) or BF16
-	Wire      dtype.Type    // F32, BF16, FP8E4M3 or I8
-	Combine   dtype.Type    // the partial sums on the way back: F32 or BF16 (default: F32 for an f32 wire, else BF16)
-	Mode      dispatch.Mode // normal or low-latency (buffers for Tokens per rank)
-	Quantized bool          // the experts take the fp8 or int8 rows and their scales (dispatch.Config.Quantized)
-	Compute   string        // "none" (identity experts) or "ffn" (the reference SwiGLU)
+	Model   string
+	Tokens  int           // tokens per rank
+	Act     dtype.Type    // the activations: F32 (default) or BF16
+	Wire    dtype.Type    // F32, BF16, FP8E4M3 or I8
+	Combine dtype.Type    // the partial sums on the way back: F32 or BF16 (default: F32 for an f32 wire, else BF16)
+	Mode    dispatch.Mode // normal or low-latency (buffers for Tokens per rank)
+	// MaxBufferBytes is dispatch.Config.MaxBufferBytes: how far the Auto mode's buffers
+	// may grow, and the largest normal-mode step (0: the default; negative: no bound).
+	MaxBufferBytes int
+	Quantized      bool   // the experts take the fp8 or int8 rows and their scales (dispatch.Config.Quantized)
+	Compute        string // "none" (identity experts) or "ffn" (the reference SwiGLU)
 	// SendPartials makes the low-latency combine send partial sums where it would read
 	// the expert outputs in place (dispatch.Config.SendPartials).
 	SendPartials bool

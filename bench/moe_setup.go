@@ -122,7 +122,7 @@ func setup[T combine.Act](ctx context.Context, c *coll.Comm, o *MoEOpts) (*moeSe
 	if err != nil {
 		return nil, fmt.Errorf("%w (use --compute none, a smaller model or fewer ranks per process)", err)
 	}
-	dcfg := dispatch.Config{WireDType: o.Wire, Placement: pl, Mode: o.Mode, MaxTokens: maxTokensOf(*o), Quantized: o.Quantized, PushRows: o.PushRows}
+	dcfg := dispatch.Config{WireDType: o.Wire, Placement: pl, Mode: o.Mode, MaxTokens: maxTokensOf(*o), Quantized: o.Quantized, PushRows: o.PushRows, MaxBufferBytes: o.MaxBufferBytes}
 	ccfg := combine.Config{PartialDType: o.Combine, SendPartials: o.SendPartials, SumAtOrigin: o.SumAtOrigin}
 	ep, err := models.NewEP[T](ctx, c, layer, dcfg, ccfg)
 	if err != nil {

@@ -24,8 +24,10 @@ type RecoverOpts struct {
 	Tokens int        // tokens per rank per step
 	Wire   dtype.Type // on the wire (default bf16)
 	Mode   dispatch.Mode
-	Victim int // the rank that dies
-	Steps  int // steps served before it dies (default 3)
+	// MaxBufferBytes is dispatch.Config.MaxBufferBytes (0: the default).
+	MaxBufferBytes int
+	Victim         int // the rank that dies
+	Steps          int // steps served before it dies (default 3)
 	// WeightBytes is the size of one expert's weights, which Recover moves to the ranks
 	// that take an expert over (default 64 KiB).
 	WeightBytes int
@@ -84,7 +86,7 @@ func Recover(ctx context.Context, c *coll.Comm, o RecoverOpts, kill func()) (*co
 	}
 	sc := &recoverScenario{ctx: ctx, me: me, hid: cfg.Hidden, tokens: o.Tokens, zr: newZipfRouter(cfg.Experts, cfg.TopK, 0, o.Seed),
 		rng: rand.New(rand.NewPCG(o.Seed, uint64(me))), r: &router.Routing{}, x: make([]float32, o.Tokens*cfg.Hidden), ws: ws,
-		dcfg: dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Mode: o.Mode, MaxTokens: maxTokensOf(MoEOpts{Mode: o.Mode, Tokens: o.Tokens})}}
+		dcfg: dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Mode: o.Mode, MaxTokens: maxTokensOf(MoEOpts{Mode: o.Mode, Tokens: o.Tokens}), MaxBufferBytes: o.MaxBufferBytes}}
 	for i := range sc.x {
 		sc.x[i] = float32(i%97) / 97
 	}

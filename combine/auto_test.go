@@ -177,39 +177,56 @@ func autoSteps(c *coll.Comm, cfg dispatch.Config, steps [][]int, grow bool) erro
 }
 
 // A step that would grow the buffers past MaxBufferBytes runs in the normal mode, and
-// the buffers keep their size.
+// the buffers keep their size; one whose normal-mode buffers would pass it too fails on
+// every rank with a BufferLimitError, in the same call, and the next step runs.
 func TestAutoModeGrowLimit(t *testing.T) {
 	const p, experts, k, hid = 2, 4, 2, 64
 	pl, err := router.NewPlacement(router.Contiguous, experts, p)
 	require.NoError(t, err)
 	cfg := dispatch.Config{Hidden: hid, TopK: k, Placement: pl, MaxTokens: 4}
-	small, err := dispatch.LowLatencyBytes[float32](cfg, true)
+	grown := cfg
+	grown.MaxTokens = 64
+	dn, err := dispatch.LowLatencyBytes[float32](grown, true)
 	require.NoError(t, err)
-	cfg.MaxBufferBytes = 4 * small // room for a little growth, not for 64 tokens
-	runRanks(t, p, coll.Config{Timeout: 20 * time.Second}, func(c *coll.Comm) error {
-		ctx := context.Background()
-		d, cb, err := newPair(ctx, c, cfg, combine.Config{})
-		if err != nil {
-			return err
-		}
-		defer d.Close()
-		defer cb.Close()
-		r, x := autoRouting(c.Rank(), 64, k, experts, hid)
-		out, h, err := d.Dispatch(ctx, x, r)
-		if err != nil {
-			return err
-		}
-		if got := h.Schedule().Mode; got != dispatch.Normal {
-			return fmt.Errorf("ran in the %v mode, want normal", got)
-		}
-		if got := d.Config().MaxTokens; got != 4 {
-			return fmt.Errorf("the buffers hold %d tokens, want 4", got)
-		}
-		if d.Stats().Mode != dispatch.Normal {
-			return fmt.Errorf("Stats().Mode %v, want normal", d.Stats().Mode)
-		}
-		return cb.Combine(ctx, h, identity(out, hid), make([]float32, len(x)))
-	})
+	cn, err := combine.LowLatencyBytes[float32](grown, combine.Config{}, true)
+	require.NoError(t, err)
+	for _, c := range []struct {
+		limit  int
+		failed bool
+	}{{dn + cn - 1, false}, {16 << 10, true}} {
+		cfg.MaxBufferBytes = c.limit
+		runRanks(t, p, coll.Config{Timeout: 20 * time.Second}, func(cm *coll.Comm) error {
+			ctx := context.Background()
+			d, cb, err := newPair(ctx, cm, cfg, combine.Config{})
+			if err != nil {
+				return err
+			}
+			defer d.Close()
+			defer cb.Close()
+			r, x := autoRouting(cm.Rank(), 64, k, experts, hid)
+			out, h, err := d.Dispatch(ctx, x, r)
+			var le *dispatch.BufferLimitError
+			switch {
+			case c.failed && !errors.As(err, &le):
+				return fmt.Errorf("limit %d: %v, want a BufferLimitError", c.limit, err)
+			case c.failed && (le.Limit != c.limit || le.Need <= le.Limit || !errors.Is(err, dispatch.ErrBufferLimit)):
+				return fmt.Errorf("limit %d: %+v", c.limit, le)
+			case c.failed: // the next step, small, runs
+				r, x = autoRouting(cm.Rank(), 2, k, experts, hid)
+				if out, h, err = d.Dispatch(ctx, x, r); err != nil {
+					return err
+				}
+			case err != nil:
+				return err
+			case h.Schedule().Mode != dispatch.Normal || d.Stats().Mode != dispatch.Normal:
+				return fmt.Errorf("limit %d: ran in the %v mode, want normal", c.limit, h.Schedule().Mode)
+			}
+			if got := d.Config().MaxTokens; got != 4 {
+				return fmt.Errorf("limit %d: the buffers hold %d tokens, want 4", c.limit, got)
+			}
+			return cb.Combine(ctx, h, identity(out, hid), make([]float32, len(x)))
+		})
+	}
 }
 
 // A rank with bad input in an Auto step that does not fit fails every rank in that

@@ -99,8 +99,8 @@ const AutoMaxTokens = ep.AutoMaxTokens
 // MaxLowLatencyTokens bounds Config.MaxTokens.
 const MaxLowLatencyTokens = ep.MaxLowLatencyTokens
 
-// DefaultMaxBufferBytes is Config.MaxBufferBytes in the Auto mode where it is not set: 1
-// GiB a rank.
+// DefaultMaxBufferBytes is Config.MaxBufferBytes in the Auto and normal modes where it is
+// not set: 1 GiB a rank.
 const DefaultMaxBufferBytes = ep.DefaultMaxBufferBytes
 
 // MaxBufferBytesLimit bounds Config.MaxBufferBytes.
@@ -126,16 +126,19 @@ type Config struct {
 	// a step runs in the low-latency mode (default AutoMaxTokens) when the dispatcher is
 	// made. Buffers are sized for it once (in the Auto mode, they grow: MaxBufferBytes).
 	MaxTokens int
-	// MaxBufferBytes bounds, in the Auto mode, the memory (Dispatcher.Bytes and its
-	// Combiner's) the low-latency buffers may grow to on a rank. Where every rank maps
-	// every rank's memory (inproc; shm on one host), a step with more tokens than they
+	// MaxBufferBytes bounds the memory of a step's buffers on a rank (Dispatcher.Bytes
+	// and its Combiner's). In the Auto mode, where every rank maps every rank's memory
+	// (inproc; shm on one host), a step with more tokens than the low-latency buffers
 	// hold makes every rank grow them, together, for the next power of two of the
 	// tokens, when they then fit in MaxBufferBytes and no other dispatch is in use (not
 	// waited for, or not combined): that step and the ones after it run in the
 	// low-latency mode, each row written once and read in place; else the step runs in
 	// the normal mode. Growing makes the dispatcher's earlier Outputs, Handles and Buffer
 	// slices stale (a step that grows the buffers runs from tokens in the old Buffer).
-	// Default DefaultMaxBufferBytes; negative: never grow. At most MaxBufferBytesLimit.
+	// In the normal mode (and Auto's normal steps), a step whose exact-size buffers would
+	// pass it fails on every rank with a *BufferLimitError, before anything moves.
+	// Default DefaultMaxBufferBytes in those modes; negative: no growth and no limit. At
+	// most MaxBufferBytesLimit.
 	MaxBufferBytes int
 	// InFlight is how many dispatch results may be alive at once (default 2, at most
 	// 16): the dispatch after them makes the oldest stale.
@@ -266,6 +269,12 @@ type PeerInputError = ep.PeerInputError
 // run) blames the odd ranks. It matches ErrMismatch.
 type ConfigMismatchError = ep.ConfigMismatchError
 
+// BufferLimitError says that a step of the normal mode (or an Auto step in it) would need
+// more memory on a rank than Config.MaxBufferBytes: every rank gets it in the same call,
+// naming the first Rank over the limit, its Need and the Limit, before anything is sized
+// or moved, and the communicator serves on. It matches ErrBufferLimit.
+type BufferLimitError = ep.BufferLimitError
+
 // Errors.
 var (
 	// ErrConfig: the configuration is invalid.
@@ -284,4 +293,6 @@ var (
 	ErrBusy = ep.ErrBusy
 	// ErrWeights: expert weights of the wrong size (Migrate).
 	ErrWeights = ep.ErrWeights
+	// ErrBufferLimit: a step would need more memory than Config.MaxBufferBytes.
+	ErrBufferLimit = ep.ErrBufferLimit
 )

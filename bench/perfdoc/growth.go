@@ -25,6 +25,15 @@ func (r *runner) growth(w io.Writer) error {
 	fmt.Fprintf(w, "O(E·T·H) whatever P. moex's grow with the ranks until P·K reaches E and then stay (the inproc sweep's last\n")
 	fmt.Fprintf(w, "rows), below DeepEP's. Time grows with the ranks faster than the bytes where ranks outnumber the CPUs (this\n")
 	fmt.Fprintf(w, "host has 2).\n\n")
+	fmt.Fprintf(w, "The normal mode's buffers are sized per step from the counts, not fixed: on rank i, the rows it sends and\n")
+	fmt.Fprintf(w, "receives (bytes to and from each other rank), the answers that come back and go out (a partial sum per row\n")
+	fmt.Fprintf(w, "received, a row's worth per row sent), a row per choice handed to its experts, and Align-1 rows of padding per\n")
+	fmt.Fprintf(w, "local expert. `Config.MaxBufferBytes` (default 1 GiB) bounds that sum; a step over it fails on every rank with a\n")
+	fmt.Fprintf(w, "`*dispatch.BufferLimitError` naming the rank, its need and the limit, before anything moves (the Auto mode's\n")
+	fmt.Fprintf(w, "grown low-latency buffers are held to the same limit). DeepEP's normal mode instead streams through fixed\n")
+	fmt.Fprintf(w, "queues, one per (channel, rank) of `nvl_chunked_recv_tokens` rows (`Config.get_nvl_buffer_size_hint`: about\n")
+	fmt.Fprintf(w, "channels·P·256 rows, some 290 MB at EP8 with 10 channels and H = 7168 in bf16), whatever the tokens, with the outputs\n")
+	fmt.Fprintf(w, "allocated per step beside it.\n\n")
 	it := "30"
 	if r.quick {
 		it = "3"

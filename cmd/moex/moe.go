@@ -207,6 +207,7 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 	back := fs.String("combine-dtype", "", "partial sums on the way back: f32, bf16, fp8 or int8 (default: f32 with an f32 wire, else bf16)")
 	mode := fs.String("mode", "auto", "auto (the library's default: each step low-latency when every rank's tokens fit in dispatch.AutoMaxTokens, else normal), normal (counts all-gather, then an exact-size AlltoAllv), low-latency (buffers sized for --tokens, counts travel with the rows) or gathered (every token all-gathered, the sums reduce-scattered back)")
 	fs.StringVar(&o.Placement, "placement", "contiguous", "expert placement: contiguous or roundrobin")
+	fs.IntVar(&o.MaxBufferBytes, "max-buffer-bytes", 0, "a rank's dispatch and combine buffers: how far the auto mode grows them, and the largest normal-mode step (0: dispatch.DefaultMaxBufferBytes, 1 GiB; -1: no bound)")
 	fs.BoolVar(&o.SendPartials, "send-partials", false, "low-latency mode: the combine sends partial sums even where ranks can read the expert outputs in each other's memory")
 	fs.BoolVar(&o.SumAtOrigin, "sum-at-origin", false, "the combine sends the expert outputs back unsummed and each token's rank adds them in the order of its choices: the bits of one process, for more bytes")
 	fs.BoolVar(&o.PushRows, "push-rows", false, "low-latency mode: the dispatch writes each token into every destination's memory even where the experts could read it in its origin's")
@@ -260,6 +261,9 @@ func moeFlags(fs *flag.FlagSet, o *bench.MoEOpts) func() error {
 		if o.Tokens < 0 || o.Tokens > dispatch.MaxLowLatencyTokens {
 			return &usageError{fmt.Sprintf("--tokens %d: want 0 to %d", o.Tokens, dispatch.MaxLowLatencyTokens)}
 		}
+		if o.MaxBufferBytes < -1 || o.MaxBufferBytes > dispatch.MaxBufferBytesLimit {
+			return &usageError{fmt.Sprintf("--max-buffer-bytes %d: want -1 (no bound), 0 (the default) or up to %d", o.MaxBufferBytes, dispatch.MaxBufferBytesLimit)}
+		}
 		if o.SumAtOrigin && o.Mode == dispatch.Gathered {
 			return &usageError{"--sum-at-origin: not with --mode gathered, which adds the partial sums on the way"}
 		}
@@ -299,6 +303,7 @@ func benchEPLB(ctx context.Context, fs *flag.FlagSet, rf rankFlags, o bench.MoEO
 		return &usageError{"--eplb: not with --combine-dtype"}
 	}
 	eo.Model, eo.Tokens, eo.Wire, eo.Mode, eo.Steps, eo.Placement = o.Model, o.Tokens, o.Wire, o.Mode, o.Iters, o.Placement
+	eo.MaxBufferBytes = o.MaxBufferBytes
 	cs, launched, err := comms(ctx, rf, append([]string{"bench", "moe"}, args...))
 	if launched || err != nil {
 		return err

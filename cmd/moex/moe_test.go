@@ -47,6 +47,8 @@ func TestBenchMoESendPartialsRefused(t *testing.T) {
 		{"--send-partials", "--mode", "low-latency", "--eplb", "4"},
 		{"--send-partials", "--mode", "low-latency", "--kill", "1"},
 		{"--send-partials", "--mode", "low-latency", "--levels", "two"},
+		{"--max-buffer-bytes", "-2"},
+		{"--max-buffer-bytes", "1099511627777"},
 	} {
 		err := benchMoE(context.Background(), append([]string{"--model", "tiny-qwen", "--ranks", "4"}, args...))
 		var ue *usageError

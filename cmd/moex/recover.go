@@ -41,6 +41,7 @@ func benchRecover(ctx context.Context, fs *flag.FlagSet, rf rankFlags, o bench.M
 		return &usageError{"--kill: the normal or the low-latency mode"}
 	}
 	ro.Model, ro.Tokens, ro.Wire, ro.Mode = o.Model, max(o.Tokens, 1), o.Wire, o.Mode
+	ro.MaxBufferBytes = o.MaxBufferBytes
 	if worker() {
 		return recoverRank(ctx, ro)
 	}

@@ -79,8 +79,8 @@ func ParseMode(s string) (Mode, error) {
 // MaxLowLatencyTokens bounds Config.MaxTokens.
 const MaxLowLatencyTokens = 1 << 16
 
-// DefaultMaxBufferBytes is MaxBufferBytes in the Auto mode where it is not set: the
-// low-latency buffers of a dispatcher and its combiner may grow to 1 GiB a rank.
+// DefaultMaxBufferBytes is MaxBufferBytes in the Auto and normal modes where it is not
+// set: a dispatcher's and its combiner's buffers take at most 1 GiB a rank.
 const DefaultMaxBufferBytes = 1 << 30
 
 // MaxBufferBytesLimit bounds Config.MaxBufferBytes.
@@ -105,9 +105,10 @@ type Config struct {
 	// a step runs in the low-latency mode (default AutoMaxTokens). Buffers are sized for
 	// it once.
 	MaxTokens int
-	// MaxBufferBytes bounds, in the Auto mode, the memory the low-latency buffers of the
-	// dispatcher and its combiner may grow to on a rank (default DefaultMaxBufferBytes;
-	// negative: they do not grow).
+	// MaxBufferBytes bounds the memory of a step's buffers on a rank: in the Auto mode
+	// the low-latency buffers of the dispatcher and its combiner grow up to it; a step of
+	// the normal mode (or Auto's normal steps) that would pass it fails with a
+	// *BufferLimitError (default DefaultMaxBufferBytes; negative: no growth and no limit).
 	MaxBufferBytes int
 	// InFlight is how many dispatch results may be alive at once (default 2, at most
 	// 16): the dispatch after them makes the oldest stale.
@@ -138,6 +139,22 @@ type Config struct {
 	// place; obuf.Default (huge pages from 2 MiB) otherwise.
 	Pool *obuf.Pool
 }
+
+// BufferLimitError says that a normal-mode step would need more memory on a rank than
+// Config.MaxBufferBytes allows: every rank gets it, in the same call, before anything is
+// sized or moved, and the communicator serves on (a smaller step, or more ranks, fits).
+// It matches ErrBufferLimit.
+type BufferLimitError struct {
+	Rank  int // the first rank over the limit
+	Need  int // the bytes its buffers would take
+	Limit int // Config.MaxBufferBytes
+}
+
+func (e *BufferLimitError) Error() string {
+	return fmt.Sprintf("dispatch: the step needs %d bytes of buffers on rank %d, over Config.MaxBufferBytes (%d)", e.Need, e.Rank, e.Limit)
+}
+
+func (e *BufferLimitError) Unwrap() error { return ErrBufferLimit }
 
 // CombineConfig is what the combine of a dispatcher's results adds to the dispatch's
 // configuration: how the expert outputs go back.
@@ -188,6 +205,8 @@ var (
 	ErrBusy = coll.ErrBusy
 	// ErrWeights: expert weights of the wrong size (Migrate).
 	ErrWeights = errors.New("dispatch: expert weights of the wrong size")
+	// ErrBufferLimit: a step would need more memory than Config.MaxBufferBytes.
+	ErrBufferLimit = errors.New("dispatch: buffers over the limit")
 )
 
 // Status codes: what a rank says of its own call in every block it sends, so that the
@@ -295,7 +314,7 @@ func (cfg *Config) fill() error {
 	if cfg.Mode == Auto && cfg.MaxTokens == 0 {
 		cfg.MaxTokens = AutoMaxTokens
 	}
-	if cfg.Mode == Auto && cfg.MaxBufferBytes == 0 {
+	if (cfg.Mode == Auto || cfg.Mode == Normal) && cfg.MaxBufferBytes == 0 {
 		cfg.MaxBufferBytes = DefaultMaxBufferBytes
 	}
 	switch {

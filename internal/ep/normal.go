@@ -109,6 +109,9 @@ func (m *normal) start(ctx context.Context, s *slot) error {
 		for q := 0; q < p; q++ {
 			k.rowsFrom[q], k.choicesFrom[q] = ns.rows[q][me], ns.choices[q][me]
 		}
+		if err := m.withinLimit(ns); err != nil {
+			return err
+		}
 		d.plan(s)
 		if err := c.ReplanAlltoAllv(&ns.fwd, ns.bytes, 1); err != nil {
 			return err
@@ -468,4 +471,40 @@ func (b *normalBack) wait(ctx context.Context, cs *cslot) error {
 		return cs.inErr
 	}
 	return first
+}
+
+// withinLimit checks, before anything is sized, that no rank's buffers for this step
+// pass Config.MaxBufferBytes: its AlltoAllv's send and receive buffers (from the count
+// matrix every rank holds), the rows it hands its experts, and its combiner's partial
+// sums both ways. Every rank reads the same matrix, so every rank fails alike, naming
+// the first rank over the limit; nothing has moved, and the communicator serves on.
+func (m *normal) withinLimit(ns *normalSlot) error {
+	d := m.d
+	limit := d.cfg.MaxBufferBytes
+	if limit <= 0 {
+		return nil
+	}
+	p, f := d.c.Size(), &d.f
+	es := d.act.Size()
+	row := max(d.cfg.Hidden*es, f.Payload+f.ScaleBytes()) // a row handed to the experts
+	answer := 0                                           // a partial sum or term on the way back
+	if d.back != nil {
+		answer = d.back.f.Row + d.back.f.TermRow
+	}
+	nLocal := d.cfg.MaxLocalExperts
+	for i := 0; i < p; i++ {
+		need := 0
+		for j := 0; j < p; j++ {
+			if i != j {
+				need += ns.bytes[i][j] + ns.bytes[j][i]
+				need += (ns.rows[i][j] + ns.rows[j][i]) * answer
+			}
+			need += ns.choices[j][i] * row
+		}
+		need += nLocal * (d.cfg.Align - 1) * row
+		if need > limit {
+			return &BufferLimitError{Rank: i, Need: need, Limit: limit}
+		}
+	}
+	return nil
 }

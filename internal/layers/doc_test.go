@@ -20,6 +20,7 @@ var aliased = map[string]string{
 	// The engine returns it from deep in a step, and errors.As must find its type.
 	"dispatch.PeerInputError":      "an error type the engine makes",
 	"dispatch.ConfigMismatchError": "an error type the engine makes",
+	"dispatch.BufferLimitError":    "an error type the engine makes",
 }
 
 // TestPublicAPIDocumented reads the packages users import as go doc does: every exported
