@@ -88,6 +88,7 @@ type core struct {
 	pk      packer
 	cs      []contrib // a row's (local expert, weight) pairs, as read
 	fill    []int     // entries filled per local expert
+	in      inRow     // the row a rowSource reads (here: through the interface it would escape)
 	// The combine the dispatcher's combiner declared (nil until one is made), and
 	// whether it reads the outputs in place: the schedules plan it.
 	back        *declared

@@ -23,8 +23,9 @@ import (
 
 type gathered struct {
 	unstaged
-	d  *core
-	ss []gatheredSlot
+	d    *core
+	ss   []gatheredSlot
+	rows gatheredRows // the view's rowSource
 }
 
 type gatheredSlot struct {
@@ -142,92 +143,59 @@ func (m *gathered) wait(ctx context.Context, s *slot) error {
 	return m.view(s, gs)
 }
 
-// view builds the expert-major view over every rank's tokens (in rank order, then each
-// rank's token order): an entry per choice of a local expert.
+// view builds the experts' view over every rank's tokens (in rank order, then each
+// rank's token order), where they arrived: an entry per choice of a local expert.
 func (m *gathered) view(s *slot, gs *gatheredSlot) error {
-	d := m.d
-	p, me, hid, k := d.c.Size(), d.c.Rank(), d.cfg.Hidden, d.cfg.TopK
-	es := d.act.Size()
-	pl := s.pl
-	f := &d.f
-	gm := f.GatheredMeta()
-	gMeta, gPay, gSca := gs.field[0], gs.field[1], gs.field[2]
-	nLocal := len(pl.Local[me])
-	total := len(gMeta) / gm
-	v := &s.view
-	v.expertMajor = false
-	v.startCounts(nLocal)
-	// each calls fn for every local choice of every token, checking what came from the wire.
-	each := func(fn func(q, i, g, le int, w float32)) error {
-		g := 0
-		for q := 0; q < p; q++ {
-			for i := 0; i < s.k.tokens[q]; i++ {
-				mt := gMeta[g*gm : (g+1)*gm]
-				if int(binary.LittleEndian.Uint32(mt[0:])) != i || int(binary.LittleEndian.Uint32(mt[4:])) != k {
-					return fmt.Errorf("%w: rank %d's token %d came with bad routing", ErrMismatch, q, i)
-				}
-				for j := 0; j < k; j++ {
-					e := int(int32(binary.LittleEndian.Uint32(mt[8+8*j:])))
-					if e < -1 || e >= pl.Experts {
-						return fmt.Errorf("%w: rank %d's token %d chose expert %d of %d", ErrMismatch, q, i, e, pl.Experts)
-					}
-					if e >= 0 && pl.RankOf(e, q, i) == me {
-						fn(q, i, g, pl.LocalIndex(me, e), getF32(mt[12+8*j:]))
-					}
-				}
-				g++
+	src := &m.rows
+	*src = gatheredRows{s: s, meta: gs.field[0], pay: gs.field[1], sca: dtype.FromBytes[float32](gs.field[2]), i: -1}
+	rows := len(gs.field[0]) / s.d.f.GatheredMeta()
+	return s.buildView(src, placeRegion, region{pay: gs.field[1], sca: gs.field[2], rows: rows})
+}
+
+// gatheredRows walks every rank's tokens as they were all-gathered, checking the routing
+// that came with them: the gathered mode's rowSource. A token whose choices are all
+// another rank's is a row with no entries.
+type gatheredRows struct {
+	s        *slot
+	meta     []byte    // each token's index and routing
+	pay      []byte    // and its payload
+	sca      []float32 // and scales
+	q, i, at int
+}
+
+func (w *gatheredRows) rewind() { w.q, w.i, w.at = 0, -1, 0 }
+
+func (w *gatheredRows) next(r *inRow) (bool, error) {
+	s := w.s
+	d := s.d
+	p, me, k, f := d.c.Size(), d.c.Rank(), d.cfg.TopK, &d.f
+	pl, gm := s.pl, f.GatheredMeta()
+	for w.q < p {
+		if w.i++; w.i >= s.k.tokens[w.q] {
+			w.q, w.i = w.q+1, -1
+			continue
+		}
+		g := w.at
+		w.at++
+		mt := w.meta[g*gm : (g+1)*gm]
+		if int(binary.LittleEndian.Uint32(mt[0:])) != w.i || int(binary.LittleEndian.Uint32(mt[4:])) != k {
+			return false, fmt.Errorf("%w: rank %d's token %d came with bad routing", ErrMismatch, w.q, w.i)
+		}
+		r.q, r.src, r.at, r.cs = w.q, w.i, g, r.cs[:0]
+		for j := 0; j < k; j++ {
+			e := int(int32(binary.LittleEndian.Uint32(mt[8+8*j:])))
+			if e < -1 || e >= pl.Experts {
+				return false, fmt.Errorf("%w: rank %d's token %d chose expert %d of %d", ErrMismatch, w.q, w.i, e, pl.Experts)
+			}
+			if e >= 0 && pl.RankOf(e, w.q, w.i) == me {
+				r.cs = append(r.cs, contrib{pl.LocalIndex(me, e), getF32(mt[12+8*j:])})
 			}
 		}
-		return nil
+		r.pay = w.pay[g*f.Payload : (g+1)*f.Payload]
+		r.sca = w.sca[g*f.Scales : (g+1)*f.Scales]
+		return true, nil
 	}
-	contribs := 0
-	if err := each(func(_, _, _, le int, _ float32) { v.counts[le]++; contribs++ }); err != nil {
-		return err
-	}
-	entries := v.layoutEntries(d.cfg.Align)
-	s.allocEntries(entries, total, contribs)
-	switch {
-	case d.cfg.Quantized:
-		v.x, v.q, v.scales = nil, gPay, dtype.FromBytes[float32](gSca)
-	case f.Wire == d.act:
-		v.x, v.q, v.scales = gPay, nil, nil // where the rows arrived
-	default:
-		v.x, v.q, v.scales = s.xS.Bytes(total*hid*es), nil, nil
-		sca := dtype.FromBytes[float32](gSca)
-		for g := 0; g < total; g++ {
-			decode(f, v.x[g*hid*es:(g+1)*hid*es], d.act, gPay[g*f.Payload:(g+1)*f.Payload], sca[g*f.Scales:(g+1)*f.Scales])
-		}
-	}
-	s.padEntries(false)
-	fill := d.fillScratch(nLocal)
-	// Incoming rows are every rank's tokens; a token's entries are its local choices (in
-	// the order of its choices), none for the others.
-	ci, row := 0, 0
-	for q := 0; q <= p; q++ {
-		s.originStart[q] = row
-		if q < p {
-			row += s.k.tokens[q]
-		}
-	}
-	last := -1
-	_ = each(func(q, i, g, le int, w float32) {
-		for last < g {
-			last++
-			s.start[last] = int32(ci)
-		}
-		dst := v.offsets[le] + fill[le]
-		fill[le]++
-		v.row[dst] = int32(g)
-		v.origin[dst], v.source[dst], v.weight[dst] = int32(q), int32(i), w
-		v.expert[dst] = int32(pl.Local[me][le])
-		s.entries[ci], s.weights[ci] = int32(dst), w
-		ci++
-	})
-	for last < total {
-		last++
-		s.start[last] = int32(ci)
-	}
-	return nil
+	return false, nil
 }
 
 // The combine half: the partial sums of every token, one ReduceScatterv, and every

@@ -34,6 +34,7 @@ type lowLatency struct {
 	rowsPer int
 	stage   [][2]*coll.Board
 	ss      []llSlot
+	rows    llRows // the view's rowSource
 }
 
 type llSlot struct {
@@ -405,21 +406,12 @@ func growBools(s []bool, n int) []bool {
 	return s[:n]
 }
 
-// view builds the expert-major view of the rows where they arrived (MaxTokens rows per
-// source rank), and the handle's maps; it converts the rows into X only when the wire
-// type is not the activation type.
+// view builds the experts' view of the rows where they arrived (MaxTokens rows per
+// source rank) or where their senders staged them, and the handle's maps; the rows are
+// converted only where the wire type is not the activations'.
 func (m *lowLatency) view(s *slot, op *coll.XOp) error {
 	d := m.d
-	p, me, hid, k := d.c.Size(), d.c.Rank(), d.cfg.Hidden, d.cfg.TopK
-	es := d.act.Size()
-	pl := s.pl
-	f := &d.f
-	nLocal := len(pl.Local[me])
-	mt := d.cfg.MaxTokens
-	v := &s.view
-	v.expertMajor = false
-	cs := d.contribs()
-	v.startCounts(nLocal)
+	p := d.c.Size()
 	// Where the rows are: all in their senders' staging, the view then spanning every
 	// rank's (in place), or all here. A mix (ranks that disagree on whether their last
 	// combine completed) is made all here: the rows in place are copied in.
@@ -432,91 +424,84 @@ func (m *lowLatency) view(s *slot, op *coll.XOp) error {
 			}
 		}
 	}
-	inPlace, mixed := nIn > 0 && nIn == nAll, nIn > 0 && nIn < nAll
-	var span, spanSca []byte
+	src := &m.rows
+	*src = llRows{s: s, op: op, first: true, i: -1, perSrc: d.cfg.MaxTokens,
+		inPlace: nIn > 0 && nIn == nAll, mixed: nIn > 0 && nIn < nAll, anyIn: nIn > 0}
 	if nIn > 0 { // wait refused rows in place where this rank has no staging
-		span = m.stage[s.idx][0].Span()
+		src.span = m.stage[s.idx][0].Span()
 		if b := m.stage[s.idx][1]; b != nil {
-			spanSca = b.Span()
+			src.spanSca = b.Span()
 		}
+		src.rowsPer = m.rowsPer
 	}
-	R := m.rowsPer
-	sb := f.ScaleBytes()
-	incomingRows, contribs := 0, 0
-	for q := 0; q < p; q++ {
-		meta := op.Recv(q, 0)[blockHeader:]
-		copyIn := mixed && s.k.fromInPlace[q]
-		for i := 0; i < s.k.rowsFrom[q]; i++ {
-			src, got, n, ok := getMeta(meta, k, nLocal, cs[:0])
-			if !ok || (nIn > 0 && src >= mt) {
-				return fmt.Errorf("%w: rank %d sent a row whose metadata is out of bounds", ErrMismatch, q)
-			}
-			if copyIn {
-				from, to := q*R+src, q*mt+i
-				copy(op.Field(1)[to*f.Payload:(to+1)*f.Payload], span[from*f.Payload:(from+1)*f.Payload])
-				copy(op.Field(2)[to*sb:(to+1)*sb], spanSca[from*sb:(from+1)*sb])
-			}
-			meta = meta[n:]
-			incomingRows++
-			contribs += len(got)
-			for _, x := range got {
-				v.counts[x.le]++
-			}
+	rg := region{pay: op.Field(1), sca: op.Field(2)}
+	if src.inPlace {
+		rg.pay, rg.sca, src.perSrc = src.span, src.spanSca, m.rowsPer
+	}
+	rg.rows = p * src.perSrc
+	src.pay, src.sca = rg.pay, dtype.FromBytes[float32](rg.sca)
+	return s.buildView(src, placeRegion, rg)
+}
+
+// llRows walks the rows of a low-latency exchange: each source rank's block of
+// metadata, the rows in its payload field, or in place in their senders' staging. It is
+// the low-latency mode's rowSource.
+type llRows struct {
+	s       *slot
+	op      *coll.XOp
+	q, i    int
+	meta    []byte
+	perSrc  int       // rows per source rank in the region
+	pay     []byte    // the region's payloads
+	sca     []float32 // and scales
+	inPlace bool      // every row is read in its sender's staging
+	// mixed: some are, and the first walk copies them here; anyIn: some are.
+	mixed, anyIn  bool
+	first         bool
+	span, spanSca []byte // the senders' staging, read in place
+	rowsPer       int    // rows per sender in it
+}
+
+func (w *llRows) rewind() { w.q, w.i, w.first = 0, -1, false }
+
+func (w *llRows) next(r *inRow) (bool, error) {
+	s := w.s
+	d := s.d
+	p, k, f := d.c.Size(), d.cfg.TopK, &d.f
+	nLocal, mt := len(s.pl.Local[d.c.Rank()]), d.cfg.MaxTokens
+	for w.q < p {
+		w.i++
+		if w.i == 0 {
+			w.meta = w.op.Recv(w.q, 0)[blockHeader:]
 		}
-		if len(meta) != 0 {
-			return fmt.Errorf("%w: rank %d sent %d bytes of metadata past its %d rows", ErrMismatch, q, len(meta), s.k.rowsFrom[q])
+		if w.i >= s.k.rowsFrom[w.q] {
+			if len(w.meta) != 0 {
+				return false, fmt.Errorf("%w: rank %d sent %d bytes of metadata past its %d rows", ErrMismatch, w.q, len(w.meta), s.k.rowsFrom[w.q])
+			}
+			w.q, w.i = w.q+1, -1
+			continue
 		}
-	}
-	total := v.layoutEntries(d.cfg.Align)
-	s.allocEntries(total, incomingRows, contribs)
-	pay, sca := op.Field(1), op.Field(2)
-	perSrc := mt
-	if inPlace {
-		pay, sca, perSrc = span, spanSca, R
-	}
-	decoding := false
-	switch {
-	case d.cfg.Quantized:
-		v.x, v.q, v.scales = nil, pay, dtype.FromBytes[float32](sca)
-	case f.Wire == d.act:
-		v.x, v.q, v.scales = pay, nil, nil // where the rows are
-	default:
-		v.x, v.q, v.scales = s.xS.Bytes(p*perSrc*hid*es), nil, nil
-		decoding = true
-	}
-	scales := dtype.FromBytes[float32](sca)
-	s.padEntries(false)
-	fill := d.fillScratch(nLocal)
-	row, ci := 0, 0
-	for q := 0; q < p; q++ {
-		s.originStart[q] = row
-		meta := op.Recv(q, 0)[blockHeader:]
-		for i := 0; i < s.k.rowsFrom[q]; i++ {
-			src, got, n, _ := getMeta(meta, k, nLocal, cs[:0])
-			meta = meta[n:]
-			r := q*perSrc + i
-			if inPlace {
-				r = q*perSrc + src
-			}
-			if decoding {
-				decode(f, v.x[r*hid*es:(r+1)*hid*es], d.act, pay[r*f.Payload:(r+1)*f.Payload], scales[r*f.Scales:(r+1)*f.Scales])
-			}
-			s.start[row] = int32(ci)
-			for _, x := range got {
-				dst := v.offsets[x.le] + fill[x.le]
-				fill[x.le]++
-				v.row[dst] = int32(r)
-				v.origin[dst], v.source[dst], v.weight[dst] = int32(q), int32(src), x.w
-				v.expert[dst] = int32(pl.Local[me][x.le])
-				s.entries[ci], s.weights[ci] = int32(dst), x.w
-				ci++
-			}
-			row++
+		src, got, n, ok := getMeta(w.meta, k, nLocal, r.cs[:0])
+		if !ok || (w.anyIn && src >= mt) {
+			return false, fmt.Errorf("%w: rank %d sent a row whose metadata is out of bounds", ErrMismatch, w.q)
 		}
+		w.meta = w.meta[n:]
+		at := w.q*w.perSrc + w.i
+		if w.inPlace {
+			at = w.q*w.perSrc + src
+		}
+		if w.first && w.mixed && s.k.fromInPlace[w.q] {
+			sb := f.ScaleBytes()
+			from, to := w.q*w.rowsPer+src, w.q*mt+w.i
+			copy(w.op.Field(1)[to*f.Payload:(to+1)*f.Payload], w.span[from*f.Payload:(from+1)*f.Payload])
+			copy(w.op.Field(2)[to*sb:(to+1)*sb], w.spanSca[from*sb:(from+1)*sb])
+		}
+		r.q, r.src, r.cs, r.at = w.q, src, got, at
+		r.pay = w.pay[at*f.Payload : (at+1)*f.Payload]
+		r.sca = w.sca[at*f.Scales : (at+1)*f.Scales]
+		return true, nil
 	}
-	s.originStart[p] = row
-	s.start[row] = int32(ci)
-	return nil
+	return false, nil
 }
 
 // The combine half over messages: one exchange of two fields, the header and the

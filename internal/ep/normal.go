@@ -203,28 +203,24 @@ func (m *normal) wait(ctx context.Context, s *slot) error {
 
 // cursor walks the rows this rank received, in order (origin rank ascending, then the
 // origin's order): received ones from the blocks the schedule lays out, this rank's own
-// from its stage or x.
+// from its stage or x. It is the normal mode's rowSource.
 type cursor struct {
 	s    *slot
 	recv []byte
 	q, i int // origin, row index within it
 	off  int // in recv
 	end  int // of the block being read
-	src  int
-	cs   []contrib
-	pay  []byte
-	sca  []float32
-	bad  bool // a row whose metadata is out of bounds
 }
 
 func (ns *normalSlot) cursorOf(s *slot) *cursor {
 	c := &ns.cursor
-	*c = cursor{s: s, recv: ns.recv, i: -1, cs: s.d.contribs()}
+	*c = cursor{s: s, recv: ns.recv, i: -1}
 	return c
 }
 
-// next advances to the next incoming row; false at the end (or at a bad row: c.bad).
-func (c *cursor) next() bool {
+func (c *cursor) rewind() { c.q, c.i, c.off, c.end = 0, -1, 0, 0 }
+
+func (c *cursor) next(r *inRow) (bool, error) {
 	s := c.s
 	d := s.d
 	p, me, k := d.c.Size(), d.c.Rank(), d.cfg.TopK
@@ -242,123 +238,52 @@ func (c *cursor) next() bool {
 		}
 		if c.i >= n {
 			if c.q != me && c.off != c.end {
-				c.bad = true // the rows' metadata is not what the counts said
-				return false
+				return false, fmt.Errorf("%w: rank %d sent rows whose metadata is not what its counts said", ErrMismatch, c.q)
 			}
 			c.q++
 			c.i = -1
 			continue
 		}
-		c.cs = c.cs[:0]
+		r.q, r.cs, r.at = c.q, r.cs[:0], -1
 		if c.q == me {
 			t := int(s.layout.Rows[me][c.i])
 			rt := s.r
 			for j := 0; j < k; j++ {
 				e := int(rt.Experts[t*k+j])
 				if e >= 0 && pl.RankOf(e, me, t) == me {
-					c.cs = append(c.cs, contrib{pl.LocalIndex(me, e), rt.Weights[t*k+j]})
+					r.cs = append(r.cs, contrib{pl.LocalIndex(me, e), rt.Weights[t*k+j]})
 				}
 			}
-			c.src = t
-			c.pay, c.sca = d.pk.token(t)
-			return true
+			r.src = t
+			r.pay, r.sca = d.pk.token(t)
+			return true, nil
 		}
-		var ok bool
-		var mb int
-		c.src, c.cs, mb, ok = getMeta(c.recv[c.off:c.end], k, len(pl.Local[me]), c.cs)
+		src, cs, mb, ok := getMeta(c.recv[c.off:c.end], k, len(pl.Local[me]), r.cs)
 		if !ok || c.off+mb+f.rowTail() > c.end {
-			c.bad = true
-			return false
+			return false, fmt.Errorf("%w: rank %d sent a row whose metadata is out of bounds", ErrMismatch, c.q)
 		}
 		row := c.recv[c.off+mb : c.off+mb+f.rowTail()]
 		c.off += mb + len(row)
-		c.pay = row[:f.Payload]
-		c.sca = dtype.FromBytes[float32](row[f.scaleAt() : f.scaleAt()+f.ScaleBytes()])
-		return true
+		r.src, r.cs = src, cs
+		r.pay = row[:f.Payload]
+		r.sca = dtype.FromBytes[float32](row[f.scaleAt() : f.scaleAt()+f.ScaleBytes()])
+		return true, nil
 	}
-	return false
+	return false, nil
 }
 
-// unpack scatters the incoming rows into expert-major blocks (or, for TwoLevel's up
-// stage, keeps them in arrival order) and records the handle's maps.
+// unpack makes the experts' view of the incoming rows: expert-major blocks (or, for
+// TwoLevel's up stage, the rows in arrival order).
 func (m *normal) unpack(s *slot, ns *normalSlot) error {
 	d := m.d
-	p, me, hid := d.c.Size(), d.c.Rank(), d.cfg.Hidden
-	pl := s.pl
-	f := &d.f
-	es := d.act.Size()
-	nLocal := len(pl.Local[me])
-	v := &s.view
-	v.expertMajor = !d.arrival
-	if len(s.layout.Rows[me]) > 0 {
-		d.stageRows(s.x, s.tokens, s.layout.Rows[me]) // the own rows are read from it
+	if rows := s.layout.Rows[d.c.Rank()]; len(rows) > 0 {
+		d.stageRows(s.x, s.tokens, rows) // the own rows are read from it
 	}
-	// Pass 1: rows per local expert.
-	v.startCounts(nLocal)
-	incomingRows, contribs := 0, 0
-	c := ns.cursorOf(s)
-	for c.next() {
-		incomingRows++
-		contribs += len(c.cs)
-		for _, x := range c.cs {
-			v.counts[x.le]++
-		}
+	place := placeExpertMajor
+	if d.arrival {
+		place = placeArrival
 	}
-	if c.bad {
-		return fmt.Errorf("%w: rank %d sent a row whose metadata is out of bounds", ErrMismatch, c.q)
-	}
-	total := v.layoutEntries(d.cfg.Align)
-	s.allocEntries(total, incomingRows, contribs)
-	switch {
-	case d.arrival:
-		v.x, v.q, v.scales = s.xS.Bytes(incomingRows*hid*es), nil, nil
-	case d.cfg.Quantized:
-		qb := s.xS.Bytes(total * (f.Payload + f.ScaleBytes()))
-		v.x, v.q, v.scales = nil, qb[:total*f.Payload], dtype.FromBytes[float32](qb[total*f.Payload:])
-	default:
-		v.x, v.q, v.scales = s.xS.Bytes(total*hid*es), nil, nil
-	}
-	s.padEntries(!d.arrival)
-	// Pass 2: scatter.
-	fill := d.fillScratch(nLocal)
-	row, ci := 0, 0
-	lastOrigin := -1
-	for c := ns.cursorOf(s); c.next(); {
-		for lastOrigin < c.q {
-			lastOrigin++
-			s.originStart[lastOrigin] = row
-		}
-		s.start[row] = int32(ci)
-		if d.arrival {
-			decode(f, v.x[row*hid*es:(row+1)*hid*es], d.act, c.pay, c.sca)
-		}
-		for _, x := range c.cs {
-			dst := v.offsets[x.le] + fill[x.le]
-			fill[x.le]++
-			switch {
-			case d.arrival:
-				v.row[dst] = int32(row)
-			case d.cfg.Quantized:
-				copy(v.q[dst*f.Payload:(dst+1)*f.Payload], c.pay)
-				copy(v.scales[dst*f.Scales:(dst+1)*f.Scales], c.sca)
-				v.row[dst] = int32(dst)
-			default:
-				decode(f, v.x[dst*hid*es:(dst+1)*hid*es], d.act, c.pay, c.sca)
-				v.row[dst] = int32(dst)
-			}
-			v.origin[dst], v.source[dst], v.weight[dst] = int32(c.q), int32(c.src), x.w
-			v.expert[dst] = int32(pl.Local[me][x.le])
-			s.entries[ci], s.weights[ci] = int32(dst), x.w
-			ci++
-		}
-		row++
-	}
-	for lastOrigin < p {
-		lastOrigin++
-		s.originStart[lastOrigin] = row
-	}
-	s.start[row] = int32(ci)
-	return nil
+	return s.buildView(ns.cursorOf(s), place, region{})
 }
 
 // The combine half: one AlltoAllv of blocks, each a header and the answers to the rows
