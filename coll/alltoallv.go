@@ -146,6 +146,43 @@ func (c *Comm) PlanAlltoAllv(counts [][]int, unit int) (*VPlan, error) {
 // ReplanAlltoAllv rebuilds vp for a new count matrix, reusing its storage: with the
 // linear and pairwise algorithms a steady stream of new matrices allocates nothing.
 func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
+	return c.replanV(vp, counts, unit, nil, nil)
+}
+
+// ReplanAlltoAllvAt is ReplanAlltoAllv with the blocks where the caller lays them out
+// (as MPI_Alltoallv's displacements, in units): rank i's block for rank j starts at
+// sendOff[i][j] in its send buffer, and this rank's block from rank j at recvOff[j] in
+// its receive buffer. Every rank passes the same counts and sendOff (a rank may read a
+// peer's block at the peer's offset, in shared memory); recvOff is this rank's own. The
+// blocks a rank receives may not overlap. The plan's buffers end where the last block
+// does.
+func (c *Comm) ReplanAlltoAllvAt(vp *VPlan, counts [][]int, unit int, sendOff [][]int, recvOff []int) error {
+	if len(sendOff) != c.size {
+		return &ArgError{Arg: "sendOff", Reason: fmt.Sprintf("%d rows for %d ranks", len(sendOff), c.size)}
+	}
+	for i, row := range sendOff {
+		if len(row) != c.size {
+			return &ArgError{Arg: fmt.Sprintf("sendOff[%d]", i), Reason: fmt.Sprintf("%d entries for %d ranks", len(row), c.size)}
+		}
+		for j, o := range row {
+			if o < 0 {
+				return &ArgError{Arg: fmt.Sprintf("sendOff[%d][%d]", i, j), Reason: "negative"}
+			}
+		}
+	}
+	if len(recvOff) != c.size {
+		return &ArgError{Arg: "recvOff", Reason: fmt.Sprintf("%d entries for %d ranks", len(recvOff), c.size)}
+	}
+	for j, o := range recvOff {
+		if o < 0 {
+			return &ArgError{Arg: fmt.Sprintf("recvOff[%d]", j), Reason: "negative"}
+		}
+	}
+	return c.replanV(vp, counts, unit, sendOff, recvOff)
+}
+
+// replanV plans vp; nil offsets: the blocks packed in rank order.
+func (c *Comm) replanV(vp *VPlan, counts [][]int, unit int, sendOff [][]int, recvOff []int) error {
 	if len(counts) != c.size {
 		return &ArgError{Arg: "counts", Reason: fmt.Sprintf("%d rows for %d ranks", len(counts), c.size)}
 	}
@@ -168,18 +205,31 @@ func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 			if n < 0 {
 				return &ArgError{Arg: fmt.Sprintf("counts[%d][%d]", i, j), Reason: "negative"}
 			}
-			rowBytes += n * unit
+			total += n * unit
+			end := rowBytes + n*unit
+			if sendOff != nil {
+				end = (sendOff[i][j] + n) * unit
+				h = h*31 + sendOff[i][j]
+			}
+			rowBytes = max(rowBytes, end)
 			h = h*31 + n
 		}
-		total += rowBytes
 		maxRow = max(maxRow, rowBytes)
 	}
 	so, ro := 0, 0
 	for j := 0; j < c.size; j++ {
-		l.SendOff[j], l.SendLen[j] = so, counts[c.rank][j]*unit
-		so += l.SendLen[j]
-		l.RecvOff[j], l.RecvLen[j] = ro, counts[j][c.rank]*unit
-		ro += l.RecvLen[j]
+		sOff, rOff := so, ro
+		if sendOff != nil {
+			sOff, rOff = sendOff[c.rank][j]*unit, recvOff[j]*unit
+		}
+		l.SendOff[j], l.SendLen[j] = sOff, counts[c.rank][j]*unit
+		l.RecvOff[j], l.RecvLen[j] = rOff, counts[j][c.rank]*unit
+		so, ro = max(so, sOff+l.SendLen[j]), max(ro, rOff+l.RecvLen[j])
+	}
+	if recvOff != nil {
+		if err := disjoint(l.RecvOff, l.RecvLen); err != nil {
+			return err
+		}
 	}
 	avg := total / max(1, c.size*c.size)
 	algo := c.chooseFit(OpAlltoAllv, avg, c.direct != nil && c.direct.Fits(maxRow))
@@ -187,7 +237,7 @@ func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 	pl.Op, pl.Algo, pl.Tmp = OpAlltoAllv, algo, 0
 	switch algo {
 	case Shared:
-		planAlltoAllvShared(pl, c.rank, counts, unit, *l)
+		planAlltoAllvShared(pl, c.rank, counts, unit, sendOff, *l)
 	case Bruck:
 		m := make([][]int, c.size)
 		for i := range m {
@@ -208,16 +258,48 @@ func (c *Comm) ReplanAlltoAllv(vp *VPlan, counts [][]int, unit int) error {
 	pl.Sig = algos.Signature(OpAlltoAllv, algo, unit, h)
 	pl.CountBytes()
 	if algo == Shared {
-		pl.Bytes = so - l.SendLen[c.rank]
+		pl.Bytes = 0
+		for j := range l.SendLen {
+			if j != c.rank {
+				pl.Bytes += l.SendLen[j]
+			}
+		}
 	}
 	vp.sendLen, vp.recvLen, vp.Algo = so, ro, algo
 	return nil
 }
 
+// disjoint checks that the blocks [off[j], off[j]+n[j]) do not overlap: an ArgError
+// names two that do.
+func disjoint(off, n []int) error {
+	end, sorted := 0, true // blocks in rank order, the common case: one pass
+	for j := range off {
+		if n[j] > 0 {
+			if off[j] < end {
+				sorted = false
+				break
+			}
+			end = off[j] + n[j]
+		}
+	}
+	if sorted {
+		return nil
+	}
+	for i := range off {
+		for j := i + 1; j < len(off); j++ {
+			if n[i] > 0 && n[j] > 0 && off[i] < off[j]+n[j] && off[j] < off[i]+n[i] {
+				return &ArgError{Arg: "recvOff", Reason: fmt.Sprintf("the blocks from ranks %d and %d overlap", i, j)}
+			}
+		}
+	}
+	return nil
+}
+
 // planAlltoAllvShared lays out an AlltoAllv through the shared areas: the block rank q
-// sends this rank r starts after q's blocks for ranks before r (blocks packed in rank
-// order), in q's send buffer of a whole row's bytes.
-func planAlltoAllvShared(pl *algos.Plan, r int, counts [][]int, unit int, l algos.Vlayout) {
+// sends this rank r starts at sendOff[q][r] units (nil: after q's blocks for ranks
+// before r, packed in rank order), in q's send buffer, which ends where its last block
+// does.
+func planAlltoAllvShared(pl *algos.Plan, r int, counts [][]int, unit int, sendOff [][]int, l algos.Vlayout) {
 	p := len(counts)
 	pl.Steps = pl.Steps[:0] // no steps: execShared runs it
 	if pl.Shared == nil {
@@ -229,10 +311,14 @@ func planAlltoAllvShared(pl *algos.Plan, r int, counts [][]int, unit int, l algo
 	for q, row := range counts {
 		off, n := 0, 0
 		for j, k := range row {
-			if j == r {
-				off = n
+			o := n
+			if sendOff != nil {
+				o = sendOff[q][j] * unit
 			}
-			n += k * unit
+			if j == r {
+				off = o
+			}
+			n = max(n, o+k*unit)
 		}
 		v.SrcOff[q], v.SrcLen[q] = off, n
 	}

@@ -534,6 +534,54 @@ func sharedV(ctx context.Context, c *Comm, val func(op, from, to, k int) int32) 
 			}
 		}
 	}
+	// The blocks where the caller lays them out: in reverse rank order with a gap of
+	// three elements before each, on both sides; the receive buffer's gaps keep their
+	// bytes.
+	for op := 0; op < 4; op++ {
+		m, sendOff, recvOff := counts(op), make([][]int, p), make([]int, p)
+		for q := range m {
+			sendOff[q] = make([]int, p)
+			o := 0
+			for j := p - 1; j >= 0; j-- {
+				m[q][j] %= 200
+				sendOff[q][j], o = o+3, o+3+m[q][j]
+			}
+		}
+		o := 0
+		for q := p - 1; q >= 0; q-- {
+			recvOff[q], o = o+3, o+3+m[q][r]
+		}
+		if err := c.ReplanAlltoAllvAt(&vp, m, 4, sendOff, recvOff); err != nil {
+			return err
+		}
+		if vp.Algo != Shared {
+			return fmt.Errorf("alltoallv at offsets, op %d: planned %v, want shared", op, vp.Algo)
+		}
+		send, recv := make([]int32, vp.SendBytes()/4), make([]int32, vp.RecvBytes()/4)
+		for j := 0; j < p; j++ {
+			for k := 0; k < m[r][j]; k++ {
+				send[sendOff[r][j]+k] = val(500+op, r, j, k)
+			}
+		}
+		for i := range recv {
+			recv[i] = -7
+		}
+		if err := c.RunAlltoAllv(ctx, &vp, dtype.Bytes(send), dtype.Bytes(recv)); err != nil {
+			return fmt.Errorf("alltoallv at offsets, op %d: %w", op, err)
+		}
+		want := make([]int32, len(recv))
+		for i := range want {
+			want[i] = -7
+		}
+		for q := 0; q < p; q++ {
+			for k := 0; k < m[q][r]; k++ {
+				want[recvOff[q]+k] = val(500+op, q, r, k)
+			}
+		}
+		if !slices.Equal(want, recv) {
+			return fmt.Errorf("alltoallv at offsets, op %d: rank %d received %v, want %v", op, r, recv, want)
+		}
+	}
 	ms := [][][]int{counts(1), counts(2), counts(3)}
 	send, recv := make([]byte, 4*p*(area+100)), make([]byte, 4*p*(area+100))
 	i := 0

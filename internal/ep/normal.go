@@ -29,7 +29,11 @@ type normal struct {
 type normalSlot struct {
 	hdr, all      []int64
 	rows, choices [][]int // rows[i][j] go from rank i to rank j, with choices[i][j] choices
-	bytes         [][]int // the AlltoAllv's block sizes
+	bytes         [][]int // the AlltoAllv's block sizes: bytes[i][j] from rank i to j
+	sendOff       [][]int // where rank i's block for rank j starts in i's send buffer
+	recvOff       []int   // where this rank's block from rank j starts in its receive buffer
+	peer          counts  // a rank's counts, read from the matrix (layoutAll)
+	peerSt        Stage   // and its stage, as the planner lays it out
 	fwd           coll.VPlan
 	sendS, recvS  obuf.Scratch
 	send, recv    []byte
@@ -43,7 +47,8 @@ func newNormal(d *core) *normal {
 	for i := range m.ss {
 		ns := &m.ss[i]
 		ns.hdr, ns.all = make([]int64, hdrLen+p), make([]int64, (hdrLen+p)*p)
-		ns.rows, ns.choices, ns.bytes = square(p), square(p), square(p)
+		ns.rows, ns.choices, ns.bytes, ns.sendOff = square(p), square(p), square(p), square(p)
+		ns.recvOff = make([]int, p)
 		ns.sendS.Pool, ns.recvS.Pool = d.cfg.Pool, d.cfg.Pool
 	}
 	return m
@@ -55,6 +60,41 @@ func square(p int) [][]int {
 		m[i] = make([]int, p)
 	}
 	return m
+}
+
+// layoutAll lays out, with the mode's planner, the stage (the dispatch, or with back the
+// combine in format f) that every rank runs for the step's count matrix, and reads from
+// it bytes[i][j] and sendOff[i][j], the size of rank i's block for rank j and where it
+// starts in i's send buffer, for every rank; and, from this rank's schedule own,
+// recvOff[j], where its block from rank j starts in its receive buffer. The AlltoAllv
+// then moves each block from where its sender's plan put it to where its receiver's
+// plan reads it: the offsets go to coll as the planner laid them out.
+func (ns *normalSlot) layoutAll(d *core, back bool, f CombineFormat, own *Stage, bytes, sendOff [][]int, recvOff []int) {
+	p, me := d.c.Size(), d.c.Rank()
+	k := &ns.peer
+	k.rowsTo, k.choicesTo = growInts(k.rowsTo, p), growInts(k.choicesTo, p)
+	k.rowsFrom, k.choicesFrom = growInts(k.rowsFrom, p), growInts(k.choicesFrom, p)
+	for i := 0; i < p; i++ {
+		st := own
+		if i != me {
+			for j := 0; j < p; j++ {
+				k.rowsTo[j], k.choicesTo[j] = ns.rows[i][j], ns.choices[i][j]
+				k.rowsFrom[j], k.choicesFrom[j] = ns.rows[j][i], ns.choices[j][i]
+			}
+			st = &ns.peerSt
+			if back {
+				d.planner.combine(st, f, i, k, d.backInPlace)
+			} else {
+				d.planner.dispatch(st, d.f, i, k)
+			}
+		}
+		for j := 0; j < p; j++ {
+			bytes[i][j], sendOff[i][j] = st.Send[j].Bytes[0], st.Send[j].Off[0]
+		}
+	}
+	for j := 0; j < p; j++ {
+		recvOff[j] = own.Recv[j].Off[0]
+	}
 }
 
 func (m *normal) bytes() int {
@@ -100,20 +140,17 @@ func (m *normal) start(ctx context.Context, s *slot) error {
 					return fmt.Errorf("%w: rank %d says it sends rank %d %d rows with %d choices", ErrMismatch, i, j, n, ch)
 				}
 				ns.rows[i][j], ns.choices[i][j] = n, ch
-				ns.bytes[i][j] = 0
-				if i != j {
-					ns.bytes[i][j] = normalBlockBytes(&d.f, n, ch)
-				}
 			}
 		}
 		for q := 0; q < p; q++ {
 			k.rowsFrom[q], k.choicesFrom[q] = ns.rows[q][me], ns.choices[q][me]
 		}
+		d.plan(s)
+		ns.layoutAll(d, false, CombineFormat{}, &s.sched.Dispatch, ns.bytes, ns.sendOff, ns.recvOff)
 		if err := m.withinLimit(ns); err != nil {
 			return err
 		}
-		d.plan(s)
-		if err := c.ReplanAlltoAllv(&ns.fwd, ns.bytes, 1); err != nil {
+		if err := c.ReplanAlltoAllvAt(&ns.fwd, ns.bytes, 1, ns.sendOff, ns.recvOff); err != nil {
 			return err
 		}
 	}
@@ -299,18 +336,19 @@ type normalBack struct {
 }
 
 type normalBackSlot struct {
-	plan         coll.VPlan
-	bytes        [][]int
-	sendS, recvS obuf.Scratch
-	send, recv   []byte
-	pend         coll.Handle
+	plan           coll.VPlan
+	bytes, sendOff [][]int // as normalSlot's, for the combine
+	recvOff        []int
+	sendS, recvS   obuf.Scratch
+	send, recv     []byte
+	pend           coll.Handle
 }
 
 func (m *normal) newBack(_ context.Context, cb *backCore) (back, error) {
 	b := &normalBack{m: m, cb: cb, cs: make([]normalBackSlot, len(cb.slots))}
 	for i := range b.cs {
 		bs := &b.cs[i]
-		bs.bytes = square(m.d.c.Size())
+		bs.bytes, bs.sendOff, bs.recvOff = square(m.d.c.Size()), square(m.d.c.Size()), make([]int, m.d.c.Size())
 		bs.sendS.Pool, bs.recvS.Pool = m.d.cfg.Pool, m.d.cfg.Pool
 	}
 	return b, nil
@@ -343,19 +381,12 @@ func (b *normalBack) start(ctx context.Context, cs *cslot) error {
 	s := cs.s
 	bs := &b.cs[cs.idx]
 	ns := &b.m.ss[s.idx]
-	for i := 0; i < p; i++ {
-		for j := 0; j < p; j++ {
-			bs.bytes[i][j] = 0
-			if i != j { // the answers to the rows j sent i
-				bs.bytes[i][j] = backBlock(&cb.f, ns.rows[j][i], ns.choices[j][i], false, true).Total()
-			}
-		}
-	}
-	if err := c.ReplanAlltoAllv(&bs.plan, bs.bytes, 1); err != nil {
+	st := &s.sched.Combine
+	ns.layoutAll(cb.d, true, cb.f, st, bs.bytes, bs.sendOff, bs.recvOff)
+	if err := c.ReplanAlltoAllvAt(&bs.plan, bs.bytes, 1, bs.sendOff, bs.recvOff); err != nil {
 		return err
 	}
 	cs.algo = bs.plan.Algo
-	st := &s.sched.Combine
 	bs.send = bs.sendS.Bytes(extent(st.Send, 0))
 	bs.recv = bs.recvS.Bytes(extent(st.Recv, 0))
 	for q := 0; q < p; q++ {
