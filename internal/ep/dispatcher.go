@@ -613,10 +613,6 @@ func (d *Dispatcher[T]) Buffer() []T {
 // dispatcher's combiner declared (partial sums in the activation type, f32 for opaque
 // rows, where none did yet).
 func (d *core) plan(s *slot) {
-	me, p := d.c.Rank(), d.c.Size()
-	sc := &s.sched
-	sc.Mode, sc.Rank, sc.Ranks, sc.Control = d.cfg.Mode, me, p, d.planner.control(p)
-	d.planner.dispatch(&sc.Dispatch, d.f, me, &s.k)
 	var f CombineFormat
 	if d.back != nil {
 		f = d.back.f
@@ -627,7 +623,15 @@ func (d *core) plan(s *slot) {
 		}
 		f = NewCombineFormat(d.cfg.Hidden, CombineConfig{PartialDType: out}, out)
 	}
-	d.planner.combine(&sc.Combine, f, me, &s.k, d.backInPlace)
+	planStep(&s.sched, d.cfg.Mode, d.planner, d.c.Rank(), d.c.Size(), d.f, f, &s.k, d.backInPlace)
+}
+
+// planStep lays out rank me's schedule of a step from its counts with the mode's
+// planner: what a dispatcher runs (core.plan) and what NewPlan returns for every rank.
+func planStep(sc *Schedule, mode Mode, pn planner, me, p int, f Format, cf CombineFormat, k *counts, outsInPlace bool) {
+	sc.Mode, sc.Rank, sc.Ranks, sc.Control = mode, me, p, pn.control(p)
+	pn.dispatch(&sc.Dispatch, f, me, k)
+	pn.combine(&sc.Combine, cf, me, k, outsInPlace)
 }
 
 // contribs is a scratch of TopK (local expert, weight) pairs.

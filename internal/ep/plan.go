@@ -121,9 +121,8 @@ func (pl *Plan) schedule() {
 			k.tokens[q] = pl.Layouts[q].Tokens()
 			k.fromInPlace[q] = rowsInPlace && pl.Rows[q][me] > 0
 		}
-		sc := &Schedule{Mode: cfg.Mode, Rank: me, Ranks: p, Control: plan.control(p)}
-		plan.dispatch(&sc.Dispatch, pl.Format, me, k)
-		plan.combine(&sc.Combine, pl.CombineFormat, me, k, outsInPlace)
+		sc := &Schedule{}
+		planStep(sc, cfg.Mode, plan, me, p, pl.Format, pl.CombineFormat, k, outsInPlace)
 		pl.Schedules[me] = sc
 	}
 }
