@@ -321,8 +321,15 @@ func (t *Transport) peerFor(peer int) (*peer, error) {
 	if peer == t.rank {
 		return nil, nil
 	}
-	return t.peers[peer], nil
+	if p := t.peers[peer].Load(); p != nil {
+		return p, nil
+	}
+	return nil, &transport.PeerError{Rank: peer, Op: "connect", Err: errNotConnected}
 }
+
+// errNotConnected: a replacement was not connected to the peer (it was not a member of
+// the job that admitted it).
+var errNotConnected = fmt.Errorf("%w: not connected (the rank was not alive when this one joined)", transport.ErrPeerClosed)
 
 // await waits for a request on the wait poller (the readers do the spinning).
 func (t *Transport) await(ctx context.Context, r *core.Req) error { return r.Await(ctx, t.waitPoller) }

@@ -131,9 +131,17 @@ type Transport struct {
 	pool       *obuf.Pool
 	log        *slog.Logger
 
-	peers []*peer
-	self  *inproc.Transport
-	eng   core.Engine[sendX, recvX]
+	// peers[p] is the state of peer p: nil for this rank and for a rank never connected
+	// (a replacement's dead peers); a dead peer's is replaced when a new process takes
+	// its rank over (Readmit).
+	peers  []atomic.Pointer[peer]
+	self   *inproc.Transport
+	token  []byte
+	bind   string
+	busyUS int
+	// peersMu orders Readmit against Close; readmitMu orders Readmits.
+	peersMu, readmitMu sync.Mutex
+	eng                core.Engine[sendX, recvX]
 
 	closed   atomic.Bool
 	wg       sync.WaitGroup
@@ -183,11 +191,29 @@ func decodeHello(b []byte) (hello, error) {
 // dial lower ranks and accept higher ones) and starts the streams. Connections that fail
 // the secret check are refused and logged; setup continues until ctx ends.
 func New(ctx context.Context, cfg Config) (*Transport, error) {
-	if cfg.Size < 1 || cfg.Rank < 0 || cfg.Rank >= cfg.Size {
-		return nil, &transport.ArgError{Arg: "rank", Reason: fmt.Sprintf("rank %d of %d", cfg.Rank, cfg.Size)}
-	}
 	if cfg.Size > 1 && cfg.Exchange == nil {
 		return nil, &transport.ArgError{Arg: "Exchange", Reason: "nil with more than one rank"}
+	}
+	t, err := newTransport(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if t.size == 1 {
+		t.busyPoll = "n/a (single rank)"
+		return t, nil
+	}
+	conns, err := t.connectAll(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	t.install(conns)
+	return t, nil
+}
+
+// newTransport is the transport of cfg, with no peer connected yet.
+func newTransport(cfg Config) (*Transport, error) {
+	if cfg.Size < 1 || cfg.Rank < 0 || cfg.Rank >= cfg.Size {
+		return nil, &transport.ArgError{Arg: "rank", Reason: fmt.Sprintf("rank %d of %d", cfg.Rank, cfg.Size)}
 	}
 	t := &Transport{
 		refusedLog: rate.Sometimes{Interval: time.Second},
@@ -241,41 +267,45 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	t.self = inproc.New(1, inproc.Config{Poller: t.waitPoller, Pool: t.pool})[0]
 	t.eng = core.Engine[sendX, recvX]{Rank: t.rank, Name: "tcp", EagerMax: t.eager, Pool: t.pool, Closed: t.closed.Load,
 		Await: t.await, GracePoller: t.waitPoller, Grace: t.grace, Log: t.log}
-	t.peers = make([]*peer, t.size)
-	if t.size == 1 {
-		t.busyPoll = "n/a (single rank)"
-		return t, nil
-	}
-	conns, err := t.connectAll(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	busyUS := cfg.BusyPollUS
-	if busyUS == 0 {
-		busyUS = DefaultBusyPollUS
+	t.peers = make([]atomic.Pointer[peer], t.size)
+	t.busyUS = cfg.BusyPollUS
+	if t.busyUS == 0 {
+		t.busyUS = DefaultBusyPollUS
 	}
 	t.busyPoll = "unset"
+	t.token = cfg.Token
+	t.bind = cfg.Bind
+	return t, nil
+}
+
+// install makes the peers of the connections conns[p] (every stream to peer p; nil for
+// a peer not connected) and starts them.
+func (t *Transport) install(conns [][]*net.TCPConn) {
+	var prs []*peer
 	for p := range t.peers {
-		if p == t.rank {
+		if p == t.rank || conns[p] == nil {
 			continue
 		}
-		pr := &peer{t: t, rank: p}
-		pr.c = core.NewPeer[sendX, recvX](p, pr)
-		for s, c := range conns[p] {
-			st := newStream(pr, s, c)
-			t.busyPoll = st.setSockopts(busyUS)
-			pr.streams = append(pr.streams, st)
-		}
-		t.peers[p] = pr
+		prs = append(prs, t.newPeer(p, conns[p]))
 	}
-	for _, pr := range t.peers {
-		if pr != nil {
-			pr.start()
-		}
+	for _, pr := range prs {
+		t.peers[pr.rank].Store(pr)
+		pr.start()
 	}
 	t.log.Info("moex tcp: connected", "rank", t.rank, "size", t.size,
 		"streams", t.streams, "busy_poll", t.busyPoll, "poll", t.poller.Mode().String())
-	return t, nil
+}
+
+// newPeer is the state of peer p over its streams' connections.
+func (t *Transport) newPeer(p int, conns []*net.TCPConn) *peer {
+	pr := &peer{t: t, rank: p}
+	pr.c = core.NewPeer[sendX, recvX](p, pr)
+	for s, c := range conns {
+		st := newStream(pr, s, c)
+		t.busyPoll = st.setSockopts(t.busyUS)
+		pr.streams = append(pr.streams, st)
+	}
+	return pr
 }
 
 // connectAll listens, publishes the address through cfg.Exchange, and connects every
@@ -310,7 +340,7 @@ func (t *Transport) connectAll(ctx context.Context, cfg Config) ([][]*net.TCPCon
 	// Accept higher ranks, from now: a connection that is not a peer's (garbage, or one
 	// that says nothing) is dropped at once, not left until the addresses are known.
 	if want := (t.size - 1 - t.rank) * t.streams; want > 0 {
-		g.Go(func() error { return t.acceptAll(gctx, ln, want, conns, &mu, []byte(cfg.Token)) })
+		g.Go(func() error { return t.acceptAll(gctx, ln, higherRanks{t}, conns, &mu, []byte(cfg.Token)) })
 	}
 	addrs, err := cfg.Exchange(ctx, []byte(ln.Addr().String()))
 	if err == nil && len(addrs) != t.size {
@@ -328,7 +358,8 @@ func (t *Transport) connectAll(ctx context.Context, cfg Config) ([][]*net.TCPCon
 	for p := 0; p < t.rank; p++ {
 		for s := 0; s < t.streams; s++ {
 			g.Go(func() error {
-				c, err := t.dial(gctx, string(addrs[p]), p, s, []byte(cfg.Token))
+				h := hello{uint32(t.rank), uint32(t.size), uint32(s), uint32(t.streams)}
+				c, err := t.dial(gctx, string(addrs[p]), p, h.encode(), []byte(cfg.Token))
 				if err != nil {
 					return &transport.PeerError{Rank: p, Op: "connect", Err: err}
 				}
@@ -347,15 +378,15 @@ func (t *Transport) connectAll(ctx context.Context, cfg Config) ([][]*net.TCPCon
 	return conns, nil
 }
 
-func (t *Transport) dial(ctx context.Context, addr string, peerRank, stream int, token []byte) (*net.TCPConn, error) {
+// dial connects to peerRank at addr, greeting it with greeting, and checks its answer.
+func (t *Transport) dial(ctx context.Context, addr string, peerRank int, greeting, token []byte) (*net.TCPConn, error) {
 	backoff := 5 * time.Millisecond
 	for {
 		var d net.Dialer
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
-			h := hello{uint32(t.rank), uint32(t.size), uint32(stream), uint32(t.streams)}
 			var ph []byte
-			ph, err = transport.Handshake(ctx, c, token, transport.RoleDialer, h.encode())
+			ph, err = transport.Handshake(ctx, c, token, transport.RoleDialer, greeting)
 			if err == nil {
 				var got hello
 				if got, err = decodeHello(ph); err == nil {
@@ -382,7 +413,32 @@ func (t *Transport) dial(ctx context.Context, addr string, peerRank, stream int,
 	}
 }
 
-func (t *Transport) acceptAll(ctx context.Context, ln net.Listener, want int, conns [][]*net.TCPConn, mu *sync.Mutex, token []byte) error {
+// An acceptor decides which connections a listener takes: from a greeting, the peer
+// rank and stream it names, or why it is refused; and how many more it waits for.
+type acceptor interface {
+	admit(greeting []byte) (rank, stream int, why string)
+	missing(got int) int
+}
+
+// higherRanks accepts the greetings of the ranks above this one (start-up).
+type higherRanks struct{ t *Transport }
+
+func (a higherRanks) admit(greeting []byte) (int, int, string) {
+	t := a.t
+	h, err := decodeHello(greeting)
+	switch {
+	case err != nil:
+		return 0, 0, err.Error()
+	case int(h.rank) <= t.rank || int(h.rank) >= t.size || int(h.stream) >= t.streams ||
+		h.size != uint32(t.size) || h.streams != uint32(t.streams):
+		return 0, 0, fmt.Sprintf("unexpected hello: rank %d of %d, stream %d of %d", h.rank, h.size, h.stream, h.streams)
+	}
+	return int(h.rank), int(h.stream), ""
+}
+
+func (a higherRanks) missing(got int) int { return (a.t.size-1-a.t.rank)*a.t.streams - got }
+
+func (t *Transport) acceptAll(ctx context.Context, ln net.Listener, acc acceptor, conns [][]*net.TCPConn, mu *sync.Mutex, token []byte) error {
 	var hs sync.WaitGroup
 	defer hs.Wait()
 	ctx, cancel := context.WithCancel(ctx) // ends handshakes still running when we return
@@ -390,7 +446,7 @@ func (t *Transport) acceptAll(ctx context.Context, ln net.Listener, want int, co
 	got := 0
 	type result struct {
 		c   *net.TCPConn
-		h   hello
+		ph  []byte
 		err error
 	}
 	results := make(chan result)
@@ -422,19 +478,15 @@ func (t *Transport) acceptAll(ctx context.Context, ln net.Listener, want int, co
 				defer cancel()
 				me := hello{uint32(t.rank), uint32(t.size), 0, uint32(t.streams)}
 				ph, err := transport.Handshake(hctx, c, token, transport.RoleAcceptor, me.encode())
-				var h hello
-				if err == nil {
-					h, err = decodeHello(ph)
-				}
 				select {
-				case results <- result{c.(*net.TCPConn), h, err}:
+				case results <- result{c.(*net.TCPConn), ph, err}:
 				case <-ctx.Done():
 					_ = c.Close()
 				}
 			}()
 		}
 	}()
-	for got < want {
+	for acc.missing(got) > 0 {
 		select {
 		case r := <-results:
 			if r.err != nil {
@@ -442,22 +494,23 @@ func (t *Transport) acceptAll(ctx context.Context, ln net.Listener, want int, co
 				_ = r.c.Close()
 				continue
 			}
-			h := r.h
-			if int(h.rank) <= t.rank || int(h.rank) >= t.size || int(h.stream) >= t.streams ||
-				h.size != uint32(t.size) || h.streams != uint32(t.streams) {
-				t.refusedWarn("moex tcp: refused connection with unexpected hello", "rank", t.rank,
-					"remote", r.c.RemoteAddr().String(), "peer_rank", h.rank, "size", h.size, "stream", h.stream, "streams", h.streams)
+			rank, stream, why := acc.admit(r.ph)
+			if why != "" {
+				t.refusedWarn("moex tcp: refused connection", "rank", t.rank, "remote", r.c.RemoteAddr().String(), "why", why)
 				_ = r.c.Close()
 				continue
 			}
 			mu.Lock()
-			dup := conns[h.rank][h.stream] != nil
+			if conns[rank] == nil {
+				conns[rank] = make([]*net.TCPConn, t.streams)
+			}
+			dup := conns[rank][stream] != nil
 			if !dup {
-				conns[h.rank][h.stream] = r.c
+				conns[rank][stream] = r.c
 			}
 			mu.Unlock()
 			if dup {
-				t.refusedWarn("moex tcp: refused duplicate connection", "rank", t.rank, "peer_rank", h.rank, "stream", h.stream)
+				t.refusedWarn("moex tcp: refused duplicate connection", "rank", t.rank, "peer_rank", rank, "stream", stream)
 				_ = r.c.Close()
 				continue
 			}
@@ -465,7 +518,7 @@ func (t *Transport) acceptAll(ctx context.Context, ln net.Listener, want int, co
 		case <-ctx.Done():
 			_ = ln.Close()
 			<-acceptErr
-			return fmt.Errorf("tcp: waiting for %d more connections: %w", want-got, transport.CtxError(ctx.Err()))
+			return fmt.Errorf("tcp: waiting for %d more connections: %w", acc.missing(got), transport.CtxError(ctx.Err()))
 		}
 	}
 	_ = ln.Close()
@@ -490,10 +543,10 @@ func (t *Transport) Path(peer int) string {
 	if peer == t.rank {
 		return "tcp: self, in-process copy"
 	}
-	if peer < 0 || peer >= t.size || t.peers[peer] == nil {
+	if peer < 0 || peer >= t.size || t.peers[peer].Load() == nil {
 		return "tcp: no such peer"
 	}
-	c := t.peers[peer].streams[0].conn
+	c := t.peers[peer].Load().streams[0].conn
 	return fmt.Sprintf("tcp: %s -> %s, %d stream(s), SO_BUSY_POLL %s, receive poll %s",
 		c.LocalAddr(), c.RemoteAddr(), t.streams, t.busyPoll, t.poller.Mode())
 }
@@ -520,11 +573,14 @@ var (
 // Close says goodbye to every peer, stops every goroutine and closes every connection.
 // Pending requests complete with ErrClosed.
 func (t *Transport) Close() error {
+	t.peersMu.Lock()
 	if t.closed.Swap(true) {
+		t.peersMu.Unlock()
 		return nil
 	}
-	for _, p := range t.peers {
-		if p != nil {
+	t.peersMu.Unlock()
+	for i := range t.peers {
+		if p := t.peers[i].Load(); p != nil {
 			p.leave(true)
 		}
 	}
@@ -534,11 +590,14 @@ func (t *Transport) Close() error {
 
 // Kill closes every connection without a goodbye, as a crash would (for tests).
 func (t *Transport) Kill() {
+	t.peersMu.Lock()
 	if t.closed.Swap(true) {
+		t.peersMu.Unlock()
 		return
 	}
-	for _, p := range t.peers {
-		if p != nil {
+	t.peersMu.Unlock()
+	for i := range t.peers {
+		if p := t.peers[i].Load(); p != nil {
 			p.leave(false)
 		}
 	}
@@ -549,10 +608,10 @@ func (t *Transport) Kill() {
 // InjectRaw writes b on the first stream to peer, bypassing framing (for tests of
 // garbage on the wire).
 func (t *Transport) InjectRaw(peer int, b []byte) error {
-	if peer == t.rank || t.peers[peer] == nil {
+	if peer == t.rank || t.peers[peer].Load() == nil {
 		return &transport.ArgError{Arg: "peer", Reason: "no connection"}
 	}
-	st := t.peers[peer].streams[0]
+	st := t.peers[peer].Load().streams[0]
 	st.wlock.Lock()
 	defer st.wlock.Unlock()
 	_, err := st.conn.Write(b)
