@@ -540,10 +540,12 @@ func (c *Comm) end() { c.dog.End() }
 // watchCtx arranges for ctx's end to abort the communicator while operations run. The
 // registration is kept while callers keep passing the same context, so that steady-state
 // operations allocate nothing.
+//
+// Only the context of the latest operation is watched: a context that ends after its
+// operations returned, while an operation with another context (or one that never ends)
+// runs, must not abort the communicator (a caller's `defer cancel()` after an operation
+// is the common case).
 func (c *Comm) watchCtx(ctx context.Context) {
-	if ctx.Done() == nil {
-		return
-	}
 	c.ctxMu.Lock()
 	defer c.ctxMu.Unlock()
 	if c.lastCtx == ctx {
@@ -551,10 +553,18 @@ func (c *Comm) watchCtx(ctx context.Context) {
 	}
 	if c.stopCtx != nil {
 		c.stopCtx()
+		c.stopCtx = nil
+	}
+	c.lastCtx = nil
+	if ctx.Done() == nil {
+		return
 	}
 	c.lastCtx = ctx
 	c.stopCtx = context.AfterFunc(ctx, func() {
-		if c.dog.Busy() {
+		c.ctxMu.Lock()
+		current := c.lastCtx == ctx
+		c.ctxMu.Unlock()
+		if current && c.dog.Busy() {
 			c.abortLocal(ctxError(ctx.Err()))
 		}
 	})
