@@ -102,6 +102,7 @@ type Comm struct {
 	// verify, so the next may have to (Comm.confirms).
 	unconfirmed bool
 	shrinks     uint32
+	grows       uint32
 	closed      atomic.Bool
 
 	planMu   sync.Mutex

@@ -1,5 +1,7 @@
 package transport
 
+import "context"
+
 // Capabilities beyond point-to-point that some transports have, found by type assertion.
 // Code outside the transports asks for these, never for a concrete transport.
 
@@ -61,4 +63,26 @@ func Kill(t Transport) bool {
 		return true
 	}
 	return false
+}
+
+// Readmitter is implemented by transports that can give a dead peer's rank to a new
+// process, one that took the rank over while the job runs (tcp: Transport.Readmit).
+type Readmitter interface {
+	// Readmit connects this rank to the process listening at addr that took over rank
+	// peer, telling it the live ranks (members, this one among them, as every one of
+	// them names them); from then on operations with peer reach the new process.
+	Readmit(ctx context.Context, peer int, addr string, members []int) error
+}
+
+// ReadmitterOf is what gives peer's rank of t to a new process: t, or the transport a Mux
+// routes peer to, where it is a Readmitter; nil where there is none.
+func ReadmitterOf(t Transport, peer int) Readmitter {
+	if m, isMux := t.(*Mux); isMux {
+		if peer < 0 || peer >= m.size {
+			return nil
+		}
+		return ReadmitterOf(m.For(peer), peer)
+	}
+	r, _ := t.(Readmitter)
+	return r
 }

@@ -26,7 +26,7 @@ import (
 // comes last. A new file must be placed here.
 var collFiles = []string{
 	"errors.go", "names.go", "state.go", "choose.go", "comm.go", "exec.go", "profile.go", "trace.go", "run.go",
-	"async.go", "ops.go", "alltoallv.go", "vops.go", "window.go", "exchangehost.go", "board.go", "group.go", "world.go", "shrink.go", "envvars.go",
+	"async.go", "ops.go", "alltoallv.go", "vops.go", "window.go", "exchangehost.go", "board.go", "group.go", "world.go", "shrink.go", "grow.go", "envvars.go",
 }
 
 // TestCollFilesPointDown: no file of coll uses a package-level name (a type, function,

@@ -1,0 +1,320 @@
+package coll
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/moex-ai/moex/transport"
+)
+
+// A lost rank comes back: a new process takes the rank of one that died (a joiner), the
+// live ranks admit it with Grow, and every one of them, the joiner included, gets a
+// communicator of them all. The joiner's transport connects to the live ranks first (tcp:
+// it listens, each live rank dials it); Rejoin then waits for the communicator's
+// description, which the lowest live rank sends once every live rank has connected.
+
+// Joiner is a process that takes over a rank whose process died.
+type Joiner struct {
+	Rank int    // the rank it takes over, in the job's transport (a rank of the world)
+	Addr string // where it listens for the live ranks (tcp: host:port)
+	Host string // its host's identity (transport.HostID), for the ranks' placement
+}
+
+// Errors of Grow.
+var (
+	// ErrRankLive: a joiner claims a rank that is a member of the communicator.
+	ErrRankLive = errors.New("coll: the rank is alive")
+	// ErrRankClaimed: two joiners claim one rank.
+	ErrRankClaimed = errors.New("coll: two joiners claim the rank")
+	// ErrJoinFailed: a live rank could not connect to a joiner.
+	ErrJoinFailed = errors.New("coll: a live rank could not connect to the joiner")
+)
+
+// JoinError says that Grow did not admit the joiner for Rank, on every live rank alike:
+// Err is ErrRankLive, ErrRankClaimed, or ErrJoinFailed (with transport.ErrAuth where the
+// joiner did not prove the job's secret), Member the live rank (of the world) that could
+// not connect to it (-1 where none tried).
+type JoinError struct {
+	Rank   int   // the rank (of the world) the joiner claimed
+	Member int   // the live rank (of the world) that could not connect to it; -1: none tried
+	Err    error // why: ErrRankLive, ErrRankClaimed or ErrJoinFailed
+}
+
+func (e *JoinError) Error() string {
+	if e.Member >= 0 {
+		return fmt.Sprintf("coll: joiner for rank %d not admitted: rank %d: %v", e.Rank, e.Member, e.Err)
+	}
+	return fmt.Sprintf("coll: joiner for rank %d not admitted: %v", e.Rank, e.Err)
+}
+
+func (e *JoinError) Unwrap() error { return e.Err }
+
+// joinTag carries a grown communicator's description to a joiner.
+var joinTag = transport.Tag{Comm: 0xFFFFFFF1}
+
+// maxJoinAddr bounds a joiner's address.
+const maxJoinAddr = 256
+
+// Grow admits joiners, processes that took over ranks whose processes died, and returns
+// a communicator of c's ranks and theirs, in the order of their ranks in the job's
+// transport (a joiner takes its rank's place). It is collective over c's ranks, which
+// must pass the same joiners (else every rank fails with ErrMismatch); each joiner calls
+// Rejoin. c (typically what Shrink returned after the deaths) stays usable, and the new
+// communicator shares its transport.
+//
+// Every live rank connects to every joiner (transport.Readmitter: tcp), then the lowest
+// describes the communicator to the joiners and all of them meet in a Barrier. Grow
+// fails on every live rank alike with a *JoinError when a joiner claims a live rank or a
+// rank another joiner claims, or when a live rank could not connect to one (its secret
+// is wrong, it died); a live rank or joiner that dies meanwhile makes every other fail
+// (a PeerError, or ErrTimeout) rather than wait. Grow never hangs past c's timeout.
+func (c *Comm) Grow(ctx context.Context, joiners []Joiner) (*Comm, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	if len(joiners) == 0 || len(joiners) > c.tr.Size() {
+		return nil, &ArgError{Arg: "joiners", Reason: fmt.Sprintf("%d for %d ranks", len(joiners), c.tr.Size())}
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	defer cancel()
+	// Every rank checks that the others pass the same joiners, and learns their hosts.
+	h := fnv.New64a()
+	for _, j := range joiners {
+		fmt.Fprintf(h, "%d\x00%s\x00%s\x00", j.Rank, j.Addr, j.Host)
+	}
+	mine := []int64{int64(h.Sum64()), int64(hostKey(transport.HostID()))}
+	all := make([]int64, 2*c.size)
+	if err := AllGather(ctx, c, mine, all); err != nil {
+		return nil, err
+	}
+	for q := 0; q < c.size; q++ {
+		if all[2*q] != mine[0] {
+			return nil, fmt.Errorf("%w: ranks %d and %d pass different joiners to Grow", ErrMismatch, c.ranks[q], c.ranks[c.rank])
+		}
+	}
+	if err := c.checkJoiners(joiners); err != nil {
+		return nil, err
+	}
+	members := slices.Clone(c.ranks)
+	slices.Sort(members)
+	// Connect to every joiner; then every rank learns whether every other did.
+	status := []int64{-1, 0} // the joiner this rank could not connect to, and whether its secret was wrong
+	for _, j := range joiners {
+		rm := transport.ReadmitterOf(c.tr, j.Rank)
+		var err error
+		if rm == nil {
+			err = fmt.Errorf("the transport to rank %d (%s) cannot take a joiner", j.Rank, c.tr.Name())
+		} else {
+			err = rm.Readmit(ctx, j.Rank, j.Addr, members)
+		}
+		if err != nil {
+			c.log.Warn("moex: could not connect to a joiner", "rank", c.ranks[c.rank], "joiner", j.Rank, "addr", j.Addr, "err", err)
+			status[0] = int64(j.Rank)
+			if errors.Is(err, transport.ErrAuth) {
+				status[1] = 1
+			}
+			break
+		}
+	}
+	statuses := make([]int64, 2*c.size)
+	if err := AllGather(ctx, c, status, statuses); err != nil {
+		return nil, err
+	}
+	for q := 0; q < c.size; q++ {
+		if r := statuses[2*q]; r >= 0 {
+			err := ErrJoinFailed
+			if statuses[2*q+1] == 1 {
+				err = fmt.Errorf("%w: %w", ErrJoinFailed, transport.ErrAuth)
+			}
+			return nil, &JoinError{Rank: int(r), Member: c.ranks[q], Err: err}
+		}
+	}
+	// The grown communicator: c's ranks and the joiners, in transport order.
+	keys := map[int]uint64{}
+	for q := 0; q < c.size; q++ {
+		keys[c.ranks[q]] = uint64(all[2*q+1])
+	}
+	for _, j := range joiners {
+		keys[j.Rank] = hostKey(j.Host)
+	}
+	ranks := make([]int, 0, len(keys))
+	for r := range keys {
+		ranks = append(ranks, r)
+	}
+	slices.Sort(ranks)
+	hosts := make([]int, len(ranks))
+	for i, r := range ranks {
+		hosts[i] = int(keys[r] >> 1) // hostsDense renumbers them
+	}
+	hosts = hostsDense(hosts)
+	c.issueMu.Lock()
+	c.grows++
+	n := c.grows
+	c.issueMu.Unlock()
+	id := derivedID(0xfc, c.id, n)
+	me := slices.Index(ranks, c.ranks[c.rank])
+	if c.ranks[c.rank] == members[0] { // the lowest live rank describes it to the joiners
+		desc := joinDesc{id: id, ranks: ranks, hosts: hosts, link: c.link, intra: c.intra}.encode()
+		for _, j := range joiners {
+			req, err := c.tr.Isend(j.Rank, joinTag, desc)
+			if err == nil {
+				_, err = req.Wait(ctx)
+			}
+			if err != nil {
+				return nil, &JoinError{Rank: j.Rank, Member: c.ranks[c.rank], Err: fmt.Errorf("%w: %w", ErrJoinFailed, err)}
+			}
+		}
+	}
+	g := newComm(c.tr, id, ranks, hosts, me, c.cfg, c.link)
+	g.why, g.intra, g.closeBarrier = c.why, c.intra, c.closeBarrier
+	if c.owned != nil {
+		c.owned.refs.Add(1)
+		g.owned = c.owned
+	}
+	g.listen()
+	if err := Barrier(ctx, g); err != nil {
+		g.Close()
+		return nil, err
+	}
+	c.log.Info("moex: communicator grown", "comm", c.id, "rank", c.ranks[c.rank], "new_comm", g.id, "size", g.size, "joined", joinerRanks(joiners))
+	return g, nil
+}
+
+// checkJoiners fails, alike on every rank, a joiner that claims a live rank or one
+// another joiner claims, or that cannot be one.
+func (c *Comm) checkJoiners(joiners []Joiner) error {
+	claimed := map[int]bool{}
+	for _, j := range joiners {
+		switch {
+		case j.Rank < 0 || j.Rank >= c.tr.Size() || j.Addr == "" || len(j.Addr) > maxJoinAddr || len(j.Host) > maxJoinAddr:
+			return &ArgError{Arg: "joiners", Reason: fmt.Sprintf("rank %d of %d at %q (at most %d bytes)", j.Rank, c.tr.Size(), j.Addr, maxJoinAddr)}
+		case slices.Contains(c.ranks, j.Rank):
+			return &JoinError{Rank: j.Rank, Member: -1, Err: ErrRankLive}
+		case claimed[j.Rank]:
+			return &JoinError{Rank: j.Rank, Member: -1, Err: ErrRankClaimed}
+		}
+		claimed[j.Rank] = true
+	}
+	return nil
+}
+
+func joinerRanks(js []Joiner) []int {
+	rs := make([]int, len(js))
+	for i, j := range js {
+		rs[i] = j.Rank
+	}
+	return rs
+}
+
+// hostKey names a host by its identity.
+func hostKey(id string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	return h.Sum64()
+}
+
+// joinDesc describes a grown communicator to a joiner: its id, each rank's rank in the
+// transport and host, and the link costs the live ranks plan with (so that the joiner
+// chooses the algorithms they choose).
+type joinDesc struct {
+	id           uint32
+	ranks, hosts []int
+	link, intra  LinkCost
+}
+
+const joinDescHead = 8 + 6*8
+
+func (d joinDesc) encode() []byte {
+	le := binary.LittleEndian
+	b := le.AppendUint32(nil, d.id)
+	b = le.AppendUint32(b, uint32(len(d.ranks)))
+	for _, l := range []LinkCost{d.link, d.intra} {
+		b = le.AppendUint64(b, uint64(l.Alpha))
+		b = le.AppendUint64(b, math.Float64bits(l.Beta))
+		b = le.AppendUint64(b, math.Float64bits(l.Gamma))
+	}
+	for i := range d.ranks {
+		b = le.AppendUint32(b, uint32(d.ranks[i]))
+		b = le.AppendUint32(b, uint32(d.hosts[i]))
+	}
+	return b
+}
+
+func decodeJoin(b []byte, size int) (joinDesc, error) {
+	le := binary.LittleEndian
+	var d joinDesc
+	if len(b) < joinDescHead {
+		return d, fmt.Errorf("%w: a description of %d bytes", transport.ErrProtocol, len(b))
+	}
+	d.id = le.Uint32(b)
+	n := int(le.Uint32(b[4:]))
+	if n < 2 || n > size || len(b) != joinDescHead+8*n {
+		return d, fmt.Errorf("%w: a description of %d ranks in %d bytes", transport.ErrProtocol, n, len(b))
+	}
+	for i, l := range []*LinkCost{&d.link, &d.intra} {
+		at := 8 + 24*i
+		l.Alpha = time.Duration(le.Uint64(b[at:]))
+		l.Beta, l.Gamma = math.Float64frombits(le.Uint64(b[at+8:])), math.Float64frombits(le.Uint64(b[at+16:]))
+	}
+	d.ranks, d.hosts = make([]int, n), make([]int, n)
+	for i := range d.ranks {
+		at := joinDescHead + 8*i
+		d.ranks[i], d.hosts[i] = int(le.Uint32(b[at:])), int(le.Uint32(b[at+4:]))
+		if d.ranks[i] >= size || d.hosts[i] >= n || (i > 0 && d.ranks[i] <= d.ranks[i-1]) {
+			return d, fmt.Errorf("%w: a description with rank %d on host %d", transport.ErrProtocol, d.ranks[i], d.hosts[i])
+		}
+	}
+	return d, nil
+}
+
+// Rejoin returns the communicator a joiner gets from the live ranks' Grow: t is its
+// transport, connected to the live ranks (tcp: Replacement.Accept), members the live
+// ranks as they named them. It waits, for at most cfg.Timeout, for the lowest live rank's
+// description of the communicator, then meets every rank in a Barrier. The
+// communicator does not own t: close t after it. cfg is as for New.
+func Rejoin(ctx context.Context, t transport.Transport, members []int, cfg Config) (*Comm, error) {
+	if t == nil || len(members) == 0 {
+		return nil, &ArgError{Arg: "t", Reason: "no transport, or no live rank"}
+	}
+	if err := cfg.fill(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	buf := make([]byte, joinDescHead+8*t.Size())
+	req, err := t.Irecv(slices.Min(members), joinTag, buf)
+	if err != nil {
+		return nil, err
+	}
+	n, err := req.Wait(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("coll: waiting for the live ranks to admit rank %d: %w", t.Rank(), err)
+	}
+	d, err := decodeJoin(buf[:n], t.Size())
+	if err != nil {
+		return nil, err
+	}
+	me := slices.Index(d.ranks, t.Rank())
+	if me < 0 {
+		return nil, fmt.Errorf("%w: the grown communicator leaves this rank (%d) out", transport.ErrProtocol, t.Rank())
+	}
+	if cfg.Wrap != nil {
+		t = cfg.Wrap(t.Rank(), t)
+	}
+	cfg.Link, cfg.HostLink, cfg.NetGbits = &d.link, &d.intra, 0 // as the live ranks plan
+	c := newComm(t, d.id, d.ranks, d.hosts, me, cfg, d.link)
+	c.why = t.Name() + ": a joiner's transport (coll.Rejoin)"
+	c.owned = newOwner()
+	c.listen()
+	if err := Barrier(ctx, c); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}

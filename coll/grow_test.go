@@ -1,0 +1,350 @@
+package coll
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/tcp"
+	"github.com/moex-ai/moex/transport/transporttest"
+)
+
+const growSecret = "grow-secret"
+
+// tcpComms returns n communicators over tcp transports of this process (loopback); the
+// transports close when the test ends, after the communicators.
+func tcpComms(t *testing.T, n int, cfg Config) ([]*Comm, []*tcp.Transport) {
+	t.Helper()
+	ts := transporttest.Start(t, n, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*tcp.Transport, error) {
+		return tcp.New(ctx, tcp.Config{Rank: r, Size: n, Exchange: ex, Token: []byte(growSecret)})
+	})
+	cs := make([]*Comm, n)
+	for r, tr := range ts {
+		c, err := New(tr, cfg)
+		require.NoError(t, err)
+		cs[r] = c
+		t.Cleanup(func() { c.Close() })
+	}
+	return cs, ts
+}
+
+// joiner is a process taking over rank r of n: it listens, and once admitted returns
+// its communicator (closed, with its transport, when the test ends).
+type joiner struct {
+	rep  *tcp.Replacement
+	rank int
+	done chan struct{}
+	c    *Comm
+	err  error
+}
+
+// startJoiner starts one that, once admitted, runs serve on its communicator.
+func startJoiner(t *testing.T, r, n int, token string, cfg Config, serve func(c *Comm) error) *joiner {
+	t.Helper()
+	rep, err := tcp.Listen(tcp.Config{Rank: r, Size: n, Token: []byte(token)})
+	require.NoError(t, err)
+	j := &joiner{rep: rep, rank: r, done: make(chan struct{})}
+	go func() {
+		defer close(j.done)
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
+		defer cancel()
+		tr, members, err := rep.Accept(ctx)
+		if err != nil {
+			j.err = err
+			return
+		}
+		j.c, j.err = Rejoin(ctx, tr, members, cfg)
+		t.Cleanup(func() {
+			if j.c != nil {
+				j.c.Close()
+			}
+			tr.Close()
+		})
+		if j.err == nil && serve != nil {
+			j.err = serve(j.c)
+		}
+	}()
+	return j
+}
+
+func (j *joiner) spec() Joiner {
+	return Joiner{Rank: j.rank, Addr: j.rep.Addr(), Host: transport.HostID()}
+}
+
+// survivors runs f on every rank of cs but the dead ones, and returns their errors by rank.
+func survivors(cs []*Comm, dead []int, f func(c *Comm) error) map[int]error {
+	var mu sync.Mutex
+	errs := map[int]error{}
+	var wg sync.WaitGroup
+	for r, c := range cs {
+		if slices.Contains(dead, r) {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := f(c)
+			mu.Lock()
+			errs[r] = err
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// A rank of a 4-rank job over tcp is killed mid-serving: the survivors Shrink and serve
+// on three ranks, a replacement joins, and the grown communicator (the replacement in
+// the dead rank's place) gives the right results for 100 steps of collectives, on every
+// rank.
+func TestGrowAfterDeath(t *testing.T) {
+	const n, victim = 4, 2
+	cfg := Config{Timeout: 10 * time.Second}
+	cs, ts := tcpComms(t, n, cfg)
+	require.NoError(t, errors.Join(slices.Collect(mapValues(survivors(cs, nil, func(c *Comm) error { return checkWorks(context.Background(), c) })))...))
+	ts[victim].Kill()
+	var j *joiner
+	var once sync.Once
+	errs := survivors(cs, []int{victim}, func(c *Comm) error {
+		ctx := context.Background()
+		err := checkWorks(ctx, c)
+		var pe *PeerError
+		if !errors.As(err, &pe) || pe.Rank != victim {
+			return fmt.Errorf("rank %d: after the death got %v, want a PeerError naming rank %d", c.Rank(), err, victim)
+		}
+		sub, err := c.Shrink(ctx)
+		if err != nil {
+			return err
+		}
+		defer sub.Close()
+		if err := checkWorks(ctx, sub); err != nil { // serving on three
+			return err
+		}
+		once.Do(func() {
+			j = startJoiner(t, victim, n, growSecret, cfg, func(c *Comm) error {
+				if c.Rank() != victim || c.Size() != n {
+					return fmt.Errorf("the joiner is rank %d of %d", c.Rank(), c.Size())
+				}
+				return steps(context.Background(), c)
+			})
+		})
+		g, err := sub.Grow(ctx, []Joiner{j.spec()})
+		if err != nil {
+			return err
+		}
+		defer g.Close()
+		if g.Size() != n || g.Rank() != c.Rank() {
+			return fmt.Errorf("rank %d: grown to rank %d of %d", c.Rank(), g.Rank(), g.Size())
+		}
+		return steps(ctx, g)
+	})
+	<-j.done
+	require.NoError(t, j.err)
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+}
+
+// steps runs 100 steps of collectives on c, checking each result.
+func steps(ctx context.Context, c *Comm) error {
+	for step := 0; step < 100; step++ {
+		if err := checkWorks(ctx, c); err != nil {
+			return fmt.Errorf("rank %d, step %d: %w", c.Rank(), step, err)
+		}
+	}
+	return nil
+}
+
+func mapValues[K comparable, V any](m map[K]V) func(func(V) bool) {
+	return func(yield func(V) bool) {
+		for _, v := range m {
+			if !yield(v) {
+				return
+			}
+		}
+	}
+}
+
+// growAll runs Grow with joiners(rank) on every live rank of cs (dead left out) and returns
+// each one's error.
+func growAll(cs []*Comm, dead []int, joiners func(rank int) []Joiner) map[int]error {
+	return survivors(cs, dead, func(c *Comm) error {
+		g, err := c.Grow(context.Background(), joiners(c.Rank()))
+		if err == nil {
+			g.Close()
+		}
+		return err
+	})
+}
+
+// shrunk returns the communicators of the survivors of n local ranks after victim died.
+func shrunk(t *testing.T, n, victim int, cfg Config) []*Comm {
+	t.Helper()
+	cs := newLocal(t, n, cfg)
+	kill(cs[victim])
+	subs := make([]*Comm, n)
+	errs := survivors(cs, []int{victim}, func(c *Comm) error {
+		sub, err := c.Shrink(context.Background())
+		if err == nil {
+			subs[c.Rank()] = sub
+			t.Cleanup(func() { sub.Close() })
+		}
+		return err
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	return slices.DeleteFunc(subs, func(c *Comm) bool { return c == nil })
+}
+
+// Joiners that cannot be admitted are refused on every live rank alike, in the same
+// call, and the communicator serves on: one claiming a live rank, two claiming one rank,
+// a list that differs between the ranks, and a joiner over a transport that cannot take
+// one (inproc).
+func TestGrowRefused(t *testing.T) {
+	cfg := Config{Timeout: 5 * time.Second}
+	subs := shrunk(t, 4, 3, cfg)
+	for _, c := range []struct {
+		name    string
+		joiners func(rank int) []Joiner
+		want    error
+	}{
+		{"live rank", func(int) []Joiner { return []Joiner{{Rank: 1, Addr: "127.0.0.1:1"}} }, ErrRankLive},
+		{"two claimants", func(int) []Joiner { return []Joiner{{Rank: 3, Addr: "127.0.0.1:1"}, {Rank: 3, Addr: "127.0.0.1:2"}} }, ErrRankClaimed},
+		{"different lists", func(r int) []Joiner { return []Joiner{{Rank: 3, Addr: fmt.Sprintf("127.0.0.1:%d", 1+r%2)}} }, ErrMismatch},
+		{"inproc", func(int) []Joiner { return []Joiner{{Rank: 3, Addr: "127.0.0.1:1"}} }, ErrJoinFailed},
+	} {
+		errs := growAll(subs, nil, c.joiners)
+		require.Len(t, errs, 3)
+		for r, err := range errs {
+			require.ErrorIs(t, err, c.want, "%s: rank %d", c.name, r)
+			if !errors.Is(c.want, ErrMismatch) {
+				var je *JoinError
+				require.ErrorAs(t, err, &je, "%s: rank %d", c.name, r)
+			}
+		}
+		for r, err := range survivors(subs, nil, func(c *Comm) error { return checkWorks(context.Background(), c) }) {
+			require.NoError(t, err, "%s: rank %d serves on", c.name, r)
+		}
+	}
+}
+
+// A joiner with another job's secret is refused: every live rank's Grow fails with a
+// JoinError that matches ErrAuth, the joiner's start-up ends with its deadline, and the
+// live ranks serve on.
+func TestGrowWrongSecret(t *testing.T) {
+	const n, victim = 3, 1
+	cfg := Config{Timeout: 2 * time.Second}
+	cs, ts := tcpComms(t, n, cfg)
+	ts[victim].Kill()
+	subs := make([]*Comm, n)
+	for r, err := range survivors(cs, []int{victim}, func(c *Comm) error {
+		sub, err := c.Shrink(context.Background())
+		subs[c.Rank()] = sub
+		return err
+	}) {
+		require.NoError(t, err, "rank %d", r)
+	}
+	subs = slices.DeleteFunc(subs, func(c *Comm) bool { return c == nil })
+	defer func() {
+		for _, s := range subs {
+			s.Close()
+		}
+	}()
+	j := startJoiner(t, victim, n, "another-secret", cfg, nil)
+	for r, err := range growAll(subs, nil, func(int) []Joiner { return []Joiner{j.spec()} }) {
+		var je *JoinError
+		require.ErrorAs(t, err, &je, "rank %d", r)
+		require.ErrorIs(t, err, ErrJoinFailed)
+		require.ErrorIs(t, err, transport.ErrAuth)
+		require.Equal(t, victim, je.Rank)
+	}
+	<-j.done
+	require.ErrorIs(t, j.err, ErrTimeout)
+	for r, err := range survivors(subs, nil, func(c *Comm) error { return checkWorks(context.Background(), c) }) {
+		require.NoError(t, err, "rank %d serves on", r)
+	}
+}
+
+// A live rank that dies while the others admit a joiner makes every other live rank's
+// Grow fail with a PeerError naming it, and the joiner's with its deadline: nobody waits
+// for it past the timeout.
+func TestGrowMemberDies(t *testing.T) {
+	const n, victim, second = 4, 2, 3
+	cfg := Config{Timeout: 2 * time.Second}
+	cs, ts := tcpComms(t, n, cfg)
+	ts[victim].Kill()
+	subs := make([]*Comm, n)
+	for r, err := range survivors(cs, []int{victim}, func(c *Comm) error {
+		sub, err := c.Shrink(context.Background())
+		subs[c.Rank()] = sub
+		return err
+	}) {
+		require.NoError(t, err, "rank %d", r)
+	}
+	defer func() {
+		for _, s := range subs {
+			if s != nil {
+				s.Close()
+			}
+		}
+	}()
+	j := startJoiner(t, victim, n, growSecret, cfg, nil)
+	ts[second].Kill()
+	for r, err := range growAll(subs, []int{victim, second}, func(int) []Joiner { return []Joiner{j.spec()} }) {
+		var pe *PeerError
+		require.ErrorAs(t, err, &pe, "rank %d", r)
+		require.Equal(t, second, pe.Rank)
+	}
+	<-j.done
+	require.ErrorIs(t, j.err, ErrTimeout)
+}
+
+// A joiner that dies once connected, before it is admitted, makes every live rank's
+// Grow fail (a PeerError naming it, or a JoinError) rather than wait for it.
+func TestGrowJoinerDies(t *testing.T) {
+	const n, victim = 3, 2
+	cfg := Config{Timeout: 2 * time.Second}
+	cs, ts := tcpComms(t, n, cfg)
+	ts[victim].Kill()
+	subs := make([]*Comm, n)
+	for r, err := range survivors(cs, []int{victim}, func(c *Comm) error {
+		sub, err := c.Shrink(context.Background())
+		subs[c.Rank()] = sub
+		return err
+	}) {
+		require.NoError(t, err, "rank %d", r)
+	}
+	subs = slices.DeleteFunc(subs, func(c *Comm) bool { return c == nil })
+	defer func() {
+		for _, s := range subs {
+			s.Close()
+		}
+	}()
+	rep, err := tcp.Listen(tcp.Config{Rank: victim, Size: n, Token: []byte(growSecret)})
+	require.NoError(t, err)
+	died := make(chan error, 1)
+	go func() { // connected, then gone before the communicator's description
+		tr, _, err := rep.Accept(context.Background())
+		if err == nil {
+			tr.Kill()
+		}
+		died <- err
+	}()
+	for r, err := range growAll(subs, nil, func(int) []Joiner { return []Joiner{{Rank: victim, Addr: rep.Addr()}} }) {
+		var pe *PeerError
+		var je *JoinError
+		require.True(t, errors.As(err, &pe) || errors.As(err, &je), "rank %d: %v", r, err)
+		if pe != nil {
+			require.Equal(t, victim, pe.Rank)
+		}
+	}
+	require.NoError(t, <-died)
+}
