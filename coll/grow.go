@@ -159,8 +159,12 @@ func (c *Comm) Grow(ctx context.Context, joiners []Joiner) (*Comm, error) {
 	c.issueMu.Unlock()
 	id := derivedID(0xfc, c.id, n)
 	me := slices.Index(ranks, c.ranks[c.rank])
+	parents := make([]int, len(ranks))
+	for i, r := range ranks {
+		parents[i] = slices.Index(c.ranks, r) // -1: a joiner
+	}
 	if c.ranks[c.rank] == members[0] { // the lowest live rank describes it to the joiners
-		desc := joinDesc{id: id, ranks: ranks, hosts: hosts, link: c.link, intra: c.intra}.encode()
+		desc := joinDesc{id: id, ranks: ranks, hosts: hosts, parents: parents, link: c.link, intra: c.intra}.encode()
 		for _, j := range joiners {
 			req, err := c.tr.Isend(j.Rank, joinTag, desc)
 			if err == nil {
@@ -172,7 +176,7 @@ func (c *Comm) Grow(ctx context.Context, joiners []Joiner) (*Comm, error) {
 		}
 	}
 	g := newComm(c.tr, id, ranks, hosts, me, c.cfg, c.link)
-	g.why, g.intra, g.closeBarrier = c.why, c.intra, c.closeBarrier
+	g.why, g.intra, g.closeBarrier, g.parent = c.why, c.intra, c.closeBarrier, parents
 	if c.owned != nil {
 		c.owned.refs.Add(1)
 		g.owned = c.owned
@@ -223,9 +227,9 @@ func hostKey(id string) uint64 {
 // transport and host, and the link costs the live ranks plan with (so that the joiner
 // chooses the algorithms they choose).
 type joinDesc struct {
-	id           uint32
-	ranks, hosts []int
-	link, intra  LinkCost
+	id                    uint32
+	ranks, hosts, parents []int // parents: each rank's in the communicator grown from, -1 for a joiner
+	link, intra           LinkCost
 }
 
 const joinDescHead = 8 + 6*8
@@ -242,6 +246,7 @@ func (d joinDesc) encode() []byte {
 	for i := range d.ranks {
 		b = le.AppendUint32(b, uint32(d.ranks[i]))
 		b = le.AppendUint32(b, uint32(d.hosts[i]))
+		b = le.AppendUint32(b, uint32(int32(d.parents[i])))
 	}
 	return b
 }
@@ -254,7 +259,7 @@ func decodeJoin(b []byte, size int) (joinDesc, error) {
 	}
 	d.id = le.Uint32(b)
 	n := int(le.Uint32(b[4:]))
-	if n < 2 || n > size || len(b) != joinDescHead+8*n {
+	if n < 2 || n > size || len(b) != joinDescHead+12*n {
 		return d, fmt.Errorf("%w: a description of %d ranks in %d bytes", transport.ErrProtocol, n, len(b))
 	}
 	for i, l := range []*LinkCost{&d.link, &d.intra} {
@@ -262,11 +267,11 @@ func decodeJoin(b []byte, size int) (joinDesc, error) {
 		l.Alpha = time.Duration(le.Uint64(b[at:]))
 		l.Beta, l.Gamma = math.Float64frombits(le.Uint64(b[at+8:])), math.Float64frombits(le.Uint64(b[at+16:]))
 	}
-	d.ranks, d.hosts = make([]int, n), make([]int, n)
+	d.ranks, d.hosts, d.parents = make([]int, n), make([]int, n), make([]int, n)
 	for i := range d.ranks {
-		at := joinDescHead + 8*i
-		d.ranks[i], d.hosts[i] = int(le.Uint32(b[at:])), int(le.Uint32(b[at+4:]))
-		if d.ranks[i] >= size || d.hosts[i] >= n || (i > 0 && d.ranks[i] <= d.ranks[i-1]) {
+		at := joinDescHead + 12*i
+		d.ranks[i], d.hosts[i], d.parents[i] = int(le.Uint32(b[at:])), int(le.Uint32(b[at+4:])), int(int32(le.Uint32(b[at+8:])))
+		if d.ranks[i] >= size || d.hosts[i] >= n || d.parents[i] < -1 || d.parents[i] >= n || (i > 0 && d.ranks[i] <= d.ranks[i-1]) {
 			return d, fmt.Errorf("%w: a description with rank %d on host %d", transport.ErrProtocol, d.ranks[i], d.hosts[i])
 		}
 	}
@@ -287,7 +292,7 @@ func Rejoin(ctx context.Context, t transport.Transport, members []int, cfg Confi
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	buf := make([]byte, joinDescHead+8*t.Size())
+	buf := make([]byte, joinDescHead+12*t.Size())
 	req, err := t.Irecv(slices.Min(members), joinTag, buf)
 	if err != nil {
 		return nil, err
@@ -310,6 +315,7 @@ func Rejoin(ctx context.Context, t transport.Transport, members []int, cfg Confi
 	cfg.Link, cfg.HostLink, cfg.NetGbits = &d.link, &d.intra, 0 // as the live ranks plan
 	c := newComm(t, d.id, d.ranks, d.hosts, me, cfg, d.link)
 	c.why = t.Name() + ": a joiner's transport (coll.Rejoin)"
+	c.parent = d.parents
 	c.owned = newOwner()
 	c.listen()
 	if err := Barrier(ctx, c); err != nil {

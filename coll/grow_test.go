@@ -129,8 +129,8 @@ func TestGrowAfterDeath(t *testing.T) {
 		}
 		once.Do(func() {
 			j = startJoiner(t, victim, n, growSecret, cfg, func(c *Comm) error {
-				if c.Rank() != victim || c.Size() != n {
-					return fmt.Errorf("the joiner is rank %d of %d", c.Rank(), c.Size())
+				if c.Rank() != victim || c.Size() != n || !slices.Equal(c.ParentRanks(), []int{0, 1, -1, 2}) {
+					return fmt.Errorf("the joiner is rank %d of %d, parents %v", c.Rank(), c.Size(), c.ParentRanks())
 				}
 				return steps(context.Background(), c)
 			})
@@ -142,6 +142,9 @@ func TestGrowAfterDeath(t *testing.T) {
 		defer g.Close()
 		if g.Size() != n || g.Rank() != c.Rank() {
 			return fmt.Errorf("rank %d: grown to rank %d of %d", c.Rank(), g.Rank(), g.Size())
+		}
+		if got := g.ParentRanks(); !slices.Equal(got, []int{0, 1, -1, 2}) {
+			return fmt.Errorf("rank %d: parents %v", c.Rank(), got)
 		}
 		return steps(ctx, g)
 	})

@@ -108,8 +108,9 @@ func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 	return sub.listen(), nil
 }
 
-// ParentRanks returns, for each rank of a communicator made by Shrink or Split, its rank
-// in the communicator it was made from; nil for one made by Init or Local.
+// ParentRanks returns, for each rank of a communicator made by Shrink, Split or Grow
+// (or Rejoin), its rank in the communicator it was made from, -1 for a rank that joined;
+// nil for one made by Init, Local or New.
 func (c *Comm) ParentRanks() []int { return slices.Clone(c.parent) }
 
 // derivedID is the id of a communicator or agreement derived from parent (kind tells
