@@ -8,9 +8,13 @@ import (
 	"hash/fnv"
 	"math"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/moex-ai/moex/coll/health"
 	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/bootstrap"
 )
 
 // A lost rank comes back: a new process takes the rank of one that died (a joiner), the
@@ -176,7 +180,7 @@ func (c *Comm) Grow(ctx context.Context, joiners []Joiner) (*Comm, error) {
 		}
 	}
 	g := newComm(c.tr, id, ranks, hosts, me, c.cfg, c.link)
-	g.why, g.intra, g.closeBarrier, g.parent = c.why, c.intra, c.closeBarrier, parents
+	g.why, g.intra, g.closeBarrier, g.parent, g.registry = c.why, c.intra, c.closeBarrier, parents, c.registry
 	if c.owned != nil {
 		c.owned.refs.Add(1)
 		g.owned = c.owned
@@ -323,4 +327,122 @@ func Rejoin(ctx context.Context, t transport.Transport, members []int, cfg Confi
 		return nil, err
 	}
 	return c, nil
+}
+
+func init() { joinInit = initJoining }
+
+// initJoining is Init for a process that takes over rank env.Rank of a running job: it
+// listens, says where in the job's registry, waits (MOEX_INIT_TIMEOUT) for the live
+// ranks to admit it (their Admit), and returns the communicator they grew, which owns
+// the transport and the registry client.
+func initJoining(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) {
+	health.ReportJoin(env.Rank, health.Joining)
+	ictx, cancel := context.WithTimeout(ctx, cfg.InitTimeout)
+	defer cancel()
+	rep, err := bootstrap.ListenReplacement(ictx, env, *cfg.Poll, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	tr, members, err := rep.Accept(ictx)
+	if err != nil {
+		rep.Close()
+		return nil, fmt.Errorf("coll: rank %d waited for the live ranks to admit it: %w", env.Rank, err)
+	}
+	if cfg.Wrap != nil {
+		tr = cfg.Wrap(env.Rank, tr)
+	}
+	c, err := Rejoin(ictx, tr, members, cfg)
+	if err != nil {
+		tr.Close()
+		rep.Registry().Close()
+		return nil, err
+	}
+	c.why = "tcp: a process that took over rank " + strconv.Itoa(env.Rank) + " of a running job"
+	c.registry = rep.Registry()
+	c.owned = newOwner(tr.Close, c.registry.Close)
+	c.closeBarrier = true
+	health.ReportJoin(env.Rank, health.Joined)
+	cfg.Logger.Info("moex: took over a rank", "rank", env.Rank, "size", c.Size(), "live", members)
+	return c, nil
+}
+
+// maxAdmit bounds the joiners one Admit takes.
+const maxAdmit = 64
+
+// ErrNoRegistry: Admit on a communicator of a job without a registry (MOEX_REGISTRY).
+var ErrNoRegistry = errors.New("coll: the job has no registry (moex run --restarts sets one)")
+
+// Admit grows c with the processes waiting in the job's registry to take over ranks that
+// are not c's (started with MOEX_JOINING=1, as moex run --restarts starts them): it is
+// collective over c. The lowest rank reads the registry and tells the others whom it
+// found; then every rank calls Grow with them (see Grow for what is checked and how it
+// fails, on every rank alike). It returns nil and no error when nobody waits. The
+// registry entries of the joiners it tried are removed, admitted or not: a refused
+// joiner gives up, and its launcher may start another.
+//
+// A serving loop calls Admit between steps, on the communicator it serves with (it is
+// one small Broadcast when nobody waits), and moves its experts with dispatch.Grow when
+// it returns a communicator.
+func (c *Comm) Admit(ctx context.Context) (*Comm, error) {
+	if c.registry == nil {
+		return nil, ErrNoRegistry
+	}
+	var found []bootstrap.JoinEntry
+	if c.rank == 0 {
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+		keys, vals, err := c.registry.Scan(rctx, bootstrap.JoinPrefix)
+		cancel()
+		if err != nil {
+			c.log.Warn("moex: reading the job's registry failed", "rank", c.ranks[c.rank], "err", err)
+		}
+		for i, k := range keys {
+			e, err := bootstrap.ParseJoinEntry(k, vals[i])
+			if err == nil && !slices.Contains(c.ranks, e.Rank) && e.Rank < c.tr.Size() && len(found) < maxAdmit {
+				found = append(found, e)
+			}
+		}
+	}
+	var msg []byte
+	for _, e := range found {
+		msg = fmt.Appendf(msg, "%d\x00%s\x00%s\x00%s\x00", e.Rank, e.Addr, e.Host, e.Key)
+	}
+	n := []int64{int64(len(msg))}
+	if err := Broadcast(ctx, c, n, 0); err != nil {
+		return nil, err
+	}
+	if n[0] == 0 {
+		return nil, nil
+	}
+	if n[0] > maxAdmit*4*(maxJoinAddr+16) {
+		return nil, fmt.Errorf("%w: a list of joiners of %d bytes", ErrMismatch, n[0])
+	}
+	if c.rank != 0 {
+		msg = make([]byte, n[0])
+	}
+	if err := Broadcast(ctx, c, msg, 0); err != nil {
+		return nil, err
+	}
+	fields := strings.Split(strings.TrimSuffix(string(msg), "\x00"), "\x00")
+	if len(fields)%4 != 0 {
+		return nil, fmt.Errorf("%w: a malformed list of joiners", ErrMismatch)
+	}
+	var joiners []Joiner
+	var keys []string
+	for i := 0; i < len(fields); i += 4 {
+		r, err := strconv.Atoi(fields[i])
+		if err != nil {
+			return nil, fmt.Errorf("%w: a malformed list of joiners", ErrMismatch)
+		}
+		joiners = append(joiners, Joiner{Rank: r, Addr: fields[i+1], Host: fields[i+2]})
+		keys = append(keys, fields[i+3])
+	}
+	g, err := c.Grow(ctx, joiners)
+	if c.rank == 0 {
+		rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+		for _, k := range keys {
+			_ = c.registry.Delete(rctx, k)
+		}
+		cancel()
+	}
+	return g, err
 }

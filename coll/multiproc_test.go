@@ -94,6 +94,8 @@ func TestHelperCollRank(t *testing.T) {
 		err = helperSharedMismatch(ctx, c)
 	case "shrink":
 		c, err = helperShrink(ctx, c)
+	case "regrow":
+		c, err = helperRegrow(ctx, c)
 	case "stuck":
 		err = helperStuck(ctx, c)
 	case "launcher":
@@ -366,6 +368,57 @@ func helperShrink(ctx context.Context, c *Comm) (*Comm, error) {
 		return sub, err
 	}
 	return sub, nil
+}
+
+// helperRegrow: the rank MOEX_REGROW_VICTIM kills itself (SIGKILL) between two
+// operations; the survivors shrink and serve on, admitting at every step whoever waits
+// in the job's registry, until the process that moex run --restarts started in the dead
+// rank's place has joined; then every rank, the new one included, runs 50 checked steps
+// on the grown communicator.
+func helperRegrow(ctx context.Context, c *Comm) (*Comm, error) {
+	const steps = 50
+	if os.Getenv("MOEX_JOINING") == "1" { // the new process: Init returned the grown communicator
+		fmt.Printf("rank %d joined, %d ranks, parents %v\n", c.Rank(), c.Size(), c.ParentRanks())
+		for i := 0; i < steps; i++ {
+			if err := checkWorks(ctx, c); err != nil {
+				return c, err
+			}
+		}
+		return c, nil
+	}
+	victim := envInt("MOEX_REGROW_VICTIM")
+	if err := checkWorks(ctx, c); err != nil {
+		return c, err
+	}
+	if err := Barrier(ctx, c); err == nil && c.Rank() == victim {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	}
+	err := checkWorks(ctx, c)
+	var pe *PeerError
+	if !errors.As(err, &pe) || pe.Rank != victim {
+		return c, fmt.Errorf("after the death: %v, want a PeerError naming rank %d", err, victim)
+	}
+	sub, err := c.Shrink(ctx)
+	if err != nil {
+		return c, err
+	}
+	defer sub.Close()
+	var g *Comm
+	for served := 0; g == nil; served++ {
+		if err := checkWorks(ctx, sub); err != nil {
+			return c, fmt.Errorf("serving on %d ranks: %w", sub.Size(), err)
+		}
+		if g, err = sub.Admit(ctx); err != nil {
+			return c, fmt.Errorf("admit after %d steps: %w", served, err)
+		}
+	}
+	c.Close()
+	for i := 0; i < steps; i++ {
+		if err := checkWorks(ctx, g); err != nil {
+			return g, err
+		}
+	}
+	return g, nil
 }
 
 // helperStuck: rank 1 stops itself (SIGSTOP) between two AllReduces; the others' next
@@ -712,6 +765,26 @@ func shrinkRun(t *testing.T, moex, transport string, env ...string) {
 
 // A rank killed with SIGKILL: the survivors shrink their communicator and carry on,
 // over tcp and over shared memory.
+// A rank of a 4-process job over tcp is killed (SIGKILL); moex run --restarts starts a
+// process in its place, the survivors admit it while they serve, and every rank, the new
+// one included, ends its checked steps on the grown communicator: the job exits 0. Rank
+// 0 too: the registry is the launcher's, not rank 0's.
+func TestMultiProcessRegrow(t *testing.T) {
+	moex := buildMoex(t)
+	for _, victim := range []int{1, 0} {
+		cmd := exec.Command(moex, "run", "-n", "4", "--grace", "500ms", "--restarts", "1", "--", os.Args[0], "-test.run=^TestHelperCollRank$")
+		cmd.Env = append(os.Environ(), "MOEX_COLL_HELPER=regrow", "MOEX_TRANSPORT=tcp", fmt.Sprintf("MOEX_REGROW_VICTIM=%d", victim))
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "victim %d:\n%s", victim, out)
+		for r := 0; r < 4; r++ {
+			require.Contains(t, string(out), fmt.Sprintf("rank %d ok transport=tcp", r), "victim %d:\n%s", victim, out)
+		}
+		require.Contains(t, string(out), fmt.Sprintf("launch: rank %d killed by SIGKILL", victim))
+		require.Contains(t, string(out), "starting a process to take it over (restart 1 of 1)")
+		require.Contains(t, string(out), fmt.Sprintf("rank %d joined, 4 ranks", victim))
+	}
+}
+
 func TestMultiProcessShrink(t *testing.T) {
 	moex := buildMoex(t)
 	for _, tr := range []string{"tcp", "shm"} {

@@ -92,6 +92,7 @@ func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 	sub.intra = c.intra
 	sub.parent = members
 	sub.closeBarrier = c.closeBarrier
+	sub.registry = c.registry
 	if c.owned != nil {
 		c.owned.refs.Add(1)
 		sub.owned = c.owned

@@ -2,6 +2,7 @@ package coll
 
 import (
 	"context"
+	"github.com/moex-ai/moex/transport/bootstrap"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -149,6 +150,9 @@ type Comm struct {
 	parent       []int              // rank in the communicator this one was made from (Split, Shrink)
 	closeBarrier bool               // Close waits for every rank first (communicators from Init)
 	direct       *shared.Direct     // the collectives through the shared areas (Shared), when every rank is on this host over shm
+	// registry is the job's registry (MOEX_REGISTRY), where Admit finds the processes
+	// waiting to take over ranks; shared by what is made from the communicator.
+	registry *bootstrap.Store
 }
 
 // Stats counts a communicator's work.

@@ -226,6 +226,10 @@ func sharedAreas(t transport.Transport) *shared.Direct {
 	return nil
 }
 
+// joinInit is Init for a process that takes over a rank of a running job
+// (MOEX_JOINING=1): set by grow.go.
+var joinInit func(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error)
+
 // Init joins the job described by the environment (MOEX_*, torchrun, Open MPI or Slurm
 // variables; see moex env): rendezvous at rank 0's store, exchange host
 // identities, connect a transport to every rank, and return the world communicator.
@@ -249,6 +253,9 @@ func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) 
 		return nil, err
 	}
 	log := cfg.Logger
+	if env.Joining {
+		return joinInit(ctx, env, cfg)
+	}
 	health.ReportJoin(env.Rank, health.Joining)
 	// Start-up is an operation like any other: one deadline (MOEX_INIT_TIMEOUT, else the
 	// communicator's timeout), and on failure every rank says which ranks it never heard
@@ -316,8 +323,19 @@ func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) 
 		return fail(err)
 	}
 	stopWatch()
+	closers := []func() error{rv.Close, tr.Close}
+	if env.Registry != "" { // where the processes that take over dead ranks are found (Admit)
+		reg, err := bootstrap.DialRegistry(ictx, env.Registry, []byte(env.Token))
+		if err != nil {
+			tr.Close()
+			rv.Close()
+			return nil, err
+		}
+		c.registry = reg
+		closers = append(closers, reg.Close)
+	}
 	health.ReportJoin(env.Rank, health.Joined)
-	c.owned = newOwner(rv.Close, tr.Close)
+	c.owned = newOwner(closers...)
 	c.closeBarrier = true
 	c.listen()
 	if log.Enabled(ctx, slog.LevelInfo) {
@@ -391,6 +409,7 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 		sub.parent[i] = m.rank
 	}
 	sub.splitFrom = c
+	sub.registry = c.registry
 	c.kidsMu.Lock()
 	if c.kids == nil {
 		c.kids = map[*Comm]struct{}{}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/moex-ai/moex/internal/launch"
+	"github.com/moex-ai/moex/transport/bootstrap"
 )
 
 // cmdRun: moex run -n N [--] prog args...
@@ -18,6 +19,7 @@ func cmdRun(ctx context.Context, args []string) error {
 	noPrefix := fs.Bool("no-prefix", false, "do not prefix output lines with [rank]")
 	grace := fs.Duration("grace", 5*time.Second, "how long ranks get between SIGTERM and SIGKILL once the job stops")
 	keepGoing := fs.Bool("keep-going", false, "let the other ranks run on when one fails (jobs that shrink their communicator and carry on); the exit code is still the first failed rank's")
+	restarts := fs.Int("restarts", 0, fmt.Sprintf("replace a rank that fails with a new process that takes its rank over while the others run on (they admit it: coll.Comm.Admit), up to this many times (at most %d); the ranks must talk over tcp (MOEX_TRANSPORT=tcp)", launch.MaxRestarts))
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: moex run -n N [--] prog [args...]\n\nStarts N ranks of prog on this host with MOEX_RANK, MOEX_WORLD_SIZE, MOEX_LOCAL_RANK,\nMOEX_LOCAL_SIZE, MOEX_ADDR and a fresh MOEX_JOB_TOKEN; prefixes output with the rank;\nstops every rank when one fails (exit code: the failed rank's); forwards Ctrl-C.")
 		fs.PrintDefaults()
@@ -36,9 +38,21 @@ func cmdRun(ctx context.Context, args []string) error {
 	if *grace <= 0 || *grace > time.Hour {
 		return &usageError{fmt.Sprintf("moex run: --grace %v: want above 0, at most an hour", *grace)}
 	}
+	if *restarts < 0 || *restarts > launch.MaxRestarts {
+		return &usageError{fmt.Sprintf("moex run: --restarts %d: want 0 to %d", *restarts, launch.MaxRestarts)}
+	}
 	if *n < 1 || *n > launch.MaxRanks {
 		return &usageError{fmt.Sprintf("moex run: -n %d: want 1 to %d ranks", *n, launch.MaxRanks)}
 	}
 	return launch.Run(ctx, launch.Config{N: *n, Prog: rest[0], Args: rest[1:], NoPrefix: *noPrefix,
-		KeepGoing: *keepGoing, Grace: *grace, Stdout: os.Stdout, Stderr: os.Stderr})
+		KeepGoing: *keepGoing, Restarts: *restarts, ServeRegistry: serveRegistry, Grace: *grace, Stdout: os.Stdout, Stderr: os.Stderr})
+}
+
+// serveRegistry serves a job's registry on loopback (moex run's ranks are on this host).
+func serveRegistry(token string) (string, func() error, error) {
+	srv, err := bootstrap.ServeStore("127.0.0.1:0", []byte(token), nil)
+	if err != nil {
+		return "", nil, err
+	}
+	return srv.Addr(), srv.Close, nil
 }

@@ -48,10 +48,23 @@ type Config struct {
 	// carry on without it (coll.Comm.Shrink). Run still returns the first failure,
 	// once every rank has ended.
 	KeepGoing bool
+	// Restarts is how many times, over the job's life, a rank that fails is replaced by
+	// a new process that takes its rank over while the others run on (they admit it:
+	// coll.Comm.Admit); past them a failure ends the job as without. The launcher serves
+	// the job's registry (MOEX_REGISTRY), where the replacements are found; the ranks
+	// must reach a replacement over tcp (MOEX_TRANSPORT=tcp on one host).
+	Restarts int
+	// ServeRegistry serves the job's registry with the job secret (with Restarts; the
+	// caller supplies it, as this package stays below the bootstrap): its address, and
+	// how to stop it.
+	ServeRegistry func(token string) (addr string, stop func() error, err error)
 }
 
-// MaxRanks bounds the ranks of a job on one host.
-const MaxRanks = 1024
+// MaxRanks bounds the ranks of a job on one host; MaxRestarts the replacements of a job.
+const (
+	MaxRanks    = 1024
+	MaxRestarts = 1000
+)
 
 // RankError says which rank ended the job and how: the root cause (see Run).
 type RankError struct {
@@ -135,6 +148,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Prog == "" {
 		return errors.New("launch: no program")
 	}
+	if cfg.Restarts < 0 || cfg.Restarts > MaxRestarts {
+		return fmt.Errorf("launch: want 0 to %d restarts, got %d", MaxRestarts, cfg.Restarts)
+	}
 	if cfg.Stdout == nil {
 		cfg.Stdout = os.Stdout
 	}
@@ -157,8 +173,20 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer os.RemoveAll(reports)
 	j := &job{cfg: cfg, addr: addr, token: NewToken(), reports: reports, cmds: make([]*exec.Cmd, cfg.N)}
+	if cfg.Restarts > 0 {
+		// The registry outlives every rank: the replacements say there where they listen.
+		if cfg.ServeRegistry == nil {
+			return errors.New("launch: restarts without a registry to serve (Config.ServeRegistry)")
+		}
+		addr, stop, err := cfg.ServeRegistry(j.token)
+		if err != nil {
+			return fmt.Errorf("launch: serving the job's registry: %w", err)
+		}
+		defer stop()
+		j.registry = addr
+	}
 	for r := 0; r < cfg.N; r++ {
-		if err := j.start(r); err != nil {
+		if err := j.start(r, false); err != nil {
 			killAll(j.cmds[:r])
 			j.copiers.Wait()
 			return err
@@ -177,7 +205,7 @@ var DevShm = "/dev/shm"
 // killed, or stopped between making a window and every peer mapping it, cannot unlink its
 // own. Every rank has ended when it runs.
 func (j *job) removeSegments() {
-	for _, c := range j.cmds {
+	for _, c := range j.all {
 		if c == nil || c.Process == nil {
 			continue
 		}
@@ -193,10 +221,15 @@ type job struct {
 	cfg     Config
 	addr    string // the rendezvous store's
 	token   string
-	reports string // MOEX_LAUNCH_REPORT
-	cmds    []*exec.Cmd
-	outMu   sync.Mutex // one line at a time on the shared outputs
-	copiers sync.WaitGroup
+	reports string      // MOEX_LAUNCH_REPORT
+	cmds    []*exec.Cmd // each rank's process (its latest)
+	all     []*exec.Cmd // every process started, replacements included
+	// registry is the job's registry's address (Restarts); restarted counts the
+	// replacements started.
+	registry  string
+	restarted int
+	outMu     sync.Mutex // one line at a time on the shared outputs
+	copiers   sync.WaitGroup
 }
 
 // env is rank r's environment.
@@ -220,6 +253,9 @@ func (j *job) env(r int) []string {
 		// (bootstrap.ProcsShare); a GOMAXPROCS the user set wins.
 		env = append(env, "MOEX_GOMAXPROCS=auto")
 	}
+	if j.registry != "" {
+		env = append(env, "MOEX_REGISTRY="+j.registry)
+	}
 	env = append(env, j.cfg.Env...)
 	if j.cfg.RankEnv != nil {
 		env = append(env, j.cfg.RankEnv(r)...)
@@ -227,11 +263,14 @@ func (j *job) env(r int) []string {
 	return env
 }
 
-// start starts rank r and the goroutines that copy its output. On error nothing of
-// rank r is left behind.
-func (j *job) start(r int) error {
+// start starts rank r (joining: a process that takes it over in the running job) and
+// the goroutines that copy its output. On error nothing of rank r is left behind.
+func (j *job) start(r int, joining bool) error {
 	cmd := exec.Command(j.cfg.Prog, j.cfg.Args...)
 	cmd.Env = j.env(r)
+	if joining {
+		cmd.Env = append(cmd.Env, "MOEX_JOINING=1")
+	}
 	// Own process group, so that we decide who gets which signal; and die with us.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	prefix := ""
@@ -280,6 +319,7 @@ func (j *job) start(r int) error {
 		go copyLines(&j.copiers, &j.outMu, j.cfg.Stderr, errR, prefix)
 	}
 	j.cmds[r] = cmd
+	j.all = append(j.all, cmd)
 	return nil
 }
 
@@ -290,7 +330,7 @@ func (j *job) wait(ctx context.Context) error {
 		rank int
 		err  error
 	}
-	exits := make(chan exit, n)
+	exits := make(chan exit, n+j.cfg.Restarts)
 	for r, cmd := range j.cmds {
 		go func() { exits <- exit{r, cmd.Wait()} }()
 	}
@@ -338,6 +378,19 @@ func (j *job) wait(ctx context.Context) error {
 		select {
 		case e := <-exits:
 			left--
+			if e.err != nil && first == nil && !stopping && j.restarted < j.cfg.Restarts {
+				// A new process takes the rank over; the others run on and admit it.
+				j.restarted++
+				fmt.Fprintf(j.cfg.Stderr, "%v; starting a process to take it over (restart %d of %d)\n", rankError(e.rank, e.err), j.restarted, j.cfg.Restarts)
+				if err := j.start(e.rank, true); err == nil {
+					left++
+					cmd := j.cmds[e.rank]
+					go func() { exits <- exit{e.rank, cmd.Wait()} }()
+					continue
+				} else {
+					fmt.Fprintf(j.cfg.Stderr, "launch: %v\n", err)
+				}
+			}
 			exited[e.rank] = true
 			ends[e.rank] = e.err
 			order = append(order, e.rank)

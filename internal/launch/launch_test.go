@@ -43,6 +43,13 @@ func TestMain(m *testing.M) {
 		}
 		time.Sleep(time.Minute) // the launcher must stop us
 		os.Exit(0)
+	case "replace": // rank 1 fails (every time with LAUNCH_ALWAYS); a replacement succeeds
+		if os.Getenv("MOEX_RANK") == "1" && (os.Getenv("MOEX_JOINING") != "1" || os.Getenv("LAUNCH_ALWAYS") != "") {
+			os.Exit(7)
+		}
+		time.Sleep(200 * time.Millisecond) // longer than a stop would take
+		fmt.Printf("rank %s done joining=%q registry=%v\n", os.Getenv("MOEX_RANK"), os.Getenv("MOEX_JOINING"), os.Getenv("MOEX_REGISTRY") != "")
+		os.Exit(0)
 	case "survive":
 		if os.Getenv("MOEX_RANK") == "1" {
 			syscall.Kill(os.Getpid(), syscall.SIGKILL)
@@ -224,6 +231,36 @@ func TestKeepGoing(t *testing.T) {
 	assert.Equal(t, 1, re.Rank)
 	assert.Equal(t, syscall.SIGKILL, re.Signal)
 	assert.Equal(t, 2, strings.Count(out.String(), "survived"), out.String())
+}
+
+// With restarts, a rank that fails is replaced by a process started with MOEX_JOINING=1
+// while the others run on, and the job ends well when every rank does; a rank that
+// fails past the restarts ends the job as without them.
+func TestRestarts(t *testing.T) {
+	registry := func(token string) (string, func() error, error) {
+		return "127.0.0.1:1", func() error { return nil }, nil
+	}
+	var out, errOut syncBuf
+	c := cfg("replace", 3, &out, &errOut)
+	c.Restarts, c.ServeRegistry = 2, registry
+	require.NoError(t, Run(context.Background(), c))
+	assert.Contains(t, out.String(), `rank 1 done joining="1" registry=true`)
+	assert.Equal(t, 3, strings.Count(out.String(), "done"), out.String())
+	assert.Contains(t, errOut.String(), "launch: rank 1 exited with code 7; starting a process to take it over (restart 1 of 2)")
+
+	out, errOut = syncBuf{}, syncBuf{}
+	c = cfg("replace", 3, &out, &errOut)
+	c.Restarts, c.ServeRegistry, c.Env = 1, registry, append(c.Env, "LAUNCH_ALWAYS=1")
+	err := Run(context.Background(), c)
+	var re *RankError
+	require.ErrorAs(t, err, &re)
+	assert.Equal(t, 1, re.Rank)
+	assert.Equal(t, 7, re.Code)
+
+	c.Restarts, c.ServeRegistry = 1, nil
+	assert.Error(t, Run(context.Background(), c), "restarts without a registry")
+	c.Restarts = MaxRestarts + 1
+	assert.Error(t, Run(context.Background(), c))
 }
 
 // A job of more ranks than the bound is refused before anything starts.

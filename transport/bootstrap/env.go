@@ -31,6 +31,13 @@ type Env struct {
 	AddrFile string
 	// AddrNote says where Addr came from when moex chose it, not the user.
 	AddrNote string
+	// Registry (MOEX_REGISTRY, host:port) is a store that outlives every rank (moex run
+	// --restarts serves it for the job's life): a process that takes over a dead rank
+	// says there where it listens, and the live ranks find it there (coll.Comm.Admit).
+	Registry string
+	// Joining (MOEX_JOINING=1): this process takes over rank Rank of a running job whose
+	// process died, rather than starting one (needs Registry).
+	Joining bool
 }
 
 // DefaultTimeout bounds every collective unless MOEX_TIMEOUT says otherwise.
@@ -152,6 +159,22 @@ func ParseEnv(getenv func(string) string) (Env, error) {
 	case "inproc", "tcp", "shm", "ucx":
 	default:
 		return e, &transport.EnvError{Var: "MOEX_TRANSPORT", Value: e.Transport, Reason: "want auto, tcp, shm or ucx"}
+	}
+	if v := getenv("MOEX_REGISTRY"); v != "" {
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			return e, &transport.EnvError{Var: "MOEX_REGISTRY", Value: v, Reason: "want host:port"}
+		}
+		e.Registry = v
+	}
+	switch v := getenv("MOEX_JOINING"); v {
+	case "", "0":
+	case "1":
+		if e.Registry == "" || e.Size < 2 {
+			return e, &transport.EnvError{Var: "MOEX_JOINING", Value: v, Reason: "a process takes over a rank of a running job of several ranks through its registry: set MOEX_REGISTRY too"}
+		}
+		e.Joining = true
+	default:
+		return e, &transport.EnvError{Var: "MOEX_JOINING", Value: v, Reason: "want 1 or 0"}
 	}
 	if v := getenv("MOEX_TIMEOUT"); v != "" {
 		d, err := time.ParseDuration(v)

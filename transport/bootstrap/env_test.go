@@ -174,6 +174,34 @@ func TestStoreAllGatherAndIntruder(t *testing.T) {
 	assert.Equal(t, 1, logs.Count(refused), "warnings of the refused intruder: %+v", logs.Records())
 }
 
+// Scan returns the keys with a prefix and their values, in key order, without waiting;
+// Delete removes a key.
+func TestStoreScanDelete(t *testing.T) {
+	srv, err := ServeStore("127.0.0.1:0", []byte("job"), nil)
+	require.NoError(t, err)
+	defer srv.Close()
+	ctx := context.Background()
+	c, err := DialStore(ctx, srv.Addr(), []byte("job"))
+	require.NoError(t, err)
+	defer c.Close()
+	keys, vals, err := c.Scan(ctx, "join/")
+	require.NoError(t, err)
+	assert.Empty(t, keys)
+	assert.Empty(t, vals)
+	for _, k := range []string{"join/3/b", "other", "join/1/a", "join/3/a"} {
+		require.NoError(t, c.Set(ctx, k, []byte("v-"+k)))
+	}
+	keys, vals, err = c.Scan(ctx, "join/")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"join/1/a", "join/3/a", "join/3/b"}, keys)
+	assert.Equal(t, [][]byte{[]byte("v-join/1/a"), []byte("v-join/3/a"), []byte("v-join/3/b")}, vals)
+	require.NoError(t, c.Delete(ctx, "join/3/a"))
+	require.NoError(t, c.Delete(ctx, "join/9/none"))
+	keys, _, err = c.Scan(ctx, "join/3")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"join/3/b"}, keys)
+}
+
 func TestStoreGetHonoursContext(t *testing.T) {
 	srv, err := ServeStore("127.0.0.1:0", []byte("job"), nil)
 	if err != nil {

@@ -21,6 +21,8 @@ func FuzzStoreRequest(f *testing.F) {
 	claim = binary.LittleEndian.AppendUint32(claim, 4)
 	f.Add(appendBlob(claim, []byte("nonce")))
 	f.Add([]byte{opStatus})
+	f.Add(appendBlob([]byte{opScan}, []byte("join/")))
+	f.Add(appendBlob([]byte{opDel}, []byte("join/2/x")))
 	f.Add([]byte{opGet, 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{opSet, 0xff, 0xff, 0xff, 0x7f})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -48,6 +50,9 @@ func FuzzStoreRequest(f *testing.F) {
 				enc = appendBlob(enc, []byte(req.nonce))
 			case opStatus:
 				enc = []byte{opStatus}
+			case opScan, opDel:
+				enc = appendBlob([]byte{req.op}, []byte(req.key))
+				assert.LessOrEqual(t, len(req.key), maxKey)
 			default:
 				t.Fatalf("readRequest returned op %q", req.op)
 			}

@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +31,8 @@ const (
 	opGet    = 'G' // wait for keys, return their values
 	opClaim  = 'C' // this connection is rank R of a job of N ranks (instance nonce)
 	opStatus = 'Q' // every rank's stage, now, without waiting
+	opScan   = 'P' // every key with a prefix and its value, now, without waiting
+	opDel    = 'D' // remove a key
 	stOK     = 0
 	stErr    = 1
 	stGone   = 2 // a rank left (or was refused) before the job was ready: rank, stage
@@ -262,6 +265,17 @@ func (s *StoreServer) serve(c net.Conn) {
 			if err := writeReply(c, stOK, s.stages()); err != nil {
 				return
 			}
+		case opScan:
+			if err := writeReply(c, stOK, s.scan(req.key)); err != nil {
+				return
+			}
+		case opDel:
+			s.mu.Lock()
+			delete(s.data, req.key)
+			s.mu.Unlock()
+			if err := writeReply(c, stOK, nil); err != nil {
+				return
+			}
 		}
 	}
 }
@@ -334,6 +348,12 @@ func readRequest(r *bufio.Reader) (request, error) {
 		}
 		req.rank, req.size, req.nonce = int(int32(binary.LittleEndian.Uint32(hdr[:4]))), int(int32(binary.LittleEndian.Uint32(hdr[4:]))), string(nonce)
 	case opStatus:
+	case opScan, opDel:
+		k, err := readBlob(r, maxKey)
+		if err != nil {
+			return req, short(err)
+		}
+		req.key = string(k)
 	default:
 		return req, fmt.Errorf("%w: unknown store request %q", transport.ErrProtocol, op)
 	}
@@ -399,6 +419,26 @@ func (s *StoreServer) stages() [][]byte {
 }
 
 func stageKey(rank int) string { return "stage/" + strconv.Itoa(rank) }
+
+// scan returns every key with prefix and its value, in key order (at most maxGetKeys/2
+// of them).
+func (s *StoreServer) scan(prefix string) [][]byte {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var keys []string
+	for k := range s.data {
+		if strings.HasPrefix(k, prefix) {
+			keys = append(keys, k)
+		}
+	}
+	slices.Sort(keys)
+	keys = keys[:min(len(keys), maxGetKeys/2)]
+	out := make([][]byte, 0, 2*len(keys))
+	for _, k := range keys {
+		out = append(out, []byte(k), s.data[k])
+	}
+	return out
+}
 
 func replyMsg(st byte, msg string) []byte {
 	var b bytes.Buffer
@@ -485,6 +525,15 @@ type Store struct {
 // DialStore connects to the store at addr, retrying until ctx ends (rank 0 may still be
 // starting), and proves the job secret. A wrong secret is not retried.
 func DialStore(ctx context.Context, addr string, token []byte) (*Store, error) {
+	return dialStore(ctx, addr, token, "rank 0, which serves the rendezvous store at "+addr+", has not come")
+}
+
+// DialRegistry connects to the job's registry at addr (Env.Registry), as DialStore.
+func DialRegistry(ctx context.Context, addr string, token []byte) (*Store, error) {
+	return dialStore(ctx, addr, token, "the job's registry at "+addr+" (its launcher serves it) does not answer")
+}
+
+func dialStore(ctx context.Context, addr string, token []byte, absent string) (*Store, error) {
 	backoff := 10 * time.Millisecond
 	for {
 		var d net.Dialer
@@ -501,7 +550,7 @@ func DialStore(ctx context.Context, addr string, token []byte) (*Store, error) {
 		select {
 		case <-ctx.Done():
 			return nil, transport.Because(transport.CtxError(ctx.Err()),
-				"rank 0, which serves the rendezvous store at %s, has not come: no answer %s (last error: %v)", addr, gaveUp(ctx), err)
+				"%s: no answer %s (last error: %v)", absent, gaveUp(ctx), err)
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
@@ -696,6 +745,27 @@ func (s *Store) Get(ctx context.Context, keys ...string) ([][]byte, error) {
 		req = appendBlob(req, []byte(k))
 	}
 	return s.call(ctx, req)
+}
+
+// Scan returns every key that starts with prefix and its value, now, in key order.
+func (s *Store) Scan(ctx context.Context, prefix string) (keys []string, vals [][]byte, err error) {
+	out, err := s.call(ctx, appendBlob([]byte{opScan}, []byte(prefix)))
+	if err != nil {
+		return nil, nil, err
+	}
+	if len(out)%2 != 0 {
+		return nil, nil, fmt.Errorf("%w: a scan reply of %d values", transport.ErrProtocol, len(out))
+	}
+	for i := 0; i < len(out); i += 2 {
+		keys, vals = append(keys, string(out[i])), append(vals, out[i+1])
+	}
+	return keys, vals, nil
+}
+
+// Delete removes key (a key that is not there is no error).
+func (s *Store) Delete(ctx context.Context, key string) error {
+	_, err := s.call(ctx, appendBlob([]byte{opDel}, []byte(key)))
+	return err
 }
 
 // AllGather publishes val as rank's entry under prefix and returns every rank's entry.

@@ -1,0 +1,115 @@
+package bootstrap
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/moex-ai/moex/busypoll"
+	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/tcp"
+)
+
+// A process that takes over a dead rank of a running job (Env.Joining) says in the job's
+// registry (Env.Registry) where it listens, under JoinPrefix/<rank>/<nonce>; the live
+// ranks read the registry (coll.Comm.Admit), dial it, and give it the rank.
+
+// JoinPrefix is where the registry holds the processes waiting to take over ranks.
+const JoinPrefix = "join/"
+
+// JoinEntry is a registry entry of a process waiting to take over a rank.
+type JoinEntry struct {
+	Key  string // its key in the registry
+	Rank int    // the rank it takes over
+	Addr string // where it listens for the live ranks
+	Host string // its host's identity (transport.HostID)
+}
+
+// ParseJoinEntry reads a registry entry under JoinPrefix.
+func ParseJoinEntry(key string, val []byte) (JoinEntry, error) {
+	rest, ok := strings.CutPrefix(key, JoinPrefix)
+	rank, _, ok2 := strings.Cut(rest, "/")
+	r, err := strconv.Atoi(rank)
+	addr, host, ok3 := strings.Cut(string(val), "\n")
+	if !ok || !ok2 || err != nil || r < 0 || !ok3 || addr == "" {
+		return JoinEntry{}, fmt.Errorf("%w: registry entry %q = %q", transport.ErrProtocol, key, val)
+	}
+	return JoinEntry{Key: key, Rank: r, Addr: addr, Host: host}, nil
+}
+
+// Replacement is this process taking over a rank of a running job: it listens for the
+// live ranks (tcp) and has said where in the job's registry.
+type Replacement struct {
+	env      Env
+	rep      *tcp.Replacement
+	registry *Store
+	key      string
+}
+
+// ListenReplacement starts taking over env.Rank of the running job env describes (its
+// Registry set): it listens over tcp (the live ranks must reach this rank over tcp: a
+// job on one host runs with MOEX_TRANSPORT=tcp), connects to the registry, which checks
+// the job's secret, and puts its entry there.
+func ListenReplacement(ctx context.Context, env Env, poll busypoll.Config, log *slog.Logger) (*Replacement, error) {
+	if !env.Joining || env.Registry == "" {
+		return nil, &ArgError{Arg: "MOEX_JOINING", Reason: "not a process taking over a rank (MOEX_JOINING=1 and MOEX_REGISTRY)"}
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	bind, err := env.BindHost()
+	if err != nil {
+		return nil, err
+	}
+	cfg := tcp.Config{Rank: env.Rank, Size: env.Size, Bind: bind, Token: []byte(env.Token), Logger: log}
+	if err := cfg.ConfigFromEnv(os.Getenv); err != nil {
+		return nil, err
+	}
+	cfg.Poll = poll
+	rep, err := tcp.Listen(cfg)
+	if err != nil {
+		return nil, err
+	}
+	reg, err := DialRegistry(ctx, env.Registry, []byte(env.Token))
+	if err != nil {
+		rep.Close()
+		return nil, err
+	}
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	r := &Replacement{env: env, rep: rep, registry: reg, key: JoinPrefix + strconv.Itoa(env.Rank) + "/" + hex.EncodeToString(nonce[:])}
+	if err := reg.Set(ctx, r.key, []byte(rep.Addr()+"\n"+transport.HostID())); err != nil {
+		r.Close()
+		return nil, err
+	}
+	log.Info("moex: waiting to take over a rank", "rank", env.Rank, "listen", rep.Addr(), "registry", env.Registry)
+	return r, nil
+}
+
+// Accept waits, within ctx, for the live ranks to connect, and returns the transport and
+// the live ranks. The registry entry is removed either way (the live ranks remove it too).
+func (r *Replacement) Accept(ctx context.Context) (transport.Transport, []int, error) {
+	t, members, err := r.rep.Accept(ctx)
+	dctx, cancel := context.WithTimeout(context.Background(), r.env.Timeout)
+	defer cancel()
+	_ = r.registry.Delete(dctx, r.key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, members, nil
+}
+
+// Registry is the client of the job's registry, kept open (a communicator holds it to
+// admit later replacements); the caller closes it.
+func (r *Replacement) Registry() *Store { return r.registry }
+
+// Close releases a replacement that was not accepted, and the registry client.
+func (r *Replacement) Close() error {
+	_ = r.rep.Close()
+	return r.registry.Close()
+}
