@@ -32,6 +32,14 @@ type RecoverOpts struct {
 	// that take an expert over (default 64 KiB).
 	WeightBytes int
 	Seed        uint64
+	// Rejoin: after the recovery the survivors serve on, admitting at every step
+	// (coll.Comm.Admit) the process that takes the dead rank over (moex run --restarts
+	// starts it), move experts onto it (dispatch.Grow) and serve After more steps on all
+	// the ranks (default 20), the new process with them (Rejoined); Wait bounds the wait
+	// for it (default a minute).
+	Rejoin bool
+	After  int
+	Wait   time.Duration
 }
 
 // MaxWeightBytes bounds RecoverOpts.WeightBytes.
@@ -54,6 +62,8 @@ type RecoverResult struct {
 	ShrinkUS    float64 `json:"shrink_us"`     // Comm.Shrink
 	RecoverUS   float64 `json:"recover_us"`    // dispatch.Recover: rebalance, weights moved
 	FirstStepUS float64 `json:"first_step_us"` // new dispatcher, the first correct step
+	// Rejoin is the way back (RecoverOpts.Rejoin): a new process takes the rank over.
+	Rejoin *RejoinTimeline `json:"rejoin,omitempty"`
 }
 
 // Recover serves o.Steps steps of o.Model on every rank of c (collectively), every
@@ -84,13 +94,7 @@ func Recover(ctx context.Context, c *coll.Comm, o RecoverOpts, kill func()) (*co
 		ws[e] = make([]byte, o.WeightBytes)
 		ws[e][0] = byte(e)
 	}
-	sc := &recoverScenario{ctx: ctx, me: me, hid: cfg.Hidden, tokens: o.Tokens, zr: newZipfRouter(cfg.Experts, cfg.TopK, 0, o.Seed),
-		rng: rand.New(rand.NewPCG(o.Seed, uint64(me))), r: &router.Routing{}, x: make([]float32, o.Tokens*cfg.Hidden), ws: ws,
-		dcfg: dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Mode: o.Mode, MaxTokens: maxTokensOf(MoEOpts{Mode: o.Mode, Tokens: o.Tokens}), MaxBufferBytes: o.MaxBufferBytes}}
-	for i := range sc.x {
-		sc.x[i] = float32(i%97) / 97
-	}
-	sc.out = make([]float32, len(sc.x))
+	sc := newRecoverScenario(ctx, me, cfg, o, ws)
 	if err := sc.open(c, pl); err != nil {
 		return c, nil, err
 	}
@@ -135,16 +139,7 @@ func Recover(ctx context.Context, c *coll.Comm, o RecoverOpts, kill func()) (*co
 	}
 	tShrink := time.Since(t0)
 	next := map[int][]byte{}
-	w := dispatch.Weights{Bytes: o.WeightBytes, Old: func(e int) []byte { return ws[e] },
-		New: func(e int) []byte {
-			if b, ok := ws[e]; ok {
-				next[e] = b
-			} else {
-				next[e] = make([]byte, o.WeightBytes)
-			}
-			return next[e]
-		}}
-	npl, moves, err := dispatch.Recover(ctx, sub, pl, nil, router.Balance{}, w)
+	npl, moves, err := dispatch.Recover(ctx, sub, pl, nil, router.Balance{}, weightsInto(o.WeightBytes, ws, next))
 	if err != nil {
 		return sub, nil, err
 	}
@@ -163,12 +158,51 @@ func Recover(ctx context.Context, c *coll.Comm, o RecoverOpts, kill func()) (*co
 	if err := coll.AllReduce(ctx, sub, nil, times, dtype.Max); err != nil {
 		return sub, nil, err
 	}
-	if sub.Rank() != 0 {
-		return sub, nil, nil
+	var res *RecoverResult
+	if sub.Rank() == 0 {
+		res = &RecoverResult{Model: cfg.Name, Transport: c.Transport().Name(), Mode: o.Mode.String(), Ranks: p, Victim: o.Victim,
+			Tokens: o.Tokens, WeightBytes: o.WeightBytes, Moves: len(moves), StepUS: before,
+			DetectUS: times[0] * 1e6, ShrinkUS: times[1] * 1e6, RecoverUS: times[2] * 1e6, FirstStepUS: times[3] * 1e6}
 	}
-	return sub, &RecoverResult{Model: cfg.Name, Transport: c.Transport().Name(), Mode: o.Mode.String(), Ranks: p, Victim: o.Victim,
-		Tokens: o.Tokens, WeightBytes: o.WeightBytes, Moves: len(moves), StepUS: before,
-		DetectUS: times[0] * 1e6, ShrinkUS: times[1] * 1e6, RecoverUS: times[2] * 1e6, FirstStepUS: times[3] * 1e6}, nil
+	if !o.Rejoin {
+		return sub, res, nil
+	}
+	g, tl, err := rejoin(ctx, sub, sc, npl, next, t0, o)
+	if err != nil {
+		return sub, nil, err
+	}
+	sub.Close()
+	if res != nil {
+		tl.KillUnixNS = t0.UnixNano()
+		res.Rejoin = tl
+	}
+	return g, res, nil
+}
+
+// weightsInto hands the weights ws (of Bytes each) to Migrate, Recover or Grow and
+// gathers the new placement's in next.
+func weightsInto(bytes int, ws, next map[int][]byte) dispatch.Weights {
+	return dispatch.Weights{Bytes: bytes, Old: func(e int) []byte { return ws[e] },
+		New: func(e int) []byte {
+			if b, ok := ws[e]; ok {
+				next[e] = b
+			} else {
+				next[e] = make([]byte, bytes)
+			}
+			return next[e]
+		}}
+}
+
+// newRecoverScenario is rank me's serving of o.Model with the weights ws it holds.
+func newRecoverScenario(ctx context.Context, me int, cfg models.Config, o RecoverOpts, ws map[int][]byte) *recoverScenario {
+	sc := &recoverScenario{ctx: ctx, me: me, hid: cfg.Hidden, tokens: o.Tokens, zr: newZipfRouter(cfg.Experts, cfg.TopK, 0, o.Seed),
+		rng: rand.New(rand.NewPCG(o.Seed, uint64(me))), r: &router.Routing{}, x: make([]float32, o.Tokens*cfg.Hidden), ws: ws,
+		dcfg: dispatch.Config{Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: o.Wire, Mode: o.Mode, MaxTokens: maxTokensOf(MoEOpts{Mode: o.Mode, Tokens: o.Tokens}), MaxBufferBytes: o.MaxBufferBytes}}
+	for i := range sc.x {
+		sc.x[i] = float32(i%97) / 97
+	}
+	sc.out = make([]float32, len(sc.x))
+	return sc
 }
 
 // recoverScenario serves steps on a dispatcher and combiner and checks that every token
@@ -254,7 +288,15 @@ func checkRecoverOpts(c *coll.Comm, o *RecoverOpts) (models.Config, error) {
 	if o.Seed == 0 {
 		o.Seed = 1
 	}
+	if o.After == 0 {
+		o.After = 20
+	}
+	if o.Wait == 0 {
+		o.Wait = time.Minute
+	}
 	switch {
+	case o.After < 1 || o.After > 1_000_000 || o.Wait < 0 || o.Wait > time.Hour:
+		return cfg, fmt.Errorf("bench: %d steps after the rank's return, a wait of %v for it (want 1 to 1000000, at most an hour)", o.After, o.Wait)
 	case c.Size() < 3:
 		return cfg, fmt.Errorf("bench: a death among %d ranks leaves no communicator worth the name (want 3 or more)", c.Size())
 	case o.Victim < 0 || o.Victim >= c.Size():

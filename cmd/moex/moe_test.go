@@ -69,6 +69,9 @@ func TestBenchMoEKillFlagsRefused(t *testing.T) {
 		{"--kill", "1", "--ranks", "4", "--mode", "gathered"},
 		{"--kill", "1", "--ranks", "4", "--eplb", "4"},
 		{"--kill", "1", "--ranks", "4", "--act", "bf16"},
+		{"--rejoin"},
+		{"--kill", "1", "--ranks", "4", "--rejoin", "--transport", "inproc"},
+		{"--kill", "1", "--ranks", "4", "--plot", "x.svg"},
 	} {
 		err := benchMoE(context.Background(), append([]string{"--model", "tiny-qwen"}, args...))
 		var ue *usageError

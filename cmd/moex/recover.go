@@ -11,21 +11,27 @@ import (
 	"os"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/moex-ai/moex/bench"
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/internal/launch"
+	"github.com/moex-ai/moex/models"
 	"github.com/moex-ai/moex/transport"
 )
+
+// processStart is about when this process started (package variables are set before
+// main runs).
+var processStart = time.Now()
 
 // MaxRecoverRuns bounds --runs.
 const MaxRecoverRuns = 1000
 
 // benchRecover runs `moex bench moe --kill R [--runs N]`: N jobs, in each of which rank R
 // dies and the others recover; the phases' p50 and max.
-func benchRecover(ctx context.Context, fs *flag.FlagSet, rf rankFlags, o bench.MoEOpts, ro bench.RecoverOpts, runs int, args []string) error {
+func benchRecover(ctx context.Context, fs *flag.FlagSet, rf rankFlags, o bench.MoEOpts, ro bench.RecoverOpts, runs int, plot string, args []string) error {
 	switch {
 	case rf.ranks < 3:
 		return &usageError{fmt.Sprintf("--kill: %d ranks; want 3 or more, so that two survive", rf.ranks)}
@@ -39,6 +45,8 @@ func benchRecover(ctx context.Context, fs *flag.FlagSet, rf rankFlags, o bench.M
 		return &usageError{"--kill: f32 activations and identity experts only (not with --act bf16, --quantized, --naive, --overlap, --profile, --compute, --combine-dtype or --iters)"}
 	case o.Mode == dispatch.Gathered:
 		return &usageError{"--kill: the normal or the low-latency mode"}
+	case ro.Rejoin && rf.transport != "tcp":
+		return &usageError{fmt.Sprintf("--rejoin: over tcp (the new process is reached over tcp), not %s", rf.transport)}
 	}
 	ro.Model, ro.Tokens, ro.Wire, ro.Mode = o.Model, max(o.Tokens, 1), o.Wire, o.Mode
 	ro.MaxBufferBytes = o.MaxBufferBytes
@@ -54,10 +62,22 @@ func benchRecover(ctx context.Context, fs *flag.FlagSet, rf rankFlags, o bench.M
 		results = append(results, res)
 	}
 	s := bench.SummarizeRecover(results)
+	if plot != "" {
+		if err := bench.PlotRejoin(plot, results); err != nil {
+			return err
+		}
+	}
 	if rf.json {
 		return bench.PrintJSON(os.Stdout, []*bench.RecoverSummary{s})
 	}
 	bench.PrintRecover(os.Stdout, s)
+	if ro.Rejoin {
+		cfg, _ := models.Get(ro.Model)
+		for _, r := range results {
+			fmt.Println()
+			bench.PrintRejoin(os.Stdout, r, cfg)
+		}
+	}
 	return nil
 }
 
@@ -96,24 +116,47 @@ func recoverOnce(ctx context.Context, rf rankFlags, ro bench.RecoverOpts, args [
 	if err != nil {
 		return nil, err
 	}
-	var out bytes.Buffer
-	err = launch.Run(ctx, launch.Config{N: rf.ranks, Prog: exe, Args: append([]string{"bench", "moe"}, args...), NoPrefix: true, KeepGoing: true,
-		Env: []string{"MOEX_BENCH_WORKER=1", "MOEX_TRANSPORT=" + rf.transport}, Stdout: &out})
-	var re *launch.RankError
-	if !errors.As(err, &re) || re.Rank != ro.Victim || re.Signal != syscall.SIGKILL {
-		return nil, fmt.Errorf("the job ended with %v, want rank %d killed by SIGKILL and the others done\n%s", err, ro.Victim, out.String())
+	var out, errOut bytes.Buffer
+	lc := launch.Config{N: rf.ranks, Prog: exe, Args: append([]string{"bench", "moe"}, args...), NoPrefix: true, KeepGoing: true,
+		Env: []string{"MOEX_BENCH_WORKER=1", "MOEX_TRANSPORT=" + rf.transport}, Stdout: &out, Stderr: &errOut}
+	if ro.Rejoin {
+		lc.Restarts, lc.ServeRegistry = 1, serveRegistry
 	}
+	err = launch.Run(ctx, lc)
+	var re *launch.RankError
+	switch {
+	case ro.Rejoin && err != nil:
+		return nil, fmt.Errorf("the job ended with %v, want every rank done (the dead one's by a new process)\n%s%s", err, out.String(), errOut.String())
+	case !ro.Rejoin && (!errors.As(err, &re) || re.Rank != ro.Victim || re.Signal != syscall.SIGKILL):
+		return nil, fmt.Errorf("the job ended with %v, want rank %d killed by SIGKILL and the others done\n%s%s", err, ro.Victim, out.String(), errOut.String())
+	}
+	var res *bench.RecoverResult
+	var joiner *bench.JoinerReport
 	sc := bufio.NewScanner(&out)
 	for sc.Scan() {
-		if line := sc.Text(); strings.HasPrefix(line, "{") {
-			var r bench.RecoverResult
-			if err := json.Unmarshal([]byte(line), &r); err != nil {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, `{"joiner"`):
+			joiner = &bench.JoinerReport{}
+			if err := json.Unmarshal([]byte(line), joiner); err != nil {
 				return nil, err
 			}
-			return &r, nil
+		case strings.HasPrefix(line, "{"):
+			res = &bench.RecoverResult{}
+			if err := json.Unmarshal([]byte(line), res); err != nil {
+				return nil, err
+			}
 		}
 	}
-	return nil, fmt.Errorf("no survivor reported:\n%s", out.String())
+	if res == nil || ro.Rejoin && (res.Rejoin == nil || joiner == nil) {
+		return nil, fmt.Errorf("no survivor (or new process) reported:\n%s%s", out.String(), errOut.String())
+	}
+	if joiner != nil {
+		tl := res.Rejoin
+		tl.StartedMS = float64(joiner.StartedUnixNS-tl.KillUnixNS) / 1e6
+		tl.JoinedMS = float64(joiner.JoinedUnixNS-tl.KillUnixNS) / 1e6
+	}
+	return res, nil
 }
 
 // recoverRank is one launched rank of --kill: it serves, dies or recovers, and the
@@ -124,6 +167,13 @@ func recoverRank(ctx context.Context, ro bench.RecoverOpts) error {
 		return err
 	}
 	defer c.Close()
+	if os.Getenv("MOEX_JOINING") == "1" { // the new process of --rejoin
+		rep, err := bench.Rejoined(ctx, c, ro, processStart)
+		if err != nil {
+			return err
+		}
+		return bench.PrintJSON(os.Stdout, []*bench.JoinerReport{rep})
+	}
 	sub, res, err := bench.Recover(ctx, c, ro, func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL) })
 	if sub != c {
 		defer sub.Close()
