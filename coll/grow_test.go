@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -106,6 +107,10 @@ func survivors(cs []*Comm, dead []int, f func(c *Comm) error) map[int]error {
 // rank.
 func TestGrowAfterDeath(t *testing.T) {
 	const n, victim = 4, 2
+	fds := openFDs(t)
+	t.Cleanup(func() { // the last cleanup: every transport and communicator is closed
+		require.Equal(t, fds, openFDs(t), "file descriptors open before the test and after it")
+	})
 	cfg := Config{Timeout: 10 * time.Second}
 	cs, ts := tcpComms(t, n, cfg)
 	require.NoError(t, errors.Join(slices.Collect(mapValues(survivors(cs, nil, func(c *Comm) error { return checkWorks(context.Background(), c) })))...))
@@ -153,6 +158,14 @@ func TestGrowAfterDeath(t *testing.T) {
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
 	}
+}
+
+// openFDs counts this process's open file descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	return len(ents)
 }
 
 // steps runs 100 steps of collectives on c, checking each result.
