@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -52,7 +53,8 @@ type Config struct {
 	// a new process that takes its rank over while the others run on (they admit it:
 	// coll.Comm.Admit); past them a failure ends the job as without. The launcher serves
 	// the job's registry (MOEX_REGISTRY), where the replacements are found; the ranks
-	// must reach a replacement over tcp (MOEX_TRANSPORT=tcp on one host).
+	// reach a replacement over tcp, so the job runs over tcp (MOEX_TRANSPORT=tcp where
+	// unset; shm is refused).
 	Restarts int
 	// ServeRegistry serves the job's registry with the job secret (with Restarts; the
 	// caller supplies it, as this package stays below the bootstrap): its address, and
@@ -117,6 +119,17 @@ func (e *RankError) ExitCode() int {
 // ErrInterrupted is returned when ctx ended (Ctrl-C) before the ranks finished.
 var ErrInterrupted = errors.New("launch: interrupted")
 
+// lookup is the value of the last name=value in env ("" where there is none).
+func lookup(env []string, name string) string {
+	v := ""
+	for _, kv := range env {
+		if k, val, ok := strings.Cut(kv, "="); ok && k == name {
+			v = val
+		}
+	}
+	return v
+}
+
 // FreeAddr returns a loopback address with a port that was free a moment ago.
 func FreeAddr() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -177,6 +190,11 @@ func Run(ctx context.Context, cfg Config) error {
 		// The registry outlives every rank: the replacements say there where they listen.
 		if cfg.ServeRegistry == nil {
 			return errors.New("launch: restarts without a registry to serve (Config.ServeRegistry)")
+		}
+		switch tr := lookup(append(os.Environ(), cfg.Env...), "MOEX_TRANSPORT"); tr {
+		case "", "auto", "tcp":
+		default:
+			return fmt.Errorf("launch: restarts need the ranks to reach a new process over tcp, not MOEX_TRANSPORT=%s (leave it unset: the job then runs over tcp)", tr)
 		}
 		addr, stop, err := cfg.ServeRegistry(j.token)
 		if err != nil {
@@ -255,6 +273,10 @@ func (j *job) env(r int) []string {
 	}
 	if j.registry != "" {
 		env = append(env, "MOEX_REGISTRY="+j.registry)
+		if lookup(append(os.Environ(), j.cfg.Env...), "MOEX_TRANSPORT") == "" {
+			// A new process is reached over tcp: the whole job talks over it.
+			env = append(env, "MOEX_TRANSPORT=tcp")
+		}
 	}
 	env = append(env, j.cfg.Env...)
 	if j.cfg.RankEnv != nil {

@@ -48,7 +48,7 @@ func TestMain(m *testing.M) {
 			os.Exit(7)
 		}
 		time.Sleep(200 * time.Millisecond) // longer than a stop would take
-		fmt.Printf("rank %s done joining=%q registry=%v\n", os.Getenv("MOEX_RANK"), os.Getenv("MOEX_JOINING"), os.Getenv("MOEX_REGISTRY") != "")
+		fmt.Printf("rank %s done joining=%q registry=%v transport=%s\n", os.Getenv("MOEX_RANK"), os.Getenv("MOEX_JOINING"), os.Getenv("MOEX_REGISTRY") != "", os.Getenv("MOEX_TRANSPORT"))
 		os.Exit(0)
 	case "survive":
 		if os.Getenv("MOEX_RANK") == "1" {
@@ -244,7 +244,7 @@ func TestRestarts(t *testing.T) {
 	c := cfg("replace", 3, &out, &errOut)
 	c.Restarts, c.ServeRegistry = 2, registry
 	require.NoError(t, Run(context.Background(), c))
-	assert.Contains(t, out.String(), `rank 1 done joining="1" registry=true`)
+	assert.Contains(t, out.String(), `rank 1 done joining="1" registry=true transport=tcp`)
 	assert.Equal(t, 3, strings.Count(out.String(), "done"), out.String())
 	assert.Contains(t, errOut.String(), "launch: rank 1 exited with code 7; starting a process to take it over (restart 1 of 2)")
 
@@ -259,6 +259,8 @@ func TestRestarts(t *testing.T) {
 
 	c.Restarts, c.ServeRegistry = 1, nil
 	assert.Error(t, Run(context.Background(), c), "restarts without a registry")
+	c.ServeRegistry, c.Env = registry, append(c.Env, "MOEX_TRANSPORT=shm")
+	assert.Error(t, Run(context.Background(), c), "restarts over shm")
 	c.Restarts = MaxRestarts + 1
 	assert.Error(t, Run(context.Background(), c))
 }
