@@ -49,17 +49,40 @@ func (c *Comm) sharedFits(op OpKind, n int) bool {
 	case op == OpAllGather, op == OpAllGatherv:
 		return c.direct.Fits(n)
 	case op == OpAllReduce:
-		return n <= c.direct.Cap() || c.reducesAcross(n)
+		return n <= c.direct.Cap() || c.allReducesAcross(n)
 	case op == OpReduceScatter:
-		return n*c.size <= c.direct.Cap() || c.reducesAcross(n*c.size)
+		return n*c.size <= c.direct.Cap() || c.reduceScattersAcross(n*c.size)
 	}
 	return false
 }
 
-// reducesAcross reports whether a shared-area AllReduce of n bytes (a ReduceScatter of
-// send buffers of n bytes) runs in place in the ranks' buffers
-// (shared.Direct.AllReduceAcross, ReduceScatterAcross) rather than through the areas.
-func (c *Comm) reducesAcross(n int) bool {
+// allReduceAcrossMin is the largest AllReduce buffer that goes through the shared areas
+// when the ranks' buffers can be read across and every rank has a CPU: larger ones are
+// combined in place in the ranks' buffers (shared.Direct.AllReduceAcross), which copies
+// each byte once where the areas copy it in and out and the ring sends it twice.
+// Measured (moex bench coll --op allreduce --transport shm, P=2 on 2 CPUs, best of
+// three runs): 256 KiB and 1 MiB, 44 and 172 us in place against the ring's 57 and 244
+// (the model's choice before), another run 43 and 165 against 157 and 449. Where the
+// ranks outnumber the CPUs, the runs disagree (P=4 and 8 on 2 CPUs: either path ahead
+// by up to 2x from run to run), and the areas keep what fits them.
+const allReduceAcrossMin = 64 << 10
+
+// allReducesAcross reports whether a shared-area AllReduce of n bytes runs in place in
+// the ranks' buffers rather than through the areas; reduceScattersAcross, whether a
+// ReduceScatter of send buffers of n bytes does (ReduceScatterAcross: those larger than
+// the areas; below, the areas were as fast or faster).
+func (c *Comm) allReducesAcross(n int) bool {
+	if c.direct == nil {
+		return false
+	}
+	lim := c.direct.Cap()
+	if !c.crowded {
+		lim = min(lim, allReduceAcrossMin)
+	}
+	return n > lim && c.direct.CanReduceAcross()
+}
+
+func (c *Comm) reduceScattersAcross(n int) bool {
 	return c.direct != nil && n > c.direct.Cap() && c.direct.CanReduceAcross()
 }
 
@@ -96,10 +119,10 @@ func (c *Comm) estimate(op OpKind, algo Algo, n int) time.Duration {
 			c.intra.Estimate(OpAllGather, Ring, m, chunk)
 	}
 	l := c.link
-	if op == OpAllReduce && algo == Shared && c.reducesAcross(n) {
+	if op == OpAllReduce && algo == Shared && c.allReducesAcross(n) {
 		return l.EstimateAllReduceAcross(c.size, n)
 	}
-	if op == OpReduceScatter && algo == Shared && c.reducesAcross(n*c.size) {
+	if op == OpReduceScatter && algo == Shared && c.reduceScattersAcross(n*c.size) {
 		return l.EstimateReduceScatterAcross(c.size, n)
 	}
 	switch op {

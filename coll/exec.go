@@ -123,7 +123,7 @@ func (c *Comm) fail(err error) error {
 func (c *Comm) execShared(pl *algos.Plan, cl *call) error {
 	var err error
 	switch {
-	case pl.Op == OpAllReduce && c.reducesAcross(len(cl.recv)): // from send (nil: in place)
+	case pl.Op == OpAllReduce && c.allReducesAcross(len(cl.recv)): // from send (nil: in place)
 		send := cl.send
 		if send == nil {
 			send = cl.recv
@@ -135,7 +135,7 @@ func (c *Comm) execShared(pl *algos.Plan, cl *call) error {
 		if err = c.direct.AllReduce(c.actx, cl.turn, cl.recv, cl.recv, cl.dt.Size(), pl.Reduce, uint64(pl.Sig)); err == nil {
 			dtype.Finish(cl.dt, cl.redop, cl.recv, c.size)
 		}
-	case pl.Op == OpReduceScatter && c.reducesAcross(len(cl.send)):
+	case pl.Op == OpReduceScatter && c.reduceScattersAcross(len(cl.send)):
 		if err = c.direct.ReduceScatterAcross(c.actx, cl.turn, cl.send, cl.recv, cl.dt.Size(), pl.Reduce, uint64(pl.Sig)); err == nil {
 			dtype.Finish(cl.dt, cl.redop, cl.recv, c.size)
 		}

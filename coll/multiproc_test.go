@@ -856,6 +856,12 @@ func TestMultiProcessDeadPeer(t *testing.T) {
 // with 4; -long runs every combination.
 func TestMultiProcessShm(t *testing.T) {
 	moex := buildMoex(t)
+	// 2 ranks: a CPU each here, so AllReduces past 64 KiB are combined in place (read
+	// across); 3 and 4: crowded, through the areas up to their size.
+	out := moexRun(t, moex, 2, "shared", "MOEX_TRANSPORT=shm")
+	if c := strings.Count(out, " ok transport=shm"); c != 2 {
+		t.Fatalf("shared, 2 ranks: %d reported ok:\n%s", c, out)
+	}
 	for _, n := range []int{3, 4} {
 		if n == 3 || long.Enabled() {
 			out := moexRun(t, moex, n, "subset", "MOEX_TRANSPORT=shm")

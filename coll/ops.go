@@ -138,7 +138,7 @@ func allReduce[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, op dt
 	cl := call{op: OpAllReduce, dt: dt, redop: op, count: len(recv), recv: rb}
 	k := key(c, &cl, len(rb))
 	if send != nil && !sameStart(sb, rb) {
-		if k.Algo == Shared && c.reducesAcross(len(rb)) {
+		if k.Algo == Shared && c.allReducesAcross(len(rb)) {
 			cl.send = sb // read where it is
 		} else {
 			copy(rb, sb)

@@ -150,6 +150,7 @@ type Comm struct {
 	parent       []int              // rank in the communicator this one was made from (Split, Shrink)
 	closeBarrier bool               // Close waits for every rank first (communicators from Init)
 	direct       *shared.Direct     // the collectives through the shared areas (Shared), when every rank is on this host over shm
+	crowded      bool               // this host's ranks outnumber its CPUs (Init)
 	// registry is the job's registry (MOEX_REGISTRY), where Admit finds the processes
 	// waiting to take over ranks; shared by what is made from the communicator.
 	registry *bootstrap.Store

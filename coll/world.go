@@ -312,6 +312,7 @@ func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) 
 	if c.topo.Hosts > 1 && cfg.HostLink == nil && env.Transport != "tcp" {
 		c.intra = CostShm // the ranks of a host talk through shared memory
 	}
+	c.crowded = poll.Oversubscribed
 	if c.direct != nil && poll.Oversubscribed && cfg.Link == nil {
 		// One host, more ranks than CPUs: every step that waits for a peer costs
 		// context switches (see CrowdedAlpha).

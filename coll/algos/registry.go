@@ -280,8 +280,8 @@ func (c LinkCost) Estimate(op OpKind, algo Algo, p, n int) time.Duration {
 }
 
 // EstimateAllReduceAcross predicts the time of the shared-area AllReduce that runs in
-// place in the ranks' buffers (for buffers larger than the areas) on p ranks for n bytes:
-// two flags per rank; every rank reads its block of the others' buffers to combine and the
+// place in the ranks' buffers (for buffers past 64 KiB, or past the areas, where they can
+// be read across) on p ranks for n bytes: two flags per rank; every rank reads its block of the others' buffers to combine and the
 // others' combined blocks, and writes its whole buffer, at memory speed.
 func (c LinkCost) EstimateAllReduceAcross(p, n int) time.Duration {
 	if p <= 1 {
