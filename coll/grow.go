@@ -168,7 +168,7 @@ func (c *Comm) Grow(ctx context.Context, joiners []Joiner) (*Comm, error) {
 		parents[i] = slices.Index(c.ranks, r) // -1: a joiner
 	}
 	if c.ranks[c.rank] == members[0] { // the lowest live rank describes it to the joiners
-		desc := joinDesc{id: id, ranks: ranks, hosts: hosts, parents: parents, link: c.link, intra: c.intra}.encode()
+		desc := joinDesc{id: id, ranks: ranks, hosts: hosts, parents: parents, link: c.link, intra: c.intra, closeBarrier: c.closeBarrier}.encode()
 		for _, j := range joiners {
 			req, err := c.tr.Isend(j.Rank, joinTag, desc)
 			if err == nil {
@@ -234,14 +234,20 @@ type joinDesc struct {
 	id                    uint32
 	ranks, hosts, parents []int // parents: each rank's in the communicator grown from, -1 for a joiner
 	link, intra           LinkCost
+	closeBarrier          bool // Close waits for every rank first (as the live ranks' does)
 }
 
-const joinDescHead = 8 + 6*8
+const joinDescHead = 12 + 6*8
 
 func (d joinDesc) encode() []byte {
 	le := binary.LittleEndian
 	b := le.AppendUint32(nil, d.id)
 	b = le.AppendUint32(b, uint32(len(d.ranks)))
+	flags := uint32(0)
+	if d.closeBarrier {
+		flags |= 1
+	}
+	b = le.AppendUint32(b, flags)
 	for _, l := range []LinkCost{d.link, d.intra} {
 		b = le.AppendUint64(b, uint64(l.Alpha))
 		b = le.AppendUint64(b, math.Float64bits(l.Beta))
@@ -266,8 +272,9 @@ func decodeJoin(b []byte, size int) (joinDesc, error) {
 	if n < 2 || n > size || len(b) != joinDescHead+12*n {
 		return d, fmt.Errorf("%w: a description of %d ranks in %d bytes", transport.ErrProtocol, n, len(b))
 	}
+	d.closeBarrier = le.Uint32(b[8:])&1 != 0
 	for i, l := range []*LinkCost{&d.link, &d.intra} {
-		at := 8 + 24*i
+		at := 12 + 24*i
 		l.Alpha = time.Duration(le.Uint64(b[at:]))
 		l.Beta, l.Gamma = math.Float64frombits(le.Uint64(b[at+8:])), math.Float64frombits(le.Uint64(b[at+16:]))
 	}
@@ -319,7 +326,7 @@ func Rejoin(ctx context.Context, t transport.Transport, members []int, cfg Confi
 	cfg.Link, cfg.HostLink, cfg.NetGbits = &d.link, &d.intra, 0 // as the live ranks plan
 	c := newComm(t, d.id, d.ranks, d.hosts, me, cfg, d.link)
 	c.why = t.Name() + ": a joiner's transport (coll.Rejoin)"
-	c.parent = d.parents
+	c.parent, c.closeBarrier = d.parents, d.closeBarrier
 	c.owned = newOwner()
 	c.listen()
 	if err := Barrier(ctx, c); err != nil {
@@ -343,9 +350,25 @@ func initJoining(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, err
 	if err != nil {
 		return nil, err
 	}
-	tr, members, err := rep.Accept(ictx)
+	// The live ranks may refuse this process (its rank is alive, another claims it too, or
+	// they could not reach it): it then stops waiting for them, with their reason.
+	actx, refuse := context.WithCancelCause(ictx)
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		if why, err := rep.Refused(actx); err == nil {
+			refuse(&JoinError{Rank: env.Rank, Member: -1, Err: refusal(why)})
+		}
+	}()
+	tr, members, err := rep.Accept(actx)
+	refuse(nil)
+	<-watched
 	if err != nil {
 		rep.Close()
+		var je *JoinError
+		if errors.As(context.Cause(actx), &je) {
+			return nil, je
+		}
 		return nil, fmt.Errorf("coll: rank %d waited for the live ranks to admit it: %w", env.Rank, err)
 	}
 	if cfg.Wrap != nil {
@@ -360,7 +383,6 @@ func initJoining(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, err
 	c.why = "tcp: a process that took over rank " + strconv.Itoa(env.Rank) + " of a running job"
 	c.registry = rep.Registry()
 	c.owned = newOwner(tr.Close, c.registry.Close)
-	c.closeBarrier = true
 	health.ReportJoin(env.Rank, health.Joined)
 	cfg.Logger.Info("moex: took over a rank", "rank", env.Rank, "size", c.Size(), "live", members)
 	return c, nil
@@ -397,7 +419,13 @@ func (c *Comm) Admit(ctx context.Context) (*Comm, error) {
 		}
 		for i, k := range keys {
 			e, err := bootstrap.ParseJoinEntry(k, vals[i])
-			if err == nil && !slices.Contains(c.ranks, e.Rank) && e.Rank < c.tr.Size() && len(found) < maxAdmit {
+			switch {
+			case err != nil || e.Rank >= c.tr.Size():
+			case slices.Contains(c.ranks, e.Rank): // a second claimant of a live rank
+				rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+				c.refuseJoiner(rctx, k, ErrRankLive)
+				cancel()
+			case len(found) < maxAdmit:
 				found = append(found, e)
 			}
 		}
@@ -438,11 +466,46 @@ func (c *Comm) Admit(ctx context.Context) (*Comm, error) {
 	}
 	g, err := c.Grow(ctx, joiners)
 	if c.rank == 0 {
+		var je *JoinError
+		errors.As(err, &je)
 		rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-		for _, k := range keys {
+		for i, k := range keys {
+			switch {
+			case err == nil:
+			case je != nil && je.Rank == joiners[i].Rank:
+				c.refuseJoiner(rctx, k, je.Err)
+			default:
+				c.refuseJoiner(rctx, k, ErrJoinFailed)
+			}
 			_ = c.registry.Delete(rctx, k)
 		}
 		cancel()
 	}
 	return g, err
+}
+
+// refuseJoiner tells the joiner of registry entry key why it was refused (see
+// initJoining), and removes its entry.
+func (c *Comm) refuseJoiner(ctx context.Context, key string, why error) {
+	reason := "failed"
+	switch {
+	case errors.Is(why, ErrRankLive):
+		reason = "live"
+	case errors.Is(why, ErrRankClaimed):
+		reason = "claimed"
+	}
+	c.log.Warn("moex: refused a process that claimed a rank", "rank", c.ranks[c.rank], "entry", key, "why", why)
+	_ = c.registry.Set(ctx, bootstrap.RefusedPrefix+key, []byte(reason))
+	_ = c.registry.Delete(ctx, key)
+}
+
+// refusal is the error of a refusal the live ranks wrote (refuseJoiner).
+func refusal(why string) error {
+	switch why {
+	case "live":
+		return ErrRankLive
+	case "claimed":
+		return ErrRankClaimed
+	}
+	return ErrJoinFailed
 }

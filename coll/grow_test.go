@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/bootstrap"
 	"github.com/moex-ai/moex/transport/tcp"
 	"github.com/moex-ai/moex/transport/transporttest"
 )
@@ -363,4 +364,124 @@ func TestGrowJoinerDies(t *testing.T) {
 		}
 	}
 	require.NoError(t, <-died)
+}
+
+// joinEnv starts a process's part that takes over rank r of n through the registry at
+// reg (coll.Init with MOEX_JOINING=1), in a goroutine; its communicator (or error) comes
+// on the channel, and serve runs on the communicator first.
+func joinEnv(t *testing.T, r, n int, reg string, cfg Config, serve func(c *Comm) error) chan error {
+	t.Helper()
+	env := bootstrap.Env{Rank: r, Size: n, LocalRank: -1, LocalSize: -1, Token: growSecret, Registry: reg, Joining: true,
+		Transport: "tcp", Timeout: cfg.Timeout}
+	done := make(chan error, 1)
+	go func() {
+		c, err := InitEnv(context.Background(), env, cfg)
+		if err == nil {
+			err = serve(c)
+			c.Close()
+		}
+		done <- err
+	}()
+	return done
+}
+
+// waitEntries waits until the registry holds n entries of processes waiting to join.
+func waitEntries(t *testing.T, reg *bootstrap.Store, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		keys, _, err := reg.Scan(context.Background(), bootstrap.JoinPrefix)
+		return err == nil && len(keys) == n
+	}, 10*time.Second, 5*time.Millisecond)
+}
+
+// The live ranks refuse, through the registry, a process that claims a live rank and two
+// that claim one dead rank: the claimants' coll.Init fails at once with a JoinError
+// saying why (ErrRankLive, ErrRankClaimed), the live ranks' Admit admits nobody (or
+// fails with the same JoinError on every one of them) and they serve on; a third
+// process for the dead rank is then admitted, and every rank works.
+func TestAdmitRefuses(t *testing.T) {
+	const n, victim = 3, 2
+	cfg := Config{Timeout: 10 * time.Second}
+	srv, err := bootstrap.ServeStore("127.0.0.1:0", []byte(growSecret), nil)
+	require.NoError(t, err)
+	defer srv.Close()
+	cs, ts := tcpComms(t, n, cfg)
+	ctx := context.Background()
+	for _, c := range cs {
+		reg, err := bootstrap.DialRegistry(ctx, srv.Addr(), []byte(growSecret))
+		require.NoError(t, err)
+		c.registry = reg
+		t.Cleanup(func() { reg.Close() })
+	}
+	watch, err := bootstrap.DialRegistry(ctx, srv.Addr(), []byte(growSecret))
+	require.NoError(t, err)
+	defer watch.Close()
+
+	// A second claimant of live rank 1.
+	claimant := joinEnv(t, 1, n, srv.Addr(), cfg, func(*Comm) error { return errors.New("admitted") })
+	waitEntries(t, watch, 1)
+	for r, err := range survivors(cs, nil, func(c *Comm) error {
+		g, err := c.Admit(ctx)
+		if g != nil {
+			return fmt.Errorf("admitted %d ranks", g.Size())
+		}
+		return err
+	}) {
+		require.NoError(t, err, "rank %d", r)
+	}
+	err = <-claimant
+	var je *JoinError
+	require.ErrorAs(t, err, &je)
+	require.ErrorIs(t, err, ErrRankLive)
+	require.Equal(t, 1, je.Rank)
+
+	// Two claimants of dead rank 2.
+	ts[victim].Kill()
+	subs := make([]*Comm, n)
+	for r, err := range survivors(cs, []int{victim}, func(c *Comm) error {
+		var err error
+		subs[c.Rank()], err = c.Shrink(ctx)
+		return err
+	}) {
+		require.NoError(t, err, "rank %d", r)
+	}
+	subs = slices.DeleteFunc(subs, func(c *Comm) bool { return c == nil })
+	defer func() {
+		for _, s := range subs {
+			s.Close()
+		}
+	}()
+	first := joinEnv(t, victim, n, srv.Addr(), cfg, func(*Comm) error { return errors.New("admitted") })
+	second := joinEnv(t, victim, n, srv.Addr(), cfg, func(*Comm) error { return errors.New("admitted") })
+	waitEntries(t, watch, 2)
+	for r, err := range survivors(subs, nil, func(c *Comm) error {
+		_, err := c.Admit(ctx)
+		return err
+	}) {
+		require.ErrorAs(t, err, &je, "rank %d", r)
+		require.ErrorIs(t, err, ErrRankClaimed, "rank %d", r)
+	}
+	for _, ch := range []chan error{first, second} {
+		err := <-ch
+		require.ErrorAs(t, err, &je)
+		require.ErrorIs(t, err, ErrRankClaimed)
+	}
+
+	// One claimant: admitted, and every rank works.
+	third := joinEnv(t, victim, n, srv.Addr(), cfg, func(c *Comm) error { return steps(ctx, c) })
+	waitEntries(t, watch, 1)
+	for r, err := range survivors(subs, nil, func(c *Comm) error {
+		g, err := c.Admit(ctx)
+		if err != nil {
+			return err
+		}
+		if g == nil {
+			return errors.New("nobody admitted")
+		}
+		defer g.Close()
+		return steps(ctx, g)
+	}) {
+		require.NoError(t, err, "rank %d", r)
+	}
+	require.NoError(t, <-third)
 }

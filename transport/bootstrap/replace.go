@@ -19,8 +19,13 @@ import (
 // registry (Env.Registry) where it listens, under JoinPrefix/<rank>/<nonce>; the live
 // ranks read the registry (coll.Comm.Admit), dial it, and give it the rank.
 
-// JoinPrefix is where the registry holds the processes waiting to take over ranks.
-const JoinPrefix = "join/"
+// JoinPrefix is where the registry holds the processes waiting to take over ranks, and
+// RefusedPrefix where the live ranks say why they refused one (under RefusedPrefix and
+// its entry's key).
+const (
+	JoinPrefix    = "join/"
+	RefusedPrefix = "refused/"
+)
 
 // JoinEntry is a registry entry of a process waiting to take over a rank.
 type JoinEntry struct {
@@ -102,6 +107,23 @@ func (r *Replacement) Accept(ctx context.Context) (transport.Transport, []int, e
 		return nil, nil, err
 	}
 	return t, members, nil
+}
+
+// Refused waits, until ctx ends, for the live ranks to refuse this replacement, and
+// returns why, as they wrote it (over a connection of its own to the registry, so that
+// the replacement's other calls go on meanwhile).
+func (r *Replacement) Refused(ctx context.Context) (string, error) {
+	reg, err := DialRegistry(ctx, r.env.Registry, []byte(r.env.Token))
+	if err != nil {
+		return "", err
+	}
+	defer reg.Close()
+	vals, err := reg.Get(ctx, RefusedPrefix+r.key)
+	if err != nil {
+		return "", err
+	}
+	_ = reg.Delete(ctx, RefusedPrefix+r.key) // read once: the registry keeps no refusals
+	return string(vals[0]), nil
 }
 
 // Registry is the client of the job's registry, kept open (a communicator holds it to
