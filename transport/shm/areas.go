@@ -68,7 +68,7 @@ func (t *Transport) Areas() transport.Areas {
 	}
 	c := t.own.areaCap
 	pull := true
-	for q, p := range t.peers {
+	for q, p := range t.list() {
 		if q == t.rank {
 			continue
 		}
@@ -84,7 +84,7 @@ func (t *Transport) Areas() transport.Areas {
 		return nil
 	}
 	a := &areas{t: t, cap: c, pull: pull, procs: true}
-	for _, p := range t.peers {
+	for _, p := range t.list() {
 		if p != nil && p.pid == os.Getpid() && t.size > runtime.GOMAXPROCS(0) {
 			a.procs = false // ranks as goroutines (tests), more than Ps: they need Go's scheduler
 		}
@@ -96,7 +96,7 @@ func (a *areas) seg(q int) *segment {
 	if q == a.t.rank {
 		return a.t.own
 	}
-	return a.t.peers[q].seg
+	return a.t.list()[q].seg
 }
 
 func (a *areas) Area(q int) []byte {
@@ -113,14 +113,14 @@ func (a *areas) Closed() bool                              { return a.t.closed.L
 func (a *areas) Rewind() bool                              { return a.t.rewind }
 func (a *areas) Stream() int                               { return a.t.stream }
 func (a *areas) Release()                                  { a.t.life.RUnlock() }
-func (a *areas) ArenaData(q int, off uint64, n int) []byte { return a.t.peers[q].arenaData(off, n) }
+func (a *areas) ArenaData(q int, off uint64, n int) []byte { return a.t.list()[q].arenaData(off, n) }
 
 func (a *areas) Park(word *uint32, v uint32, d time.Duration) bool {
 	return a.t.park(word, v, int64(d))
 }
 
 func (a *areas) ReadAcross(q int, dst []byte, addr uint64) error {
-	return cmaRead(a.t.peers[q].pid, dst, addr, &a.liov, &a.riov)
+	return cmaRead(a.t.list()[q].pid, dst, addr, &a.liov, &a.riov)
 }
 
 // ShareArena publishes this process's arena file in the segment's header, where the
@@ -141,7 +141,7 @@ func (a *areas) Hold() bool {
 }
 
 func (a *areas) PeerGone(q int, op string) error {
-	p := a.t.peers[q]
+	p := a.t.list()[q]
 	if p.seg.state() == stateClosed {
 		return &transport.PeerError{Rank: q, Op: op, Err: fmt.Errorf("%w: closed", transport.ErrPeerClosed)}
 	}

@@ -14,7 +14,7 @@ func SetProgressNap(d time.Duration) { progressNap = d }
 // shared buffers across instead. Close closes it.
 func BreakArena(t *Transport, peer int) error {
 	fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	t.peers[peer].arena.fd = fd
+	t.list()[peer].arena.fd = fd
 	return err
 }
 

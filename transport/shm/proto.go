@@ -60,8 +60,9 @@ type peer struct {
 	pushed  []*sendReq // and sends streamed whole
 	streams []*stream  // large messages going through the ring (no CMA)
 
-	c   *core.Peer[sendX, recvX]
-	src payload // the payload of the frame being handled (progress loop only)
+	c       *core.Peer[sendX, recvX]
+	src     payload // the payload of the frame being handled (progress loop only)
+	retired bool    // under outMu: the rank went to a new process (Readmit), seg is unmapped
 }
 
 var _ core.Link[sendX, recvX] = (*peer)(nil)
@@ -93,6 +94,9 @@ func (r ring) data() []byte {
 
 // publishLocked writes one frame into the ring if there is room.
 func (p *peer) publishLocked(h *wire.Header, payload []byte) bool {
+	if p.retired {
+		return false
+	}
 	r := p.out
 	k := r.slotsFor(len(payload))
 	head := atomic.LoadUint64(r.head())
@@ -221,6 +225,10 @@ func (p *peer) hasOutWork() bool {
 func (p *peer) bye() {
 	p.outMu.Lock()
 	h := wire.Header{Type: wire.TypeBye, Src: uint32(p.t.rank)}
+	if p.retired {
+		p.outMu.Unlock()
+		return
+	}
 	if len(p.pending) == 0 {
 		p.publishLocked(&h, nil)
 	}
@@ -509,7 +517,7 @@ func (t *Transport) runJobs() bool {
 			r.Complete(0, t.eng.PeerErr(r.P, "recv"))
 			continue
 		}
-		t.copyAcross(t.peers[r.P.Rank], r)
+		t.copyAcross(t.list()[r.P.Rank], r)
 	}
 	t.jobMu.Lock()
 	t.spare = jobs[:0] // double buffering: no allocation per job in steady state
@@ -550,7 +558,7 @@ func (p *peer) fail(err error) {
 
 // checkLiveness fails peers whose process exited or whose segment says closed.
 func (t *Transport) checkLiveness() {
-	for _, p := range t.peers {
+	for _, p := range t.list() {
 		if p == nil || p.isDead() {
 			continue
 		}
@@ -575,7 +583,7 @@ func (t *Transport) checkLiveness() {
 // runs under drv.Mu, in the progress goroutine or in a waiting goroutine (core.Driver).
 func (t *Transport) step() bool {
 	worked := t.runJobs()
-	for _, p := range t.peers {
+	for _, p := range t.list() {
 		if p == nil {
 			continue
 		}
@@ -727,7 +735,7 @@ func (t *Transport) work(has func(*peer) bool) bool {
 	if j {
 		return true
 	}
-	for _, p := range t.peers {
+	for _, p := range t.list() {
 		if p != nil && has(p) {
 			return true
 		}
@@ -744,8 +752,12 @@ func (t *Transport) peerFor(peer int) (*peer, error) {
 	if t.closed.Load() {
 		return nil, transport.ErrClosed
 	}
-	p := t.peers[peer]
-	if p == nil && peer != t.rank {
+	p := t.list()[peer]
+	switch {
+	case p != nil || peer == t.rank:
+	case t.lost != nil && t.lost[peer]:
+		return nil, &transport.PeerError{Rank: peer, Op: "connect", Err: fmt.Errorf("%w: not live when this process took over its rank", transport.ErrPeerClosed)}
+	default:
 		return nil, &transport.ArgError{Arg: "peer", Reason: fmt.Sprintf("rank %d is not on this host", peer)}
 	}
 	return p, nil

@@ -65,7 +65,8 @@ type segment struct {
 	ranks    int
 	slots    int
 	slotSize int
-	areaCap  int // the largest buffer copied through the shared area (which holds 3x)
+	areaCap  int      // the largest buffer copied through the shared area (which holds 3x)
+	file     *os.File // this rank's own segment's, kept open for a process that takes over a rank (Join)
 }
 
 func ringBytes(slots, slotSize int) int { return ringHdr + slots*slotSize }
@@ -81,18 +82,19 @@ func createSegment(name string, rank, ranks, slots, slotSize, areaCap int) (*seg
 	if err != nil {
 		return nil, fmt.Errorf("shm: creating %s: %w", path, err)
 	}
-	defer f.Close()
 	size := segmentSize(ranks, slots, slotSize, areaCap)
 	if err := f.Truncate(int64(size)); err != nil {
+		f.Close()
 		os.Remove(path)
 		return nil, fmt.Errorf("shm: sizing %s to %d bytes: %w", path, size, err)
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 	if err != nil {
+		f.Close()
 		os.Remove(path)
 		return nil, fmt.Errorf("shm: mapping %s: %w", path, err)
 	}
-	s := &segment{mem: mem, name: name, ranks: ranks, slots: slots, slotSize: slotSize, areaCap: areaCap}
+	s := &segment{mem: mem, name: name, ranks: ranks, slots: slots, slotSize: slotSize, areaCap: areaCap, file: f}
 	le := binary.LittleEndian
 	le.PutUint32(mem[offPid:], uint32(os.Getpid()))
 	le.PutUint32(mem[offRank:], uint32(rank))
@@ -113,6 +115,12 @@ func openSegment(name string, rank, ranks int) (*segment, error) {
 		return nil, fmt.Errorf("shm: opening rank %d's segment %s: %w", rank, path, err)
 	}
 	defer f.Close()
+	return mapSegment(f, path, rank, ranks)
+}
+
+// mapSegment maps the peer's segment open as f (named path in errors) and checks it is
+// rank's of ranks.
+func mapSegment(f *os.File, path string, rank, ranks int) (*segment, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err
@@ -125,7 +133,7 @@ func openSegment(name string, rank, ranks int) (*segment, error) {
 		return nil, fmt.Errorf("shm: mapping %s: %w", path, err)
 	}
 	le := binary.LittleEndian
-	s := &segment{mem: mem, name: name, ranks: int(le.Uint32(mem[offRanks:])), slots: int(le.Uint32(mem[offSlots:])),
+	s := &segment{mem: mem, name: filepath.Base(path), ranks: int(le.Uint32(mem[offRanks:])), slots: int(le.Uint32(mem[offSlots:])),
 		slotSize: int(le.Uint32(mem[offSlotSize:])), areaCap: int(le.Uint32(mem[offAreaCap:]))}
 	switch {
 	case string(mem[:8]) != segMagic:
@@ -151,6 +159,10 @@ func (s *segment) unmap() {
 	if s.mem != nil {
 		unix.Munmap(s.mem)
 		s.mem = nil
+	}
+	if s.file != nil {
+		s.file.Close()
+		s.file = nil
 	}
 }
 

@@ -155,10 +155,11 @@ type Transport struct {
 	pool       *obuf.Pool
 	log        *slog.Logger
 
-	own   *segment
-	peers []*peer
-	self  *inproc.Transport
-	eng   core.Engine[sendX, recvX]
+	own      *segment
+	lost     []bool                  // ranks that were not live when this process took over its rank (Join)
+	peerList atomic.Pointer[[]*peer] // per rank, nil for this one and those on other hosts; replaced whole (Readmit)
+	self     *inproc.Transport
+	eng      core.Engine[sendX, recvX]
 
 	jobMu sync.Mutex
 	jobs  []*recvReq // matched announcements waiting for their copy
@@ -213,14 +214,134 @@ var probeWord = [8]byte{'m', 'o', 'e', 'x', 'c', 'm', 'a', '!'}
 // maps their segments, tests cross-memory attach, unlinks its segment once everyone has
 // mapped it, and starts the progress loop.
 func New(ctx context.Context, cfg Config) (*Transport, error) {
+	if cfg.Size > 1 && cfg.Exchange == nil {
+		return nil, &transport.ArgError{Arg: "Exchange", Reason: "nil with more than one rank"}
+	}
+	t, err := newTransport(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	local := cfg.Local
+	if local == nil {
+		local = make([]bool, cfg.Size)
+		for i := range local {
+			local[i] = true
+		}
+	}
+	own := t.own
+	fail := func(err error) (*Transport, error) {
+		os.Remove(DevShm + "/" + own.name)
+		t.unmapAll()
+		return nil, err
+	}
+	peers := make([]*peer, cfg.Size)
+	t.peerList.Store(&peers)
+	if cfg.Size == 1 {
+		os.Remove(DevShm + "/" + own.name)
+		t.mode = "single rank"
+		t.start()
+		return t, nil
+	}
+	me := hello{name: own.name, pid: os.Getpid(), probe: uint64(uintptr(unsafe.Pointer(&probeWord[0])))}
+	if !local[cfg.Rank] {
+		me = hello{}
+	}
+	blobs, err := cfg.Exchange(ctx, me.encode())
+	if err != nil {
+		return fail(fmt.Errorf("shm: exchanging segment names: %w", err))
+	}
+	cmaOK := true
+	var cmaErr error
+	for q := 0; q < cfg.Size; q++ {
+		if q == cfg.Rank || !local[q] {
+			continue
+		}
+		h, ok := decodeHello(blobs[q])
+		if !ok || h.name == "" {
+			return fail(fmt.Errorf("shm: rank %d is said to be on this host but published no segment", q))
+		}
+		seg, err := openSegment(h.name, q, cfg.Size)
+		if err != nil {
+			return fail(err)
+		}
+		p := t.newPeer(q, seg, h.pid)
+		peers[q] = p
+		if cfg.CMA >= 0 && cmaErr == nil {
+			if err := probeCMA(h.pid, h.probe); err != nil {
+				cmaOK = false
+				cmaErr = fmt.Errorf("rank %d: %w", q, err)
+			}
+		}
+	}
+	if err := t.setMode(cfg.CMA, cmaOK, cmaErr); err != nil {
+		return fail(err)
+	}
+	// Every rank has mapped every segment: unlink ours, so that it disappears with the
+	// last process that maps it, whatever happens to them.
+	if _, err := cfg.Exchange(ctx, nil); err != nil {
+		return fail(fmt.Errorf("shm: start-up barrier: %w", err))
+	}
+	os.Remove(DevShm + "/" + own.name)
+	t.start()
+	t.log.Info("moex shm: ready", "rank", cfg.Rank, "mode", t.mode, "slots", cfg.Slots, "slot_size", cfg.SlotSize)
+	return t, nil
+}
+
+// newPeer is the peer of rank q, whose process pid has the segment seg, which this rank
+// writes into (the peer reads from this rank through this rank's own segment).
+func (t *Transport) newPeer(q int, seg *segment, pid int) *peer {
+	p := &peer{t: t, rank: q, seg: seg, pid: pid, in: t.own.ring(q), out: seg.ring(t.rank), pidfd: -1, arena: peerArena{fd: -1}}
+	p.c = core.NewPeer[sendX, recvX](q, p)
+	if fd, err := unix.PidfdOpen(pid, 0); err == nil {
+		p.pidfd = fd
+	}
+	return p
+}
+
+// probeCMA reads probeWord at addr in process pid with process_vm_readv.
+func probeCMA(pid int, addr uint64) error {
+	var got [8]byte
+	local := []unix.Iovec{{Base: &got[0], Len: 8}}
+	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: 8}}
+	if n, err := unix.ProcessVMReadv(pid, local, remote, 0); err != nil || n != 8 || got != probeWord {
+		return fmt.Errorf("process_vm_readv from pid %d: n=%d err=%v", pid, n, err)
+	}
+	return nil
+}
+
+// setMode says how large messages move, from the configuration (cma) and whether
+// cross-memory attach works with every peer (ok; else why not), and sets the peers'.
+func (t *Transport) setMode(cma int, ok bool, why error) error {
+	switch {
+	case cma < 0:
+		ok = false
+		t.mode = "ring copies (cross-memory attach disabled by configuration)"
+	case ok:
+		t.mode = "cma single copy for messages over " + strconv.Itoa(t.eager) + " B"
+	case cma > 0:
+		return fmt.Errorf("shm: cross-memory attach required but refused: %v", why)
+	default:
+		t.mode = "ring copies (cross-memory attach refused: " + why.Error() + ")"
+		t.log.Warn("moex shm: process_vm_readv refused; large messages go through the rings", "rank", t.rank, "err", why)
+	}
+	for _, p := range t.list() {
+		if p != nil {
+			p.cma = ok
+		}
+	}
+	return nil
+}
+
+// newTransport checks cfg and fills in its defaults, and makes the transport with its
+// own segment (not yet published, no peers, not started).
+func newTransport(cfgp *Config) (*Transport, error) {
+	cfg := *cfgp
+	defer func() { *cfgp = cfg }()
 	if cfg.Size < 1 || cfg.Rank < 0 || cfg.Rank >= cfg.Size {
 		return nil, &transport.ArgError{Arg: "rank", Reason: fmt.Sprintf("rank %d of %d", cfg.Rank, cfg.Size)}
 	}
 	if cfg.Local != nil && len(cfg.Local) != cfg.Size {
 		return nil, &transport.ArgError{Arg: "Local", Reason: fmt.Sprintf("%d entries for %d ranks", len(cfg.Local), cfg.Size)}
-	}
-	if cfg.Size > 1 && cfg.Exchange == nil {
-		return nil, &transport.ArgError{Arg: "Exchange", Reason: "nil with more than one rank"}
 	}
 	if cfg.Slots <= 0 {
 		cfg.Slots = DefaultSlots
@@ -258,13 +379,6 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 	t.self = inproc.New(1, inproc.Config{Poller: t.waitPoller, Pool: t.pool})[0]
 	t.eng = core.Engine[sendX, recvX]{Rank: t.rank, Name: "shm", EagerMax: t.eager, Pool: t.pool, Closed: t.closed.Load,
 		Await: t.drv.Await, GracePoller: t.waitPoller, Grace: t.grace, Log: t.log}
-	local := cfg.Local
-	if local == nil {
-		local = make([]bool, cfg.Size)
-		for i := range local {
-			local[i] = true
-		}
-	}
 	if removed, _ := CleanStale(); len(removed) > 0 {
 		t.log.Info("moex shm: removed segments of dead processes", "segments", removed)
 	}
@@ -284,82 +398,15 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		return nil, err
 	}
 	t.own = own
-	fail := func(err error) (*Transport, error) {
-		os.Remove(DevShm + "/" + own.name)
-		t.unmapAll()
-		return nil, err
-	}
-	t.peers = make([]*peer, cfg.Size)
-	if cfg.Size == 1 {
-		os.Remove(DevShm + "/" + own.name)
-		t.mode = "single rank"
-		t.start()
-		return t, nil
-	}
-	me := hello{name: own.name, pid: os.Getpid(), probe: uint64(uintptr(unsafe.Pointer(&probeWord[0])))}
-	if !local[cfg.Rank] {
-		me = hello{}
-	}
-	blobs, err := cfg.Exchange(ctx, me.encode())
-	if err != nil {
-		return fail(fmt.Errorf("shm: exchanging segment names: %w", err))
-	}
-	cmaOK := true
-	var cmaErr error
-	for q := 0; q < cfg.Size; q++ {
-		if q == cfg.Rank || !local[q] {
-			continue
-		}
-		h, ok := decodeHello(blobs[q])
-		if !ok || h.name == "" {
-			return fail(fmt.Errorf("shm: rank %d is said to be on this host but published no segment", q))
-		}
-		seg, err := openSegment(h.name, q, cfg.Size)
-		if err != nil {
-			return fail(err)
-		}
-		p := &peer{t: t, rank: q, seg: seg, pid: h.pid, in: own.ring(q), out: seg.ring(cfg.Rank), pidfd: -1, arena: peerArena{fd: -1}}
-		p.c = core.NewPeer[sendX, recvX](q, p)
-		t.peers[q] = p
-		if fd, err := unix.PidfdOpen(h.pid, 0); err == nil {
-			p.pidfd = fd
-		}
-		if cfg.CMA >= 0 && cmaErr == nil {
-			var got [8]byte
-			local := []unix.Iovec{{Base: &got[0], Len: 8}}
-			remote := []unix.RemoteIovec{{Base: uintptr(h.probe), Len: 8}}
-			if n, err := unix.ProcessVMReadv(h.pid, local, remote, 0); err != nil || n != 8 || got != probeWord {
-				cmaOK = false
-				cmaErr = fmt.Errorf("process_vm_readv from rank %d (pid %d): n=%d err=%v", q, h.pid, n, err)
-			}
-		}
-	}
-	switch {
-	case cfg.CMA < 0:
-		cmaOK = false
-		t.mode = "ring copies (cross-memory attach disabled by configuration)"
-	case cmaOK:
-		t.mode = "cma single copy for messages over " + strconv.Itoa(t.eager) + " B"
-	case cfg.CMA > 0:
-		return fail(fmt.Errorf("shm: cross-memory attach required but refused: %v", cmaErr))
-	default:
-		t.mode = "ring copies (cross-memory attach refused: " + cmaErr.Error() + ")"
-		t.log.Warn("moex shm: process_vm_readv refused; large messages go through the rings", "rank", cfg.Rank, "err", cmaErr)
-	}
-	for _, p := range t.peers {
-		if p != nil {
-			p.cma = cmaOK
-		}
-	}
-	// Every rank has mapped every segment: unlink ours, so that it disappears with the
-	// last process that maps it, whatever happens to them.
-	if _, err := cfg.Exchange(ctx, nil); err != nil {
-		return fail(fmt.Errorf("shm: start-up barrier: %w", err))
-	}
-	os.Remove(DevShm + "/" + own.name)
-	t.start()
-	t.log.Info("moex shm: ready", "rank", cfg.Rank, "mode", t.mode, "slots", cfg.Slots, "slot_size", cfg.SlotSize)
 	return t, nil
+}
+
+// list is the peers, by rank (nil: this rank, and those on other hosts).
+func (t *Transport) list() []*peer {
+	if l := t.peerList.Load(); l != nil {
+		return *l
+	}
+	return nil
 }
 
 func (t *Transport) start() {
@@ -370,7 +417,7 @@ func (t *Transport) start() {
 }
 
 func (t *Transport) unmapAll() {
-	for _, p := range t.peers {
+	for _, p := range t.list() {
 		if p != nil {
 			p.seg.unmap()
 			p.closeArena()
@@ -405,7 +452,7 @@ func (t *Transport) Path(peer int) string {
 	switch {
 	case peer == t.rank:
 		return "shm: self, in-process copy"
-	case peer < 0 || peer >= t.size || t.peers[peer] == nil:
+	case peer < 0 || peer >= t.size || t.list()[peer] == nil:
 		return "shm: not on this host"
 	}
 	rings := "rings"
@@ -415,12 +462,12 @@ func (t *Transport) Path(peer int) string {
 	area := "no shared area"
 	if t.own.areaCap > 0 {
 		area = fmt.Sprintf("shared area for AlltoAll up to %d KiB", t.own.areaCap>>10)
-		if t.peers[peer].cma {
+		if t.list()[peer].cma {
 			area += fmt.Sprintf(" (send buffers from obuf.Shared read in place from %d KiB)", SharedMin>>10)
 		}
 	}
 	return fmt.Sprintf("shm: same host (pid %d), %d-slot %s of %d B, %s, %s, progress poll %s",
-		t.peers[peer].pid, t.own.slots, rings, t.slotSize, t.mode, area, t.poller.Mode())
+		t.list()[peer].pid, t.own.slots, rings, t.slotSize, t.mode, area, t.poller.Mode())
 }
 
 // Stats returns the counters.
@@ -448,7 +495,7 @@ func (t *Transport) Close() error {
 	if t.closed.Swap(true) {
 		return nil
 	}
-	for _, p := range t.peers {
+	for _, p := range t.list() {
 		if p != nil {
 			p.bye()
 		}
@@ -473,7 +520,7 @@ func (t *Transport) shutdown() error {
 	close(t.stop)
 	t.drv.Handoff() // the loop may sleep unannounced: wake it whatever its flag says
 	t.wg.Wait()
-	for _, p := range t.peers {
+	for _, p := range t.list() {
 		if p != nil {
 			p.fail(transport.ErrClosed)
 		}
@@ -487,10 +534,10 @@ func (t *Transport) shutdown() error {
 
 // InjectRaw writes b into the ring to peer as one slot, bypassing framing (for tests).
 func (t *Transport) InjectRaw(peer int, b []byte) error {
-	if peer == t.rank || peer < 0 || peer >= t.size || t.peers[peer] == nil {
+	if peer == t.rank || peer < 0 || peer >= t.size || t.list()[peer] == nil {
 		return &transport.ArgError{Arg: "peer", Reason: "no ring"}
 	}
-	p := t.peers[peer]
+	p := t.list()[peer]
 	p.outMu.Lock()
 	defer p.outMu.Unlock()
 	h := atomic.LoadUint64(p.out.head())

@@ -82,7 +82,7 @@ func (t *Transport) NewWindow(size int) (transport.Window, []byte, error) {
 		return nil, nil, fmt.Errorf("shm: mapping window %s: %w", path, err)
 	}
 	w := &window{t: t, name: name, own: mem, peers: make([][]byte, t.size), names: make([]string, t.size), procs: true}
-	for _, p := range t.peers {
+	for _, p := range t.list() {
 		if p != nil && p.pid == os.Getpid() {
 			w.procs = false // ranks as goroutines of one process (tests)
 		}
@@ -115,7 +115,7 @@ func (w *window) Map(peer int, desc []byte) error {
 	case peer == t.rank:
 		w.peers[peer] = w.own
 		return nil
-	case t.peers[peer] == nil:
+	case t.list()[peer] == nil:
 		return fmt.Errorf("%w: rank %d is not on this host", transport.ErrNoWindow, peer)
 	case len(desc) < 8 || len(desc) > 8+255:
 		return fmt.Errorf("%w: rank %d's window descriptor has %d bytes", transport.ErrProtocol, peer, len(desc))

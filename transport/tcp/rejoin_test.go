@@ -1,10 +1,8 @@
 package tcp_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/tcp"
+	"github.com/moex-ai/moex/transport/transporttest"
 )
 
 const secret = "test-secret"
@@ -56,63 +55,6 @@ func replace(t *testing.T, ts []*tcp.Transport, r, n, streams int, token string,
 	return nt, members, errs, aerr
 }
 
-// exchange sends a message from every rank of ranks to every other (a small one and one
-// past the eager limit, striped over the streams) and checks every byte that arrived.
-func exchange(t *testing.T, ts map[int]transport.Transport, ranks []int) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	msg := func(from, to, size int) []byte {
-		b := make([]byte, size)
-		for i := range b {
-			b[i] = byte(from*37 + to*11 + i)
-		}
-		return b
-	}
-	var wg sync.WaitGroup
-	errs := make(chan error, 4*len(ranks)*len(ranks))
-	for _, from := range ranks {
-		for _, to := range ranks {
-			if from == to {
-				continue
-			}
-			for k, size := range []int{100, 3 << 20} {
-				tag := transport.Tag{Comm: 9, Tag: uint32(k)}
-				wg.Add(2)
-				go func() {
-					defer wg.Done()
-					r, err := ts[from].Isend(to, tag, msg(from, to, size))
-					if err == nil {
-						_, err = r.Wait(ctx)
-					}
-					if err != nil {
-						errs <- fmt.Errorf("%d -> %d, %d bytes: send: %w", from, to, size, err)
-					}
-				}()
-				go func() {
-					defer wg.Done()
-					buf := make([]byte, size)
-					r, err := ts[to].Irecv(from, tag, buf)
-					if err == nil {
-						_, err = r.Wait(ctx)
-					}
-					switch {
-					case err != nil:
-						errs <- fmt.Errorf("%d -> %d, %d bytes: recv: %w", from, to, size, err)
-					case !bytes.Equal(buf, msg(from, to, size)):
-						errs <- fmt.Errorf("%d -> %d, %d bytes: wrong bytes", from, to, size)
-					}
-				}()
-			}
-		}
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-}
-
 // A rank killed mid-job is taken over by a new process: the live ranks readmit it, each
 // of their operations with the dead one has failed with a PeerError, and then every pair
 // of ranks, the replacement included, moves messages of both protocols on every stream.
@@ -139,7 +81,7 @@ func TestReadmitReplacement(t *testing.T) {
 	for _, q := range live {
 		all[q] = ts[q]
 	}
-	exchange(t, all, []int{0, 1, 2, 3})
+	transporttest.AllPairs(t, all, []int{0, 1, 2, 3})
 	assert.Contains(t, ts[0].Path(dead), "tcp:")
 }
 
@@ -155,7 +97,7 @@ func TestReadmitWithAnotherRankDead(t *testing.T) {
 	require.NoError(t, errors.Join(errs...))
 	defer nt.Close()
 	assert.Equal(t, []int{0, 1}, members)
-	exchange(t, map[int]transport.Transport{0: ts[0], 1: ts[1], 3: nt}, []int{0, 1, 3})
+	transporttest.AllPairs(t, map[int]transport.Transport{0: ts[0], 1: ts[1], 3: nt}, []int{0, 1, 3})
 	_, err := nt.Isend(2, transport.Tag{}, []byte{1})
 	var pe *transport.PeerError
 	require.ErrorAs(t, err, &pe)
@@ -176,7 +118,7 @@ func TestReadmitWrongSecret(t *testing.T) {
 	for _, err := range errs {
 		assert.ErrorIs(t, err, transport.ErrAuth)
 	}
-	exchange(t, map[int]transport.Transport{0: ts[0], 2: ts[2]}, []int{0, 2})
+	transporttest.AllPairs(t, map[int]transport.Transport{0: ts[0], 2: ts[2]}, []int{0, 2})
 }
 
 // Readmit's arguments are checked: no rank may readmit itself or a rank out of range, and
