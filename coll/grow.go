@@ -72,7 +72,7 @@ const maxJoinAddr = 256
 // Rejoin. c (typically what Shrink returned after the deaths) stays usable, and the new
 // communicator shares its transport.
 //
-// Every live rank connects to every joiner (transport.Readmitter: tcp), then the lowest
+// Every live rank connects to every joiner (transport.Readmitter: tcp, shm), then the lowest
 // describes the communicator to the joiners and all of them meet in a Barrier. Grow
 // fails on every live rank alike with a *JoinError when a joiner claims a live rank or a
 // rank another joiner claims, or when a live rank could not connect to one (its secret
@@ -380,7 +380,7 @@ func initJoining(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, err
 		rep.Registry().Close()
 		return nil, err
 	}
-	c.why = "tcp: a process that took over rank " + strconv.Itoa(env.Rank) + " of a running job"
+	c.why = tr.Name() + ": a process that took over rank " + strconv.Itoa(env.Rank) + " of a running job"
 	c.registry = rep.Registry()
 	c.owned = newOwner(tr.Close, c.registry.Close)
 	health.ReportJoin(env.Rank, health.Joined)

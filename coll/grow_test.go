@@ -14,6 +14,7 @@ import (
 
 	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/bootstrap"
+	"github.com/moex-ai/moex/transport/shm"
 	"github.com/moex-ai/moex/transport/tcp"
 	"github.com/moex-ai/moex/transport/transporttest"
 )
@@ -37,27 +38,106 @@ func tcpComms(t *testing.T, n int, cfg Config) ([]*Comm, []*tcp.Transport) {
 	return cs, ts
 }
 
-// joiner is a process taking over rank r of n: it listens, and once admitted returns
-// its communicator (closed, with its transport, when the test ends).
+// shmComms returns n communicators over shared-memory transports of this process; the
+// transports close when the test ends, after the communicators.
+func shmComms(t *testing.T, n int, cfg Config) ([]*Comm, []*shm.Transport) {
+	t.Helper()
+	ts := transporttest.Start(t, n, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*shm.Transport, error) {
+		return shm.New(ctx, shm.Config{Rank: r, Size: n, Exchange: ex})
+	})
+	cs := make([]*Comm, n)
+	for r, tr := range ts {
+		c, err := New(tr, cfg)
+		require.NoError(t, err)
+		cs[r] = c
+		t.Cleanup(func() { c.Close() })
+	}
+	return cs, ts
+}
+
+// killable is a transport a test can kill as a crash would.
+type killable interface {
+	transport.Transport
+	Kill()
+}
+
+// comms returns n communicators over tcp or shm (kind) transports of this process.
+func comms(t *testing.T, kind string, n int, cfg Config) ([]*Comm, []killable) {
+	t.Helper()
+	var ks []killable
+	var cs []*Comm
+	if kind == "tcp" {
+		var ts []*tcp.Transport
+		cs, ts = tcpComms(t, n, cfg)
+		for _, x := range ts {
+			ks = append(ks, x)
+		}
+	} else {
+		var ts []*shm.Transport
+		cs, ts = shmComms(t, n, cfg)
+		for _, x := range ts {
+			ks = append(ks, x)
+		}
+	}
+	return cs, ks
+}
+
+// listenJoiner starts a new process's side for rank r of n over tcp or shm (kind), with
+// the job secret token (tcp): where the live ranks find it, and how it waits for them.
+func listenJoiner(t *testing.T, kind string, r, n int, token string) (string, func(context.Context) (killable, []int, error)) {
+	t.Helper()
+	if kind == "tcp" {
+		rep, err := tcp.Listen(tcp.Config{Rank: r, Size: n, Token: []byte(token)})
+		require.NoError(t, err)
+		return rep.Addr(), func(ctx context.Context) (killable, []int, error) {
+			tr, members, err := rep.Accept(ctx)
+			if err != nil {
+				return nil, nil, err
+			}
+			return tr, members, nil
+		}
+	}
+	sj, err := shm.Join(shm.Config{Rank: r, Size: n})
+	require.NoError(t, err)
+	return sj.Addr(), func(ctx context.Context) (killable, []int, error) {
+		tr, members, err := sj.Accept(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		return tr, members, nil
+	}
+}
+
+// joiner is a process taking over rank r of n: it waits for the live ranks, and once
+// admitted returns its communicator (closed, with its transport, when the test ends).
 type joiner struct {
-	rep  *tcp.Replacement
+	addr string
 	rank int
 	done chan struct{}
 	c    *Comm
 	err  error
 }
 
-// startJoiner starts one that, once admitted, runs serve on its communicator.
+// startJoiner starts one over tcp that, once admitted, runs serve on its communicator.
 func startJoiner(t *testing.T, r, n int, token string, cfg Config, serve func(c *Comm) error) *joiner {
 	t.Helper()
-	rep, err := tcp.Listen(tcp.Config{Rank: r, Size: n, Token: []byte(token)})
-	require.NoError(t, err)
-	j := &joiner{rep: rep, rank: r, done: make(chan struct{})}
+	return startKindJoiner(t, "tcp", r, n, token, cfg, serve)
+}
+
+// startKindJoiner is startJoiner over tcp or shm (kind).
+func startKindJoiner(t *testing.T, kind string, r, n int, token string, cfg Config, serve func(c *Comm) error) *joiner {
+	t.Helper()
+	addr, accept := listenJoiner(t, kind, r, n, token)
+	return runJoiner(t, r, addr, cfg, serve, accept)
+}
+
+func runJoiner(t *testing.T, r int, addr string, cfg Config, serve func(c *Comm) error, accept func(context.Context) (killable, []int, error)) *joiner {
+	j := &joiner{addr: addr, rank: r, done: make(chan struct{})}
 	go func() {
 		defer close(j.done)
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.Timeout)
 		defer cancel()
-		tr, members, err := rep.Accept(ctx)
+		tr, members, err := accept(ctx)
 		if err != nil {
 			j.err = err
 			return
@@ -77,7 +157,7 @@ func startJoiner(t *testing.T, r, n int, token string, cfg Config, serve func(c 
 }
 
 func (j *joiner) spec() Joiner {
-	return Joiner{Rank: j.rank, Addr: j.rep.Addr(), Host: transport.HostID()}
+	return Joiner{Rank: j.rank, Addr: j.addr, Host: transport.HostID()}
 }
 
 // survivors runs f on every rank of cs but the dead ones, and returns their errors by rank.
@@ -102,18 +182,25 @@ func survivors(cs []*Comm, dead []int, f func(c *Comm) error) map[int]error {
 	return errs
 }
 
-// A rank of a 4-rank job over tcp is killed mid-serving: the survivors Shrink and serve
+// A rank of a 4-rank job (tcp, shm) is killed mid-serving: the survivors Shrink and serve
 // on three ranks, a replacement joins, and the grown communicator (the replacement in
 // the dead rank's place) gives the right results for 100 steps of collectives, on every
 // rank.
 func TestGrowAfterDeath(t *testing.T) {
+	for _, kind := range []string{"tcp", "shm"} {
+		t.Run(kind, func(t *testing.T) { growAfterDeath(t, kind) })
+	}
+}
+
+func growAfterDeath(t *testing.T, kind string) {
 	const n, victim = 4, 2
-	fds := openFDs(t)
+	fds, segs := openFDs(t), shm.Segments()
 	t.Cleanup(func() { // the last cleanup: every transport and communicator is closed
 		require.Equal(t, fds, openFDs(t), "file descriptors open before the test and after it")
+		require.Equal(t, segs, shm.Segments(), "segments in /dev/shm before the test and after it")
 	})
 	cfg := Config{Timeout: 10 * time.Second}
-	cs, ts := tcpComms(t, n, cfg)
+	cs, ts := comms(t, kind, n, cfg)
 	require.NoError(t, errors.Join(slices.Collect(mapValues(survivors(cs, nil, func(c *Comm) error { return checkWorks(context.Background(), c) })))...))
 	ts[victim].Kill()
 	var j *joiner
@@ -134,12 +221,13 @@ func TestGrowAfterDeath(t *testing.T) {
 			return err
 		}
 		once.Do(func() {
-			j = startJoiner(t, victim, n, growSecret, cfg, func(c *Comm) error {
+			serve := func(c *Comm) error {
 				if c.Rank() != victim || c.Size() != n || !slices.Equal(c.ParentRanks(), []int{0, 1, -1, 2}) {
 					return fmt.Errorf("the joiner is rank %d of %d, parents %v", c.Rank(), c.Size(), c.ParentRanks())
 				}
 				return steps(context.Background(), c)
-			})
+			}
+			j = startKindJoiner(t, kind, victim, n, growSecret, cfg, serve)
 		})
 		g, err := sub.Grow(ctx, []Joiner{j.spec()})
 		if err != nil {
@@ -294,9 +382,15 @@ func TestGrowWrongSecret(t *testing.T) {
 // Grow fail with a PeerError naming it, and the joiner's with its deadline: nobody waits
 // for it past the timeout.
 func TestGrowMemberDies(t *testing.T) {
+	for _, kind := range []string{"tcp", "shm"} {
+		t.Run(kind, func(t *testing.T) { growMemberDies(t, kind) })
+	}
+}
+
+func growMemberDies(t *testing.T, kind string) {
 	const n, victim, second = 4, 2, 3
 	cfg := Config{Timeout: 2 * time.Second}
-	cs, ts := tcpComms(t, n, cfg)
+	cs, ts := comms(t, kind, n, cfg)
 	ts[victim].Kill()
 	subs := make([]*Comm, n)
 	for r, err := range survivors(cs, []int{victim}, func(c *Comm) error {
@@ -313,7 +407,7 @@ func TestGrowMemberDies(t *testing.T) {
 			}
 		}
 	}()
-	j := startJoiner(t, victim, n, growSecret, cfg, nil)
+	j := startKindJoiner(t, kind, victim, n, growSecret, cfg, nil)
 	ts[second].Kill()
 	for r, err := range growAll(subs, []int{victim, second}, func(int) []Joiner { return []Joiner{j.spec()} }) {
 		var pe *PeerError
@@ -327,9 +421,15 @@ func TestGrowMemberDies(t *testing.T) {
 // A joiner that dies once connected, before it is admitted, makes every live rank's
 // Grow fail (a PeerError naming it, or a JoinError) rather than wait for it.
 func TestGrowJoinerDies(t *testing.T) {
+	for _, kind := range []string{"tcp", "shm"} {
+		t.Run(kind, func(t *testing.T) { growJoinerDies(t, kind) })
+	}
+}
+
+func growJoinerDies(t *testing.T, kind string) {
 	const n, victim = 3, 2
 	cfg := Config{Timeout: 2 * time.Second}
-	cs, ts := tcpComms(t, n, cfg)
+	cs, ts := comms(t, kind, n, cfg)
 	ts[victim].Kill()
 	subs := make([]*Comm, n)
 	for r, err := range survivors(cs, []int{victim}, func(c *Comm) error {
@@ -345,17 +445,16 @@ func TestGrowJoinerDies(t *testing.T) {
 			s.Close()
 		}
 	}()
-	rep, err := tcp.Listen(tcp.Config{Rank: victim, Size: n, Token: []byte(growSecret)})
-	require.NoError(t, err)
+	addr, accept := listenJoiner(t, kind, victim, n, growSecret)
 	died := make(chan error, 1)
 	go func() { // connected, then gone before the communicator's description
-		tr, _, err := rep.Accept(context.Background())
+		tr, _, err := accept(context.Background())
 		if err == nil {
 			tr.Kill()
 		}
 		died <- err
 	}()
-	for r, err := range growAll(subs, nil, func(int) []Joiner { return []Joiner{{Rank: victim, Addr: rep.Addr()}} }) {
+	for r, err := range growAll(subs, nil, func(int) []Joiner { return []Joiner{{Rank: victim, Addr: addr}} }) {
 		var pe *PeerError
 		var je *JoinError
 		require.True(t, errors.As(err, &pe) || errors.As(err, &je), "rank %d: %v", r, err)

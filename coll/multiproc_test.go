@@ -27,6 +27,7 @@ import (
 
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/transport/bootstrap"
+	"github.com/moex-ai/moex/transport/shm"
 )
 
 // TestHelperCollRank is one rank of the multi-process tests; it runs only when launched by
@@ -376,7 +377,7 @@ func helperShrink(ctx context.Context, c *Comm) (*Comm, error) {
 // rank's place has joined; then every rank, the new one included, runs 50 checked steps
 // on the grown communicator.
 func helperRegrow(ctx context.Context, c *Comm) (*Comm, error) {
-	const steps = 50
+	const steps = 100
 	if os.Getenv("MOEX_JOINING") == "1" { // the new process: Init returned the grown communicator
 		fmt.Printf("rank %d joined, %d ranks, parents %v\n", c.Rank(), c.Size(), c.ParentRanks())
 		for i := 0; i < steps; i++ {
@@ -765,24 +766,28 @@ func shrinkRun(t *testing.T, moex, transport string, env ...string) {
 
 // A rank killed with SIGKILL: the survivors shrink their communicator and carry on,
 // over tcp and over shared memory.
-// A rank of a 4-process job over tcp is killed (SIGKILL); moex run --restarts starts a
-// process in its place, the survivors admit it while they serve, and every rank, the new
-// one included, ends its checked steps on the grown communicator: the job exits 0. Rank
-// 0 too: the registry is the launcher's, not rank 0's.
+// A rank of a 4-process job (over shm, and over tcp) is killed (SIGKILL); moex run
+// --restarts starts a process in its place, the survivors admit it while they serve, and
+// every rank, the new one included, ends its checked steps on the grown communicator:
+// the job exits 0. Rank 0 too: the registry is the launcher's, not rank 0's.
 func TestMultiProcessRegrow(t *testing.T) {
 	moex := buildMoex(t)
-	for _, victim := range []int{1, 0} {
-		cmd := exec.Command(moex, "run", "-n", "4", "--grace", "500ms", "--restarts", "1", "--", os.Args[0], "-test.run=^TestHelperCollRank$")
-		cmd.Env = append(os.Environ(), "MOEX_COLL_HELPER=regrow", "MOEX_TRANSPORT=tcp", fmt.Sprintf("MOEX_REGROW_VICTIM=%d", victim))
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "victim %d:\n%s", victim, out)
-		for r := 0; r < 4; r++ {
-			require.Contains(t, string(out), fmt.Sprintf("rank %d ok transport=tcp", r), "victim %d:\n%s", victim, out)
+	segs := shm.Segments()
+	for _, tr := range []string{"shm", "tcp"} {
+		for _, victim := range []int{1, 0} {
+			cmd := exec.Command(moex, "run", "-n", "4", "--grace", "500ms", "--restarts", "1", "--", os.Args[0], "-test.run=^TestHelperCollRank$")
+			cmd.Env = append(os.Environ(), "MOEX_COLL_HELPER=regrow", "MOEX_TRANSPORT="+tr, fmt.Sprintf("MOEX_REGROW_VICTIM=%d", victim))
+			out, err := cmd.CombinedOutput()
+			require.NoError(t, err, "%s, victim %d:\n%s", tr, victim, out)
+			for r := 0; r < 4; r++ {
+				require.Contains(t, string(out), fmt.Sprintf("rank %d ok transport=%s", r, tr), "%s, victim %d:\n%s", tr, victim, out)
+			}
+			require.Contains(t, string(out), fmt.Sprintf("launch: rank %d killed by SIGKILL", victim))
+			require.Contains(t, string(out), "starting a process to take it over (restart 1 of 1)")
+			require.Contains(t, string(out), fmt.Sprintf("rank %d joined, 4 ranks", victim))
 		}
-		require.Contains(t, string(out), fmt.Sprintf("launch: rank %d killed by SIGKILL", victim))
-		require.Contains(t, string(out), "starting a process to take it over (restart 1 of 1)")
-		require.Contains(t, string(out), fmt.Sprintf("rank %d joined, 4 ranks", victim))
 	}
+	assert.Equal(t, segs, shm.Segments(), "segments in /dev/shm")
 }
 
 func TestMultiProcessShrink(t *testing.T) {

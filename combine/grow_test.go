@@ -14,6 +14,7 @@ import (
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/router"
 	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/shm"
 	"github.com/moex-ai/moex/transport/tcp"
 	"github.com/moex-ai/moex/transport/transporttest"
 )
@@ -36,20 +37,63 @@ func serveSteps(ctx context.Context, c *coll.Comm, pl *router.Placement, ws stor
 	return nil
 }
 
-// A rank of a 4-rank job over tcp is killed mid-serving: the survivors shrink, recover
+// A rank of a 4-rank job (tcp, shm) is killed mid-serving: the survivors shrink, recover
 // the experts onto themselves and serve; a new process takes the dead rank over, every
 // rank grows the communicator back, dispatch.Grow moves experts onto the newcomer (its
 // weights from the others), and 100 further steps give the reference result for every
 // token, on every rank.
 func TestServingRegrowsLostRank(t *testing.T) {
+	for _, kind := range []string{"tcp", "shm"} {
+		t.Run(kind, func(t *testing.T) { servingRegrows(t, kind) })
+	}
+}
+
+// killable is a transport a test can kill as a crash would.
+type killable interface {
+	transport.Transport
+	Kill()
+}
+
+func servingRegrows(t *testing.T, kind string) {
 	const p, victim, steps = 4, 2, 100
 	cfg := coll.Config{Timeout: 20 * time.Second}
-	ts := transporttest.Start(t, p, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*tcp.Transport, error) {
-		return tcp.New(ctx, tcp.Config{Rank: r, Size: p, Exchange: ex, Token: []byte(growSecret)})
-	})
+	var ts []killable
+	var addr string
+	var accept func(context.Context) (transport.Transport, []int, error)
+	if kind == "tcp" {
+		for _, tr := range transporttest.Start(t, p, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*tcp.Transport, error) {
+			return tcp.New(ctx, tcp.Config{Rank: r, Size: p, Exchange: ex, Token: []byte(growSecret)})
+		}) {
+			ts = append(ts, tr)
+		}
+		rep, err := tcp.Listen(tcp.Config{Rank: victim, Size: p, Token: []byte(growSecret)})
+		require.NoError(t, err)
+		addr = rep.Addr()
+		accept = func(ctx context.Context) (transport.Transport, []int, error) {
+			tr, members, err := rep.Accept(ctx)
+			if err != nil {
+				return nil, nil, err
+			}
+			return tr, members, nil
+		}
+	} else {
+		for _, tr := range transporttest.Start(t, p, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*shm.Transport, error) {
+			return shm.New(ctx, shm.Config{Rank: r, Size: p, Exchange: ex})
+		}) {
+			ts = append(ts, tr)
+		}
+		j, err := shm.Join(shm.Config{Rank: victim, Size: p})
+		require.NoError(t, err)
+		addr = j.Addr()
+		accept = func(ctx context.Context) (transport.Transport, []int, error) {
+			tr, members, err := j.Accept(ctx)
+			if err != nil {
+				return nil, nil, err
+			}
+			return tr, members, nil
+		}
+	}
 	pl := replicated(t, p)
-	rep, err := tcp.Listen(tcp.Config{Rank: victim, Size: p, Token: []byte(growSecret)})
-	require.NoError(t, err)
 	var wg sync.WaitGroup
 	errs := make([]error, p+1)
 	joinerMoved := make(chan int, 1)
@@ -60,7 +104,7 @@ func TestServingRegrowsLostRank(t *testing.T) {
 			ctx := context.Background()
 			actx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 			defer cancel()
-			tr, members, err := rep.Accept(actx)
+			tr, members, err := accept(actx)
 			if err != nil {
 				return err
 			}
@@ -111,7 +155,7 @@ func TestServingRegrowsLostRank(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				g, err := sub.Grow(ctx, []coll.Joiner{{Rank: victim, Addr: rep.Addr(), Host: transport.HostID()}})
+				g, err := sub.Grow(ctx, []coll.Joiner{{Rank: victim, Addr: addr, Host: transport.HostID()}})
 				if err != nil {
 					return err
 				}

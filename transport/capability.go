@@ -66,9 +66,9 @@ func Kill(t Transport) bool {
 }
 
 // Readmitter is implemented by transports that can give a dead peer's rank to a new
-// process, one that took the rank over while the job runs (tcp: Transport.Readmit).
+// process, one that took the rank over while the job runs (tcp and shm: Transport.Readmit).
 type Readmitter interface {
-	// Readmit connects this rank to the process listening at addr that took over rank
+	// Readmit connects this rank to the process waiting at addr that took over rank
 	// peer, telling it the live ranks (members, this one among them, as every one of
 	// them names them); from then on operations with peer reach the new process.
 	Readmit(ctx context.Context, peer int, addr string, members []int) error

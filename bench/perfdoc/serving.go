@@ -97,50 +97,52 @@ func (r *runner) lostRank(w io.Writer) error {
 // with a new process in the dead rank's place, beside a whole job's restart.
 func (r *runner) regrow(w io.Writer) error {
 	fmt.Fprintf(w, "## A lost rank comes back: from SIGKILL to full strength\n\n")
-	fmt.Fprintf(w, "`moex bench moe --model deepseek-v3 --ranks 4 --transport tcp --kill R --rejoin --tokens 16 --runs 10 --json`:\n")
+	fmt.Fprintf(w, "`moex bench moe --model deepseek-v3 --ranks 4 --transport T --kill R --rejoin --tokens 16 --runs 10 --json`:\n")
 	fmt.Fprintf(w, "as above, then the launcher (moex run --restarts) starts a process that takes rank R over; the\n")
 	fmt.Fprintf(w, "survivors serve on three ranks, admit it at every step (Comm.Admit: it has joined when coll.Init\n")
 	fmt.Fprintf(w, "returns in it), move experts onto it (dispatch.Grow) and serve 20 steps on four, every token\n")
 	fmt.Fprintf(w, "checked. ms from the kill (the new process's times by its own clock, on the same host), p50 and max\n")
 	fmt.Fprintf(w, "over 10 jobs; \"back\" is from the new process's start to the first step on four ranks. Beside\n")
-	fmt.Fprintf(w, "it, a whole job's restart: `moex bench moe --model deepseek-v3 --ranks 4 --transport tcp --tokens 16\n")
+	fmt.Fprintf(w, "it, a whole job's restart: `moex bench moe --model deepseek-v3 --ranks 4 --transport T --tokens 16\n")
 	fmt.Fprintf(w, "--iters 3 --pairs 3` from the command to its end (four processes, Init, the MoE layer, five steps),\n")
 	fmt.Fprintf(w, "which takes longer here than the way back even with nothing to load; an engine's restart also reloads every rank's weights\n")
 	fmt.Fprintf(w, "and loses every rank's requests and KV cache, where the survivors here serve throughout.\n\n")
-	fmt.Fprintf(w, "| killed | serving on 3 p50 | max | new process started p50 | joined p50 | experts moved p50 | serving on 4 p50 | max | back p50 | max | whole job restart p50 |\n")
-	fmt.Fprintf(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	fmt.Fprintf(w, "| transport | killed | serving on 3 p50 | max | new process started p50 | joined p50 | experts moved p50 | serving on 4 p50 | max | back p50 | max | whole job restart p50 |\n")
+	fmt.Fprintf(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	runs := 10
 	if r.quick {
 		runs = 2
 	}
-	var restart []float64
-	for i := 0; i < runs; i++ {
-		start := time.Now()
-		if _, err := r.moexJSON([]string{"bench", "moe", "--model", "deepseek-v3", "--ranks", "4", "--transport", "tcp", "--tokens", "16",
-			"--iters", "3", "--pairs", "3"}, func([]byte) error { return nil }); err != nil {
-			return err
-		}
-		restart = append(restart, float64(time.Since(start).Microseconds())/1e3)
-	}
-	for _, victim := range []string{"2", "0"} {
-		var s bench.RecoverSummary
-		_, err := r.moexJSON([]string{"bench", "moe", "--model", "deepseek-v3", "--ranks", "4", "--transport", "tcp",
-			"--kill", victim, "--rejoin", "--tokens", "16", "--runs", fmt.Sprint(runs)}, func(line []byte) error { return json.Unmarshal(line, &s) })
-		if err != nil {
-			return err
-		}
-		var first, started, joined, grown, serving, back []float64
-		for _, run := range s.Runs {
-			tl := run.Rejoin
-			if tl == nil {
-				return fmt.Errorf("perfdoc: a --rejoin run without its timeline")
+	for _, tr := range []string{"shm", "tcp"} {
+		var restart []float64
+		for i := 0; i < runs; i++ {
+			start := time.Now()
+			if _, err := r.moexJSON([]string{"bench", "moe", "--model", "deepseek-v3", "--ranks", "4", "--transport", tr, "--tokens", "16",
+				"--iters", "3", "--pairs", "3"}, func([]byte) error { return nil }); err != nil {
+				return err
 			}
-			first = append(first, run.FirstStepUS/1e3)
-			started, joined, grown = append(started, tl.StartedMS), append(joined, tl.JoinedMS), append(grown, tl.GrownMS)
-			serving, back = append(serving, tl.ServingMS), append(back, tl.ServingMS-tl.StartedMS)
+			restart = append(restart, float64(time.Since(start).Microseconds())/1e3)
 		}
-		fmt.Fprintf(w, "| rank %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", victim,
-			p50(first), slices.Max(first), p50(started), p50(joined), p50(grown), p50(serving), slices.Max(serving), p50(back), slices.Max(back), p50(restart))
+		for _, victim := range []string{"2", "0"} {
+			var s bench.RecoverSummary
+			_, err := r.moexJSON([]string{"bench", "moe", "--model", "deepseek-v3", "--ranks", "4", "--transport", tr,
+				"--kill", victim, "--rejoin", "--tokens", "16", "--runs", fmt.Sprint(runs)}, func(line []byte) error { return json.Unmarshal(line, &s) })
+			if err != nil {
+				return err
+			}
+			var first, started, joined, grown, serving, back []float64
+			for _, run := range s.Runs {
+				tl := run.Rejoin
+				if tl == nil {
+					return fmt.Errorf("perfdoc: a --rejoin run without its timeline")
+				}
+				first = append(first, run.FirstStepUS/1e3)
+				started, joined, grown = append(started, tl.StartedMS), append(joined, tl.JoinedMS), append(grown, tl.GrownMS)
+				serving, back = append(serving, tl.ServingMS), append(back, tl.ServingMS-tl.StartedMS)
+			}
+			fmt.Fprintf(w, "| %s | rank %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", tr, victim,
+				p50(first), slices.Max(first), p50(started), p50(joined), p50(grown), p50(serving), slices.Max(serving), p50(back), slices.Max(back), p50(restart))
+		}
 	}
 	fmt.Fprintln(w)
 	return nil

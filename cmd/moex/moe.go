@@ -50,7 +50,7 @@ buffers per rank, the error against the single-process reference, and a verdict 
 	var ro bench.RecoverOpts
 	fs.IntVar(&ro.Victim, "kill", -1, "kill this rank (SIGKILL; over inproc, its transport) after a few steps, every expert on two ranks: the survivors shrink (Comm.Shrink), recover (dispatch.Recover) and serve a step; prints the time of each phase")
 	runs := fs.Int("runs", 1, "with --kill: jobs to run, for p50 and max")
-	fs.BoolVar(&ro.Rejoin, "rejoin", false, "with --kill (over tcp): the launcher starts a process that takes the dead rank over (moex run --restarts); the survivors serve on, admit it (Comm.Admit), move experts onto it (dispatch.Grow) and serve 20 more steps with it; prints the timeline and tokens/s at every step")
+	fs.BoolVar(&ro.Rejoin, "rejoin", false, "with --kill (over shm or tcp): the launcher starts a process that takes the dead rank over (moex run --restarts); the survivors serve on, admit it (Comm.Admit), move experts onto it (dispatch.Grow) and serve 20 more steps with it; prints the timeline and tokens/s at every step")
 	fs.Var(bytesFlag{&ro.WeightBytes}, "weight-bytes", "with --kill: bytes of weights per expert, moved to the ranks that take an expert over (default 64K)")
 	levels := fs.String("levels", "", "ranks on several hosts: flat, two (dispatch.TwoLevel: a token crosses to a host once, its relay hands it on), auto (as dispatch.ChooseTwoLevel picks) or compare (flat, then two); prints step time and bytes within and across hosts")
 	list := fs.Bool("models", false, "list the models and exit")

@@ -45,8 +45,8 @@ func benchRecover(ctx context.Context, fs *flag.FlagSet, rf rankFlags, o bench.M
 		return &usageError{"--kill: f32 activations and identity experts only (not with --act bf16, --quantized, --naive, --overlap, --profile, --compute, --combine-dtype or --iters)"}
 	case o.Mode == dispatch.Gathered:
 		return &usageError{"--kill: the normal or the low-latency mode"}
-	case ro.Rejoin && rf.transport != "tcp":
-		return &usageError{fmt.Sprintf("--rejoin: over tcp (the new process is reached over tcp), not %s", rf.transport)}
+	case ro.Rejoin && rf.transport != "tcp" && rf.transport != "shm":
+		return &usageError{fmt.Sprintf("--rejoin: over shm or tcp (where the new process is reached), not %s", rf.transport)}
 	}
 	ro.Model, ro.Tokens, ro.Wire, ro.Mode = o.Model, max(o.Tokens, 1), o.Wire, o.Mode
 	ro.MaxBufferBytes = o.MaxBufferBytes

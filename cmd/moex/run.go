@@ -19,7 +19,7 @@ func cmdRun(ctx context.Context, args []string) error {
 	noPrefix := fs.Bool("no-prefix", false, "do not prefix output lines with [rank]")
 	grace := fs.Duration("grace", 5*time.Second, "how long ranks get between SIGTERM and SIGKILL once the job stops")
 	keepGoing := fs.Bool("keep-going", false, "let the other ranks run on when one fails (jobs that shrink their communicator and carry on); the exit code is still the first failed rank's")
-	restarts := fs.Int("restarts", 0, fmt.Sprintf("replace a rank that fails with a new process that takes its rank over while the others run on (they admit it: coll.Comm.Admit), up to this many times (at most %d); the job then runs over tcp (MOEX_TRANSPORT=tcp where unset)", launch.MaxRestarts))
+	restarts := fs.Int("restarts", 0, fmt.Sprintf("replace a rank that fails with a new process that takes its rank over while the others run on (they admit it: coll.Comm.Admit), up to this many times (at most %d); the new process joins over shared memory (MOEX_TRANSPORT=shm where unset) or tcp (MOEX_TRANSPORT=tcp)", launch.MaxRestarts))
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: moex run -n N [--] prog [args...]\n\nStarts N ranks of prog on this host with MOEX_RANK, MOEX_WORLD_SIZE, MOEX_LOCAL_RANK,\nMOEX_LOCAL_SIZE, MOEX_ADDR and a fresh MOEX_JOB_TOKEN; prefixes output with the rank;\nstops every rank when one fails (exit code: the failed rank's); forwards Ctrl-C.")
 		fs.PrintDefaults()

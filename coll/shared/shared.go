@@ -106,6 +106,9 @@ type Direct struct {
 	// and the header word of the phase.
 	waitTurn atomic.Uint64
 	waitFlag atomic.Int64
+	// This rank's words that Wake wakes, taken once: Wake may come after the transport
+	// was closed, when the futex call fails harmlessly but the area may not be looked at.
+	arrived, reads *uint32
 }
 
 // New returns the shared-area collectives over a (every rank of the communicator, in the
@@ -118,6 +121,7 @@ func New(a transport.Areas, rank, size int) *Direct {
 	d.wanted = make([]int, 0, size)
 	d.llc = memx.LastLevelCache()
 	d.pulled = make([]uint64, size)
+	d.arrived, d.reads = d.u32(rank, areaArrived), d.u32(rank, areaReads)
 	return d
 }
 
@@ -136,8 +140,8 @@ func (d *Direct) Turn() uint64 { return d.next.Add(1) }
 // Wake interrupts a waiting operation so that it looks at its context again (a
 // communicator calls it when it aborts).
 func (d *Direct) Wake() {
-	d.a.Wake(d.u32(d.rank, areaArrived))
-	d.a.Wake(d.u32(d.rank, areaReads))
+	d.a.Wake(d.arrived)
+	d.a.Wake(d.reads)
 }
 
 // u64 and u32 are the header words of rank q's area at off; data is n bytes of its data

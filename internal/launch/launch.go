@@ -52,9 +52,9 @@ type Config struct {
 	// Restarts is how many times, over the job's life, a rank that fails is replaced by
 	// a new process that takes its rank over while the others run on (they admit it:
 	// coll.Comm.Admit); past them a failure ends the job as without. The launcher serves
-	// the job's registry (MOEX_REGISTRY), where the replacements are found; the ranks
-	// reach a replacement over tcp, so the job runs over tcp (MOEX_TRANSPORT=tcp where
-	// unset; shm is refused).
+	// the job's registry (MOEX_REGISTRY), where the replacements are found. The ranks
+	// reach a replacement over shared memory (MOEX_TRANSPORT=shm, set where unset) or tcp
+	// (MOEX_TRANSPORT=tcp); other transports are refused.
 	Restarts int
 	// ServeRegistry serves the job's registry with the job secret (with Restarts; the
 	// caller supplies it, as this package stays below the bootstrap): its address, and
@@ -192,9 +192,9 @@ func Run(ctx context.Context, cfg Config) error {
 			return errors.New("launch: restarts without a registry to serve (Config.ServeRegistry)")
 		}
 		switch tr := lookup(append(os.Environ(), cfg.Env...), "MOEX_TRANSPORT"); tr {
-		case "", "auto", "tcp":
+		case "", "shm", "tcp":
 		default:
-			return fmt.Errorf("launch: restarts need the ranks to reach a new process over tcp, not MOEX_TRANSPORT=%s (leave it unset: the job then runs over tcp)", tr)
+			return fmt.Errorf("launch: restarts need the ranks to reach a new process over shm or tcp, not MOEX_TRANSPORT=%s (leave it unset: the job then runs over shm)", tr)
 		}
 		addr, stop, err := cfg.ServeRegistry(j.token)
 		if err != nil {
@@ -274,8 +274,9 @@ func (j *job) env(r int) []string {
 	if j.registry != "" {
 		env = append(env, "MOEX_REGISTRY="+j.registry)
 		if lookup(append(os.Environ(), j.cfg.Env...), "MOEX_TRANSPORT") == "" {
-			// A new process is reached over tcp: the whole job talks over it.
-			env = append(env, "MOEX_TRANSPORT=tcp")
+			// Every rank is on this host: a new process joins them over shared memory,
+			// and it must know that the job runs over it.
+			env = append(env, "MOEX_TRANSPORT=shm")
 		}
 	}
 	env = append(env, j.cfg.Env...)

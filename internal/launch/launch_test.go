@@ -244,7 +244,7 @@ func TestRestarts(t *testing.T) {
 	c := cfg("replace", 3, &out, &errOut)
 	c.Restarts, c.ServeRegistry = 2, registry
 	require.NoError(t, Run(context.Background(), c))
-	assert.Contains(t, out.String(), `rank 1 done joining="1" registry=true transport=tcp`)
+	assert.Contains(t, out.String(), `rank 1 done joining="1" registry=true transport=shm`)
 	assert.Equal(t, 3, strings.Count(out.String(), "done"), out.String())
 	assert.Contains(t, errOut.String(), "launch: rank 1 exited with code 7; starting a process to take it over (restart 1 of 2)")
 
@@ -259,8 +259,8 @@ func TestRestarts(t *testing.T) {
 
 	c.Restarts, c.ServeRegistry = 1, nil
 	assert.Error(t, Run(context.Background(), c), "restarts without a registry")
-	c.ServeRegistry, c.Env = registry, append(c.Env, "MOEX_TRANSPORT=shm")
-	assert.Error(t, Run(context.Background(), c), "restarts over shm")
+	c.ServeRegistry, c.Env = registry, append(c.Env, "MOEX_TRANSPORT=ucx")
+	assert.Error(t, Run(context.Background(), c), "restarts over ucx")
 	c.Restarts = MaxRestarts + 1
 	assert.Error(t, Run(context.Background(), c))
 }

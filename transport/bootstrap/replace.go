@@ -12,6 +12,7 @@ import (
 
 	"github.com/moex-ai/moex/busypoll"
 	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/shm"
 	"github.com/moex-ai/moex/transport/tcp"
 )
 
@@ -47,19 +48,47 @@ func ParseJoinEntry(key string, val []byte) (JoinEntry, error) {
 	return JoinEntry{Key: key, Rank: r, Addr: addr, Host: host}, nil
 }
 
-// Replacement is this process taking over a rank of a running job: it listens for the
-// live ranks (tcp) and has said where in the job's registry.
+// Replacement is this process taking over a rank of a running job: it waits for the live
+// ranks (over tcp, or shared memory) and has said where in the job's registry.
 type Replacement struct {
 	env      Env
-	rep      *tcp.Replacement
+	rep      replacer
 	registry *Store
 	key      string
 }
 
+// replacer is a transport's side of a replacement (tcp.Replacement, shm.Joiner).
+type replacer interface {
+	Addr() string
+	Accept(ctx context.Context) (transport.Transport, []int, error)
+	Close() error
+}
+
+type tcpReplacer struct{ *tcp.Replacement }
+
+func (r tcpReplacer) Accept(ctx context.Context) (transport.Transport, []int, error) {
+	t, members, err := r.Replacement.Accept(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, members, nil
+}
+
+type shmReplacer struct{ *shm.Joiner }
+
+func (r shmReplacer) Accept(ctx context.Context) (transport.Transport, []int, error) {
+	t, members, err := r.Joiner.Accept(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	return t, members, nil
+}
+
 // ListenReplacement starts taking over env.Rank of the running job env describes (its
-// Registry set): it listens over tcp (the live ranks must reach this rank over tcp: a
-// job on one host runs with MOEX_TRANSPORT=tcp), connects to the registry, which checks
-// the job's secret, and puts its entry there.
+// Registry set): it waits for the live ranks over the job's transport, shared memory
+// where MOEX_TRANSPORT=shm (every rank on this host), else tcp (a job must then run over
+// tcp: MOEX_TRANSPORT=tcp), connects to the registry, which checks the job's secret, and
+// puts its entry there.
 func ListenReplacement(ctx context.Context, env Env, poll busypoll.Config, log *slog.Logger) (*Replacement, error) {
 	if !env.Joining || env.Registry == "" {
 		return nil, &ArgError{Arg: "MOEX_JOINING", Reason: "not a process taking over a rank (MOEX_JOINING=1 and MOEX_REGISTRY)"}
@@ -67,16 +96,7 @@ func ListenReplacement(ctx context.Context, env Env, poll busypoll.Config, log *
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	bind, err := env.BindHost()
-	if err != nil {
-		return nil, err
-	}
-	cfg := tcp.Config{Rank: env.Rank, Size: env.Size, Bind: bind, Token: []byte(env.Token), Logger: log}
-	if err := cfg.ConfigFromEnv(os.Getenv); err != nil {
-		return nil, err
-	}
-	cfg.Poll = poll
-	rep, err := tcp.Listen(cfg)
+	rep, err := listenReplacement(env, poll, log)
 	if err != nil {
 		return nil, err
 	}
@@ -94,6 +114,40 @@ func ListenReplacement(ctx context.Context, env Env, poll busypoll.Config, log *
 	}
 	log.Info("moex: waiting to take over a rank", "rank", env.Rank, "listen", rep.Addr(), "registry", env.Registry)
 	return r, nil
+}
+
+// listenReplacement starts the transport's side of a replacement (see ListenReplacement).
+func listenReplacement(env Env, poll busypoll.Config, log *slog.Logger) (replacer, error) {
+	switch env.Transport {
+	case "shm":
+		cfg := shm.Config{Rank: env.Rank, Size: env.Size, Logger: log}
+		if err := cfg.ConfigFromEnv(os.Getenv); err != nil {
+			return nil, err
+		}
+		cfg.Poll = poll
+		j, err := shm.Join(cfg)
+		if err != nil {
+			return nil, err
+		}
+		return shmReplacer{j}, nil
+	case "", "auto", "tcp":
+	default:
+		return nil, &ArgError{Arg: "MOEX_TRANSPORT", Reason: fmt.Sprintf("%s: a process taking over a rank reaches the live ranks over tcp or shm", env.Transport)}
+	}
+	bind, err := env.BindHost()
+	if err != nil {
+		return nil, err
+	}
+	cfg := tcp.Config{Rank: env.Rank, Size: env.Size, Bind: bind, Token: []byte(env.Token), Logger: log}
+	if err := cfg.ConfigFromEnv(os.Getenv); err != nil {
+		return nil, err
+	}
+	cfg.Poll = poll
+	rep, err := tcp.Listen(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return tcpReplacer{rep}, nil
 }
 
 // Accept waits, within ctx, for the live ranks to connect, and returns the transport and

@@ -694,9 +694,27 @@ func (t *Transport) progress() {
 // 97-406 (4 runs, alternating): each operation's next wait follows at once, and the
 // loop's wake-ups only take CPU from the ranks.
 func (t *Transport) release() {
-	if t.quiet.Load() && t.urgentWork() {
-		t.drv.Handoff()
+	t.life.RLock() // a waiter may leave after Close (or Kill) unmapped the segments
+	defer t.life.RUnlock()
+	if !t.closed.Load() && t.quiet.Load() && t.urgentWork() {
+		t.ringOwn()
 	}
+}
+
+// wakeLoop is the driver's Handoff: it wakes the progress loop, whatever its flag says,
+// unless Close has unmapped this rank's segment.
+func (t *Transport) wakeLoop() {
+	t.life.RLock()
+	if t.own.mem != nil {
+		t.ringOwn()
+	}
+	t.life.RUnlock()
+}
+
+// ringOwn rings this rank's own doorbell and wakes the progress loop.
+func (t *Transport) ringOwn() {
+	atomic.AddUint32(t.own.u32(offDoorbell), 1)
+	futexWake(t.own.u32(offDoorbell))
 }
 
 // urgentWork reports work that a peer waits for and only this process can do: copies

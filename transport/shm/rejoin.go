@@ -182,7 +182,7 @@ func (j *Joiner) greetings(ctx context.Context) ([]*greeting, error) {
 			return greets, nil
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, fmt.Errorf("shm: rank %d waited for the live ranks' greetings (%d of %d): %w", t.rank, countGreeted(greets), max(len(members), 1), err)
+			return nil, fmt.Errorf("shm: rank %d waited for the live ranks' greetings (%d came): %w", t.rank, countGreeted(greets), transport.CtxError(err))
 		}
 		futexWaitOn(doorbell, seq, int64(5*time.Millisecond))
 	}

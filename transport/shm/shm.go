@@ -366,10 +366,7 @@ func newTransport(cfgp *Config) (*Transport, error) {
 	}
 	t.waitPoller = busypoll.New(busypoll.Config{Mode: busypoll.Block})
 	t.drv = core.Driver{Step: t.step, Closed: t.closed.Load, Poller: t.poller, Park: t.waitPoller,
-		Handoff: func() {
-			atomic.AddUint32(t.own.u32(offDoorbell), 1)
-			futexWake(t.own.u32(offDoorbell))
-		}, Release: t.release}
+		Handoff: t.wakeLoop, Release: t.release}
 	if t.pool == nil {
 		t.pool = obuf.Default
 	}
