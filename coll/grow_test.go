@@ -194,10 +194,10 @@ func TestGrowAfterDeath(t *testing.T) {
 
 func growAfterDeath(t *testing.T, kind string) {
 	const n, victim = 4, 2
-	fds, segs := openFDs(t), shm.Segments()
+	fds, segs := openFDs(t), shm.SegmentsOf(os.Getpid())
 	t.Cleanup(func() { // the last cleanup: every transport and communicator is closed
 		require.Equal(t, fds, openFDs(t), "file descriptors open before the test and after it")
-		require.Equal(t, segs, shm.Segments(), "segments in /dev/shm before the test and after it")
+		require.Equal(t, segs, shm.SegmentsOf(os.Getpid()), "segments in /dev/shm before the test and after it")
 	})
 	cfg := Config{Timeout: 10 * time.Second}
 	cs, ts := comms(t, kind, n, cfg)

@@ -102,7 +102,7 @@ func TestReadmitNewProcess(t *testing.T) {
 				require.NoError(t, ts[q].Close())
 			}
 			assert.Equal(t, fds, openFDs(t), "file descriptors")
-			assert.Empty(t, shm.Segments())
+			assert.Empty(t, shm.SegmentsOf(os.Getpid()))
 		})
 	}
 }

@@ -273,18 +273,7 @@ func CleanStale() ([]string, error) {
 	var removed []string
 	for _, e := range ents {
 		n := e.Name()
-		if !strings.HasPrefix(n, segPrefix) {
-			continue
-		}
-		i := strings.LastIndex(n, "-p")
-		if i < 0 {
-			continue
-		}
-		pid, err := strconv.Atoi(n[i+2:])
-		if err != nil || pid <= 0 {
-			continue
-		}
-		if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+		if pid := segmentPid(n); pid > 0 && processGone(pid) {
 			if os.Remove(filepath.Join(DevShm, n)) == nil {
 				removed = append(removed, n)
 			}
@@ -293,6 +282,21 @@ func CleanStale() ([]string, error) {
 	return removed, nil
 }
 
+// segmentPid is the pid in a segment's name, 0 for a name that is not a segment's.
+func segmentPid(name string) int {
+	i := strings.LastIndex(name, "-p")
+	if !strings.HasPrefix(name, segPrefix) || i < 0 {
+		return 0
+	}
+	pid, err := strconv.Atoi(name[i+2:])
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	return pid
+}
+
+func processGone(pid int) bool { return errors.Is(unix.Kill(pid, 0), unix.ESRCH) }
+
 // Segments lists the moex segments present in DevShm (for tests and moex doctor).
 func Segments() []string {
 	ents, _ := os.ReadDir(DevShm)
@@ -300,6 +304,30 @@ func Segments() []string {
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), segPrefix) {
 			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// SegmentsOf lists the moex segments in DevShm that process pid made (for tests: those of
+// this process, whatever other processes do meanwhile).
+func SegmentsOf(pid int) []string {
+	var out []string
+	for _, n := range Segments() {
+		if segmentPid(n) == pid {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// StaleSegments lists the moex segments in DevShm whose process is gone (what CleanStale
+// removes): a process that exits leaves none.
+func StaleSegments() []string {
+	var out []string
+	for _, n := range Segments() {
+		if pid := segmentPid(n); pid > 0 && processGone(pid) {
+			out = append(out, n)
 		}
 	}
 	return out

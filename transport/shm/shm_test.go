@@ -23,9 +23,9 @@ func TestMain(m *testing.M) {
 	// Every wake-up of the progress loop must come through the doorbell, the last waiter
 	// or watchPeers: with the safety-net nap an hour long, one that is lost hangs.
 	shm.SetProgressNap(time.Hour)
-	before := shm.Segments()
+	before := shm.SegmentsOf(os.Getpid())
 	code := m.Run()
-	if after := shm.Segments(); code == 0 && !slices.Equal(before, after) {
+	if after := shm.SegmentsOf(os.Getpid()); code == 0 && !slices.Equal(before, after) {
 		println("shm tests left segments behind:", len(after)-len(before))
 		code = 1
 	}
