@@ -8,3 +8,14 @@ const HugeThreshold = 2 << 20
 func hugeAlloc(n int) ([]byte, bool) { return nil, false }
 
 func hugeFree(m []byte) {}
+
+// SlabMin is the smallest buffer carved out of a huge page (none here).
+const SlabMin = HugeThreshold
+
+type slab struct{}
+
+func slabAlloc(n int) ([]byte, *slab, bool) { return nil, nil, false }
+
+func slabFree(s *slab) {}
+
+func slabsMapped() int { return 0 }

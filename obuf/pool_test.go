@@ -1,7 +1,9 @@
 package obuf
 
 import (
+	"runtime"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/require"
@@ -130,9 +132,49 @@ func TestHugeBuffers(t *testing.T) {
 	if c := p.Get(3 << 20); c != b {
 		t.Fatal("huge buffer not reused")
 	}
-	if small := p.Get(1 << 20); small.Huge() {
-		t.Fatal("1 MiB buffer is huge-page backed")
+	if small := p.Get(SlabMin / 2); small.Huge() {
+		t.Fatal("a buffer below SlabMin is huge-page backed")
 	}
+}
+
+// Buffers from SlabMin to 2 MiB are cut out of 2 MiB huge pages shared by buffers of one
+// size, and a slab is unmapped once all of its buffers are unreachable.
+func TestSlabBuffers(t *testing.T) {
+	if SlabMin >= HugeThreshold {
+		t.Skip("this platform gives no huge-page mappings (not linux)")
+	}
+	var mapped int
+	func() {
+		p := NewPool(1)
+		var a *Buf
+		for n0 := slabsMapped(); slabsMapped() == n0; { // until one starts a slab
+			a = p.Get(1 << 20)
+			defer runtime.KeepAlive(a)
+		}
+		b := p.Get(1 << 20) // the rest of that slab
+		require.True(t, a.Huge())
+		require.True(t, b.Huge())
+		pa, pb := uintptr(unsafe.Pointer(unsafe.SliceData(a.Bytes()))), uintptr(unsafe.Pointer(unsafe.SliceData(b.Bytes())))
+		require.Equal(t, pa&^(2<<20-1), pb&^(2<<20-1), "two 1 MiB buffers in one huge page")
+		require.NotEqual(t, pa, pb)
+		require.Equal(t, 1<<20, a.Cap())
+		for i := range a.Bytes() { // writing one does not touch the other
+			a.Bytes()[i] = 1
+		}
+		clear(b.Bytes())
+		require.Equal(t, byte(1), a.Bytes()[len(a.Bytes())-1])
+		n := slabsMapped()
+		c := p.Get(1 << 20) // the slab is cut whole: a new one
+		mapped = slabsMapped()
+		require.Equal(t, n+1, mapped)
+		runtime.KeepAlive(c)
+	}()
+	// Unreachable (never released to a pool that would keep them): the whole slab goes,
+	// the one still being cut stays for the next buffers of its size.
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		return slabsMapped() < mapped
+	}, 5*time.Second, 10*time.Millisecond)
 }
 
 func TestRegCacheRegistersOnce(t *testing.T) {

@@ -4,7 +4,7 @@ package obuf
 // across calls (the MoE dispatch and combine wire buffers, expert inputs): Bytes(n)
 // returns n bytes of it, trading it for a bigger one from the pool when it is too small.
 // Its storage is a pooled Buf, so it has the pool's properties (page aligned, huge pages
-// from HugeThreshold on: cross-memory attach and RDMA registration at full speed), and
+// from SlabMin on: cross-memory attach and RDMA registration at full speed), and
 // steady-state use allocates nothing. The zero value uses Default.
 type Scratch struct {
 	Pool *Pool // where the buffer comes from (nil: Default)
