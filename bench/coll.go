@@ -42,7 +42,7 @@ type CollOpts struct {
 	Warmup   int  // untimed operations per size and form (0: 20; negative: none)
 	Check    bool // verify the result of the last iteration (default on via the CLI)
 	// Heap allocates the buffers with make (Go heap, 4 KiB pages) instead of taking them
-	// from obuf (huge pages from 2 MiB on), to show what the buffers' origin costs.
+	// from obuf (huge pages from 256 KiB on), to show what the buffers' origin costs.
 	Heap bool
 	// Shared takes the buffers from obuf.Shared: shared memory that the other ranks of
 	// the host read in place (one copy per byte over shm, where private buffers cost two

@@ -17,7 +17,7 @@
 # reach here).
 #
 # The MPIs' buffers come from malloc (4 KiB pages here), moex's from obuf (huge pages from
-# 2 MiB). MPICH busy-polls: with more ranks than CPUs its ranks take the CPU from each
+# 256 KiB). MPICH busy-polls: with more ranks than CPUs its ranks take the CPU from each
 # other. Installs Open MPI and MPICH from Debian's packages when missing (needs root for
 # apt-get). MOEX_BIN names a moex binary (with twocopy beside it) to use instead of
 # building them. OPS, SIZES and RANKS narrow the sweep.

@@ -300,7 +300,7 @@ func (r *doctorReport) machine(c *coll.Comm) {
 	if unix.Statfs(facts.ShmDir, &st) == nil {
 		add("/dev/shm", fmt.Sprintf("%.1f GiB free", float64(st.Bavail)*float64(st.Bsize)/(1<<30)))
 	}
-	add("huge pages", "transparent: "+readTrim("/sys/kernel/mm/transparent_hugepage/enabled")+" (obuf maps buffers from 2 MiB with MADV_HUGEPAGE; shm's single copy across, process_vm_readv, runs about twice as fast from them as from 4 KiB pages)")
+	add("huge pages", "transparent: "+readTrim("/sys/kernel/mm/transparent_hugepage/enabled")+" (obuf backs buffers from 256 KiB with MADV_HUGEPAGE mappings; shm's single copy across, process_vm_readv, runs about twice as fast from them as from 4 KiB pages)")
 	add("shared buffers", sharedBuffers())
 	if v := readTrim("/proc/sys/kernel/yama/ptrace_scope"); v != "" {
 		add("ptrace_scope", v+" (shm's single copy, process_vm_readv, needs ptrace rights between ranks; moex grants them to its peers)")

@@ -136,7 +136,7 @@ type Config struct {
 	// Pool provides the buffers: page aligned, reused across calls. Default: obuf.Shared
 	// when the communicator's collectives run through shared memory
 	// (coll.Comm.SharedMemory), where the other ranks then read the wire buffers in
-	// place; obuf.Default (huge pages from 2 MiB) otherwise.
+	// place; obuf.Default (huge pages from 256 KiB) otherwise.
 	Pool *obuf.Pool
 }
 
