@@ -453,14 +453,26 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 	} else {
 		off := d.place(turn, n)
 		buf := d.data(me, uint64(off), n)
+		// Forced streaming (MOEX_SHM_STREAM=1) also copies into the area past the caches:
+		// a plain copy leaves the blocks dirty in this CPU's caches, where the ranks that
+		// take them fetch each line, which is slow where their CPUs share no cache
+		// (another core complex). On this 2-CPU VM now and then (moex bench coll --op
+		// alltoall --transport shm --ranks 2, 1 MiB, runs of 3000 operations,
+		// alternating): plain 254-286 us in 5 runs of 9 and 46-72 in the others, streamed
+		// 61-81 in every run; but while the CPUs share a cache, streaming costs (plain 62,
+		// streamed 84-99; P=4 177-254 against 343-388), hence not by default.
+		cp := memx.Copy
+		if d.a.Stream() > 0 {
+			cp = memx.Stream
+		}
 		if lay == nil {
 			// Block by block, the first ones read first.
 			b := n / p
 			for _, q := range d.order {
-				copy(buf[q*b:(q+1)*b], send[q*b:(q+1)*b])
+				cp(buf[q*b:(q+1)*b], send[q*b:(q+1)*b])
 			}
 		} else {
-			memx.Copy(buf, send)
+			cp(buf, send)
 		}
 		atomic.StoreUint64(d.u64(me, areaWhere+par), uint64(off))
 	}
