@@ -160,13 +160,14 @@ func (j *joiner) spec() Joiner {
 	return Joiner{Rank: j.rank, Addr: j.addr, Host: transport.HostID()}
 }
 
-// survivors runs f on every rank of cs but the dead ones, and returns their errors by rank.
+// survivors runs f on every rank of cs but the dead ones (and nil ones), and returns their
+// errors by rank.
 func survivors(cs []*Comm, dead []int, f func(c *Comm) error) map[int]error {
 	var mu sync.Mutex
 	errs := map[int]error{}
 	var wg sync.WaitGroup
 	for r, c := range cs {
-		if slices.Contains(dead, r) {
+		if c == nil || slices.Contains(dead, r) {
 			continue
 		}
 		wg.Add(1)
@@ -294,8 +295,15 @@ func shrunk(t *testing.T, n, victim int, cfg Config) []*Comm {
 	t.Helper()
 	cs := newLocal(t, n, cfg)
 	kill(cs[victim])
-	subs := make([]*Comm, n)
-	errs := survivors(cs, []int{victim}, func(c *Comm) error {
+	return slices.DeleteFunc(shrinkAll(t, cs, []int{victim}), func(c *Comm) bool { return c == nil })
+}
+
+// shrinkAll shrinks every communicator of cs but the dead ones, requiring no error, and
+// returns the results by rank (nil for the dead), closed when the test ends.
+func shrinkAll(t *testing.T, cs []*Comm, dead []int) []*Comm {
+	t.Helper()
+	subs := make([]*Comm, len(cs))
+	errs := survivors(cs, dead, func(c *Comm) error {
 		sub, err := c.Shrink(context.Background())
 		if err == nil {
 			subs[c.Rank()] = sub
@@ -306,7 +314,7 @@ func shrunk(t *testing.T, n, victim int, cfg Config) []*Comm {
 	for r, err := range errs {
 		require.NoError(t, err, "rank %d", r)
 	}
-	return slices.DeleteFunc(subs, func(c *Comm) bool { return c == nil })
+	return subs
 }
 
 // Joiners that cannot be admitted are refused on every live rank alike, in the same
@@ -349,20 +357,7 @@ func TestGrowWrongSecret(t *testing.T) {
 	cfg := Config{Timeout: 2 * time.Second}
 	cs, ts := tcpComms(t, n, cfg)
 	ts[victim].Kill()
-	subs := make([]*Comm, n)
-	for r, err := range survivors(cs, []int{victim}, func(c *Comm) error {
-		sub, err := c.Shrink(context.Background())
-		subs[c.Rank()] = sub
-		return err
-	}) {
-		require.NoError(t, err, "rank %d", r)
-	}
-	subs = slices.DeleteFunc(subs, func(c *Comm) bool { return c == nil })
-	defer func() {
-		for _, s := range subs {
-			s.Close()
-		}
-	}()
+	subs := shrinkAll(t, cs, []int{victim})
 	j := startJoiner(t, victim, n, "another-secret", cfg, nil)
 	for r, err := range growAll(subs, nil, func(int) []Joiner { return []Joiner{j.spec()} }) {
 		var je *JoinError
@@ -392,21 +387,7 @@ func growMemberDies(t *testing.T, kind string) {
 	cfg := Config{Timeout: 2 * time.Second}
 	cs, ts := comms(t, kind, n, cfg)
 	ts[victim].Kill()
-	subs := make([]*Comm, n)
-	for r, err := range survivors(cs, []int{victim}, func(c *Comm) error {
-		sub, err := c.Shrink(context.Background())
-		subs[c.Rank()] = sub
-		return err
-	}) {
-		require.NoError(t, err, "rank %d", r)
-	}
-	defer func() {
-		for _, s := range subs {
-			if s != nil {
-				s.Close()
-			}
-		}
-	}()
+	subs := shrinkAll(t, cs, []int{victim})
 	j := startKindJoiner(t, kind, victim, n, growSecret, cfg, nil)
 	ts[second].Kill()
 	for r, err := range growAll(subs, []int{victim, second}, func(int) []Joiner { return []Joiner{j.spec()} }) {
@@ -431,20 +412,7 @@ func growJoinerDies(t *testing.T, kind string) {
 	cfg := Config{Timeout: 2 * time.Second}
 	cs, ts := comms(t, kind, n, cfg)
 	ts[victim].Kill()
-	subs := make([]*Comm, n)
-	for r, err := range survivors(cs, []int{victim}, func(c *Comm) error {
-		sub, err := c.Shrink(context.Background())
-		subs[c.Rank()] = sub
-		return err
-	}) {
-		require.NoError(t, err, "rank %d", r)
-	}
-	subs = slices.DeleteFunc(subs, func(c *Comm) bool { return c == nil })
-	defer func() {
-		for _, s := range subs {
-			s.Close()
-		}
-	}()
+	subs := shrinkAll(t, cs, []int{victim})
 	addr, accept := listenJoiner(t, kind, victim, n, growSecret)
 	died := make(chan error, 1)
 	go func() { // connected, then gone before the communicator's description
@@ -536,20 +504,7 @@ func TestAdmitRefuses(t *testing.T) {
 
 	// Two claimants of dead rank 2.
 	ts[victim].Kill()
-	subs := make([]*Comm, n)
-	for r, err := range survivors(cs, []int{victim}, func(c *Comm) error {
-		var err error
-		subs[c.Rank()], err = c.Shrink(ctx)
-		return err
-	}) {
-		require.NoError(t, err, "rank %d", r)
-	}
-	subs = slices.DeleteFunc(subs, func(c *Comm) bool { return c == nil })
-	defer func() {
-		for _, s := range subs {
-			s.Close()
-		}
-	}()
+	subs := shrinkAll(t, cs, []int{victim})
 	first := joinEnv(t, victim, n, srv.Addr(), cfg, func(*Comm) error { return errors.New("admitted") })
 	second := joinEnv(t, victim, n, srv.Addr(), cfg, func(*Comm) error { return errors.New("admitted") })
 	waitEntries(t, watch, 2)

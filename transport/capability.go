@@ -1,6 +1,10 @@
 package transport
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"slices"
+)
 
 // Capabilities beyond point-to-point that some transports have, found by type assertion.
 // Code outside the transports asks for these, never for a concrete transport.
@@ -72,6 +76,18 @@ type Readmitter interface {
 	// peer, telling it the live ranks (members, this one among them, as every one of
 	// them names them); from then on operations with peer reach the new process.
 	Readmit(ctx context.Context, peer int, addr string, members []int) error
+}
+
+// CheckReadmit checks a Readmit's arguments on rank of size ranks: peer is another rank,
+// and members (the live ranks) hold rank and not peer.
+func CheckReadmit(rank, size, peer int, members []int) error {
+	switch {
+	case peer == rank || peer < 0 || peer >= size:
+		return &ArgError{Arg: "peer", Reason: fmt.Sprintf("rank %d of %d, this one %d", peer, size, rank)}
+	case !slices.Contains(members, rank) || slices.Contains(members, peer) || len(members) >= size:
+		return &ArgError{Arg: "members", Reason: fmt.Sprintf("%v: the live ranks, with %d and without %d", members, rank, peer)}
+	}
+	return nil
 }
 
 // ReadmitterOf is what gives peer's rank of t to a new process: t, or the transport a Mux

@@ -5,9 +5,7 @@ import (
 	"errors"
 	"os"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,39 +22,14 @@ func replace(t *testing.T, ts []*shm.Transport, r, n int, live []int, addr func(
 	t.Helper()
 	j, err := shm.Join(shm.Config{Rank: r, Size: n})
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	actx, cancelAccept := context.WithCancel(ctx)
-	defer cancelAccept()
-	var (
-		nt       *shm.Transport
-		members  []int
-		aerr     error
-		accepted = make(chan struct{})
-		wg       sync.WaitGroup
-	)
-	go func() {
-		defer close(accepted)
-		nt, members, aerr = j.Accept(actx)
-	}()
 	at := j.Addr()
 	if addr != nil {
 		at = addr(at)
 	}
-	errs := make([]error, len(live))
-	for i, q := range live {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = ts[q].Readmit(ctx, r, at, live)
-		}()
-	}
-	wg.Wait()
-	if errors.Join(errs...) != nil {
-		cancelAccept() // the new process will not hear from every live rank
-	}
-	<-accepted
-	return nt, members, errs, aerr
+	out := transporttest.Replace(j.Accept, func(ctx context.Context, q int, live []int) error {
+		return ts[q].Readmit(ctx, r, at, live)
+	}, live)
+	return out.T, out.Members, out.Errs, out.Accept
 }
 
 func openFDs(t *testing.T) int {

@@ -168,12 +168,10 @@ func (a *liveRanks) missing(got int) int {
 // with ErrReplaced): the caller has agreed with the other live ranks that it died.
 // Readmit honours ctx; on error peer stays as it was (or failed).
 func (t *Transport) Readmit(ctx context.Context, peer int, addr string, members []int) error {
-	switch {
-	case peer == t.rank || peer < 0 || peer >= t.size:
-		return &transport.ArgError{Arg: "peer", Reason: fmt.Sprintf("rank %d of %d, this one %d", peer, t.size, t.rank)}
-	case !slices.Contains(members, t.rank) || slices.Contains(members, peer) || len(members) >= t.size:
-		return &transport.ArgError{Arg: "members", Reason: fmt.Sprintf("%v: the live ranks, with %d and without %d", members, t.rank, peer)}
-	case t.closed.Load():
+	if err := transport.CheckReadmit(t.rank, t.size, peer, members); err != nil {
+		return err
+	}
+	if t.closed.Load() {
 		return transport.ErrClosed
 	}
 	t.readmitMu.Lock()

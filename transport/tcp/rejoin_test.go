@@ -3,9 +3,7 @@ package tcp_test
 import (
 	"context"
 	"errors"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -24,35 +22,10 @@ func replace(t *testing.T, ts []*tcp.Transport, r, n, streams int, token string,
 	t.Helper()
 	rep, err := tcp.Listen(tcp.Config{Rank: r, Size: n, Token: []byte(token), Streams: streams})
 	require.NoError(t, err)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	actx, cancelAccept := context.WithCancel(ctx)
-	defer cancelAccept()
-	var (
-		nt       *tcp.Transport
-		members  []int
-		aerr     error
-		accepted = make(chan struct{})
-		wg       sync.WaitGroup
-	)
-	go func() {
-		defer close(accepted)
-		nt, members, aerr = rep.Accept(actx)
-	}()
-	errs := make([]error, len(live))
-	for i, q := range live {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[i] = ts[q].Readmit(ctx, r, rep.Addr(), live)
-		}()
-	}
-	wg.Wait()
-	if errors.Join(errs...) != nil {
-		cancelAccept() // the replacement will not hear from every live rank
-	}
-	<-accepted
-	return nt, members, errs, aerr
+	out := transporttest.Replace(rep.Accept, func(ctx context.Context, q int, live []int) error {
+		return ts[q].Readmit(ctx, r, rep.Addr(), live)
+	}, live)
+	return out.T, out.Members, out.Errs, out.Accept
 }
 
 // A rank killed mid-job is taken over by a new process: the live ranks readmit it, each

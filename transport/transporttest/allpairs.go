@@ -67,3 +67,48 @@ func AllPairs(t *testing.T, ts map[int]transport.Transport, ranks []int) {
 		t.Error(err)
 	}
 }
+
+// Readmitted is what Replace returns: the new process's transport and the live ranks it
+// was told (nil on error), each live rank's Readmit error (in the order of live), and the
+// new process's Accept error.
+type Readmitted[T any] struct {
+	T       T
+	Members []int
+	Errs    []error
+	Accept  error
+}
+
+// Replace has a new process take over rank r: accept is its side (Accept, until the
+// context ends), and every live rank q calls readmit(ctx, q, live) at once; once a
+// Readmit fails, Accept is cancelled, as the new process will not hear from every live
+// rank. It gives them five seconds.
+func Replace[T any](accept func(context.Context) (T, []int, error), readmit func(ctx context.Context, q int, live []int) error, live []int) Readmitted[T] {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	actx, cancelAccept := context.WithCancel(ctx)
+	defer cancelAccept()
+	var out Readmitted[T]
+	accepted := make(chan struct{})
+	go func() {
+		defer close(accepted)
+		out.T, out.Members, out.Accept = accept(actx)
+	}()
+	out.Errs = make([]error, len(live))
+	var wg sync.WaitGroup
+	for i, q := range live {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out.Errs[i] = readmit(ctx, q, live)
+		}()
+	}
+	wg.Wait()
+	for _, err := range out.Errs {
+		if err != nil {
+			cancelAccept()
+			break
+		}
+	}
+	<-accepted
+	return out
+}
