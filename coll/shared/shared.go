@@ -109,6 +109,7 @@ type Direct struct {
 	// This rank's words that Wake wakes, taken once: Wake may come after the transport
 	// was closed, when the futex call fails harmlessly but the area may not be looked at.
 	arrived, reads *uint32
+	in             copyIn // plain or streaming stores into this rank's area
 }
 
 // New returns the shared-area collectives over a (every rank of the communicator, in the
@@ -445,6 +446,8 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 	}
 	atomic.StoreUint64(d.u64(me, areaArena+par), arena)
 	d.stream = d.a.Stream() > 0 || (d.a.Stream() == 0 && d.llc > 0 && d.footprint(n, lay) > d.llc)
+	var inT time.Duration // a timed copy into the area (copyIn): how long, how many bytes
+	var inN int
 	if pull {
 		d.pulled[me]++
 		if n > 0 {
@@ -453,17 +456,10 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 	} else {
 		off := d.place(turn, n)
 		buf := d.data(me, uint64(off), n)
-		// Forced streaming (MOEX_SHM_STREAM=1) also copies into the area past the caches:
-		// a plain copy leaves the blocks dirty in this CPU's caches, where the ranks that
-		// take them fetch each line, which is slow where their CPUs share no cache
-		// (another core complex). On this 2-CPU VM now and then (moex bench coll --op
-		// alltoall --transport shm --ranks 2, 1 MiB, runs of 3000 operations,
-		// alternating): plain 254-286 us in 5 runs of 9 and 46-72 in the others, streamed
-		// 61-81 in every run; but while the CPUs share a cache, streaming costs (plain 62,
-		// streamed 84-99; P=4 177-254 against 343-388), hence not by default.
-		cp := memx.Copy
-		if d.a.Stream() > 0 {
-			cp = memx.Stream
+		cp, timed := d.in.copier(d.a.Stream(), n) // see copyIn
+		var t0 time.Time
+		if timed {
+			t0 = time.Now()
 		}
 		if lay == nil {
 			// Block by block, the first ones read first.
@@ -474,13 +470,24 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		} else {
 			cp(buf, send)
 		}
+		if timed {
+			inT = time.Since(t0)
+			inN = n
+			if lay == nil {
+				inN = n - n/p // this rank's own block is not copied in
+			}
+		}
 		atomic.StoreUint64(d.u64(me, areaWhere+par), uint64(off))
 	}
 	atomic.StoreUint64(d.u64(me, areaSig+par), sig)
 	target := d.countIn()
 	atomic.StoreUint64(d.u64(me, areaPublished), turn)
 	if src, bn, dst, _ := d.block(lay, me, n); bn > 0 && &recv[dst] != &send[src] {
+		t0 := time.Now()
 		memx.Copy(recv[dst:dst+bn], send[src:src+bn])
+		if inN > 0 {
+			d.in.observe(inN, inT, bn, time.Since(t0))
+		}
 	}
 	d.wanted = append(d.wanted[:0], d.order...)
 	if err := d.wait(ctx, areaArrived, target, func() (bool, error) {

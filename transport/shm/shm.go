@@ -72,8 +72,8 @@ type Config struct {
 	Rewind int
 	// Stream: 0 copies the blocks that Direct reads in place from shared buffers with
 	// streaming stores when the operation touches more than the last-level cache (see
-	// Direct's footprint), 1 always, and the copies into the shared area too (for ranks
-	// on CPUs that share no cache), -1 never.
+	// Direct's footprint), and copies into the shared area so once plain copies prove
+	// slow there (ranks on CPUs that share no cache); 1 always streams both, -1 never.
 	Stream int
 	// AreaBytes is the largest send buffer that Direct's collectives copy through this
 	// rank's shared area, which holds three times as much (0: DefaultAreaBytes; negative:
@@ -125,7 +125,7 @@ func (c *Config) ConfigFromEnv(getenv func(string) string) error {
 var EnvVars = []transport.EnvVar{
 	{Name: "MOEX_SHM_CMA", Default: "auto", Meaning: "auto, 1 or 0: large shared-memory messages with process_vm_readv, or through the rings", Owner: "transport/shm"},
 	{Name: "MOEX_SHM_REWIND", Default: "auto (on when ranks outnumber cores)", Meaning: "auto, 1 or 0: a producer that finds its shared-memory ring empty starts again at its first slot", Owner: "transport/shm"},
-	{Name: "MOEX_SHM_STREAM", Default: "auto (when an operation touches more than the last-level cache)", Meaning: "auto, 1 or 0: copy blocks read in place with non-temporal stores (1: the copies into the shared area too, for ranks on CPUs that share no cache)", Owner: "transport/shm"},
+	{Name: "MOEX_SHM_STREAM", Default: "auto (when an operation touches more than the last-level cache)", Meaning: "auto, 1 or 0: non-temporal stores for blocks read in place, and for copies into the shared area (auto: those where plain copies prove slow, as between CPUs that share no cache)", Owner: "transport/shm"},
 	{Name: "MOEX_SHM_AREA", Default: strconv.Itoa(DefaultAreaBytes >> 10), Meaning: "KiB: the largest send buffer a shared-area collective takes (0: no area)", Owner: "transport/shm"},
 }
 
