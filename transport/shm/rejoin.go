@@ -324,12 +324,27 @@ func (t *Transport) Readmit(ctx context.Context, peer int, addr string, members 
 	atomic.StoreUint64(in.head(), 0)
 	atomic.StoreUint64(in.tail(), 0)
 	atomic.StoreUint32(in.wantSpace(), 0)
-	peers := slices.Clone(t.list())
-	peers[peer] = np
-	t.peerList.Store(&peers)
-	segFD := int(t.own.file.Fd())
+	// The greeting goes first into the new process's ring, before anything else can be
+	// sent to it (nothing runs here until the locks are released).
+	g := greeting{rank: t.rank, size: t.size, pid: os.Getpid(), segFD: int(t.own.file.Fd()),
+		probe: uint64(uintptr(unsafe.Pointer(&probeWord[0]))), members: members}
+	b := g.encode()
+	h := wire.Header{Type: wire.TypeHello, Src: uint32(t.rank), Length: uint64(len(b))}
+	np.outMu.Lock()
+	ok := np.publishLocked(&h, b)
+	np.outMu.Unlock()
+	if ok {
+		peers := slices.Clone(t.list())
+		peers[peer] = np
+		t.peerList.Store(&peers)
+	}
 	t.drv.Mu.Unlock()
 	t.life.Unlock()
+	if !ok {
+		np.seg.unmap()
+		unix.Close(np.pidfd)
+		return &transport.PeerError{Rank: peer, Op: "connect", Err: fmt.Errorf("%w: no room for a greeting of %d bytes", transport.ErrProtocol, len(b))}
+	}
 	old.outMu.Lock() // a late notice to the old process goes nowhere
 	old.retired, old.pending, old.streams = true, nil, nil
 	old.outMu.Unlock()
@@ -338,16 +353,6 @@ func (t *Transport) Readmit(ctx context.Context, peer int, addr string, members 
 	if old.pidfd >= 0 {
 		unix.Close(old.pidfd)
 		old.pidfd = -1
-	}
-	g := greeting{rank: t.rank, size: t.size, pid: os.Getpid(), segFD: segFD,
-		probe: uint64(uintptr(unsafe.Pointer(&probeWord[0]))), members: members}
-	b := g.encode()
-	h := wire.Header{Type: wire.TypeHello, Src: uint32(t.rank), Length: uint64(len(b))}
-	np.outMu.Lock()
-	ok := np.publishLocked(&h, b)
-	np.outMu.Unlock()
-	if !ok {
-		return &transport.PeerError{Rank: peer, Op: "connect", Err: fmt.Errorf("%w: no room for a greeting of %d bytes", transport.ErrProtocol, len(b))}
 	}
 	np.seg.ringDoorbell()
 	t.log.Info("moex shm: readmitted", "rank", t.rank, "peer", peer, "pid", pid)
