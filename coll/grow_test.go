@@ -25,26 +25,24 @@ const growSecret = "grow-secret"
 // transports close when the test ends, after the communicators.
 func tcpComms(t *testing.T, n int, cfg Config) ([]*Comm, []*tcp.Transport) {
 	t.Helper()
-	ts := transporttest.Start(t, n, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*tcp.Transport, error) {
+	return commsOver(t, n, cfg, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*tcp.Transport, error) {
 		return tcp.New(ctx, tcp.Config{Rank: r, Size: n, Exchange: ex, Token: []byte(growSecret)})
 	})
-	cs := make([]*Comm, n)
-	for r, tr := range ts {
-		c, err := New(tr, cfg)
-		require.NoError(t, err)
-		cs[r] = c
-		t.Cleanup(func() { c.Close() })
-	}
-	return cs, ts
 }
 
-// shmComms returns n communicators over shared-memory transports of this process; the
-// transports close when the test ends, after the communicators.
+// shmComms is tcpComms over shared-memory transports.
 func shmComms(t *testing.T, n int, cfg Config) ([]*Comm, []*shm.Transport) {
 	t.Helper()
-	ts := transporttest.Start(t, n, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*shm.Transport, error) {
+	return commsOver(t, n, cfg, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*shm.Transport, error) {
 		return shm.New(ctx, shm.Config{Rank: r, Size: n, Exchange: ex})
 	})
+}
+
+// commsOver starts n transports with open (transporttest.Start) and a communicator on
+// each; the communicators close when the test ends, before the transports.
+func commsOver[T transport.Transport](t *testing.T, n int, cfg Config, open func(context.Context, int, func(context.Context, []byte) ([][]byte, error)) (T, error)) ([]*Comm, []T) {
+	t.Helper()
+	ts := transporttest.Start(t, n, open)
 	cs := make([]*Comm, n)
 	for r, tr := range ts {
 		c, err := New(tr, cfg)

@@ -45,3 +45,16 @@ func TestCapabilitiesThroughMux(t *testing.T) {
 	require.ErrorAs(t, err, &pe)
 	assert.Equal(t, 0, pe.Rank)
 }
+
+// A readmit's arguments: no rank may readmit itself or a rank out of range, and the live
+// ranks must include it and exclude the replaced one.
+func TestCheckReadmit(t *testing.T) {
+	require.NoError(t, transport.CheckReadmit(0, 3, 2, []int{0, 1}))
+	for _, c := range []struct {
+		peer    int
+		members []int
+	}{{0, []int{0, 1}}, {3, []int{0, 1}}, {-1, []int{0, 1}}, {2, []int{1}}, {2, []int{0, 2}}, {2, []int{0, 1, 2}}} {
+		var ae *transport.ArgError
+		assert.ErrorAs(t, transport.CheckReadmit(0, 3, c.peer, c.members), &ae, "%+v", c)
+	}
+}

@@ -94,16 +94,10 @@ func TestReadmitWrongSecret(t *testing.T) {
 	transporttest.AllPairs(t, map[int]transport.Transport{0: ts[0], 2: ts[2]}, []int{0, 2})
 }
 
-// Readmit's arguments are checked: no rank may readmit itself or a rank out of range, and
-// the live ranks must include it and exclude the replaced one.
+// Readmit checks its arguments (transport.CheckReadmit) before it touches anything.
 func TestReadmitArgs(t *testing.T) {
 	ts := start(t, 3, nil)
-	ctx := context.Background()
-	for _, c := range []struct {
-		peer    int
-		members []int
-	}{{0, []int{0, 1}}, {3, []int{0, 1}}, {2, []int{1}}, {2, []int{0, 2}}, {2, []int{0, 1, 2}}} {
-		var ae *transport.ArgError
-		assert.ErrorAs(t, ts[0].Readmit(ctx, c.peer, "127.0.0.1:1", c.members), &ae, "%+v", c)
-	}
+	var ae *transport.ArgError
+	assert.ErrorAs(t, ts[0].Readmit(context.Background(), 0, "127.0.0.1:1", []int{0, 1}), &ae, "itself")
+	assert.ErrorAs(t, ts[0].Readmit(context.Background(), 2, "127.0.0.1:1", []int{1}), &ae, "members without this rank")
 }
