@@ -13,21 +13,33 @@ import (
 // (nil where it has none), maps the peers' it can reach, and agrees with every rank on
 // sig (the layout every rank writes with: they must agree before anyone writes into
 // another's memory) and on who maps whom: maps[i*P+j] is 1 when rank i mapped rank j's
-// window. The window is sealed: nothing is mapped afterwards. It is collective.
+// window into its memory, 2 when it reaches it by one-sided operations
+// (transport.RMAWindow), 0 when not at all. The window is sealed: nothing is mapped afterwards. It is collective.
 func (c *Comm) openWindow(ctx context.Context, sig uint32, size int, what string) (transport.Window, []byte, error) {
-	win, maps, _, err := c.openWindowSpan(ctx, sig, size, what, false)
+	win, maps, _, err := c.openWindows(ctx, sig, size, what, false, true)
 	return win, maps, err
 }
 
-// openWindowSpan is openWindow that, with span, also maps every rank's window side by
-// side (transport.SpanWindow) where every rank can: the span is non-nil on every rank
-// or on none.
+// openWindowSpan is openWindow for windows this rank addresses (no one-sided windows:
+// a board's callers store into them) that, with span, are also mapped side by side
+// (transport.SpanWindow) where every rank can: the span is non-nil on every rank or on
+// none.
 func (c *Comm) openWindowSpan(ctx context.Context, sig uint32, size int, what string, span bool) (transport.Window, []byte, []byte, error) {
+	return c.openWindows(ctx, sig, size, what, span, false)
+}
+
+// openWindows is openWindow and openWindowSpan: rma says the caller can use one-sided
+// windows (transport.RMAWindow).
+func (c *Comm) openWindows(ctx context.Context, sig uint32, size int, what string, span, rma bool) (transport.Window, []byte, []byte, error) {
 	p := c.size
-	const descMax = 256
+	const descMax = transport.MaxWindowDesc
 	var win transport.Window
 	var desc []byte
-	if wt, ok := c.tr.(transport.WindowTransport); ok && p > 1 && !c.cfg.NoWindows {
+	wt, ok := c.tr.(transport.WindowTransport)
+	if rt, isRMA := c.tr.(transport.RMATransport); isRMA && rt.RMAWindows() && !rma {
+		ok = false // not these: the ranks then agree that nobody mapped anybody
+	}
+	if ok && p > 1 && !c.cfg.NoWindows {
 		newWindow := wt.NewWindow
 		if st, ok := c.tr.(transport.SpanTransport); ok && span {
 			newWindow = func(size int) (transport.Window, []byte, error) { return st.NewSpanWindow(size) }
@@ -45,12 +57,12 @@ func (c *Comm) openWindowSpan(ctx context.Context, sig uint32, size int, what st
 		}
 	}
 	// Every rank's signature and window descriptor.
-	rec := make([]byte, 6+descMax)
+	rec := make([]byte, 7+descMax)
 	binary.LittleEndian.PutUint32(rec, sig)
 	if win != nil {
 		rec[4] = 1
-		rec[5] = byte(len(desc))
-		copy(rec[6:], desc)
+		binary.LittleEndian.PutUint16(rec[5:], uint16(len(desc)))
+		copy(rec[7:], desc)
 	}
 	all := make([]byte, p*len(rec))
 	if err := AllGather(ctx, c, rec, all); err != nil {
@@ -67,11 +79,15 @@ func (c *Comm) openWindowSpan(ctx context.Context, sig uint32, size int, what st
 	if win != nil {
 		for q := 0; q < p; q++ {
 			r := all[q*len(rec) : (q+1)*len(rec)]
-			if q == c.rank || r[4] != 1 || int(r[5]) > descMax {
+			n := int(binary.LittleEndian.Uint16(r[5:]))
+			if q == c.rank || r[4] != 1 || n > descMax {
 				continue
 			}
-			if err := win.Map(c.ranks[q], r[6:6+int(r[5])]); err == nil {
+			if err := win.Map(c.ranks[q], r[7:7+n]); err == nil {
 				mapped[q] = 1
+				if win.Remote(c.ranks[q]) == nil {
+					mapped[q] = 2 // put and got, not addressed
+				}
 			} else if !errors.Is(err, transport.ErrNoWindow) {
 				c.log.Warn("moex: cannot map a rank's window; exchanging messages with it instead", "rank", c.rank, "peer", q, "err", err)
 			}

@@ -16,12 +16,13 @@ type Counters struct {
 	BytesOut, BytesIn       uint64 // payload bytes
 	Syscalls                uint64 // system calls that moved data (tcp: writes and reads)
 	Slots                   uint64 // shared-memory ring slots written (shm sends make no system call)
+	RMAOps                  uint64 // one-sided operations posted: puts, gets, signals (ucx windows)
 }
 
 // Add returns the sum of c and o.
 func (c Counters) Add(o Counters) Counters {
 	return Counters{c.MessagesOut + o.MessagesOut, c.MessagesIn + o.MessagesIn, c.BytesOut + o.BytesOut,
-		c.BytesIn + o.BytesIn, c.Syscalls + o.Syscalls, c.Slots + o.Slots}
+		c.BytesIn + o.BytesIn, c.Syscalls + o.Syscalls, c.Slots + o.Slots, c.RMAOps + o.RMAOps}
 }
 
 // Counting is implemented by transports that count their traffic.

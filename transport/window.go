@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"os"
+
+	"github.com/moex-ai/moex/obuf"
 )
 
 // WindowTransport is implemented by transports whose ranks can write straight into one
@@ -24,6 +26,10 @@ type WindowTransport interface {
 
 // MaxWindow is the largest window NewWindow makes.
 const MaxWindow = 16 << 30
+
+// MaxWindowDesc is the longest descriptor NewWindow returns (a UCX window's carries its
+// packed remote key).
+const MaxWindowDesc = 1024
 
 // ErrNoWindow is returned by Map for a peer whose memory this transport cannot reach
 // (another host); exchanges with that peer go through messages instead.
@@ -81,4 +87,39 @@ type SpanWindow interface {
 func SpanStride(size int) int {
 	pg := os.Getpagesize()
 	return (size + pg - 1) / pg * pg
+}
+
+// RMATransport is implemented by window transports whose windows are RMAWindows (ucx):
+// a caller that needs windows it can address (a span, a board) does not ask them for one.
+type RMATransport interface {
+	WindowTransport
+	// RMAWindows reports that NewWindow returns RMAWindows.
+	RMAWindows() bool
+}
+
+// RMAWindow is the Window of a transport whose peers' windows this rank cannot address
+// (ucx: memory registered once with ucp_mem_map, written with ucp_put_nbx: the way RDMA
+// NICs are used). Remote is nil; the rank reaches them with Put, Get and Signal once Map has taken their descriptors. Nothing is
+// matched at the owner: a writer puts its data, fences, then signals a word that the
+// owner polls in its own memory (Wait), as DeepEP and NVSHMEM programs do.
+type RMAWindow interface {
+	Window
+	// Reaches reports whether peer's window was mapped (its key is held).
+	Reaches(peer int) bool
+	// Put posts a write of src at off of peer's window. The request completes when src
+	// may be reused, not when the bytes are visible at peer: a later Signal, after a
+	// Fence, says that.
+	Put(peer, off int, src []byte) (Request, error)
+	// Get posts a read of len(dst) bytes at off of peer's window; it completes when dst
+	// holds them.
+	Get(peer, off int, dst []byte) (Request, error)
+	// Signal adds delta, atomically, to the 64-bit word at off (8-byte aligned) of peer's
+	// window: the owner loads the word with sync/atomic.
+	Signal(peer, off int, delta uint64) (Request, error)
+	// Fence orders this rank's one-sided operations: every one posted before it lands
+	// before any posted after it.
+	Fence() error
+	// Register maps b with the transport once, so that Puts from b and Gets into it use
+	// that registration instead of one per operation.
+	Register(b *obuf.Buf) error
 }

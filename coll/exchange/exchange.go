@@ -2,6 +2,7 @@ package exchange
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -26,8 +27,12 @@ import (
 // Where the transport lets ranks write into one another's memory (inproc, shm: see
 // transport.WindowTransport), the sender writes each block straight into its receiver's
 // buffer (Dest returns the receiver's memory) and raises a flag there: one copy, from the
-// sender's data into the place it is read. With other peers (across hosts) blocks go as
-// tagged messages into the same buffers.
+// sender's data into the place it is read. Where it reaches their registered memory by
+// one-sided operations (ucx: transport.RMAWindow), the sender fills a block of its own,
+// puts it into the receiver's buffer, fences and signals the flag: the receiver matches
+// nothing and polls its own memory, and it tells its senders a buffer is free the same
+// way (a credit signalled into theirs). With other peers blocks go as tagged messages
+// into the same buffers.
 //
 // One exchange: Begin, then for every rank Dest (or NextDest) to get the memory of its
 // block and Send to say how long each field is, then Wait; Recv then returns what each
@@ -46,10 +51,20 @@ type Exchange struct {
 	slots  int   // exchanges that may hold data at once
 	bufs   int   // slots of buffers: one more, so that the next exchange's is free early
 
-	win  transport.Window // nil: every block is a message
-	push []bool           // push[q]: this rank writes its blocks into q's window
-	from []bool           // from[q]: q writes its blocks into this rank's window
-	ctl  int              // bytes of control words before the data, in the window
+	win   transport.Window    // nil: every block is a message
+	rma   transport.RMAWindow // win, where its peers are reached by one-sided operations
+	push  []bool              // push[q]: this rank writes its blocks into q's window
+	rput  []bool              // rput[q]: this rank puts its blocks into q's window (rma)
+	from  []bool              // from[q]: q writes (or puts) its blocks into this rank's window
+	rfrom []bool              // rfrom[q]: q puts its blocks (rma): it reads credits, not ready words
+	ctl   int                 // bytes of control words before the data, in the window
+
+	// With rma: the records put after each block (a 64-byte word per slot and
+	// destination), and the credit each slot was last given (the epoch its writers may
+	// fill it for).
+	recStage []byte
+	recBuf   *obuf.Buf
+	credited []uint64
 
 	recv    []byte    // received blocks: [slot][field][source], in the window or recvBuf
 	recvBuf *obuf.Buf // when there is no window
@@ -144,7 +159,7 @@ func New(ctx context.Context, h Host, cfg Config) (*Exchange, error) {
 		return nil, h.Invalid("Slots", "%d (want 1..64)", cfg.Slots)
 	}
 	p := h.Size()
-	x := &Exchange{h: h, slots: cfg.Slots, bufs: cfg.Slots + 1, push: make([]bool, p), from: make([]bool, p)}
+	x := &Exchange{h: h, slots: cfg.Slots, bufs: cfg.Slots + 1, push: make([]bool, p), rput: make([]bool, p), from: make([]bool, p), rfrom: make([]bool, p)}
 	sig := []int{int(algos.OpExchange), cfg.Slots}
 	for i, n := range cfg.Fields {
 		if n < 0 || n > transport.MaxWindow/p {
@@ -180,6 +195,10 @@ func New(ctx context.Context, h Host, cfg Config) (*Exchange, error) {
 		x.sendBuf = h.Pool().Get(total)
 		x.send = x.sendBuf.Bytes()[:total]
 	}
+	if err := x.stageRMA(); err != nil {
+		x.Close()
+		return nil, err
+	}
 	x.ops = make([]Op, x.bufs)
 	for s := range x.ops {
 		o := &x.ops[s]
@@ -187,8 +206,8 @@ func New(ctx context.Context, h Host, cfg Config) (*Exchange, error) {
 		o.sent = make([]bool, p)
 		o.lens = make([]int, p*len(x.fields))
 		o.dests = make([][]byte, len(x.fields))
-		o.reqs = make([]transport.Request, 0, 2*p*len(x.fields))
-		o.reqPeer = make([]int32, 0, 2*p*len(x.fields))
+		o.reqs = make([]transport.Request, 0, 2*p*(len(x.fields)+3))
+		o.reqPeer = make([]int32, 0, 2*p*(len(x.fields)+3))
 		o.readyQ = func() bool { return o.Ready(o.waitQ) }
 		o.arrived = o.allArrived
 	}
@@ -201,14 +220,15 @@ func New(ctx context.Context, h Host, cfg Config) (*Exchange, error) {
 
 // exchangeSizes returns the bytes of an exchange's buffers (Slots+1 slots, each with
 // every field's array of P blocks, 64-byte aligned) and of the control words before them
-// in a window (a 64-byte word per slot and per (slot, source), rounded up to a page).
+// in a window (a 64-byte word per slot, per (slot, source) and per (slot, receiver),
+// rounded up to a page).
 func exchangeSizes(fields []int, slots, p int) (data, ctl int) {
 	per := 0
 	for _, n := range fields {
 		per += (p*n + 63) &^ 63
 	}
 	bufs := slots + 1
-	return bufs * per, ((bufs+bufs*p)*64 + 4095) &^ 4095
+	return bufs * per, ((bufs+2*bufs*p)*64 + 4095) &^ 4095
 }
 
 // Bytes is the memory (Exchange.Bytes) that an exchange of cfg holds on each of
@@ -240,11 +260,14 @@ func (x *Exchange) openWindows(ctx context.Context, data int) error {
 		return err
 	}
 	x.win = win
+	x.rma, _ = win.(transport.RMAWindow)
 	any := false
 	for q := 0; q < p; q++ {
-		x.push[q] = maps[me*p+q] == 1
-		x.from[q] = maps[q*p+me] == 1
-		any = any || x.push[q] || x.from[q]
+		x.push[q] = maps[me*p+q] == mappedDirect
+		x.rput[q] = maps[me*p+q] == mappedRMA && x.rma != nil
+		x.from[q] = maps[q*p+me] == mappedDirect || maps[q*p+me] == mappedRMA && x.rma != nil
+		x.rfrom[q] = maps[q*p+me] == mappedRMA && x.rma != nil
+		any = any || x.push[q] || x.from[q] || x.rput[q]
 	}
 	if x.win != nil && !any {
 		x.closeWindow()
@@ -252,13 +275,42 @@ func (x *Exchange) openWindows(ctx context.Context, data int) error {
 	return nil
 }
 
+// How rank i reached rank j's window, in OpenWindow's maps.
+const (
+	mappedDirect = 1 // plain stores (Window.Remote)
+	mappedRMA    = 2 // one-sided operations (transport.RMAWindow)
+)
+
 func (x *Exchange) closeWindow() {
 	if x.win != nil {
 		x.win.Close()
-		x.win = nil
+		x.win, x.rma = nil, nil
 	}
 	clear(x.push)
+	clear(x.rput)
 	clear(x.from)
+	clear(x.rfrom)
+}
+
+// stageRMA makes what puts need, where this rank puts into some peer's window: the
+// records' staging, and the registration of the blocks' staging (once, never per put).
+func (x *Exchange) stageRMA() error {
+	if x.rma == nil {
+		return nil
+	}
+	p := x.h.Size()
+	x.credited = make([]uint64, x.bufs)
+	x.recBuf = x.h.Pool().Get(x.bufs * p * 64)
+	x.recStage = x.recBuf.Bytes()[:x.bufs*p*64]
+	for _, b := range []*obuf.Buf{x.recBuf, x.sendBuf} {
+		if b == nil {
+			continue
+		}
+		if err := x.rma.Register(b); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Slots is how many exchanges may be in flight or hold data at once.
@@ -279,8 +331,12 @@ func (x *Exchange) Bytes() int {
 }
 
 // Pushes reports whether this rank writes its blocks for rank q straight into q's memory
-// (one-sided), rather than sending them as messages.
+// with plain stores (Dest is q's memory), rather than putting or sending them.
 func (x *Exchange) Pushes(q int) bool { return x.push[q] }
+
+// OneSided reports whether this rank's blocks for rank q land in q's memory with no
+// receive posted at q: stored there (Pushes) or put there (transport.RMAWindow).
+func (x *Exchange) OneSided(q int) bool { return x.push[q] || x.rput[q] }
 
 // Close releases the buffers and windows. It is local; every exchange begun must have
 // been waited for.
@@ -302,7 +358,11 @@ func (x *Exchange) Close() error {
 		x.sendBuf.Release()
 		x.sendBuf = nil
 	}
-	x.recv, x.send = nil, nil
+	if x.recBuf != nil {
+		x.recBuf.Release()
+		x.recBuf = nil
+	}
+	x.recv, x.send, x.recStage = nil, nil, nil
 	return err
 }
 
@@ -317,6 +377,10 @@ func (x *Exchange) u64(mem []byte, off int) *uint64 { return (*uint64)(unsafe.Po
 
 func (x *Exchange) readyOff(s int) int     { return s * 64 }
 func (x *Exchange) recordOff(s, q int) int { return (x.bufs + s*x.h.Size() + q) * 64 }
+
+// creditOff is the word, in a sender's window, where receiver q says the sender may put
+// into q's buffers of slot s for the epoch it holds (rma).
+func (x *Exchange) creditOff(s, q int) int { return (x.bufs + (x.bufs+s)*x.h.Size() + q) * 64 }
 
 // Op is one exchange in flight (see Exchange).
 type Op struct {
@@ -395,16 +459,50 @@ func (x *Exchange) Begin(ctx context.Context) (*Op, error) {
 		if r := x.u64(own, x.readyOff(s)); atomic.LoadUint64(r) < e {
 			atomic.StoreUint64(r, e)
 		}
-		if n := int(e % uint64(x.bufs)); !x.ops[n].begun {
+		n := int(e % uint64(x.bufs))
+		if !x.ops[n].begun {
 			atomic.StoreUint64(x.u64(own, x.readyOff(n)), e+1)
 		}
 		for q := 0; q < h.Size(); q++ {
-			if x.from[q] {
+			if x.from[q] && !x.rfrom[q] {
 				x.win.Notify(h.World(q))
+			}
+		}
+		if x.rma != nil {
+			if err := o.credit(s, e); err != nil {
+				return o, o.abort(err)
+			}
+			if !x.ops[n].begun {
+				if err := o.credit(n, e+1); err != nil {
+					return o, o.abort(err)
+				}
 			}
 		}
 	}
 	return o, nil
+}
+
+// credit tells every rank that puts into this rank's window that its buffers of slot s
+// may be filled for the exchange of epoch e: a signal into each one's credit word for
+// this rank (the one-sided counterpart of the ready word they would load).
+func (o *Op) credit(s int, e uint64) error {
+	x := o.x
+	if x.credited[s] >= e {
+		return nil
+	}
+	d := e - x.credited[s]
+	x.credited[s] = e
+	for q := 0; q < x.h.Size(); q++ {
+		if !x.rfrom[q] {
+			continue
+		}
+		r, err := x.rma.Signal(x.h.World(q), x.creditOff(s, x.h.Rank()), d)
+		if err != nil {
+			return err
+		}
+		o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, -1)
+	}
+	return nil
 }
 
 // abort fails the exchange on every rank (the communicator aborts) and ends it here.
@@ -437,10 +535,13 @@ func (o *Op) Epoch() uint64 { return o.epoch }
 // Ready reports whether Dest(q) would return without waiting.
 func (o *Op) Ready(q int) bool {
 	x := o.x
-	if !x.push[q] {
-		return true
+	switch {
+	case x.push[q]:
+		return atomic.LoadUint64(x.u64(x.win.Remote(x.h.World(q)), x.readyOff(o.slot))) >= o.epoch
+	case x.rput[q]:
+		return atomic.LoadUint64(x.u64(x.win.Local(), x.creditOff(o.slot, q))) >= o.epoch
 	}
-	return atomic.LoadUint64(x.u64(x.win.Remote(x.h.World(q)), x.readyOff(o.slot))) >= o.epoch
+	return true
 }
 
 // Dest returns the memory of this rank's block for rank q, one slice per field, each of
@@ -456,19 +557,19 @@ func (o *Op) Dest(ctx context.Context, q int) ([][]byte, error) {
 		return nil, err
 	}
 	mem, at := x.send, q
+	if q != h.Rank() && !o.Ready(q) {
+		o.waitQ = q
+		h.Waiting(q, 1) // a timeout names q
+		err := x.win.Wait(h.Aborted(), o.readyQ)
+		h.Waiting(q, -1)
+		if err != nil {
+			return nil, o.abort(err)
+		}
+	}
 	switch {
 	case q == h.Rank():
 		mem = x.recv
 	case x.push[q]:
-		if !o.Ready(q) {
-			o.waitQ = q
-			h.Waiting(q, 1) // a timeout names q
-			err := x.win.Wait(h.Aborted(), o.readyQ)
-			h.Waiting(q, -1)
-			if err != nil {
-				return nil, o.abort(err)
-			}
-		}
 		mem, at = x.win.Remote(h.World(q))[x.ctl:], h.Rank()
 	}
 	for f := range x.fields {
@@ -547,6 +648,10 @@ func (o *Op) Send(q int, lens ...int) error {
 		atomic.StoreUint64(x.u64(mem, rec+recSig), uint64(x.sig))
 		atomic.StoreUint64(x.u64(mem, rec+recEpoch), o.epoch)
 		x.win.Notify(h.World(q))
+	case x.rput[q]:
+		if err := o.put(q, lens); err != nil {
+			return o.abort(err)
+		}
 	default:
 		// The fields go as one batch: over tcp, one system call for them all.
 		tag := transport.Tag{Comm: h.ID(), Seq: o.seq, Sig: x.sig}
@@ -572,6 +677,48 @@ func (o *Op) Send(q int, lens ...int) error {
 	}
 	h.Progressed()
 	return nil
+}
+
+// put puts this rank's block for q (filled in the staging Dest returned) into q's
+// window, then its record, and after a fence signals the record's epoch: q, polling the
+// epoch in its own memory, then finds the block and the lengths in place.
+func (o *Op) put(q int, lens []int) error {
+	x := o.x
+	h := x.h
+	wq, me := h.World(q), h.Rank()
+	track := func(r transport.Request, err error) error {
+		if r != nil {
+			o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, -1)
+		}
+		return err
+	}
+	for f, n := range lens {
+		if n == 0 {
+			continue
+		}
+		off := x.ctl + o.slot*x.per + x.foff[f] + me*x.fields[f]
+		if err := track(x.rma.Put(wq, off, x.field(x.send, o.slot, f, q)[:n])); err != nil {
+			return err
+		}
+	}
+	rec := x.recStage[(o.slot*h.Size()+q)*64:][:64]
+	binary.LittleEndian.PutUint64(rec[recSig:], uint64(x.sig))
+	for f, n := range lens {
+		binary.LittleEndian.PutUint64(rec[recLens+8*f:], uint64(n))
+	}
+	at := x.recordOff(o.slot, me)
+	if err := track(x.rma.Put(wq, at+recSig, rec[recSig:recLens+8*len(lens)])); err != nil {
+		return err
+	}
+	if err := x.rma.Fence(); err != nil {
+		return err
+	}
+	// The epoch word of a slot goes s+1, s+1+bufs, ...: add what takes it from the last.
+	d := o.epoch
+	if d > uint64(x.bufs) {
+		d = uint64(x.bufs)
+	}
+	return track(x.rma.Signal(wq, at+recEpoch, d))
 }
 
 // Wait completes the exchange: empty blocks go to the ranks not sent to, and it returns

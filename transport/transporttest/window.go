@@ -74,6 +74,10 @@ func testWindows(t *testing.T, f Factory) {
 					if q == r {
 						continue
 					}
+					if rw, ok := wins[r].(transport.RMAWindow); ok {
+						errs[r] = errors.Join(errs[r], putBlock(ctx, rw, q, 64*n+r*block, 64*r, round<<8|uint64(r)<<4|uint64(q), block))
+						continue
+					}
 					mem := wins[r].Remote(q)
 					Pattern(data(mem, r), round<<8|uint64(r)<<4|uint64(q))
 					atomic.StoreUint64(flag(mem, r), round)
@@ -112,6 +116,27 @@ func testWindows(t *testing.T, f Factory) {
 	defer cancel()
 	err = wins[1].Wait(short, func() bool { return false })
 	assert.Error(t, err)
+}
+
+// putBlock writes a patterned block at off of peer's window and then adds 1 to the flag
+// word at flagOff, after a fence: the one-sided counterpart of a store and a flag.
+func putBlock(ctx context.Context, w transport.RMAWindow, peer, off, flagOff int, seed uint64, n int) error {
+	src := make([]byte, n)
+	Pattern(src, seed)
+	put, err := w.Put(peer, off, src)
+	if err != nil {
+		return err
+	}
+	if err := w.Fence(); err != nil {
+		return err
+	}
+	sig, err := w.Signal(peer, flagOff, 1)
+	if err != nil {
+		return err
+	}
+	_, err1 := put.Wait(ctx)
+	_, err2 := sig.Wait(ctx)
+	return errors.Join(err1, err2)
 }
 
 // testSpans checks transport.SpanTransport where the transport has it: every rank's

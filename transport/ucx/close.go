@@ -103,8 +103,8 @@ func (t *Transport) shutdown(force bool) {
 	list := append([]*req(nil), t.inflight...)
 	t.mu.Unlock()
 	for _, r := range list {
-		if r.kind == kSend {
-			continue
+		if !r.kind.tagRecv() {
+			continue // sends and one-sided operations: flushed or purged below
 		}
 		for _, p := range r.ucp {
 			if p != nil {
@@ -130,6 +130,7 @@ func (t *Transport) shutdown(force bool) {
 		}
 	}
 	t.mu.Unlock()
+	t.closeWindows() // their keys belong to the endpoints closed below
 	f := C.int(0)
 	if force || stuck {
 		f = 1 // purge what UCX still holds on the endpoints
@@ -179,6 +180,7 @@ func (t *Transport) destroy() {
 		C.ucp_worker_destroy(t.worker)
 		t.worker = nil
 	}
+	t.buryWindows()
 	if t.ctx != nil {
 		C.ucp_cleanup(t.ctx)
 		t.ctx = nil

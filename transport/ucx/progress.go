@@ -173,7 +173,7 @@ func (t *Transport) markDead(q int, err error) {
 					C.ucp_request_cancel(t.worker, p)
 				}
 			}
-		case kSend:
+		case kSend, kPut, kGet, kAdd:
 			// UCX may never complete a send to a peer that is gone (no error handling on
 			// these transports): complete it ourselves; the request is recycled when UCX
 			// lets go of it, or at Close.

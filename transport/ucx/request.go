@@ -174,6 +174,8 @@ func (t *Transport) send(peer int, tag transport.Tag, buf []byte, dev uintptr, n
 	if peer == t.rank && dev == 0 {
 		return t.self.Isend(0, tag, buf)
 	}
+	t.tagSends.Add(1)
+	t.bytesOut.Add(uint64(n))
 	r := t.getReq()
 	r.kind, r.peer, r.tag, r.buf, r.dev, r.mt = kSend, peer, tag, buf, dev, mt
 	if err := t.deadErr(peer, "send"); err != nil {
@@ -246,8 +248,15 @@ func (t *Transport) started(r *req, kind C.int, st C.ucs_status_t, slot int) (tr
 }
 
 func (r *req) op2() string {
-	if r.kind == kSend {
+	switch r.kind {
+	case kSend:
 		return "send"
+	case kPut:
+		return "put"
+	case kGet:
+		return "get"
+	case kAdd:
+		return "signal"
 	}
 	return "recv"
 }
@@ -272,6 +281,7 @@ func (t *Transport) recv(peer int, tag transport.Tag, buf []byte, dev uintptr, n
 	if peer == t.rank && dev == 0 {
 		return t.self.Irecv(0, tag, buf)
 	}
+	t.tagRecvs.Add(1)
 	r := t.getReq()
 	r.kind, r.peer, r.tag, r.buf, r.dev, r.mt, r.n = kRecv, peer, tag, buf, dev, mt, n
 	if err := t.deadErr(peer, "recv"); err != nil {
@@ -306,7 +316,7 @@ func (t *Transport) check(r *req) bool {
 		}
 		var st C.ucs_status_t
 		var length C.size_t
-		if r.kind != kSend {
+		if r.kind.tagRecv() {
 			// t.lenBuf is C memory: a Go variable's address given to C would escape, one
 			// allocation per look.
 			st = C.moex_recv_test(p, t.lenBuf)
@@ -319,14 +329,14 @@ func (t *Transport) check(r *req) bool {
 		}
 		C.ucp_request_free(p)
 		r.ucp[i] = nil
-		if r.kind != kSend && i == 0 && st == C.UCS_OK {
+		if r.kind.tagRecv() && i == 0 && st == C.UCS_OK {
 			t.gotHeader(r, int(length))
 			if r.ucp[1] != nil {
 				return false
 			}
 			continue
 		}
-		if r.kind != kSend && i == 1 && st == C.UCS_OK && r.sink == nil && int(length) != r.n && r.err == nil {
+		if r.kind.tagRecv() && i == 1 && st == C.UCS_OK && r.sink == nil && int(length) != r.n && r.err == nil {
 			r.err = &transport.PeerError{Rank: r.peer, Op: "recv", Err: fmt.Errorf("%w: payload of %d bytes, header said %d", transport.ErrProtocol, length, r.n)}
 		}
 		if st != C.UCS_OK && r.err == nil {

@@ -20,7 +20,9 @@ ucs_status_t moex_init(ucp_context_h *ctx, ucp_worker_h *w, int wakeup) {
 	ucp_params_t p;
 	memset(&p, 0, sizeof p);
 	p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
-	p.features = UCP_FEATURE_TAG | (wakeup ? UCP_FEATURE_WAKEUP : 0);
+	// RMA and 64-bit atomics for the one-sided windows (window.go): where a transport
+	// lacks them UCX emulates them over active messages.
+	p.features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | UCP_FEATURE_AMO64 | (wakeup ? UCP_FEATURE_WAKEUP : 0);
 	p.mt_workers_shared = 1;
 	ucp_config_t *cfg;
 	ucs_status_t s = ucp_config_read(NULL, NULL, &cfg);
@@ -160,3 +162,37 @@ void moex_set_iov(moex_op *op, int i, void *p, size_t len) { op->iov[i].buffer =
 
 // A device address is not Go memory: it becomes a pointer on the C side.
 void *moex_devptr(uintptr_t p) { return (void *)p; }
+
+// moex_rkey_pack packs memh's remote key; the caller frees *buf with ucp_rkey_buffer_release.
+ucs_status_t moex_rkey_pack(ucp_context_h ctx, ucp_mem_h memh, void **buf, size_t *len) {
+	return ucp_rkey_pack(ctx, memh, buf, len);
+}
+
+static void rma_param(ucp_request_param_t *p, ucp_mem_h memh) {
+	memset(p, 0, sizeof *p);
+	if (memh != NULL) { p->op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH; p->memh = memh; }
+}
+
+// moex_put writes len bytes of buf at raddr of the peer's memory behind rkey (kind as moex_ptr).
+int moex_put(ucp_ep_h ep, const void *buf, size_t len, uint64_t raddr, ucp_rkey_h rkey, ucp_mem_h memh, void **req, ucs_status_t *st) {
+	ucp_request_param_t p;
+	rma_param(&p, memh);
+	return moex_ptr(ucp_put_nbx(ep, buf, len, raddr, rkey, &p), req, st);
+}
+
+// moex_get reads len bytes at raddr of the peer's memory behind rkey into buf.
+int moex_get(ucp_ep_h ep, void *buf, size_t len, uint64_t raddr, ucp_rkey_h rkey, ucp_mem_h memh, void **req, ucs_status_t *st) {
+	ucp_request_param_t p;
+	rma_param(&p, memh);
+	return moex_ptr(ucp_get_nbx(ep, buf, len, raddr, rkey, &p), req, st);
+}
+
+// moex_add64 adds *val to the 64-bit word at raddr, atomically, with no reply: the
+// signal a receiver polls in its own memory. *val must stay put until the request ends.
+int moex_add64(ucp_ep_h ep, uint64_t *val, uint64_t raddr, ucp_rkey_h rkey, void **req, ucs_status_t *st) {
+	ucp_request_param_t p;
+	memset(&p, 0, sizeof p);
+	p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+	p.datatype = ucp_dt_make_contig(8);
+	return moex_ptr(ucp_atomic_op_nbx(ep, UCP_ATOMIC_OP_ADD, val, 1, raddr, rkey, &p), req, st);
+}

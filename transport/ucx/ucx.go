@@ -60,6 +60,14 @@ type Transport struct {
 	lenBuf     *C.size_t // C scratch for received lengths (under drv.Mu)
 	memTypes   uint64    // bit per ucs_memory_type_t UCX supports
 	regCalls   atomic.Int64
+	memHandles atomic.Int64 // registrations held now (window.go)
+	tagSends   atomic.Uint64
+	tagRecvs   atomic.Uint64
+	rmaOps     atomic.Uint64
+	bytesOut   atomic.Uint64
+	winMu      sync.Mutex
+	windows    map[*rmaWindow]struct{}
+	graves     [][]byte // closed windows' addresses, unmapped at Close (window.go)
 	self       *inproc.Transport
 	poller     *busypoll.Poller
 	waitPoller *busypoll.Poller
@@ -93,6 +101,14 @@ type Transport struct {
 var _ transport.Transport = (*Transport)(nil)
 var _ transport.PathReporter = (*Transport)(nil)
 var _ transport.DeviceTransport = (*Transport)(nil)
+var _ transport.Counting = (*Transport)(nil)
+
+// Counters implements transport.Counting: tag messages posted (MessagesOut: sends,
+// MessagesIn: receives), one-sided operations (RMAOps: puts, gets, signals) and the
+// bytes sent and put (BytesOut).
+func (t *Transport) Counters() transport.Counters {
+	return transport.Counters{MessagesOut: t.tagSends.Load(), MessagesIn: t.tagRecvs.Load(), RMAOps: t.rmaOps.Load(), BytesOut: t.bytesOut.Load()}
+}
 
 // probeMu serialises the endpoint probe, which lowers UCX's process-wide log level
 // while it runs.
@@ -148,7 +164,8 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 
 // newTransport is t with its Go side made, before UCX.
 func newTransport(cfg Config) *Transport {
-	t := &Transport{rank: cfg.Rank, size: cfg.Size, log: cfg.Logger, grace: cfg.CancelGrace, stop: make(chan struct{}), efd: -1}
+	t := &Transport{rank: cfg.Rank, size: cfg.Size, log: cfg.Logger, grace: cfg.CancelGrace, stop: make(chan struct{}), efd: -1,
+		windows: map[*rmaWindow]struct{}{}}
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
 	}
@@ -329,10 +346,14 @@ func (t *Transport) register(b []byte) (any, error) {
 	if s := C.moex_mem_map(t.ctx, unsafe.Pointer(unsafe.SliceData(b)), C.size_t(len(b)), &memh); s != C.UCS_OK {
 		return nil, fmt.Errorf("ucx: ucp_mem_map: %w", statusErr(s))
 	}
+	t.memHandles.Add(1)
 	return memh, nil
 }
 
-func (t *Transport) deregister(h any) { C.ucp_mem_unmap(t.ctx, h.(C.ucp_mem_h)) }
+func (t *Transport) deregister(h any) {
+	C.ucp_mem_unmap(t.ctx, h.(C.ucp_mem_h))
+	t.memHandles.Add(-1)
+}
 
 // Registrations returns how many times memory was mapped with UCX (ucp_mem_map).
 func (t *Transport) Registrations() int { return int(t.regCalls.Load()) }
@@ -429,7 +450,13 @@ const (
 	kSend reqKind = iota + 1
 	kRecv
 	kBye // a posted receive of a peer's goodbye
+	kPut // one-sided, into a peer's window (window.go)
+	kGet
+	kAdd // the signal: an atomic add into a peer's window
 )
+
+// tagRecv: a tag receive (its completion carries a length to test for).
+func (k reqKind) tagRecv() bool { return k == kRecv || k == kBye }
 
 // byeTag is the reserved tag of goodbyes: every transport keeps a receive posted for each
 // peer's, so that a peer that closes is noticed even where UCX cannot report failures.

@@ -1,0 +1,350 @@
+//go:build ucx
+
+package ucx
+
+/*
+#cgo pkg-config: ucx
+#include "ucx.h"
+*/
+import "C"
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/transport"
+)
+
+// One-sided windows: memory registered once with UCX (ucp_mem_map), its remote key
+// handed to every peer once (the descriptor), and then written with ucp_put_nbx, read
+// with ucp_get_nbx and signalled with an atomic add that the owner polls in its own
+// memory. No tag is matched on the way: where a NIC does RDMA, the owner's CPU takes no
+// part; where a transport lacks RMA (tcp), UCX emulates it over active messages.
+
+var _ transport.RMATransport = (*Transport)(nil)
+var _ transport.RMAWindow = (*rmaWindow)(nil)
+
+// descriptor: the window's address and size, then its packed remote key.
+const winDescHdr = 16
+
+// rmaWindow is one rank's window and its remote keys for the peers' windows.
+type rmaWindow struct {
+	t      *Transport
+	mem    []byte // the whole mapping (page-rounded)
+	size   int
+	memh   C.ucp_mem_h
+	rkeys  []C.ucp_rkey_h // per peer, nil unless mapped
+	raddr  []uint64
+	rsize  []int
+	closed atomic.Bool
+}
+
+// NewWindow implements transport.WindowTransport: a window whose peers are reached by
+// Put, Get and Signal (transport.RMAWindow), not mapped (Remote is nil).
+func (t *Transport) NewWindow(size int) (transport.Window, []byte, error) {
+	if size < 0 || size > transport.MaxWindow {
+		return nil, nil, &transport.ArgError{Arg: "size", Reason: fmt.Sprintf("%d bytes (want 0..%d)", size, transport.MaxWindow)}
+	}
+	if t.closed.Load() {
+		return nil, nil, transport.ErrClosed
+	}
+	pg := os.Getpagesize()
+	total := max((size+pg-1)/pg*pg, pg)
+	flags := unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
+	if total <= 64<<20 {
+		flags |= unix.MAP_POPULATE
+	}
+	mem, err := unix.Mmap(-1, 0, total, unix.PROT_READ|unix.PROT_WRITE, flags)
+	if err != nil {
+		return nil, nil, fmt.Errorf("ucx: mapping a %d-byte window: %w", total, err)
+	}
+	w := &rmaWindow{t: t, mem: mem, size: size, rkeys: make([]C.ucp_rkey_h, t.size), raddr: make([]uint64, t.size), rsize: make([]int, t.size)}
+	if s := C.moex_mem_map(t.ctx, unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(total), &w.memh); s != C.UCS_OK {
+		_ = unix.Munmap(mem)
+		return nil, nil, fmt.Errorf("ucx: registering a window (ucp_mem_map): %w", statusErr(s))
+	}
+	t.memHandles.Add(1)
+	var kbuf unsafe.Pointer
+	var klen C.size_t
+	if s := C.moex_rkey_pack(t.ctx, w.memh, &kbuf, &klen); s != C.UCS_OK {
+		w.release()
+		return nil, nil, fmt.Errorf("ucx: packing a window's remote key: %w", statusErr(s))
+	}
+	desc := make([]byte, winDescHdr+int(klen))
+	binary.LittleEndian.PutUint64(desc, uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem)))))
+	binary.LittleEndian.PutUint64(desc[8:], uint64(size))
+	copy(desc[winDescHdr:], unsafe.Slice((*byte)(kbuf), int(klen)))
+	C.ucp_rkey_buffer_release(kbuf)
+	t.winMu.Lock()
+	t.windows[w] = struct{}{}
+	t.winMu.Unlock()
+	return w, desc, nil
+}
+
+// RMAWindows implements transport.RMATransport.
+func (t *Transport) RMAWindows() bool { return true }
+
+// MemHandles is how many memory registrations (ucp_mem_map) this transport holds now:
+// windows and registered buffers. It goes back to what it was when they are closed.
+func (t *Transport) MemHandles() int { return int(t.memHandles.Load()) }
+
+func (w *rmaWindow) Local() []byte { return w.mem[:w.size:w.size] }
+
+// Map unpacks peer's remote key from the descriptor its NewWindow returned.
+func (w *rmaWindow) Map(peer int, desc []byte) error {
+	t := w.t
+	switch {
+	case peer < 0 || peer >= t.size:
+		return &transport.ArgError{Arg: "peer", Reason: fmt.Sprintf("rank %d of %d", peer, t.size)}
+	case peer == t.rank:
+		return nil
+	case !t.peers[peer] || t.eps[peer] == nil:
+		return fmt.Errorf("%w: rank %d is not served by ucx", transport.ErrNoWindow, peer)
+	case len(desc) <= winDescHdr || len(desc) > winDescHdr+transport.MaxWindowDesc:
+		return fmt.Errorf("%w: rank %d's window descriptor has %d bytes", transport.ErrProtocol, peer, len(desc))
+	case w.closed.Load():
+		return transport.ErrClosed
+	}
+	size := binary.LittleEndian.Uint64(desc[8:])
+	if size > transport.MaxWindow {
+		return fmt.Errorf("%w: rank %d's window descriptor says %d bytes", transport.ErrProtocol, peer, size)
+	}
+	kb := C.CBytes(desc[winDescHdr:])
+	defer C.free(kb)
+	var rkey C.ucp_rkey_h
+	if s := C.ucp_ep_rkey_unpack(t.eps[peer], kb, &rkey); s != C.UCS_OK {
+		return fmt.Errorf("ucx: rank %d's window remote key: %w", peer, statusErr(s))
+	}
+	if old := w.rkeys[peer]; old != nil {
+		C.ucp_rkey_destroy(old)
+	}
+	w.rkeys[peer], w.raddr[peer], w.rsize[peer] = rkey, binary.LittleEndian.Uint64(desc), int(size)
+	return nil
+}
+
+// Remote is nil: a UCX window is reached by Put, Get and Signal.
+func (w *rmaWindow) Remote(peer int) []byte { return nil }
+
+// Reaches implements transport.RMAWindow.
+func (w *rmaWindow) Reaches(peer int) bool {
+	return peer >= 0 && peer < len(w.rkeys) && w.rkeys[peer] != nil
+}
+
+// Seal implements transport.Window: there is nothing to unlink.
+func (w *rmaWindow) Seal() {}
+
+// Notify implements transport.Window: a waiter of a UCX window polls, nothing wakes it.
+func (w *rmaWindow) Notify(peer int) {}
+
+// check validates a one-sided operation of n bytes at off of peer's window.
+func (w *rmaWindow) check(peer, off, n int) error {
+	if err := w.t.peerCheck(peer); err != nil {
+		return err
+	}
+	switch {
+	case w.closed.Load():
+		return transport.ErrClosed
+	case peer == w.t.rank || w.rkeys[peer] == nil:
+		return &transport.ArgError{Arg: "peer", Reason: fmt.Sprintf("rank %d's window is not mapped", peer)}
+	case off < 0 || n < 0 || off > w.rsize[peer]-n:
+		return &transport.ArgError{Arg: "off", Reason: fmt.Sprintf("%d bytes at %d of rank %d's %d-byte window", n, off, peer, w.rsize[peer])}
+	}
+	return nil
+}
+
+// Put implements transport.RMAWindow.
+func (w *rmaWindow) Put(peer, off int, src []byte) (transport.Request, error) {
+	return w.rma(kPut, peer, off, src)
+}
+
+// Get implements transport.RMAWindow.
+func (w *rmaWindow) Get(peer, off int, dst []byte) (transport.Request, error) {
+	return w.rma(kGet, peer, off, dst)
+}
+
+func (w *rmaWindow) rma(kind reqKind, peer, off int, buf []byte) (transport.Request, error) {
+	t := w.t
+	if err := w.check(peer, off, len(buf)); err != nil {
+		return nil, err
+	}
+	r := t.getReq()
+	r.kind, r.peer, r.buf, r.n = kind, peer, buf, len(buf)
+	if err := t.deadErr(peer, r.op2()); err != nil {
+		r.Complete(0, err)
+		return r, nil
+	}
+	t.rmaOps.Add(1)
+	if kind == kPut {
+		t.bytesOut.Add(uint64(len(buf)))
+	}
+	var p unsafe.Pointer
+	if len(buf) > 0 {
+		r.pin.Pin(unsafe.SliceData(buf))
+		p = unsafe.Pointer(unsafe.SliceData(buf))
+	}
+	raddr := C.uint64_t(w.raddr[peer] + uint64(off))
+	var st C.ucs_status_t
+	var k C.int
+	if kind == kPut {
+		k = C.moex_put(t.eps[peer], p, C.size_t(len(buf)), raddr, w.rkeys[peer], t.memh(buf), &r.ucp[0], &st)
+	} else {
+		k = C.moex_get(t.eps[peer], p, C.size_t(len(buf)), raddr, w.rkeys[peer], t.memh(buf), &r.ucp[0], &st)
+	}
+	return t.started(r, k, st, 0)
+}
+
+// Signal implements transport.RMAWindow: an atomic add, with no reply.
+func (w *rmaWindow) Signal(peer, off int, delta uint64) (transport.Request, error) {
+	t := w.t
+	if err := w.check(peer, off, 8); err != nil {
+		return nil, err
+	}
+	if off%8 != 0 {
+		return nil, &transport.ArgError{Arg: "off", Reason: fmt.Sprintf("%d is not 8-byte aligned", off)}
+	}
+	r := t.getReq()
+	r.kind, r.peer = kAdd, peer
+	if err := t.deadErr(peer, r.op2()); err != nil {
+		r.Complete(0, err)
+		return r, nil
+	}
+	t.rmaOps.Add(1)
+	r.op.hdr.len = C.uint64_t(delta) // C memory, which UCX may read until the request ends
+	var st C.ucs_status_t
+	k := C.moex_add64(t.eps[peer], &r.op.hdr.len, C.uint64_t(w.raddr[peer]+uint64(off)), w.rkeys[peer], &r.ucp[0], &st)
+	return t.started(r, k, st, 0)
+}
+
+// Fence implements transport.RMAWindow (ucp_worker_fence).
+func (w *rmaWindow) Fence() error {
+	if w.closed.Load() || w.t.closed.Load() {
+		return transport.ErrClosed
+	}
+	if s := C.ucp_worker_fence(w.t.worker); s != C.UCS_OK {
+		return fmt.Errorf("ucx: fence: %w", statusErr(s))
+	}
+	return nil
+}
+
+// Register implements transport.RMAWindow: b is mapped with UCX once, and Puts from it
+// or Gets into it name the registration.
+func (w *rmaWindow) Register(b *obuf.Buf) error { return w.t.Register(b) }
+
+// Wait polls ready, driving the worker (emulated RMA arrives through it) under the
+// transport's busy-poll policy, then sleeping in short steps: nothing wakes the owner
+// of a window when a peer writes into it. A peer of this window found dead ends the
+// wait with its *transport.PeerError.
+func (w *rmaWindow) Wait(ctx context.Context, ready func() bool) error {
+	if ready() {
+		return nil
+	}
+	t := w.t
+	spin := t.poller.BeginProcess()
+	defer spin.End()
+	nap := 10 * time.Microsecond
+	for i := 0; !ready(); i++ {
+		if i&63 == 63 {
+			if err := w.failed(ctx); err != nil {
+				return err
+			}
+		}
+		if t.drv.TryStep() {
+			continue
+		}
+		if spin.Idle() {
+			if err := w.failed(ctx); err != nil {
+				return err
+			}
+			time.Sleep(nap)
+			nap = min(2*nap, time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// failed is why a wait on w cannot go on: its context ended, the window or transport
+// closed, or a peer whose key it holds died.
+func (w *rmaWindow) failed(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if w.closed.Load() || w.t.closed.Load() {
+		return transport.ErrClosed
+	}
+	for q, k := range w.rkeys {
+		if k != nil {
+			if err := w.t.deadErr(q, "window"); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Close releases the remote keys, the registration and the memory.
+func (w *rmaWindow) Close() error {
+	if w.closed.Swap(true) {
+		return nil
+	}
+	t := w.t
+	t.winMu.Lock()
+	defer t.winMu.Unlock()
+	_, live := t.windows[w]
+	delete(t.windows, w)
+	if !live {
+		return unix.Munmap(w.mem) // the worker is gone: nothing writes here any more
+	}
+	w.release()
+	// A peer that has not yet seen this rank leave the exchange (one aborting after a
+	// rank died, say) may still put into the window, and over transports that emulate
+	// RMA this process's worker writes what arrives: the addresses stay mapped until
+	// the transport closes, without their pages.
+	t.graves = append(t.graves, w.mem)
+	return unix.Madvise(w.mem, unix.MADV_DONTNEED)
+}
+
+// release gives UCX back the keys and the registration (under t.winMu, or before w is
+// listed); the transport's shutdown calls it for windows still open.
+func (w *rmaWindow) release() {
+	for q, k := range w.rkeys {
+		if k != nil {
+			C.ucp_rkey_destroy(k)
+			w.rkeys[q] = nil
+		}
+	}
+	if w.memh != nil {
+		C.ucp_mem_unmap(w.t.ctx, w.memh)
+		w.memh = nil
+		w.t.memHandles.Add(-1)
+	}
+}
+
+// closeWindows releases what every open window holds of UCX (at shutdown, before the
+// endpoints and the context go); their memory stays until their Close.
+func (t *Transport) closeWindows() {
+	t.winMu.Lock()
+	defer t.winMu.Unlock()
+	for w := range t.windows {
+		w.release()
+		delete(t.windows, w)
+	}
+}
+
+// buryWindows unmaps the memory of closed windows, once the worker that could write
+// into it is gone.
+func (t *Transport) buryWindows() {
+	t.winMu.Lock()
+	defer t.winMu.Unlock()
+	for _, m := range t.graves {
+		_ = unix.Munmap(m)
+	}
+	t.graves = nil
+}
