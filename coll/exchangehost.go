@@ -2,6 +2,7 @@ package coll
 
 import (
 	"context"
+	"log/slog"
 	"fmt"
 	"time"
 
@@ -30,7 +31,19 @@ var ErrBusy = exchange.ErrBusy
 // NewExchange makes an Exchange on c. It is collective: every rank calls it with the
 // same configuration.
 func (c *Comm) NewExchange(ctx context.Context, cfg ExchangeConfig) (*Exchange, error) {
-	return exchange.New(ctx, exchangeHost{c}, cfg)
+	x, err := exchange.New(ctx, exchangeHost{c}, cfg)
+	if err == nil && c.log.Enabled(ctx, slog.LevelInfo) {
+		paths := map[string][]int{}
+		for q := 0; q < c.size; q++ {
+			if q != c.rank {
+				paths[x.Path(q)] = append(paths[x.Path(q)], q)
+			}
+		}
+		for path, ranks := range paths {
+			c.log.Info("moex: exchange", "rank", c.rank, "to", ranks, "path", path)
+		}
+	}
+	return x, err
 }
 
 // ExchangeBytes is the memory (Exchange.Bytes) that an exchange of cfg holds on each of

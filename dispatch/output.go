@@ -153,6 +153,10 @@ type Stats struct {
 	// Pushed, in the low-latency mode, is how many ranks this rank wrote its rows into
 	// directly.
 	Pushed int
+	// Put, in the low-latency mode, is how many ranks this rank put its rows into with
+	// one-sided operations (UCX windows: a put, a fence and a signal; the receiver posts
+	// no receive).
+	Put int
 	// InPlace, in the low-latency mode: this rank wrote its tokens once into its own
 	// staging and the other ranks read them there (the bytes above count those reads).
 	InPlace bool
@@ -162,7 +166,7 @@ type Stats struct {
 
 func statsOf(s ep.Stats) Stats {
 	st := Stats{RowsSent: s.RowsSent, RowsReceived: s.RowsReceived, BytesSent: s.BytesSent, BytesReceived: s.BytesReceived,
-		Assignments: s.Assignments, Algo: s.Algo, Pushed: s.Pushed, InPlace: s.InPlace, Mode: Mode(s.Mode)}
+		Assignments: s.Assignments, Algo: s.Algo, Pushed: s.Pushed, Put: s.Put, InPlace: s.InPlace, Mode: Mode(s.Mode)}
 	st.RowsPerRank = slices.Clone(s.RowsPerRank)
 	return st
 }

@@ -334,6 +334,24 @@ func (x *Exchange) Bytes() int {
 // with plain stores (Dest is q's memory), rather than putting or sending them.
 func (x *Exchange) Pushes(q int) bool { return x.push[q] }
 
+// Puts reports whether this rank puts its blocks for rank q into q's registered memory
+// with one-sided operations (transport.RMAWindow: ucx), then signals them.
+func (x *Exchange) Puts(q int) bool { return x.rput[q] }
+
+// Path says how this rank's blocks reach rank q: "local", "stores into its window",
+// "puts into its window, then a signal (one-sided)" or "tag messages".
+func (x *Exchange) Path(q int) string {
+	switch {
+	case q == x.h.Rank():
+		return "local"
+	case x.push[q]:
+		return "stores into its window"
+	case x.rput[q]:
+		return "puts into its window, then a signal (one-sided)"
+	}
+	return "tag messages"
+}
+
 // OneSided reports whether this rank's blocks for rank q land in q's memory with no
 // receive posted at q: stored there (Pushes) or put there (transport.RMAWindow).
 func (x *Exchange) OneSided(q int) bool { return x.push[q] || x.rput[q] }

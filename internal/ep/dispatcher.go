@@ -21,9 +21,11 @@ type Stats struct {
 	Assignments   int   // (token, expert) pairs of this rank's tokens
 	RowsPerRank   []int // rows this rank sent to each rank, itself included
 	// Algo is the AlltoAllv algorithm of the normal mode; Pushed, in the low-latency
-	// mode, says how many ranks this rank wrote its rows into directly.
+	// mode, says how many ranks this rank wrote its rows into directly, and Put into
+	// how many it put them with one-sided operations (UCX windows: no receive posted).
 	Algo   coll.Algo
 	Pushed int
+	Put    int
 	// InPlace, in the low-latency mode: this rank wrote its tokens once into its own
 	// staging and the other ranks read them there (the bytes above count those reads).
 	InPlace bool

@@ -250,7 +250,7 @@ func (m *lowLatency) start(ctx context.Context, s *slot) error {
 		}
 		stream = sent*d.c.Size() > d.llc // about every rank's share, all of them
 	}
-	pushed := 0
+	pushed, put := 0, 0
 	busy := !d.othersFree(s)
 	for {
 		q, dst, err := op.NextDest(ctx)
@@ -284,11 +284,15 @@ func (m *lowLatency) start(ctx context.Context, s *slot) error {
 		if err := op.Send(q, b.Bytes[0], b.Bytes[1], b.Bytes[2]); err != nil {
 			return err
 		}
-		if q != me && m.x.Pushes(q) && !inPlace {
+		switch {
+		case q == me || inPlace:
+		case m.x.Pushes(q):
 			pushed++
+		case m.x.Puts(q):
+			put++
 		}
 	}
-	s.stats.Pushed, s.stats.InPlace = pushed, inPlace
+	s.stats.Pushed, s.stats.Put, s.stats.InPlace = pushed, put, inPlace
 	return nil
 }
 

@@ -70,3 +70,20 @@ func parseLanes(info string) []string {
 	}
 	return out
 }
+
+// nativeRMA reports whether ucp_ep_print_info's lanes carry RMA and 64-bit atomics
+// (rma#, rma_bw#, amo#): otherwise UCX emulates the windows' puts and signals over
+// active messages, which the owner's worker must progress.
+func nativeRMA(info string) bool {
+	rma, amo := false, false
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.Contains(line, "lane[") {
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			rma = rma || strings.HasPrefix(f, "rma#") || strings.HasPrefix(f, "rma_bw#")
+			amo = amo || strings.HasPrefix(f, "amo#")
+		}
+	}
+	return rma && amo
+}

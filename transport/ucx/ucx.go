@@ -75,6 +75,7 @@ type Transport struct {
 	grace      time.Duration
 	reg        *obuf.RegCache
 	lanes      [][]string
+	rmaLanes   []bool // per peer: the lanes do RMA and atomics (else UCX emulates them)
 	// noPeerErrors: UCX cannot report a failed peer on these transports.
 	noPeerErrors bool
 	// rdmaAll: every rank that UCX serves reaches its peers over RDMA.
@@ -186,6 +187,7 @@ func newTransport(cfg Config) *Transport {
 	t.eps = make([]C.ucp_ep_h, cfg.Size)
 	t.dead = make([]error, cfg.Size)
 	t.lanes = make([][]string, cfg.Size)
+	t.rmaLanes = make([]bool, cfg.Size)
 	t.rdmaAll = true
 	t.noErr = make([]bool, cfg.Size)
 	t.pidfds = make([]int, cfg.Size)
@@ -294,6 +296,7 @@ func (t *Transport) endpoints(addrs [][]byte) error {
 		}
 		if info := C.moex_ep_info(t.eps[q]); info != nil {
 			t.lanes[q] = parseLanes(C.GoString(info))
+			t.rmaLanes[q] = nativeRMA(C.GoString(info))
 			C.free(unsafe.Pointer(info))
 		}
 	}
@@ -435,13 +438,17 @@ func (t *Transport) Path(peer int) string {
 	case t.noErr[peer]:
 		note = "; UCX cannot report a dead peer on these lanes (the communicator's timeout does)"
 	}
+	win := "; windows one-sided (put, fence, signal)"
+	if !t.rmaLanes[peer] {
+		win = "; windows one-sided, RMA emulated over active messages (no RMA lane)"
+	}
 	switch {
 	case t.rdmaTo(peer):
-		return fmt.Sprintf("ucx %s: %v (RDMA)%s", Version(), l, note)
+		return fmt.Sprintf("ucx %s: %v (RDMA)%s%s", Version(), l, win, note)
 	case len(l) == 1 && l[0] == "tcp":
-		return fmt.Sprintf("ucx %s: [tcp] -- UCX fell back to TCP (no RDMA transport reaches this peer)%s", Version(), note)
+		return fmt.Sprintf("ucx %s: [tcp] -- UCX fell back to TCP (no RDMA transport reaches this peer)%s%s", Version(), win, note)
 	}
-	return fmt.Sprintf("ucx %s: %v (no RDMA)%s", Version(), l, note)
+	return fmt.Sprintf("ucx %s: %v (no RDMA)%s%s", Version(), l, win, note)
 }
 
 // ---- requests ----
