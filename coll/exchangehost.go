@@ -2,8 +2,8 @@ package coll
 
 import (
 	"context"
-	"log/slog"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/moex-ai/moex/coll/exchange"
