@@ -291,6 +291,9 @@ func (sc *moeScenario[T]) result(tm *Timing) *MoEResult {
 	switch st.Mode {
 	case dispatch.LowLatency:
 		res.Path = fmt.Sprintf("exchange, written into %d of %d peers' memory", st.Pushed, p-1)
+		if st.Put > 0 {
+			res.Path = fmt.Sprintf("exchange, one-sided: put into %d of %d peers' registered windows, then a signal", st.Put, p-1)
+		}
 		if ep.D.RowsInPlace() {
 			res.Path = fmt.Sprintf("exchange of headers; the experts read the tokens in their origins' memory (%d peers)", p-1)
 			if sc.inBuffer {

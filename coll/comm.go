@@ -194,11 +194,11 @@ func (cfg *Config) fill() error {
 		}
 	}
 	switch v := os.Getenv("MOEX_WINDOWS"); v {
-	case "", "auto", "1":
+	case "", "auto", "1", "on": // 1: the ucx transport also reads it (EmulatedWindows)
 	case "0", "off":
 		cfg.NoWindows = true
 	default:
-		return &ArgError{Arg: "MOEX_WINDOWS", Reason: fmt.Sprintf("%q: want auto or 0", v)}
+		return &ArgError{Arg: "MOEX_WINDOWS", Reason: fmt.Sprintf("%q: want auto, 1 or 0", v)}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = defaultLogger()

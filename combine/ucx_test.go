@@ -20,6 +20,7 @@ import (
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/router"
 	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/ucx"
 )
 
 // The MoE stages between processes over UCX (whatever lanes UCX_TLS gives it; CI runs
@@ -92,31 +93,60 @@ func TestHelperOneSidedRank(t *testing.T) {
 		stepOnce()
 	}
 	after, _ := transport.CountersOf(c.Transport())
-	require.Zero(t, after.MessagesIn-before.MessagesIn, "rank %d: tag receives posted in %d steps", c.Rank(), steps)
-	require.NotZero(t, after.RMAOps-before.RMAOps, "rank %d: nothing put", c.Rank())
-	require.Equal(t, p-1, d.Stats().Put, "rank %d: ranks put into", c.Rank())
+	// Windows where the lanes do RMA, or everywhere with MOEX_WINDOWS=1.
+	u, ok := c.Transport().(*ucx.Transport)
+	require.True(t, ok, "transport %T", c.Transport())
+	oneSided := os.Getenv("MOEX_WINDOWS") == "1"
+	if !oneSided {
+		oneSided = true
+		for q := 0; q < p; q++ {
+			oneSided = oneSided && (q == c.Rank() || u.NativeRMA(q))
+		}
+	}
+	if c.Rank() == 0 {
+		fmt.Printf("rank 0 to 1: %s\n", u.Path(1))
+	}
+	if want := os.Getenv("MOEX_EXPECT_ONESIDED"); want != "" {
+		require.Equal(t, want == "1", oneSided, "rank %d: one-sided windows", c.Rank())
+	}
+	if !oneSided {
+		// UCX would emulate RMA: the exchanges fall back to tag messages.
+		require.NotZero(t, after.MessagesIn-before.MessagesIn, "rank %d: no tag receive posted", c.Rank())
+		require.Zero(t, after.RMAOps-before.RMAOps, "rank %d: one-sided operations", c.Rank())
+		require.Zero(t, d.Stats().Put, "rank %d: ranks put into", c.Rank())
+	} else {
+		require.Zero(t, after.MessagesIn-before.MessagesIn, "rank %d: tag receives posted in %d steps", c.Rank(), steps)
+		require.NotZero(t, after.RMAOps-before.RMAOps, "rank %d: nothing put", c.Rank())
+		require.Equal(t, p-1, d.Stats().Put, "rank %d: ranks put into", c.Rank())
+	}
 	fmt.Printf("rank %d ok, %d one-sided operations a step\n", c.Rank(), (after.RMAOps-before.RMAOps)/steps)
 }
 
 // The low-latency dispatch and combine over UCX windows, as processes, at P=2, 4 and 8,
-// over UCX's tcp (RMA emulated), its shared memory (RMA and atomics native) and its
-// default choice: every token against the reference on every wire type, no tag receive
-// on the data path.
+// over UCX's tcp (RMA emulated over active messages: MOEX_WINDOWS=1 asks for windows
+// all the same), its shared memory (RMA and atomics native) and its default choice
+// (tcp between processes here, since moex asks for peer-failure reports): every token
+// against the reference on every wire type, no tag receive on the data path. Over tcp
+// without MOEX_WINDOWS=1 the exchanges fall back to tag messages.
 func TestLowLatencyOneSidedUCX(t *testing.T) {
 	exe := filepath.Join(t.TempDir(), "moex")
 	out, err := exec.Command("go", "build", "-tags", "ucx", "-o", exe, "github.com/moex-ai/moex/cmd/moex").CombinedOutput()
 	require.NoError(t, err, "building moex: %s", out)
-	for _, tls := range []string{"tcp", "sm", ""} {
-		for _, p := range []int{2, 4, 8} {
-			t.Run(fmt.Sprintf("UCX_TLS=%s/P=%d", tls, p), func(t *testing.T) {
+	type run struct {
+		tls, windows string
+		oneSided     string // MOEX_EXPECT_ONESIDED: 1, 0, or "" (as UCX's lanes say)
+		ps           []int
+	}
+	for _, r := range []run{{"tcp", "1", "1", []int{2, 4, 8}}, {"sm", "auto", "1", []int{2, 4, 8}}, {"all", "1", "1", []int{2, 4, 8}}, {"tcp", "auto", "0", []int{4}}} {
+		for _, p := range r.ps {
+			t.Run(fmt.Sprintf("UCX_TLS=%s/MOEX_WINDOWS=%s/P=%d", r.tls, r.windows, p), func(t *testing.T) {
 				cmd := exec.Command(exe, "run", "-n", fmt.Sprint(p), "--", os.Args[0], "-test.run=^TestHelperOneSidedRank$")
-				cmd.Env = append(os.Environ(), "MOEX_COMBINE_HELPER=onesided", "MOEX_TRANSPORT=ucx", "UCX_TLS="+tls)
-				if tls == "" {
-					cmd.Env = append(cmd.Env[:len(cmd.Env)-1], "UCX_TLS=all")
-				}
+				cmd.Env = append(os.Environ(), "MOEX_COMBINE_HELPER=onesided", "MOEX_TRANSPORT=ucx", "UCX_TLS="+r.tls,
+					"MOEX_WINDOWS="+r.windows, "MOEX_EXPECT_ONESIDED="+r.oneSided)
 				out, err := cmd.CombinedOutput()
 				require.NoError(t, err, "moex run: %s", out)
 				require.Equal(t, p, strings.Count(string(out), " ok, "), "ranks ok:\n%s", out)
+				t.Logf("%s", strings.SplitN(string(out), "\n", 2)[0])
 			})
 		}
 	}

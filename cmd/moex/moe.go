@@ -53,6 +53,7 @@ buffers per rank, the error against the single-process reference, and a verdict 
 	fs.BoolVar(&ro.Rejoin, "rejoin", false, "with --kill (over shm or tcp): the launcher starts a process that takes the dead rank over (moex run --restarts); the survivors serve on, admit it (Comm.Admit), move experts onto it (dispatch.Grow) and serve 20 more steps with it; prints the timeline and tokens/s at every step")
 	fs.Var(bytesFlag{&ro.WeightBytes}, "weight-bytes", "with --kill: bytes of weights per expert, moved to the ranks that take an expert over (default 64K)")
 	levels := fs.String("levels", "", "ranks on several hosts: flat, two (dispatch.TwoLevel: a token crosses to a host once, its relay hands it on), auto (as dispatch.ChooseTwoLevel picks) or compare (flat, then two); prints step time and bytes within and across hosts")
+	windows := fs.String("windows", "", "how the low-latency exchanges reach peers: auto (into same-host peers' memory, or put into UCX peers' registered windows), off (tag messages: MOEX_WINDOWS=0) or compare (both, one job each, and their ratio); default compare over ucx in the low-latency mode, else auto")
 	list := fs.Bool("models", false, "list the models and exit")
 	plot := fs.String("plot", "", "write a stacked bar of dispatch, expert compute and combine to this SVG file (with --sweep: time and buffers against the swept value)")
 	sweep := fs.String("sweep", "", "ranks or tokens: run the step at 2..8 ranks (2..64 over inproc) or 1..512 tokens per rank, each in a job of its own, and print how each stage's time and each rank's buffers grow, beside DeepEP's low-latency buffer")
@@ -113,6 +114,18 @@ buffers per rank, the error against the single-process reference, and a verdict 
 	if err := noneSet(fs, "--kill", "runs", "weight-bytes", "rejoin"); err != nil {
 		return err
 	}
+	switch w := windowsFlag(*windows, rf.transport, o.Mode); w {
+	case "compare":
+		if *plot != "" || rf.json {
+			return &usageError{"--windows compare: not with --plot or --json (run --windows auto and off)"}
+		}
+		return compareWindows(ctx, fs)
+	case "off":
+		os.Setenv("MOEX_WINDOWS", "0") // for the communicators below, and ranks launched
+	case "auto":
+	default:
+		return &usageError{fmt.Sprintf("--windows %q: want auto, off or compare", w)}
+	}
 	if o.Profile {
 		os.Setenv("MOEX_PROFILE", "1") // for the communicators below, and ranks launched
 	}
@@ -146,6 +159,42 @@ buffers per rank, the error against the single-process reference, and a verdict 
 		return bench.PrintJSON(os.Stdout, []*bench.MoEResult{res})
 	}
 	bench.PrintMoE(os.Stdout, res)
+	return nil
+}
+
+// windowsFlag is --windows with its default filled: compare over ucx in the
+// low-latency mode (one-sided windows against tag messages), else auto.
+func windowsFlag(v, transport string, mode dispatch.Mode) string {
+	if v != "" {
+		return v
+	}
+	if transport == "ucx" && mode == dispatch.LowLatency {
+		return "compare"
+	}
+	return "auto"
+}
+
+// compareWindows runs the step twice, each a job of its own with the run's other flags:
+// the exchanges through windows (one-sided over ucx) and as tag messages; it prints both
+// and the ratio of their step times.
+func compareWindows(ctx context.Context, fs *flag.FlagSet) error {
+	var rs []*bench.MoEResult
+	for _, w := range []string{"auto", "off"} {
+		r, err := childRun(ctx, fs, map[string]string{"windows": w}, "windows")
+		if err != nil {
+			return err
+		}
+		rs = append(rs, r)
+	}
+	for i, r := range rs {
+		fmt.Printf("== windows %s\n", []string{"auto (one-sided where the transport can)", "off (tag messages)"}[i])
+		bench.PrintMoE(os.Stdout, r)
+		fmt.Println()
+	}
+	if rs[0].StepUS > 0 {
+		fmt.Printf("windows against tag messages: step %.1f us vs %.1f us (%.2fx), dispatch %.1f vs %.1f us, combine %.1f vs %.1f us\n",
+			rs[0].StepUS, rs[1].StepUS, rs[1].StepUS/rs[0].StepUS, rs[0].Dispatch.MeanUS, rs[1].Dispatch.MeanUS, rs[0].Combine.MeanUS, rs[1].Combine.MeanUS)
+	}
 	return nil
 }
 

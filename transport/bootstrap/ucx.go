@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 
 	"github.com/moex-ai/moex/busypoll"
@@ -19,7 +20,9 @@ func init() { openOptional = openUCX }
 // whatever its lanes; otherwise only when every rank reaches its remote peers over RDMA:
 // UCX over TCP is no better than moex's own tcp, which is tuned for this traffic.
 func openUCX(ctx context.Context, env Env, rv *Rendezvous, peers []bool, force bool, poll busypoll.Config, log *slog.Logger) (transport.Transport, string, error) {
-	u, err := ucx.New(ctx, ucx.Config{Rank: env.Rank, Size: env.Size, Exchange: rv.AllGather, Peers: peers, Poll: poll, Logger: log})
+	w := os.Getenv("MOEX_WINDOWS")
+	u, err := ucx.New(ctx, ucx.Config{Rank: env.Rank, Size: env.Size, Exchange: rv.AllGather, Peers: peers, Poll: poll, Logger: log,
+		EmulatedWindows: w == "1" || w == "on"})
 	if err != nil {
 		if force {
 			return nil, "", err

@@ -101,6 +101,9 @@ func (t *Transport) progress() {
 			t.drv.Mu.Lock()
 			worked := t.step()
 			t.drv.Mu.Unlock()
+			if worked && t.winWaiters.Load() > 0 {
+				t.ringWindows()
+			}
 			if !worked || t.closed.Load() {
 				break
 			}

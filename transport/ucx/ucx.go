@@ -46,36 +46,40 @@ const (
 
 // Transport is one rank's UCX endpoint.
 type Transport struct {
-	rank, size int
-	ctx        C.ucp_context_h
-	worker     C.ucp_worker_h
-	eps        []C.ucp_ep_h
-	states     *C.moex_ep_state // C array, one per rank
-	peers      []bool
-	efd        int
-	efile      *os.File        // a duplicate of efd in Go's poller (nil: poll(2) efd)
-	econn      syscall.RawConn // efile's
-	eReady     func(uintptr) bool
-	eFirst     bool
-	lenBuf     *C.size_t // C scratch for received lengths (under drv.Mu)
-	memTypes   uint64    // bit per ucs_memory_type_t UCX supports
-	regCalls   atomic.Int64
-	memHandles atomic.Int64 // registrations held now (window.go)
-	tagSends   atomic.Uint64
-	tagRecvs   atomic.Uint64
-	rmaOps     atomic.Uint64
-	bytesOut   atomic.Uint64
-	winMu      sync.Mutex
-	windows    map[*rmaWindow]struct{}
-	graves     [][]byte // closed windows' addresses, unmapped at Close (window.go)
-	self       *inproc.Transport
-	poller     *busypoll.Poller
-	waitPoller *busypoll.Poller
-	log        *slog.Logger
-	grace      time.Duration
-	reg        *obuf.RegCache
-	lanes      [][]string
-	rmaLanes   []bool // per peer: the lanes do RMA and atomics (else UCX emulates them)
+	rank, size      int
+	ctx             C.ucp_context_h
+	worker          C.ucp_worker_h
+	eps             []C.ucp_ep_h
+	states          *C.moex_ep_state // C array, one per rank
+	peers           []bool
+	efd             int
+	efile           *os.File        // a duplicate of efd in Go's poller (nil: poll(2) efd)
+	econn           syscall.RawConn // efile's
+	eReady          func(uintptr) bool
+	eFirst          bool
+	lenBuf          *C.size_t // C scratch for received lengths (under drv.Mu)
+	memTypes        uint64    // bit per ucs_memory_type_t UCX supports
+	regCalls        atomic.Int64
+	memHandles      atomic.Int64 // registrations held now (window.go)
+	tagSends        atomic.Uint64
+	tagRecvs        atomic.Uint64
+	rmaOps          atomic.Uint64
+	bytesOut        atomic.Uint64
+	winMu           sync.Mutex
+	windows         map[*rmaWindow]struct{}
+	graves          [][]byte // closed windows' addresses, unmapped at Close (window.go)
+	winWaiters      atomic.Int32
+	bellMu          sync.Mutex
+	bell            chan struct{}
+	self            *inproc.Transport
+	poller          *busypoll.Poller
+	waitPoller      *busypoll.Poller
+	log             *slog.Logger
+	grace           time.Duration
+	reg             *obuf.RegCache
+	lanes           [][]string
+	rmaLanes        []bool // per peer: the lanes do RMA and atomics (else UCX emulates them)
+	emulatedWindows bool
 	// noPeerErrors: UCX cannot report a failed peer on these transports.
 	noPeerErrors bool
 	// rdmaAll: every rank that UCX serves reaches its peers over RDMA.
@@ -166,7 +170,7 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 // newTransport is t with its Go side made, before UCX.
 func newTransport(cfg Config) *Transport {
 	t := &Transport{rank: cfg.Rank, size: cfg.Size, log: cfg.Logger, grace: cfg.CancelGrace, stop: make(chan struct{}), efd: -1,
-		windows: map[*rmaWindow]struct{}{}}
+		windows: map[*rmaWindow]struct{}{}, emulatedWindows: cfg.EmulatedWindows}
 	if t.log == nil {
 		t.log = slog.New(slog.DiscardHandler)
 	}
@@ -439,8 +443,11 @@ func (t *Transport) Path(peer int) string {
 		note = "; UCX cannot report a dead peer on these lanes (the communicator's timeout does)"
 	}
 	win := "; windows one-sided (put, fence, signal)"
-	if !t.rmaLanes[peer] {
-		win = "; windows one-sided, RMA emulated over active messages (no RMA lane)"
+	switch {
+	case !t.rmaLanes[peer] && t.emulatedWindows:
+		win = "; windows one-sided, RMA emulated over active messages (no RMA lane; MOEX_WINDOWS=1)"
+	case !t.rmaLanes[peer]:
+		win = "; no RMA lane: exchanges as tag messages (UCX would emulate RMA, slower; MOEX_WINDOWS=1 forces it)"
 	}
 	switch {
 	case t.rdmaTo(peer):

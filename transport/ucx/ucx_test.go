@@ -37,8 +37,10 @@ func startWith(t testing.TB, n int, tweak func(*ucx.Config)) []*ucx.Transport {
 	})
 }
 
+// factory's transports reach every peer through windows, emulated RMA included, so
+// that the conformance suite checks them over every UCX_TLS.
 func factory(t *testing.T, n int) *transporttest.World {
-	return factoryWith(t, n, func(*ucx.Config) {})
+	return factoryWith(t, n, func(c *ucx.Config) { c.EmulatedWindows = true })
 }
 
 func factoryWith(t *testing.T, n int, tweak func(*ucx.Config)) *transporttest.World {
@@ -72,7 +74,7 @@ func TestConformance(t *testing.T) {
 // Where ranks outnumber CPUs, the whole contract holds so too.
 func TestConformanceOversubscribed(t *testing.T) {
 	transporttest.Run(t, func(t *testing.T, n int) *transporttest.World {
-		return factoryWith(t, n, func(c *ucx.Config) { c.Poll.Oversubscribed = true })
+		return factoryWith(t, n, func(c *ucx.Config) { c.Poll.Oversubscribed, c.EmulatedWindows = true, true })
 	}, transporttest.Options{SkipAllocs: "UCX requests are C memory; Go-side allocations are not the measure here",
 		LateSends: "UCX cannot cancel a rendezvous send it has announced; the request is left to UCX, which completes it if a receive matches it"})
 }

@@ -89,6 +89,11 @@ func (t *Transport) NewWindow(size int) (transport.Window, []byte, error) {
 	return w, desc, nil
 }
 
+// NativeRMA reports whether the lanes to peer do RMA and atomics; where they do not,
+// UCX emulates them over active messages, and windows reach peer only with
+// Config.EmulatedWindows.
+func (t *Transport) NativeRMA(peer int) bool { return peer >= 0 && peer < t.size && t.rmaLanes[peer] }
+
 // RMAWindows implements transport.RMATransport.
 func (t *Transport) RMAWindows() bool { return true }
 
@@ -108,6 +113,8 @@ func (w *rmaWindow) Map(peer int, desc []byte) error {
 		return nil
 	case !t.peers[peer] || t.eps[peer] == nil:
 		return fmt.Errorf("%w: rank %d is not served by ucx", transport.ErrNoWindow, peer)
+	case !t.rmaLanes[peer] && !t.emulatedWindows:
+		return fmt.Errorf("%w: UCX emulates RMA to rank %d over active messages (no RMA lane), slower than its tag messages (MOEX_WINDOWS=1 uses it all the same)", transport.ErrNoWindow, peer)
 	case len(desc) <= winDescHdr || len(desc) > winDescHdr+transport.MaxWindowDesc:
 		return fmt.Errorf("%w: rank %d's window descriptor has %d bytes", transport.ErrProtocol, peer, len(desc))
 	case w.closed.Load():
@@ -239,35 +246,74 @@ func (w *rmaWindow) Fence() error {
 func (w *rmaWindow) Register(b *obuf.Buf) error { return w.t.Register(b) }
 
 // Wait polls ready, driving the worker (emulated RMA arrives through it) under the
-// transport's busy-poll policy, then sleeping in short steps: nothing wakes the owner
-// of a window when a peer writes into it. A peer of this window found dead ends the
-// wait with its *transport.PeerError.
+// transport's busy-poll policy, then parks until the progress goroutine has done some
+// work (an emulated put or signal landed) or a short nap ends: a put over native RMA
+// wakes nobody. A peer of this window found dead ends the wait with its
+// *transport.PeerError.
 func (w *rmaWindow) Wait(ctx context.Context, ready func() bool) error {
 	if ready() {
 		return nil
 	}
 	t := w.t
+	t.winWaiters.Add(1)
+	defer t.winWaiters.Add(-1)
 	spin := t.poller.BeginProcess()
 	defer spin.End()
-	nap := 10 * time.Microsecond
+	var nap *time.Timer
+	d := 20 * time.Microsecond
 	for i := 0; !ready(); i++ {
 		if i&63 == 63 {
 			if err := w.failed(ctx); err != nil {
 				return err
 			}
 		}
-		if t.drv.TryStep() {
+		if t.drv.TryStep() || !spin.Idle() {
 			continue
 		}
-		if spin.Idle() {
-			if err := w.failed(ctx); err != nil {
-				return err
-			}
-			time.Sleep(nap)
-			nap = min(2*nap, time.Millisecond)
+		if err := w.failed(ctx); err != nil {
+			return err
+		}
+		bell := t.windowBell()
+		if ready() {
+			break
+		}
+		if nap == nil {
+			nap = time.NewTimer(d)
+			defer nap.Stop()
+		} else {
+			nap.Reset(d)
+		}
+		select {
+		case <-bell:
+		case <-nap.C:
+			d = min(2*d, maxNap)
+		case <-ctx.Done():
 		}
 	}
 	return nil
+}
+
+// maxNap is the longest a window's waiter sleeps between looks at its memory.
+const maxNap = 200 * time.Microsecond
+
+// windowBell is closed when the progress goroutine next does some work.
+func (t *Transport) windowBell() <-chan struct{} {
+	t.bellMu.Lock()
+	defer t.bellMu.Unlock()
+	if t.bell == nil {
+		t.bell = make(chan struct{})
+	}
+	return t.bell
+}
+
+// ringWindows wakes the windows' waiters (after progress did some work).
+func (t *Transport) ringWindows() {
+	t.bellMu.Lock()
+	if t.bell != nil {
+		close(t.bell)
+		t.bell = nil
+	}
+	t.bellMu.Unlock()
 }
 
 // failed is why a wait on w cannot go on: its context ended, the window or transport

@@ -18,6 +18,12 @@ import (
 	"github.com/moex-ai/moex/transport/ucx"
 )
 
+// startRMA starts n transports that reach every peer through windows, emulated RMA
+// included.
+func startRMA(t *testing.T, n int) []*ucx.Transport {
+	return startWith(t, n, func(c *ucx.Config) { c.EmulatedWindows = true })
+}
+
 // openWindows makes a window of size bytes on every rank and maps every peer's.
 func openWindows(t *testing.T, ts []*ucx.Transport, size int) []transport.RMAWindow {
 	t.Helper()
@@ -61,7 +67,7 @@ func waitReq(t *testing.T, r transport.Request, err error) {
 // users rely on (data, fence, flag), with no receive posted anywhere.
 func TestWindowPutSignal(t *testing.T) {
 	const n, size, block = 3, 1 << 20, 300 << 10
-	ts := start(t, n)
+	ts := startRMA(t, n)
 	before := make([]transport.Counters, n)
 	for r, x := range ts {
 		before[r] = x.Counters()
@@ -117,7 +123,7 @@ func TestWindowPutSignal(t *testing.T) {
 
 // Get reads a peer's window in place.
 func TestWindowGet(t *testing.T) {
-	ts := start(t, 2)
+	ts := startRMA(t, 2)
 	wins := openWindows(t, ts, 64<<10)
 	own := wins[1].Local()
 	for i := range own {
@@ -131,7 +137,7 @@ func TestWindowGet(t *testing.T) {
 
 // Out-of-range operations and bad descriptors are typed errors; nothing is sent.
 func TestWindowBadArguments(t *testing.T) {
-	ts := start(t, 2)
+	ts := startRMA(t, 2)
 	wins := openWindows(t, ts, 4096)
 	var arg *transport.ArgError
 	_, err := wins[0].Put(1, 4000, make([]byte, 200))
@@ -158,7 +164,7 @@ func TestWindowBadArguments(t *testing.T) {
 // Windows hold one registration each, given back at Close (and at the transport's
 // Close for windows left open).
 func TestWindowRegistrationsReleased(t *testing.T) {
-	ts := start(t, 2)
+	ts := startRMA(t, 2)
 	base := ts[0].MemHandles()
 	wins := openWindows(t, ts, 1<<20)
 	assert.Equal(t, base+1, ts[0].MemHandles())
@@ -178,7 +184,7 @@ func TestWindowRegistrationsReleased(t *testing.T) {
 // naming it, where UCX reports failures (over sm moex's process watch does that for
 // processes; ranks in one process cannot be told apart here).
 func TestWindowWaitDeadPeer(t *testing.T) {
-	ts := start(t, 2)
+	ts := startRMA(t, 2)
 	if !ts[0].PeerErrors() {
 		t.Skip("these UCX lanes do not report a failed peer (UCX_TLS=sm): the process watch covers ranks as processes (coll's UCX tests)")
 	}
@@ -193,4 +199,22 @@ func TestWindowWaitDeadPeer(t *testing.T) {
 	var pe *transport.PeerError
 	require.ErrorAs(t, err, &pe)
 	assert.Equal(t, 1, pe.Rank)
+}
+
+// By default a peer whose lanes lack RMA (UCX_TLS=tcp) is not reached through windows:
+// Map says ErrNoWindow, and exchanges with it go as tag messages.
+func TestWindowEmulatedRefusedByDefault(t *testing.T) {
+	ts := start(t, 2)
+	w, _, err := ts[0].NewWindow(4096)
+	require.NoError(t, err)
+	defer w.Close()
+	_, desc, err := ts[1].NewWindow(4096)
+	require.NoError(t, err)
+	err = w.Map(1, desc)
+	if ts[0].NativeRMA(1) {
+		require.NoError(t, err, "lanes with RMA and atomics: %v", ts[0].Lanes(1))
+		return
+	}
+	require.ErrorIs(t, err, transport.ErrNoWindow, "lanes %v", ts[0].Lanes(1))
+	assert.Contains(t, ts[0].Path(1), "tag messages")
 }
