@@ -26,8 +26,8 @@ type Config struct {
 	// tag_bw, 1 MiB). MOEX_WINDOWS=1 sets it.
 	EmulatedWindows bool
 	Poll            busypoll.Config
-	Logger      *slog.Logger
-	CancelGrace time.Duration
+	Logger          *slog.Logger
+	CancelGrace     time.Duration
 }
 
 // rdmaTransports are UCX transport names that mean an RDMA NIC (verbs, RoCE, EFA via
