@@ -18,7 +18,9 @@ import (
 
 // ucxComms starts n UCX transports in this process (lanes as UCX_TLS says; windows even
 // where UCX emulates RMA) and a communicator on each.
-func ucxComms(t *testing.T, n int, cfg Config) ([]*Comm, []*ucx.Transport) {
+func ucxComms(t *testing.T, n int, cfg Config) ([]*Comm, []*ucx.Transport) { return ucxCommsB(t, n, cfg) }
+
+func ucxCommsB(t testing.TB, n int, cfg Config) ([]*Comm, []*ucx.Transport) {
 	t.Helper()
 	ts := transporttest.Start(t, n, func(ctx context.Context, r int, ex func(context.Context, []byte) ([][]byte, error)) (*ucx.Transport, error) {
 		return ucx.New(ctx, ucx.Config{Rank: r, Size: n, Exchange: ex, CancelGrace: 2 * time.Second, EmulatedWindows: true})

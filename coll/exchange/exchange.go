@@ -208,6 +208,7 @@ func New(ctx context.Context, h Host, cfg Config) (*Exchange, error) {
 		o.dests = make([][]byte, len(x.fields))
 		o.reqs = make([]transport.Request, 0, 2*p*(len(x.fields)+3))
 		o.reqPeer = make([]int32, 0, 2*p*(len(x.fields)+3))
+		o.puts = make([]transport.Request, 0, p*(len(x.fields)+4))
 		o.readyQ = func() bool { return o.Ready(o.waitQ) }
 		o.arrived = o.allArrived
 	}
@@ -363,6 +364,9 @@ func (x *Exchange) Close() error {
 		return nil
 	}
 	x.closed = true
+	for s := range x.ops {
+		_ = x.ops[s].drainPuts(x.h.Aborted()) // before their staging goes back to the pool
+	}
 	var err error
 	if x.win != nil {
 		err = x.win.Close()
@@ -413,6 +417,10 @@ type Op struct {
 	dests   [][]byte
 	reqs    []transport.Request
 	reqPeer []int32 // per request: peer*MaxFields + field for a receive, -1 for a send
+	// puts are the one-sided operations posted in this slot (blocks, records, signals,
+	// credits): their completion only frees the staging, so they are waited for when
+	// the slot is next begun (or at Close), not by Wait.
+	puts []transport.Request
 
 	btags []transport.Tag // Send's batch to one peer (scratch)
 	bbufs [][]byte
@@ -443,6 +451,10 @@ func (x *Exchange) Begin(ctx context.Context) (*Op, error) {
 	seq, err := h.Begin(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if err := o.drainPuts(h.Aborted()); err != nil {
+		o.begun = true // for finish, which ends the operation
+		return o, o.abort(err)
 	}
 	x.epoch = e
 	o.epoch, o.seq, o.begun, o.nsent = e, seq, true, 0
@@ -518,9 +530,23 @@ func (o *Op) credit(s int, e uint64) error {
 		if err != nil {
 			return err
 		}
-		o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, -1)
+		o.puts = append(o.puts, r)
 	}
 	return nil
+}
+
+// drainPuts waits for the one-sided operations this slot posted when it was last used
+// (long complete, as a rule): the staging they read is about to be written again.
+func (o *Op) drainPuts(ctx context.Context) error {
+	var first error
+	for i, r := range o.puts {
+		if _, err := r.Wait(ctx); err != nil && first == nil {
+			first = err
+		}
+		o.puts[i] = nil
+	}
+	o.puts = o.puts[:0]
+	return first
 }
 
 // abort fails the exchange on every rank (the communicator aborts) and ends it here.
@@ -706,7 +732,7 @@ func (o *Op) put(q int, lens []int) error {
 	wq, me := h.World(q), h.Rank()
 	track := func(r transport.Request, err error) error {
 		if r != nil {
-			o.reqs, o.reqPeer = append(o.reqs, r), append(o.reqPeer, -1)
+			o.puts = append(o.puts, r)
 		}
 		return err
 	}

@@ -12,7 +12,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"os"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -56,19 +55,14 @@ func (t *Transport) NewWindow(size int) (transport.Window, []byte, error) {
 	if t.closed.Load() {
 		return nil, nil, transport.ErrClosed
 	}
-	pg := os.Getpagesize()
-	total := max((size+pg-1)/pg*pg, pg)
-	flags := unix.MAP_PRIVATE | unix.MAP_ANONYMOUS
-	if total <= 64<<20 {
-		flags |= unix.MAP_POPULATE
-	}
-	mem, err := unix.Mmap(-1, 0, total, unix.PROT_READ|unix.PROT_WRITE, flags)
+	mem, err := mapWindow(size)
 	if err != nil {
-		return nil, nil, fmt.Errorf("ucx: mapping a %d-byte window: %w", total, err)
+		return nil, nil, err
 	}
+	total := len(mem)
 	w := &rmaWindow{t: t, mem: mem, size: size, rkeys: make([]C.ucp_rkey_h, t.size), raddr: make([]uint64, t.size), rsize: make([]int, t.size)}
 	if s := C.moex_mem_map(t.ctx, unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(total), &w.memh); s != C.UCS_OK {
-		_ = unix.Munmap(mem)
+		unmapWindow(mem)
 		return nil, nil, fmt.Errorf("ucx: registering a window (ucp_mem_map): %w", statusErr(s))
 	}
 	t.memHandles.Add(1)
@@ -346,7 +340,8 @@ func (w *rmaWindow) Close() error {
 	_, live := t.windows[w]
 	delete(t.windows, w)
 	if !live {
-		return unix.Munmap(w.mem) // the worker is gone: nothing writes here any more
+		unmapWindow(w.mem) // the worker is gone: nothing writes here any more
+		return nil
 	}
 	w.release()
 	// A peer that has not yet seen this rank leave the exchange (one aborting after a
@@ -390,7 +385,38 @@ func (t *Transport) buryWindows() {
 	t.winMu.Lock()
 	defer t.winMu.Unlock()
 	for _, m := range t.graves {
-		_ = unix.Munmap(m)
+		unmapWindow(m)
 	}
 	t.graves = nil
 }
+
+// hugePage is the alignment and page size windows are mapped with.
+const hugePage = 2 << 20
+
+// mapWindow maps size bytes (at least a page), 2 MiB aligned and advised to use huge
+// pages, as obuf's large buffers are: copies into it across processes (cma's puts), and
+// a NIC's registration, then go a huge page at a time. Up to 64 MiB its pages are made
+// now, so that the first puts do not fault.
+func mapWindow(size int) ([]byte, error) {
+	n := uintptr(max(size, 1)+hugePage-1) &^ (hugePage - 1)
+	raw, err := unix.MmapPtr(-1, 0, nil, n+hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return nil, fmt.Errorf("ucx: mapping a %d-byte window: %w", n, err)
+	}
+	off := (hugePage - uintptr(raw)%hugePage) % hugePage
+	if off > 0 {
+		_ = unix.MunmapPtr(raw, off)
+	}
+	if tail := hugePage - off; tail > 0 {
+		_ = unix.MunmapPtr(unsafe.Add(raw, off+n), tail)
+	}
+	m := unsafe.Slice((*byte)(unsafe.Add(raw, off)), n)
+	_ = unix.Madvise(m, unix.MADV_HUGEPAGE)
+	if n <= 64<<20 {
+		_ = unix.Madvise(m, unix.MADV_POPULATE_WRITE)
+	}
+	return m, nil
+}
+
+// unmapWindow unmaps a mapping of mapWindow.
+func unmapWindow(m []byte) { _ = unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(m)), uintptr(len(m))) }

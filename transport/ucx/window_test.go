@@ -26,6 +26,10 @@ func startRMA(t *testing.T, n int) []*ucx.Transport {
 
 // openWindows makes a window of size bytes on every rank and maps every peer's.
 func openWindows(t *testing.T, ts []*ucx.Transport, size int) []transport.RMAWindow {
+	return openWindowsB(t, ts, size)
+}
+
+func openWindowsB(t testing.TB, ts []*ucx.Transport, size int) []transport.RMAWindow {
 	t.Helper()
 	wins := make([]transport.RMAWindow, len(ts))
 	descs := make([][]byte, len(ts))
