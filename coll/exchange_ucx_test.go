@@ -18,7 +18,9 @@ import (
 
 // ucxComms starts n UCX transports in this process (lanes as UCX_TLS says; windows even
 // where UCX emulates RMA) and a communicator on each.
-func ucxComms(t *testing.T, n int, cfg Config) ([]*Comm, []*ucx.Transport) { return ucxCommsB(t, n, cfg) }
+func ucxComms(t *testing.T, n int, cfg Config) ([]*Comm, []*ucx.Transport) {
+	return ucxCommsB(t, n, cfg)
+}
 
 func ucxCommsB(t testing.TB, n int, cfg Config) ([]*Comm, []*ucx.Transport) {
 	t.Helper()
