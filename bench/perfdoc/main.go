@@ -60,7 +60,7 @@ func (r *runner) plot(name, alt string) (file, md string) {
 }
 
 // sectionNames name the document's sections, in order, for -only.
-var sectionNames = []string{"against", "moe", "growth", "overlap", "balance", "lost", "regrow", "step", "coalesce", "p2p", "coll", "openmpi", "twohosts"}
+var sectionNames = []string{"against", "moe", "growth", "overlap", "balance", "lost", "regrow", "step", "coalesce", "p2p", "coll", "openmpi", "twohosts", "ucx"}
 
 func run(out string, quick bool, against, only string) error {
 	start := time.Now()
@@ -91,7 +91,7 @@ func run(out string, quick bool, against, only string) error {
 	fmt.Fprintf(&doc, "together; p50 and p99 are over the iterations. This machine is shared and noisy: compare\n")
 	fmt.Fprintf(&doc, "figures within one run, not across runs.\n\n")
 	machine(&doc)
-	sections := []func(io.Writer) error{r.against, r.moe, r.growth, r.overlap, r.balance, r.lostRank, r.regrow, r.moeStep, r.coalesce, r.p2p, r.coll, r.openMPI, r.twoHosts}
+	sections := []func(io.Writer) error{r.against, r.moe, r.growth, r.overlap, r.balance, r.lostRank, r.regrow, r.moeStep, r.coalesce, r.p2p, r.coll, r.openMPI, r.twoHosts, r.ucx}
 	chosen := map[string]bool{}
 	for _, name := range strings.Split(only, ",") {
 		if name = strings.TrimSpace(name); name != "" {
