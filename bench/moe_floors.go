@@ -1,6 +1,8 @@
 package bench
 
 import (
+	"unsafe"
+
 	"context"
 	"math"
 	"runtime"
@@ -258,10 +260,12 @@ func conversions[T combine.Act](x []T, tokens, hid int, wire dtype.Type, quantiz
 // decodedRows is how many rows the dispatch that gave out converted for its experts: one
 // per row its entries name (in the low-latency mode entries of one token share its row).
 func decodedRows[T combine.Act](out *dispatch.Output[T]) int {
-	seen := make(map[int32]struct{}, len(out.Row))
-	for _, r := range out.Row {
-		if r >= 0 {
-			seen[r] = struct{}{}
+	seen := make(map[uintptr]struct{}, out.Rows())
+	for j := 0; j < out.Rows(); j++ {
+		if e := out.Entry(j); len(e) > 0 {
+			seen[uintptr(unsafe.Pointer(&e[0]))] = struct{}{}
+		} else if q, _ := out.QEntry(j); len(q) > 0 {
+			seen[uintptr(unsafe.Pointer(&q[0]))] = struct{}{}
 		}
 	}
 	return len(seen)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -189,6 +190,43 @@ func placement(t *testing.T, kind string, experts, p int) *router.Placement {
 // checkRank is one rank's part of a check: rounds of dispatch, the test experts, combine
 // and redispatch on c, every row, weight and sum compared with what the scenario
 // implies. algo, unless AlgoAuto, is the algorithm the normal mode's plans must have.
+// checkBlock checks what an engine that slices an expert's rows as one matrix gets:
+// Block (QBlock) holds local expert li's rows, in entry order, in every mode; in place
+// where the rows are expert-major (the normal mode, or Config.ExpertMajor).
+func checkBlock[T combine.Act](out *dispatch.Output[T], li, hid int, f dispatch.Format, cfg step, mode dispatch.Mode) error {
+	a, n := out.Offsets[li], out.Counts[li]
+	if want := mode == dispatch.Normal || cfg.ExpertMajor; out.ExpertMajor() != want {
+		return fmt.Errorf("ExpertMajor() %v in the %v mode, Config.ExpertMajor %v", out.ExpertMajor(), mode, cfg.ExpertMajor)
+	}
+	if cfg.Quantized {
+		q, sc := out.QBlock(li)
+		if len(q) != n*f.Payload || len(sc) != n*f.Scales {
+			return fmt.Errorf("expert %d: QBlock of %d bytes and %d scales for %d rows", li, len(q), len(sc), n)
+		}
+		for k := 0; k < n; k++ {
+			eq, es := out.QEntry(a + k)
+			if !slices.Equal(q[k*f.Payload:(k+1)*f.Payload], eq) || !slices.Equal(sc[k*f.Scales:(k+1)*f.Scales], es) {
+				return fmt.Errorf("expert %d: QBlock row %d is not entry %d's", li, k, a+k)
+			}
+		}
+		return nil
+	}
+	b := out.Block(li)
+	if len(b) != n*hid {
+		return fmt.Errorf("expert %d: Block of %d values for %d rows of %d", li, len(b), n, hid)
+	}
+	for k := 0; k < n; k++ {
+		e := out.Entry(a + k)
+		if !slices.Equal(b[k*hid:(k+1)*hid], e) {
+			return fmt.Errorf("expert %d: Block row %d is not entry %d's", li, k, a+k)
+		}
+		if out.ExpertMajor() && &b[k*hid] != &e[0] {
+			return fmt.Errorf("expert %d: Block copied the expert-major rows", li)
+		}
+	}
+	return nil
+}
+
 func checkRank[T combine.Act](c *coll.Comm, s scenario, cfg step, rounds int, algo coll.Algo) error {
 	ctx := context.Background()
 	routings := make([]*router.Routing, s.p)
@@ -254,8 +292,10 @@ func checkRank[T combine.Act](c *coll.Comm, s scenario, cfg step, rounds int, al
 				}
 				wantRow := seen[w[0]][int(w[1])*s.hid : int(w[1]+1)*s.hid]
 				if cfg.Quantized {
-					q := out.Q[int(out.Row[j])*f.Payload : int(out.Row[j]+1)*f.Payload]
-					sc := out.Scales[int(out.Row[j])*f.Scales : int(out.Row[j]+1)*f.Scales]
+					q, sc := out.QEntry(j)
+					if len(q) != f.Payload || len(sc) != f.Scales {
+						return fmt.Errorf("expert %d entry %d: %d bytes and %d scales, want %d and %d", e, i, len(q), len(sc), f.Payload, f.Scales)
+					}
 					got := make([]float32, s.hid)
 					if cfg.WireDType == dtype.I8 {
 						dtype.DequantizeI8(got, q, sc[0])
@@ -272,9 +312,13 @@ func checkRank[T combine.Act](c *coll.Comm, s scenario, cfg step, rounds int, al
 				}
 			}
 			for j := out.Offsets[li] + out.Counts[li]; j < out.Offsets[li+1]; j++ {
-				if out.Origin[j] != -1 || out.Row[j] != -1 {
-					return fmt.Errorf("padding entry %d has origin %d row %d", j, out.Origin[j], out.Row[j])
+				q, _ := out.QEntry(j)
+				if out.Origin[j] != -1 || out.Entry(j) != nil || q != nil {
+					return fmt.Errorf("padding entry %d has origin %d or a row", j, out.Origin[j])
 				}
+			}
+			if err := checkBlock(out, li, s.hid, f, cfg, d.Stats().Mode); err != nil {
+				return err
 			}
 		}
 		// Experts compute (on what they were given); combine.
@@ -514,6 +558,49 @@ func TestQuantizedCombine(t *testing.T) {
 					t.Run(name+"/f32", func(t *testing.T) { check[float32](t, s, cfg, ccfg) })
 					t.Run(name+"/bf16", func(t *testing.T) { check[dtype.BFloat16](t, s, cfg, ccfg) })
 				}
+			}
+		}
+	}
+}
+
+// Config.ExpertMajor: every mode (Auto too, whose steps here go low-latency and
+// grow), windows and messages, rows in the activation type and quantised, padded
+// blocks: each expert's rows are one block in place (checkRank's checkBlock), and the
+// modes that leave rows where they arrived count the copy that laid them out.
+func TestExpertMajorEveryMode(t *testing.T) {
+	for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency, dispatch.Gathered, dispatch.Auto} {
+		for _, quantized := range []bool{false, true} {
+			for _, windows := range []bool{true, false} {
+				t.Run(fmt.Sprintf("%v/quantized=%v/windows=%v", mode, quantized, windows), func(t *testing.T) {
+					s := defaultScenario(4)
+					s.hid = 256
+					cfg := step{Config: dispatch.Config{Mode: mode, Placement: placement(t, "roundrobin", 8, 4), ExpertMajor: true, Align: 4}}
+					if quantized {
+						cfg.WireDType, cfg.Quantized = dtype.FP8E4M3, true
+					}
+					check[float32](t, s, cfg, coll.Config{NoWindows: !windows})
+					runRanks(t, 4, coll.Config{NoWindows: !windows}, func(c *coll.Comm) error {
+						cfg := cfg.Config
+						cfg.Hidden, cfg.TopK = s.hid, s.k
+						if mode == dispatch.LowLatency {
+							cfg.MaxTokens = s.maxTokens
+						}
+						d, err := dispatch.New[float32](context.Background(), c, cfg)
+						if err != nil {
+							return err
+						}
+						defer d.Close()
+						r, x := s.routing(c.Rank())
+						if _, _, err := d.Dispatch(context.Background(), x, r); err != nil {
+							return err
+						}
+						st := d.Stats()
+						if packs := st.Mode != dispatch.Normal && st.RowsReceived+st.RowsPerRank[c.Rank()] > 0; packs != (st.PackedBytes > 0) {
+							return fmt.Errorf("rank %d, %v step: %d bytes packed", c.Rank(), st.Mode, st.PackedBytes)
+						}
+						return nil
+					})
+				})
 			}
 		}
 	}

@@ -315,7 +315,7 @@ func checkSchedules(t *testing.T, name string, cfg dispatch.Config, ccfg combine
 		for j := 0; j < out.Rows(); j++ {
 			if e := out.Entry(j); e != nil {
 				copy(y[j*hid:], e)
-			} else if out.Q != nil && out.Row[j] >= 0 {
+			} else if q, _ := out.QEntry(j); q != nil {
 				out.Dequantize(j, y[j*hid:(j+1)*hid])
 			}
 		}

@@ -147,10 +147,17 @@ type Config struct {
 	// GEMM kernels want this; default 1); padding entries have origin -1 (and, in the
 	// normal mode, zero activations).
 	Align int
-	// Quantized hands the experts the rows as the wire carries them (Output.Q and
-	// Output.Scales, for fp8 or int8 kernels) instead of rows in the activation type
-	// (Output.X).
+	// Quantized hands the experts the rows as the wire carries them (Output.QEntry and
+	// Output.QBlock, for fp8 or int8 kernels) instead of rows in the activation type
+	// (Output.Entry and Output.Block).
 	Quantized bool
+	// ExpertMajor lays the rows out expert-major in every mode, local expert i's rows one
+	// contiguous block (Output.Block returns it in place), as grouped GEMM kernels and
+	// DeepEP's low-latency layout want: the low-latency and gathered modes, which leave
+	// rows where they arrived, copy them once into their entries in the dispatch
+	// (Stats.PackedBytes counts the bytes); the normal mode's rows are expert-major
+	// anyway.
+	ExpertMajor bool
 	// PowerOfTwoScales rounds fp8 scales up to powers of two (exact to apply; the UE8M0
 	// scales some kernels want).
 	PowerOfTwoScales bool
@@ -161,8 +168,8 @@ type Config struct {
 	// PushRows makes the low-latency dispatch write each token's row into every
 	// destination's memory even where every rank maps every rank's memory (inproc; shm
 	// on one host), where by default each rank writes its tokens once into its own
-	// staging and the experts read them there in place (Output.X then spans the ranks'
-	// staging). Only in the low-latency mode (else ErrConfig).
+	// staging and the experts read them there in place (Output.Entry then reads the
+	// origins' memory). Only in the low-latency mode (else ErrConfig).
 	PushRows bool
 	// Pool provides the buffers: page aligned, reused across calls. Default: obuf.Shared
 	// when the communicator's collectives run through shared memory
@@ -176,7 +183,7 @@ func (cfg Config) engine() ep.Config {
 	return ep.Config{
 		Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: cfg.WireDType, Placement: cfg.Placement,
 		Mode: ep.Mode(cfg.Mode), MaxTokens: cfg.MaxTokens, MaxBufferBytes: cfg.MaxBufferBytes, InFlight: cfg.InFlight, Align: cfg.Align,
-		Quantized: cfg.Quantized, PowerOfTwoScales: cfg.PowerOfTwoScales,
+		Quantized: cfg.Quantized, PowerOfTwoScales: cfg.PowerOfTwoScales, ExpertMajor: cfg.ExpertMajor,
 		MaxLocalExperts: cfg.MaxLocalExperts, PushRows: cfg.PushRows, Pool: cfg.Pool,
 	}
 }
@@ -186,7 +193,7 @@ func configOf(c ep.Config) Config {
 	return Config{
 		Hidden: c.Hidden, TopK: c.TopK, WireDType: c.WireDType, Placement: c.Placement,
 		Mode: Mode(c.Mode), MaxTokens: c.MaxTokens, MaxBufferBytes: c.MaxBufferBytes, InFlight: c.InFlight, Align: c.Align,
-		Quantized: c.Quantized, PowerOfTwoScales: c.PowerOfTwoScales,
+		Quantized: c.Quantized, PowerOfTwoScales: c.PowerOfTwoScales, ExpertMajor: c.ExpertMajor,
 		MaxLocalExperts: c.MaxLocalExperts, PushRows: c.PushRows, Pool: c.Pool,
 	}
 }

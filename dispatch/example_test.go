@@ -94,8 +94,9 @@ func serve(ctx context.Context, c *coll.Comm, pl *router.Placement, hidden, expe
 			return nil, err
 		}
 		// The experts: one output row per entry, in entry order. Walk the entries of each
-		// local expert; in the low-latency mode the rows stay where they arrived (not in
-		// expert order), so Entry(j), not a block of in.X, is entry j's row.
+		// local expert and read entry j's row with Entry(j) (or take the expert's rows as
+		// one matrix with Block(i)): in the low-latency mode the rows stay where they
+		// arrived, not in expert order.
 		y := cb.Buffer(h) // where the combine reads the outputs in place (one host), else nil
 		if y == nil {
 			y = make([]float32, in.Rows()*hidden)

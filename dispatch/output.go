@@ -8,36 +8,28 @@ import (
 	"github.com/moex-ai/moex/router"
 )
 
-// Output is what a rank's experts receive, seen through an expert-major view: local
-// expert i (Handle.Placement().Local[rank][i]) has the entries [Offsets[i],
-// Offsets[i]+Counts[i]) (then padding up to Offsets[i+1], with Config.Align), and entry
-// j is row Row[j] of X (or of Q).
+// Output is what a rank's experts receive, seen through an expert-major view of
+// entries: local expert i (Handle.Placement().Local[rank][i]) has the entries
+// [Offsets[i], Offsets[i]+Counts[i]), then padding up to Offsets[i+1] (Config.Align),
+// and the fields below describe entry j in every mode alike.
 //
-// Walk the entries, not the rows: Entry(j) is entry j's row wherever it lies, and
-// Gather(i, dst) copies expert i's rows into one matrix. Only where ExpertMajor holds
-// (the normal mode) are the rows themselves expert-major, local expert i's rows one
-// block of X; in the low-latency mode they stay where they arrived and nothing is
-// copied; where they are read in place (Dispatcher.RowsInPlace), X spans every rank's
-// staging, and the rows are the origins' memory, to be read until the combine of this
-// dispatch starts and never written.
+// The rows themselves are reached through methods, because where they lie depends on
+// the mode: Entry(j) (QEntry for Config.Quantized) is entry j's row wherever it is, and
+// Block(i) (QBlock) is local expert i's rows as one matrix. In the normal mode, or with
+// Config.ExpertMajor in any mode, the rows are expert-major and Block copies nothing;
+// elsewhere they stay where they arrived (or, read in place, in their origins' memory:
+// Dispatcher.RowsInPlace), and Block gathers them. No layout is exposed that is true in
+// one mode and not in another.
 //
 // The combine takes one expert output row per entry, in entry order. An Output and its
 // slices are the dispatcher's: valid until the dispatch that reuses its buffers starts
 // (InFlight dispatches later), and read-only.
 type Output[T Act] struct {
-	// X holds the rows, Hidden values each (nil when Config.Quantized).
-	X []T
-	// Q holds the rows as the wire carries them (Config.Quantized): Hidden bytes of fp8
-	// E4M3 or int8 each; Scales their float32 scales, Format.Scales per row.
-	Q      []byte
-	Scales []float32
 	// Offsets[i] is local expert i's first entry; Offsets has one more element than the
 	// rank has local experts, the last the number of entries.
 	Offsets []int
 	// Counts[i] is the entries of local expert i that are real (not padding).
 	Counts []int
-	// Row[j] is entry j's row in X or Q; -1 for padding.
-	Row []int32
 	// Origin[j] is the rank entry j's token came from (-1 for padding), Source[j] the
 	// token's index there, Weight[j] the router's weight of the choice, Expert[j] the
 	// global expert it chose.
@@ -45,21 +37,94 @@ type Output[T Act] struct {
 	Source []int32
 	Weight []float32
 	Expert []int32
-	// ExpertMajor says the rows themselves are expert-major (entry j is row j of X or Q:
-	// the normal mode), so that local expert i's rows are one block of X.
-	ExpertMajor bool
 
 	e *ep.Output[T]
+	// gathered holds the blocks Block gathered (entry-indexed, Hidden values a row), and
+	// qgathered QBlock's; which experts they hold for this dispatch is done/qdone.
+	gathered  []T
+	qgathered []byte
+	sgathered []float32
+	done      []bool
+	qdone     []bool
 }
 
 // fill sets o's fields from the engine's output.
 func (o *Output[T]) fill() {
 	e := o.e
-	o.X, o.Q, o.Scales = e.X, e.Q, e.Scales
-	o.Offsets, o.Counts, o.Row = e.Offsets, e.Counts, e.Row
+	o.Offsets, o.Counts = e.Offsets, e.Counts
 	o.Origin, o.Source, o.Weight, o.Expert = e.Origin, e.Source, e.Weight, e.Expert
-	o.ExpertMajor = e.ExpertMajor
+	o.done, o.qdone = resetFlags(o.done, len(e.Counts)), resetFlags(o.qdone, len(e.Counts))
 }
+
+func resetFlags(f []bool, n int) []bool {
+	if cap(f) < n {
+		return make([]bool, n)
+	}
+	f = f[:n]
+	clear(f)
+	return f
+}
+
+// ExpertMajor reports whether the rows themselves are expert-major (the normal mode, or
+// Config.ExpertMajor): Block and QBlock then copy nothing.
+func (o *Output[T]) ExpertMajor() bool { return o.e.ExpertMajor }
+
+// Block returns local expert i's rows, Counts[i] x Hidden values, contiguous: in place
+// where the rows are expert-major (ExpertMajor), else gathered, once per dispatch and
+// expert, into memory of the Output's (a copy: Config.ExpertMajor makes the dispatch
+// lay them out so instead). nil when Config.Quantized (QBlock). Read-only.
+func (o *Output[T]) Block(i int) []T {
+	e := o.e
+	if e.X == nil {
+		return nil
+	}
+	hid, a, n := e.Hidden(), e.Offsets[i], e.Counts[i]
+	if e.ExpertMajor {
+		return e.X[a*hid : (a+n)*hid : (a+n)*hid]
+	}
+	if len(o.gathered) < len(e.Row)*hid {
+		o.gathered = make([]T, len(e.Row)*hid)
+	}
+	b := o.gathered[a*hid : (a+n)*hid : (a+n)*hid]
+	if !o.done[i] {
+		e.Gather(i, b)
+		o.done[i] = true
+	}
+	return b
+}
+
+// QBlock is Block for Config.Quantized: local expert i's rows as the wire carries
+// them, Counts[i] rows of Format.Payload bytes, and their scales, Format.Scales a row.
+// nil unless Config.Quantized.
+func (o *Output[T]) QBlock(i int) ([]byte, []float32) {
+	e := o.e
+	if e.Q == nil {
+		return nil, nil
+	}
+	f := e.Format()
+	a, n := e.Offsets[i], e.Counts[i]
+	if e.ExpertMajor {
+		return e.Q[a*f.Payload : (a+n)*f.Payload : (a+n)*f.Payload], e.Scales[a*f.Scales : (a+n)*f.Scales : (a+n)*f.Scales]
+	}
+	if rows := len(e.Row); len(o.qgathered) < rows*f.Payload {
+		o.qgathered, o.sgathered = make([]byte, rows*f.Payload), make([]float32, rows*f.Scales)
+	}
+	q, s := o.qgathered[a*f.Payload:(a+n)*f.Payload:(a+n)*f.Payload], o.sgathered[a*f.Scales:(a+n)*f.Scales:(a+n)*f.Scales]
+	if !o.qdone[i] {
+		for k := 0; k < n; k++ {
+			eq, es := e.QEntry(a + k)
+			copy(q[k*f.Payload:], eq)
+			copy(s[k*f.Scales:], es)
+		}
+		o.qdone[i] = true
+	}
+	return q, s
+}
+
+// QEntry returns entry j's row as the wire carries it (Config.Quantized): Format.Payload
+// bytes of fp8 E4M3 or int8, and its Format.Scales float32 scales; nil for padding or
+// without Config.Quantized. The slices are the dispatcher's memory: read-only.
+func (o *Output[T]) QEntry(j int) ([]byte, []float32) { return o.e.QEntry(j) }
 
 // Handle is the handle of the dispatch o holds: the one Dispatch returned with o, not
 // valid once a later dispatch into the same buffers has begun.
@@ -153,6 +218,9 @@ type Stats struct {
 	// Pushed, in the low-latency mode, is how many ranks this rank wrote its rows into
 	// directly.
 	Pushed int
+	// PackedBytes is what Config.ExpertMajor copied to lay out expert-major rows that
+	// the mode would have left where they arrived (0 in the normal mode).
+	PackedBytes int
 	// Put, in the low-latency mode, is how many ranks this rank put its rows into with
 	// one-sided operations (UCX windows: a put, a fence and a signal; the receiver posts
 	// no receive).
@@ -166,7 +234,7 @@ type Stats struct {
 
 func statsOf(s ep.Stats) Stats {
 	st := Stats{RowsSent: s.RowsSent, RowsReceived: s.RowsReceived, BytesSent: s.BytesSent, BytesReceived: s.BytesReceived,
-		Assignments: s.Assignments, Algo: s.Algo, Pushed: s.Pushed, Put: s.Put, InPlace: s.InPlace, Mode: Mode(s.Mode)}
+		Assignments: s.Assignments, Algo: s.Algo, Pushed: s.Pushed, Put: s.Put, PackedBytes: s.PackedBytes, InPlace: s.InPlace, Mode: Mode(s.Mode)}
 	st.RowsPerRank = slices.Clone(s.RowsPerRank)
 	return st
 }

@@ -110,24 +110,19 @@ func (ep *EP[T]) Experts(o *dispatch.Output[T]) error {
 	hid, f := ep.L.Cfg.Hidden, ep.L.Cfg.ExpertFFN
 	ep.outputs(o)
 	me := ep.D.Comm().Rank()
+	quantized := ep.D.Config().Quantized
 	for li, e := range ep.pl.Local[me] {
 		a, n := o.Offsets[li], o.Counts[li]
 		if need := 2 * n * f; cap(ep.sc) < need {
 			ep.sc = make([]float32, need)
 		}
-		var x []T
-		switch {
-		case o.X == nil: // quantised rows (Config.Quantized): dequantised here
+		x := o.Block(li) // in place where the rows are expert-major, else gathered
+		if quantized {   // the rows as the wire carries them: dequantised here
 			ep.xs = grow(ep.xs, n*hid)
 			x = ep.xs
 			for k := 0; k < n; k++ {
 				o.Dequantize(a+k, x[k*hid:(k+1)*hid])
 			}
-		case o.ExpertMajor:
-			x = o.X[a*hid : (a+n)*hid]
-		default:
-			ep.xs = grow(ep.xs, n*hid)
-			x = o.Gather(li, ep.xs)
 		}
 		y := ep.y[a*hid : (a+n)*hid]
 		if xf, ok := any(x).([]float32); ok {
@@ -162,20 +157,15 @@ func (ep *EP[T]) Output() []T { return ep.y }
 func (ep *EP[T]) Identity(o *dispatch.Output[T]) {
 	hid := ep.L.Cfg.Hidden
 	ep.outputs(o)
-	switch {
-	case o.X == nil: // quantised rows: their values
-		for j := 0; j < o.Rows(); j++ {
+	quantized := ep.D.Config().Quantized
+	for j := 0; j < o.Rows(); j++ {
+		switch r := o.Entry(j); {
+		case quantized: // the rows as the wire carries them: their values
 			o.Dequantize(j, ep.y[j*hid:(j+1)*hid])
-		}
-	case o.ExpertMajor:
-		copy(ep.y, o.X[:o.Rows()*hid])
-	default:
-		for j := 0; j < o.Rows(); j++ {
-			if r := o.Entry(j); r != nil {
-				copy(ep.y[j*hid:(j+1)*hid], r)
-			} else {
-				clear(ep.y[j*hid : (j+1)*hid])
-			}
+		case r != nil:
+			copy(ep.y[j*hid:(j+1)*hid], r)
+		default:
+			clear(ep.y[j*hid : (j+1)*hid])
 		}
 	}
 }

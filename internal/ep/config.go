@@ -120,6 +120,10 @@ type Config struct {
 	// Quantized hands the experts the rows as the wire carries them (Output.Q and
 	// Output.Scales, for fp8 or int8 kernels) instead of dequantised rows (Output.X).
 	Quantized bool
+	// ExpertMajor lays the rows out expert-major in every mode (entry j is row j): the
+	// modes that leave rows where they arrived copy them once into their entries, as
+	// the normal mode does (Stats.PackedBytes counts the copy).
+	ExpertMajor bool
 	// PowerOfTwoScales rounds fp8 scales up to powers of two (exact to apply; the
 	// UE8M0 scales some kernels want).
 	PowerOfTwoScales bool

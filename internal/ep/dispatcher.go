@@ -31,6 +31,10 @@ type Stats struct {
 	InPlace bool
 	// Mode is the mode the dispatch ran in (in the Auto mode, the one the step took).
 	Mode Mode
+	// PackedBytes is what Config.ExpertMajor copied to lay out rows that the mode
+	// would have left where they arrived (0 in the normal mode, whose rows are
+	// expert-major anyway).
+	PackedBytes int
 }
 
 // mode is one way of moving a step. It owns both halves of its protocol: the dispatch

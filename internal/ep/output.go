@@ -88,6 +88,23 @@ func (o *Output[T]) Dequantize(j int, dst []T) {
 	decode(f, dtype.Bytes(dst), actType[T](), o.Q[r*f.Payload:(r+1)*f.Payload], o.Scales[r*f.Scales:(r+1)*f.Scales])
 }
 
+// QEntry returns entry j's row as the wire carries it and its scales (Config.Quantized);
+// nil for padding or unquantised rows.
+func (o *Output[T]) QEntry(j int) ([]byte, []float32) {
+	r := int(o.Row[j])
+	if r < 0 || o.Q == nil {
+		return nil, nil
+	}
+	f := o.format
+	return o.Q[r*f.Payload : (r+1)*f.Payload : (r+1)*f.Payload], o.Scales[r*f.Scales : (r+1)*f.Scales : (r+1)*f.Scales]
+}
+
+// Hidden is the values of a row.
+func (o *Output[T]) Hidden() int { return o.hidden }
+
+// Format is the wire format of the rows.
+func (o *Output[T]) Format() *Format { return o.format }
+
 // Gather copies local expert i's rows (Counts[i] of them) contiguously into dst, which
 // must hold Counts[i] x Hidden values, and returns dst: for expert kernels that want one
 // matrix per expert in the low-latency mode (in the normal mode the block of X already

@@ -62,6 +62,10 @@ func (s *slot) buildView(src rowSource, pl placement, rg region) error {
 	f := &d.f
 	local := s.pl.Local[me]
 	v := &s.view
+	packed := pl == placeRegion && d.cfg.ExpertMajor
+	if packed {
+		pl = placeExpertMajor // Config.ExpertMajor: copy them into their entries
+	}
 	v.expertMajor = pl == placeExpertMajor
 	v.startCounts(len(local))
 	r := &d.in
@@ -102,6 +106,10 @@ func (s *slot) buildView(src rowSource, pl placement, rg region) error {
 		decoding = true
 	}
 	s.padEntries(pl == placeExpertMajor)
+	s.stats.PackedBytes = 0
+	if packed {
+		s.stats.PackedBytes = len(v.x) + len(v.q) + 4*len(v.scales)
+	}
 	fill := d.fillScratch(len(local))
 	src.rewind()
 	row, ci, q := 0, 0, 0
