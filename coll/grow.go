@@ -326,6 +326,7 @@ func Rejoin(ctx context.Context, t transport.Transport, members []int, cfg Confi
 	cfg.Link, cfg.HostLink, cfg.NetGbits = &d.link, &d.intra, 0 // as the live ranks plan
 	c := newComm(t, d.id, d.ranks, d.hosts, me, cfg, d.link)
 	c.why = t.Name() + ": a joiner's transport (coll.Rejoin)"
+	c.crowded = cfg.Poll.Oversubscribed
 	c.parent, c.closeBarrier = d.parents, d.closeBarrier
 	c.owned = newOwner()
 	c.listen()
@@ -374,6 +375,8 @@ func initJoining(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, err
 	if cfg.Wrap != nil {
 		tr = cfg.Wrap(env.Rank, tr)
 	}
+	poll := rep.Poll() // the starting ranks' policy (bootstrap.JoinerPolicy)
+	cfg.Poll = &poll
 	c, err := Rejoin(ictx, tr, members, cfg)
 	if err != nil {
 		tr.Close()

@@ -86,15 +86,11 @@ func Open(ctx context.Context, env Env, rv *Rendezvous, poll busypoll.Config, lo
 			}
 		}
 	}
-	poll.Oversubscribed = poll.Oversubscribed || busypoll.Oversubscribed(localSize)
-	res.Poll = poll
-	autoProcs, err := procsPolicy()
+	poll, autoProcs, err := hostPolicy(env, localRank, localSize, poll, log)
 	if err != nil {
 		return nil, err
 	}
-	if err := bindCPUs(env, localRank, localSize, log); err != nil {
-		return nil, err
-	}
+	res.Poll = poll
 	if len(index) > 1 {
 		// The network's speed for a cost model: the NIC that carries this rank's traffic,
 		// when the host says.
@@ -119,6 +115,20 @@ func Open(ctx context.Context, env Env, rv *Rendezvous, poll busypoll.Config, lo
 		shareProcs(env, res.Transport.Name(), localSize, log)
 	}
 	return res, nil
+}
+
+// hostPolicy is what a rank takes from the ranks of its host, the localRank-th of
+// localSize: the waiting policy (oversubscribed where they outnumber the CPUs), its CPU
+// binding (MOEX_CPU_BIND), and whether GOMAXPROCS is to be its share of the CPUs once the
+// transport is known (MOEX_GOMAXPROCS=auto). Open and JoinerPolicy both apply it, so that
+// a process taking over a rank runs as the one that started did.
+func hostPolicy(env Env, localRank, localSize int, poll busypoll.Config, log *slog.Logger) (busypoll.Config, bool, error) {
+	poll.Oversubscribed = poll.Oversubscribed || busypoll.Oversubscribed(localSize)
+	autoProcs, err := procsPolicy()
+	if err != nil {
+		return poll, false, err
+	}
+	return poll, autoProcs, bindCPUs(env, localRank, localSize, log)
 }
 
 // procsPolicy reads MOEX_GOMAXPROCS: keep (the default for a library: the runtime's

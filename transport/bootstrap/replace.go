@@ -55,6 +55,7 @@ type Replacement struct {
 	rep      replacer
 	registry *Store
 	key      string
+	poll     busypoll.Config
 }
 
 // replacer is a transport's side of a replacement (tcp.Replacement, shm.Joiner).
@@ -96,6 +97,10 @@ func ListenReplacement(ctx context.Context, env Env, poll busypoll.Config, log *
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	poll, err := JoinerPolicy(env, poll, log)
+	if err != nil {
+		return nil, err
+	}
 	rep, err := listenReplacement(env, poll, log)
 	if err != nil {
 		return nil, err
@@ -107,7 +112,7 @@ func ListenReplacement(ctx context.Context, env Env, poll busypoll.Config, log *
 	}
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:])
-	r := &Replacement{env: env, rep: rep, registry: reg, key: JoinPrefix + strconv.Itoa(env.Rank) + "/" + hex.EncodeToString(nonce[:])}
+	r := &Replacement{env: env, rep: rep, registry: reg, key: JoinPrefix + strconv.Itoa(env.Rank) + "/" + hex.EncodeToString(nonce[:]), poll: poll}
 	if err := reg.Set(ctx, r.key, []byte(rep.Addr()+"\n"+transport.HostID())); err != nil {
 		r.Close()
 		return nil, err
@@ -115,6 +120,42 @@ func ListenReplacement(ctx context.Context, env Env, poll busypoll.Config, log *
 	log.Info("moex: waiting to take over a rank", "rank", env.Rank, "listen", rep.Addr(), "registry", env.Registry)
 	return r, nil
 }
+
+// JoinerPolicy sets up a process that takes over a rank as Open sets up one that starts
+// (see hostPolicy): its waiting policy, returned, with Oversubscribed set where the ranks
+// of its host outnumber its CPUs; its CPU binding; and its GOMAXPROCS share. A joiner
+// meets no rendezvous that would count the ranks of its host, so it takes them from its
+// launcher (env.LocalRank and env.LocalSize: MOEX_LOCAL_SIZE, LOCAL_WORLD_SIZE, ...);
+// where the launcher does not say, every rank of the job is taken to be on this host,
+// the cautious guess (a joiner that spins on a crowded host slows every rank).
+func JoinerPolicy(env Env, poll busypoll.Config, log *slog.Logger) (busypoll.Config, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	localRank, localSize := env.LocalRank, env.LocalSize
+	if localSize < 1 {
+		localSize = env.Size
+	}
+	if localRank < 0 || localRank >= localSize {
+		localRank = env.Rank % localSize
+	}
+	poll, autoProcs, err := hostPolicy(env, localRank, localSize, poll, log)
+	if err != nil {
+		return poll, err
+	}
+	if autoProcs {
+		name := "tcp"
+		if env.Transport == "shm" {
+			name = "shm"
+		}
+		shareProcs(env, name, localSize, log)
+	}
+	log.Info("moex: a joiner's waiting policy", "rank", env.Rank, "ranks_on_host", localSize, "oversubscribed", poll.Oversubscribed)
+	return poll, nil
+}
+
+// Poll is the waiting policy the replacement's transport runs with (JoinerPolicy's).
+func (r *Replacement) Poll() busypoll.Config { return r.poll }
 
 // listenReplacement starts the transport's side of a replacement (see ListenReplacement).
 func listenReplacement(env Env, poll busypoll.Config, log *slog.Logger) (replacer, error) {
