@@ -302,9 +302,7 @@ func (r *doctorReport) machine(c *coll.Comm) {
 	}
 	add("huge pages", "transparent: "+readTrim("/sys/kernel/mm/transparent_hugepage/enabled")+" (obuf backs buffers from 256 KiB with MADV_HUGEPAGE mappings; shm's single copy across, process_vm_readv, runs about twice as fast from them as from 4 KiB pages)")
 	add("shared buffers", sharedBuffers())
-	if v := readTrim("/proc/sys/kernel/yama/ptrace_scope"); v != "" {
-		add("ptrace_scope", v+" (shm's single copy, process_vm_readv, needs ptrace rights between ranks; moex grants them to its peers)")
-	}
+	add("ptrace", ptraceFact(readTrim("/proc/sys/kernel/yama/ptrace_scope")))
 	add("shm segments", fmt.Sprintf("%d stale in %s (left by crashed jobs; removed when a job starts)", facts.StaleSegments, facts.ShmDir))
 	tp := topo.Discover(topo.Options{GPUs: gpuSource()})
 	var nodes []string
@@ -467,4 +465,19 @@ func readTrim(path string) string {
 		return ""
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// ptraceFact says whether the ranks of a host can read one another (shm's single copy,
+// process_vm_readv, and its shared buffers and regrow, pidfd_getfd), given Yama's
+// ptrace_scope ("" without Yama).
+func ptraceFact(scope string) string {
+	switch scope {
+	case "":
+		return "no Yama: processes of one user read one another (shm's single copy, process_vm_readv, and pidfd_getfd work)"
+	case "0":
+		return "kernel.yama.ptrace_scope=0: processes of one user read one another"
+	case "1":
+		return "kernel.yama.ptrace_scope=1: only descendants may attach; every moex rank lets its user's processes read it (PR_SET_PTRACER_ANY, as Open MPI's CMA component does)"
+	}
+	return "kernel.yama.ptrace_scope=" + scope + ": no process may grant its peers: shm's large messages go through the rings (one more copy), a shared buffer is copied instead of read in place, and a lost rank cannot be taken over over shm (use tcp); set it to 1 (sysctl kernel.yama.ptrace_scope=1) for the single copy"
 }

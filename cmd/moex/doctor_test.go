@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/moex-ai/moex/coll"
@@ -121,4 +122,19 @@ func TestDoctorCommand(t *testing.T) {
 	require.NoError(t, err, "%s", out)
 	require.NotContains(t, string(out), "set GOMAXPROCS")
 	require.Contains(t, string(out), fmt.Sprintf("(GOMAXPROCS %d)", min(runtime.GOMAXPROCS(0), share)))
+}
+
+// doctor says what is true of ptrace under each of Yama's scopes: open, granted by
+// every rank at 1, and at 2 and 3 the paths that lose the single copy and the setting
+// that brings it back.
+func TestDoctorPtraceFact(t *testing.T) {
+	seen := map[string]bool{}
+	for _, scope := range []string{"", "0", "1", "2", "3"} {
+		f := ptraceFact(scope)
+		assert.NotEmpty(t, f)
+		assert.False(t, seen[f], "scope %q says what another scope says", scope)
+		seen[f] = true
+	}
+	assert.Contains(t, ptraceFact("1"), "PR_SET_PTRACER_ANY")
+	assert.Contains(t, ptraceFact("2"), "kernel.yama.ptrace_scope=1")
 }

@@ -380,6 +380,11 @@ func newTransport(cfgp *Config) (*Transport, error) {
 	if removed, _ := CleanStale(); len(removed) > 0 {
 		t.log.Info("moex shm: removed segments of dead processes", "segments", removed)
 	}
+	if g, err := GrantPeers(); err != nil || g == PtraceRefused {
+		t.log.Warn("moex shm: the peers cannot read this process (ptrace); large messages go through the rings", "rank", t.rank, "ptrace", g, "err", err)
+	} else {
+		t.log.Debug("moex shm: ptrace for the peers", "rank", t.rank, "ptrace", g)
+	}
 	var jb [6]byte
 	_, _ = rand.Read(jb[:])
 	switch {
