@@ -67,7 +67,7 @@ type Transport struct {
 	bytesOut        atomic.Uint64
 	winMu           sync.Mutex
 	windows         map[*rmaWindow]struct{}
-	graves          [][]byte // closed windows' addresses, unmapped at Close (window.go)
+	graves          []grave // closed windows' memory and registrations, given back at Close (window.go)
 	winWaiters      atomic.Int32
 	bellMu          sync.Mutex
 	bell            chan struct{}

@@ -42,6 +42,7 @@ ucs_status_t moex_mem_map(ucp_context_h ctx, void *addr, size_t len, ucp_mem_h *
 const char *moex_version(void);
 void moex_set_iov(moex_op *op, int i, void *p, size_t len);
 void *moex_devptr(uintptr_t p);
+ucs_status_t moex_mem_alloc(ucp_context_h ctx, size_t len, ucp_mem_h *memh, void **addr, size_t *got);
 ucs_status_t moex_rkey_pack(ucp_context_h ctx, ucp_mem_h memh, void **buf, size_t *len);
 int moex_put(ucp_ep_h ep, const void *buf, size_t len, uint64_t raddr, ucp_rkey_h rkey, ucp_mem_h memh, void **req, ucs_status_t *st);
 int moex_get(ucp_ep_h ep, void *buf, size_t len, uint64_t raddr, ucp_rkey_h rkey, ucp_mem_h memh, void **req, ucs_status_t *st);

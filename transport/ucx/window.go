@@ -36,10 +36,13 @@ const winDescHdr = 16
 
 // rmaWindow is one rank's window and its remote keys for the peers' windows.
 type rmaWindow struct {
-	t      *Transport
-	mem    []byte // the whole mapping (page-rounded)
-	size   int
-	memh   C.ucp_mem_h
+	t    *Transport
+	mem  []byte // the whole mapping (page-rounded)
+	size int
+	memh C.ucp_mem_h
+	// owned: UCX allocated mem (UCP_MEM_MAP_ALLOCATE), and ucp_mem_unmap frees it;
+	// else it is mapWindow's, registered.
+	owned  bool
 	rkeys  []C.ucp_rkey_h // per peer, nil unless mapped
 	raddr  []uint64
 	rsize  []int
@@ -55,17 +58,11 @@ func (t *Transport) NewWindow(size int) (transport.Window, []byte, error) {
 	if t.closed.Load() {
 		return nil, nil, transport.ErrClosed
 	}
-	mem, err := mapWindow(size)
-	if err != nil {
+	w := &rmaWindow{t: t, size: size, rkeys: make([]C.ucp_rkey_h, t.size), raddr: make([]uint64, t.size), rsize: make([]int, t.size)}
+	if err := w.allocate(); err != nil {
 		return nil, nil, err
 	}
-	total := len(mem)
-	w := &rmaWindow{t: t, mem: mem, size: size, rkeys: make([]C.ucp_rkey_h, t.size), raddr: make([]uint64, t.size), rsize: make([]int, t.size)}
-	if s := C.moex_mem_map(t.ctx, unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(total), &w.memh); s != C.UCS_OK {
-		unmapWindow(mem)
-		return nil, nil, fmt.Errorf("ucx: registering a window (ucp_mem_map): %w", statusErr(s))
-	}
-	t.memHandles.Add(1)
+	mem := w.mem
 	var kbuf unsafe.Pointer
 	var klen C.size_t
 	if s := C.moex_rkey_pack(t.ctx, w.memh, &kbuf, &klen); s != C.UCS_OK {
@@ -83,6 +80,36 @@ func (t *Transport) NewWindow(size int) (transport.Window, []byte, error) {
 	return w, desc, nil
 }
 
+// allocate gets w's memory: from UCX where it can (UCP_MEM_MAP_ALLOCATE: shared memory
+// that its shared-memory transports write with plain stores, where memory of the
+// process's own is reached only by emulated puts), else mapped here (mapWindow) and
+// registered. Either way it is registered once, for the window's life.
+func (w *rmaWindow) allocate() error {
+	t := w.t
+	n := max(w.size, 1)
+	var addr unsafe.Pointer
+	var got C.size_t
+	if s := C.moex_mem_alloc(t.ctx, C.size_t(n), &w.memh, &addr, &got); s == C.UCS_OK && int(got) >= n {
+		w.mem, w.owned = unsafe.Slice((*byte)(addr), int(got)), true
+		clear(w.mem[:w.size]) // windows start zeroed
+		t.memHandles.Add(1)
+		return nil
+	} else if s == C.UCS_OK {
+		C.ucp_mem_unmap(t.ctx, w.memh)
+	}
+	mem, err := mapWindow(w.size)
+	if err != nil {
+		return err
+	}
+	if s := C.moex_mem_map(t.ctx, unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(len(mem)), &w.memh); s != C.UCS_OK {
+		unmapWindow(mem)
+		return fmt.Errorf("ucx: registering a window (ucp_mem_map): %w", statusErr(s))
+	}
+	w.mem = mem
+	t.memHandles.Add(1)
+	return nil
+}
+
 // NativeRMA reports whether the lanes to peer do RMA and atomics; where they do not,
 // UCX emulates them over active messages, and windows reach peer only with
 // Config.EmulatedWindows.
@@ -92,7 +119,9 @@ func (t *Transport) NativeRMA(peer int) bool { return peer >= 0 && peer < t.size
 func (t *Transport) RMAWindows() bool { return true }
 
 // MemHandles is how many memory registrations (ucp_mem_map) this transport holds now:
-// windows and registered buffers. It goes back to what it was when they are closed.
+// windows and registered buffers. A window's is given back when the transport closes
+// (a peer may still put into a window closed here), a buffer's when the buffer goes;
+// after Close it is 0.
 func (t *Transport) MemHandles() int { return int(t.memHandles.Load()) }
 
 func (w *rmaWindow) Local() []byte { return w.mem[:w.size:w.size] }
@@ -339,32 +368,52 @@ func (w *rmaWindow) Close() error {
 	defer t.winMu.Unlock()
 	_, live := t.windows[w]
 	delete(t.windows, w)
-	if !live {
+	switch {
+	case !live && w.owned:
+		return nil // the transport's Close freed it with its registration
+	case !live:
 		unmapWindow(w.mem) // the worker is gone: nothing writes here any more
 		return nil
 	}
-	w.release()
 	// A peer that has not yet seen this rank leave the exchange (one aborting after a
-	// rank died, say) may still put into the window, and over transports that emulate
-	// RMA this process's worker writes what arrives: the addresses stay mapped until
-	// the transport closes, without their pages.
-	t.graves = append(t.graves, w.mem)
+	// rank died, say) may still put into the window, and this process's worker (or the
+	// peer, through shared memory) writes what arrives: the memory stays, registered,
+	// until the transport closes (its pages given back where they are this process's).
+	w.releaseKeys()
+	t.graves = append(t.graves, grave{mem: w.mem, memh: w.memh, owned: w.owned})
+	w.memh = nil
+	if w.owned {
+		return nil
+	}
 	return unix.Madvise(w.mem, unix.MADV_DONTNEED)
 }
 
+// grave is a closed window's memory and registration, kept until the transport closes.
+type grave struct {
+	mem   []byte
+	memh  C.ucp_mem_h
+	owned bool
+}
+
 // release gives UCX back the keys and the registration (under t.winMu, or before w is
-// listed); the transport's shutdown calls it for windows still open.
+// listed); the transport's shutdown calls it for windows still open, whose memory, if
+// UCX allocated it, goes with the registration.
 func (w *rmaWindow) release() {
+	w.releaseKeys()
+	if w.memh != nil {
+		C.ucp_mem_unmap(w.t.ctx, w.memh)
+		w.memh = nil
+		w.t.memHandles.Add(-1)
+	}
+}
+
+// releaseKeys destroys the peers' remote keys.
+func (w *rmaWindow) releaseKeys() {
 	for q, k := range w.rkeys {
 		if k != nil {
 			C.ucp_rkey_destroy(k)
 			w.rkeys[q] = nil
 		}
-	}
-	if w.memh != nil {
-		C.ucp_mem_unmap(w.t.ctx, w.memh)
-		w.memh = nil
-		w.t.memHandles.Add(-1)
 	}
 }
 
@@ -379,13 +428,17 @@ func (t *Transport) closeWindows() {
 	}
 }
 
-// buryWindows unmaps the memory of closed windows, once the worker that could write
-// into it is gone.
+// buryWindows gives back the memory and registrations of closed windows, once the
+// worker that could write into them is gone (before the context).
 func (t *Transport) buryWindows() {
 	t.winMu.Lock()
 	defer t.winMu.Unlock()
-	for _, m := range t.graves {
-		unmapWindow(m)
+	for _, g := range t.graves {
+		C.ucp_mem_unmap(t.ctx, g.memh)
+		t.memHandles.Add(-1)
+		if !g.owned {
+			unmapWindow(g.mem)
+		}
 	}
 	t.graves = nil
 }
