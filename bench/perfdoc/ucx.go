@@ -63,11 +63,14 @@ func (r *runner) ucx(w io.Writer) error {
 			}
 		}
 	}
-	fmt.Fprintf(w, "\nWhat the figures say on this host: over UCX's shared memory with a CPU per rank the one-sided\n")
-	fmt.Fprintf(w, "step is within a small factor of tag messages, whose rendezvous UCX runs as one cross-memory read\n")
-	fmt.Fprintf(w, "by the receiver; with more ranks than CPUs a receiver that polls its memory is woken by no event\n")
-	fmt.Fprintf(w, "(tag receives wake through UCX's event descriptor), and over tcp UCX's emulated puts move far less\n")
-	fmt.Fprintf(w, "than its tag messages (ucx_perftest over loopback, 1 MiB: put 145 MB/s, tag 5.5 GB/s). The\n")
-	fmt.Fprintf(w, "one-sided path is for RDMA NICs; moex picks UCX between hosts only where every peer has one.\n\n")
+	fmt.Fprintf(w, "\nHow to read them: over UCX's shared memory a put is the sender's store into the receiver's\n")
+	fmt.Fprintf(w, "window (UCX allocates the windows in shared memory, and fast local completion keeps large puts\n")
+	fmt.Fprintf(w, "from being emulated), and a tag message's rendezvous is one cross-memory read by the receiver: one\n")
+	fmt.Fprintf(w, "copy either way, so the two paths meet, the windows ahead where the step is small (no matching,\n")
+	fmt.Fprintf(w, "no rendezvous round trip). With more ranks than CPUs a receiver that polls its memory is woken by\n")
+	fmt.Fprintf(w, "no event, where a tag receive wakes through UCX's event descriptor. Over tcp UCX emulates the puts\n")
+	fmt.Fprintf(w, "and signals with active messages (ucx_perftest over loopback, 1 MiB: put 145 MB/s, tag 5.5 GB/s),\n")
+	fmt.Fprintf(w, "which is why moex uses windows only where UCX's lanes do RMA unless MOEX_WINDOWS=1. The one-sided\n")
+	fmt.Fprintf(w, "path is for RDMA NICs; between hosts moex picks UCX only where every peer has one.\n\n")
 	return nil
 }
