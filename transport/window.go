@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 
 	"github.com/moex-ai/moex/obuf"
@@ -26,6 +27,18 @@ type WindowTransport interface {
 
 // MaxWindow is the largest window NewWindow makes.
 const MaxWindow = 16 << 30
+
+// CheckNewWindow is NewWindow's check of its arguments, for every transport alike: size
+// within 0..MaxWindow (an *ArgError naming it), and the transport open (ErrClosed).
+func CheckNewWindow(size int, closed bool) error {
+	switch {
+	case size < 0 || size > MaxWindow:
+		return &ArgError{Arg: "size", Reason: fmt.Sprintf("%d bytes (want 0..%d)", size, MaxWindow)}
+	case closed:
+		return ErrClosed
+	}
+	return nil
+}
 
 // MaxWindowDesc is the longest descriptor NewWindow returns (a UCX window's carries its
 // packed remote key).

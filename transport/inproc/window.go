@@ -50,11 +50,8 @@ type window struct {
 
 // NewWindow implements transport.WindowTransport.
 func (t *Transport) NewWindow(size int) (transport.Window, []byte, error) {
-	if size < 0 || size > transport.MaxWindow {
-		return nil, nil, &transport.ArgError{Arg: "size", Reason: fmt.Sprintf("%d bytes (want 0..%d)", size, transport.MaxWindow)}
-	}
-	if t.closed.Load() {
-		return nil, nil, transport.ErrClosed
+	if err := transport.CheckNewWindow(size, t.closed.Load()); err != nil {
+		return nil, nil, err
 	}
 	return t.newWindow(&winMem{mem: make([]byte, size), bell: make(chan struct{}, 1), fd: -1})
 }

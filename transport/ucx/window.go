@@ -16,8 +16,6 @@ import (
 	"time"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 )
@@ -41,8 +39,9 @@ type rmaWindow struct {
 	size int
 	memh C.ucp_mem_h
 	// owned: UCX allocated mem (UCP_MEM_MAP_ALLOCATE), and ucp_mem_unmap frees it;
-	// else it is mapWindow's, registered.
+	// else it is buf's, registered.
 	owned  bool
+	buf    *obuf.Buf
 	rkeys  []C.ucp_rkey_h // per peer, nil unless mapped
 	raddr  []uint64
 	rsize  []int
@@ -52,11 +51,8 @@ type rmaWindow struct {
 // NewWindow implements transport.WindowTransport: a window whose peers are reached by
 // Put, Get and Signal (transport.RMAWindow), not mapped (Remote is nil).
 func (t *Transport) NewWindow(size int) (transport.Window, []byte, error) {
-	if size < 0 || size > transport.MaxWindow {
-		return nil, nil, &transport.ArgError{Arg: "size", Reason: fmt.Sprintf("%d bytes (want 0..%d)", size, transport.MaxWindow)}
-	}
-	if t.closed.Load() {
-		return nil, nil, transport.ErrClosed
+	if err := transport.CheckNewWindow(size, t.closed.Load()); err != nil {
+		return nil, nil, err
 	}
 	w := &rmaWindow{t: t, size: size, rkeys: make([]C.ucp_rkey_h, t.size), raddr: make([]uint64, t.size), rsize: make([]int, t.size)}
 	if err := w.allocate(); err != nil {
@@ -97,15 +93,16 @@ func (w *rmaWindow) allocate() error {
 	} else if s == C.UCS_OK {
 		C.ucp_mem_unmap(t.ctx, w.memh)
 	}
-	mem, err := mapWindow(w.size)
-	if err != nil {
-		return err
-	}
-	if s := C.moex_mem_map(t.ctx, unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(len(mem)), &w.memh); s != C.UCS_OK {
-		unmapWindow(mem)
+	// obuf's buffers are page aligned, on huge pages from 256 KiB: a NIC registers them
+	// a huge page at a time.
+	b := obuf.Default.Get(n)
+	mem := b.Bytes()[:n:n]
+	clear(mem)
+	if s := C.moex_mem_map(t.ctx, unsafe.Pointer(unsafe.SliceData(mem)), C.size_t(n), &w.memh); s != C.UCS_OK {
+		b.Release()
 		return fmt.Errorf("ucx: registering a window (ucp_mem_map): %w", statusErr(s))
 	}
-	w.mem = mem
+	w.mem, w.buf = mem, b
 	t.memHandles.Add(1)
 	return nil
 }
@@ -372,7 +369,7 @@ func (w *rmaWindow) Close() error {
 	case !live && w.owned:
 		return nil // the transport's Close freed it with its registration
 	case !live:
-		unmapWindow(w.mem) // the worker is gone: nothing writes here any more
+		w.buf.Release() // the worker is gone: nothing writes here any more
 		return nil
 	}
 	// A peer that has not yet seen this rank leave the exchange (one aborting after a
@@ -380,19 +377,16 @@ func (w *rmaWindow) Close() error {
 	// peer, through shared memory) writes what arrives: the memory stays, registered,
 	// until the transport closes (its pages given back where they are this process's).
 	w.releaseKeys()
-	t.graves = append(t.graves, grave{mem: w.mem, memh: w.memh, owned: w.owned})
+	t.graves = append(t.graves, grave{memh: w.memh, buf: w.buf})
 	w.memh = nil
-	if w.owned {
-		return nil
-	}
-	return unix.Madvise(w.mem, unix.MADV_DONTNEED)
+	return nil
 }
 
-// grave is a closed window's memory and registration, kept until the transport closes.
+// grave is a closed window's registration and, where it is not UCX's, its buffer, kept
+// until the transport closes.
 type grave struct {
-	mem   []byte
-	memh  C.ucp_mem_h
-	owned bool
+	memh C.ucp_mem_h
+	buf  *obuf.Buf
 }
 
 // release gives UCX back the keys and the registration (under t.winMu, or before w is
@@ -436,40 +430,9 @@ func (t *Transport) buryWindows() {
 	for _, g := range t.graves {
 		C.ucp_mem_unmap(t.ctx, g.memh)
 		t.memHandles.Add(-1)
-		if !g.owned {
-			unmapWindow(g.mem)
+		if g.buf != nil {
+			g.buf.Release()
 		}
 	}
 	t.graves = nil
 }
-
-// hugePage is the alignment and page size windows are mapped with.
-const hugePage = 2 << 20
-
-// mapWindow maps size bytes (at least a page), 2 MiB aligned and advised to use huge
-// pages, as obuf's large buffers are: copies into it across processes (cma's puts), and
-// a NIC's registration, then go a huge page at a time. Up to 64 MiB its pages are made
-// now, so that the first puts do not fault.
-func mapWindow(size int) ([]byte, error) {
-	n := uintptr(max(size, 1)+hugePage-1) &^ (hugePage - 1)
-	raw, err := unix.MmapPtr(-1, 0, nil, n+hugePage, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
-	if err != nil {
-		return nil, fmt.Errorf("ucx: mapping a %d-byte window: %w", n, err)
-	}
-	off := (hugePage - uintptr(raw)%hugePage) % hugePage
-	if off > 0 {
-		_ = unix.MunmapPtr(raw, off)
-	}
-	if tail := hugePage - off; tail > 0 {
-		_ = unix.MunmapPtr(unsafe.Add(raw, off+n), tail)
-	}
-	m := unsafe.Slice((*byte)(unsafe.Add(raw, off)), n)
-	_ = unix.Madvise(m, unix.MADV_HUGEPAGE)
-	if n <= 64<<20 {
-		_ = unix.Madvise(m, unix.MADV_POPULATE_WRITE)
-	}
-	return m, nil
-}
-
-// unmapWindow unmaps a mapping of mapWindow.
-func unmapWindow(m []byte) { _ = unix.MunmapPtr(unsafe.Pointer(unsafe.SliceData(m)), uintptr(len(m))) }
