@@ -10,11 +10,38 @@
  *
  * usage: mpirun -np P ./mpi_coll allreduce|reducescatter|allgather|alltoall MIN_BYTES MAX_BYTES
  * MPI_COLL_ITERS=N (passed with mpirun -x) times N operations instead, as moex bench coll
- * --iters N does. */
+ * --iters N does. MPI_COLL_HUGE=1 takes the buffers from 2 MiB pages (mappings 2 MiB aligned,
+ * MADV_HUGEPAGE), as moex's obuf gives its buffers from 256 KiB, instead of malloc: the
+ * comparison on equal pages. */
 #include <mpi.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+/* buffer returns n bytes: malloc'd, or with huge a mapping of 2 MiB pages. */
+static void *buffer(size_t n, int huge) {
+    if (!huge) return malloc(n);
+    size_t len = (n + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    char *raw = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    char *p = (char *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    munmap(p + len, (size_t)(raw + len + HUGE_PAGE - p - len));
+    madvise(p, len, MADV_HUGEPAGE);
+    return p;
+}
+
+static void unbuffer(void *p, size_t n, int huge) {
+    if (!huge) {
+        free(p);
+        return;
+    }
+    munmap(p, (n + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
+}
 
 enum { ALLREDUCE, REDUCESCATTER, ALLGATHER, ALLTOALL };
 
@@ -80,11 +107,14 @@ int main(int argc, char **argv) {
     MPI_Get_library_version(lib, &liblen);
     const char *name = strstr(lib, "MPICH") ? "mpich" : strstr(lib, "Open MPI") ? "openmpi" : "mpi";
     long minb = atol(argv[2]), maxb = atol(argv[3]);
+    const char *hv = getenv("MPI_COLL_HUGE");
+    int huge = hv && strcmp(hv, "1") == 0;
     for (long bytes = minb; bytes <= maxb; bytes *= 2) {
         int n = (int)(bytes / 4);
         if (op != ALLREDUCE) n = n / ranks * ranks;
         int sendn = op == ALLGATHER ? n / ranks : n, recvn = op == REDUCESCATTER ? n / ranks : n;
-        float *send = malloc((size_t)sendn * 4 + 64), *recv = malloc((size_t)recvn * 4 + 64);
+        float *send = buffer((size_t)sendn * 4 + 64, huge), *recv = buffer((size_t)recvn * 4 + 64, huge);
+        if (!send || !recv) MPI_Abort(MPI_COMM_WORLD, 3);
         for (int i = 0; i < sendn; i++) send[i] = value(op, rank, i);
         for (int i = 0; i < 3; i++) run(op, send, recv, n, ranks, MPI_COMM_WORLD);
         double probe = run(op, send, recv, n, ranks, MPI_COMM_WORLD), pmax;
@@ -112,8 +142,8 @@ int main(int argc, char **argv) {
                    names[op], ranks, name, (long)n * 4, recvn, name, elmax * 1e6, algbw, algbw * bus, wtotal, iters);
             fflush(stdout);
         }
-        free(send);
-        free(recv);
+        unbuffer(send, (size_t)sendn * 4 + 64, huge);
+        unbuffer(recv, (size_t)recvn * 4 + 64, huge);
     }
     MPI_Finalize();
     return 0;
