@@ -33,7 +33,7 @@ func (r *runner) ucx(w io.Writer) error {
 	fmt.Fprintf(w, "atomics in shared memory, and over tcp UCX emulates both with active messages (MOEX_WINDOWS=1 asks\n")
 	fmt.Fprintf(w, "for windows there; by default such peers exchange tag messages). On a NIC the puts are the NIC's\n")
 	fmt.Fprintf(w, "and no CPU of the receiver takes part.\n\n")
-	fmt.Fprintf(w, "| UCX_TLS | ranks | tokens | windows: path | step us | tag messages: step us | windows / tag |\n")
+	fmt.Fprintf(w, "| UCX_TLS | ranks | tokens | windows: path | step us | tag messages: step us | tag / windows (above 1: windows faster) |\n")
 	fmt.Fprintf(w, "| --- | --- | --- | --- | --- | --- | --- |\n")
 	iters := fmt.Sprint(r.iters(128))
 	for _, c := range []struct {
