@@ -14,7 +14,8 @@ import (
 // sig (the layout every rank writes with: they must agree before anyone writes into
 // another's memory) and on who maps whom: maps[i*P+j] is 1 when rank i mapped rank j's
 // window into its memory, 2 when it reaches it by one-sided operations
-// (transport.RMAWindow), 0 when not at all. The window is sealed: nothing is mapped afterwards. It is collective.
+// (transport.RMAWindow), 0 when not at all. The window is sealed: nothing is mapped
+// afterwards. It is collective.
 func (c *Comm) openWindow(ctx context.Context, sig uint32, size int, what string) (transport.Window, []byte, error) {
 	win, maps, _, err := c.openWindows(ctx, sig, size, what, false, true)
 	return win, maps, err

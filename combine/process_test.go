@@ -24,17 +24,24 @@ import (
 	"github.com/moex-ai/moex/transport/shm"
 )
 
+// helperComm is a helper rank's communicator (coll.Init, from moex run's environment)
+// and a context for its work, both ended when the test ends.
+func helperComm(t *testing.T) (context.Context, *coll.Comm) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	c, err := coll.Init(ctx, coll.Config{})
+	require.NoError(t, err)
+	t.Cleanup(func() { c.Close() })
+	return ctx, c
+}
+
 // TestHelperMoERank is one rank of TestMoEProcesses, started by `moex run`.
 func TestHelperMoERank(t *testing.T) {
 	tr := os.Getenv("MOEX_COMBINE_HELPER")
 	if tr == "" {
 		t.Skip("helper rank: runs only under TestMoEProcesses")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	c, err := coll.Init(ctx, coll.Config{})
-	require.NoError(t, err)
-	defer c.Close()
+	ctx, c := helperComm(t)
 	p := c.Size()
 	tokens := make([]int, p)
 	for i := range tokens {

@@ -3,14 +3,12 @@
 package combine_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -50,11 +48,7 @@ func TestHelperOneSidedRank(t *testing.T) {
 	if os.Getenv("MOEX_COMBINE_HELPER") != "onesided" {
 		t.Skip("helper rank: runs only under TestLowLatencyOneSidedUCX")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	c, err := coll.Init(ctx, coll.Config{})
-	require.NoError(t, err)
-	defer c.Close()
+	ctx, c := helperComm(t)
 	p := c.Size()
 	tokens := make([]int, p)
 	for i := range tokens {
