@@ -59,8 +59,16 @@ func (e *JoinError) Error() string {
 
 func (e *JoinError) Unwrap() error { return e.Err }
 
-// joinTag carries a grown communicator's description to a joiner.
-var joinTag = transport.Tag{Comm: 0xFFFFFFF1}
+// joinTagFor is the tag of a grown communicator's description to the joiner listening
+// at addr: the address (which each process that takes a rank over picks anew) is in the
+// tag, so that a description meant for one process, from a Grow that was then abandoned
+// or from another communicator's, never completes another's Rejoin.
+func joinTagFor(addr string) transport.Tag {
+	h := fnv.New64a()
+	h.Write([]byte(addr))
+	v := h.Sum64()
+	return transport.Tag{Comm: 0xFFFFFFF1, Seq: uint32(v), Tag: uint32(v >> 32)}
+}
 
 // maxJoinAddr bounds a joiner's address.
 const maxJoinAddr = 256
@@ -78,7 +86,7 @@ const maxJoinAddr = 256
 // rank another joiner claims, or when a live rank could not connect to one (its secret
 // is wrong, it died); a live rank or joiner that dies meanwhile makes every other fail
 // (a PeerError, or ErrTimeout) rather than wait. Grow never hangs past c's timeout.
-func (c *Comm) Grow(ctx context.Context, joiners []Joiner) (*Comm, error) {
+func (c *Comm) Grow(ctx context.Context, joiners []Joiner) (g *Comm, err error) {
 	if c.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -107,15 +115,26 @@ func (c *Comm) Grow(ctx context.Context, joiners []Joiner) (*Comm, error) {
 	}
 	members := slices.Clone(c.ranks)
 	slices.Sort(members)
-	// Connect to every joiner; then every rank learns whether every other did.
+	// Connect to every joiner; then every rank learns whether every other did. A Grow
+	// that fails from here on undoes this rank's connections: no joiner stays connected
+	// to some live ranks and not others.
+	var admitted []transport.Readmitter
+	var admittedRanks []int
+	defer func() {
+		if err != nil {
+			for i, rm := range admitted {
+				rm.Evict(admittedRanks[i])
+			}
+		}
+	}()
 	status := []int64{-1, 0} // the joiner this rank could not connect to, and whether its secret was wrong
 	for _, j := range joiners {
 		rm := transport.ReadmitterOf(c.tr, j.Rank)
 		var err error
 		if rm == nil {
 			err = fmt.Errorf("the transport to rank %d (%s) cannot take a joiner", j.Rank, c.tr.Name())
-		} else {
-			err = rm.Readmit(ctx, j.Rank, j.Addr, members)
+		} else if err = rm.Readmit(ctx, j.Rank, j.Addr, members); err == nil {
+			admitted, admittedRanks = append(admitted, rm), append(admittedRanks, j.Rank)
 		}
 		if err != nil {
 			c.log.Warn("moex: could not connect to a joiner", "rank", c.ranks[c.rank], "joiner", j.Rank, "addr", j.Addr, "err", err)
@@ -170,7 +189,7 @@ func (c *Comm) Grow(ctx context.Context, joiners []Joiner) (*Comm, error) {
 	if c.ranks[c.rank] == members[0] { // the lowest live rank describes it to the joiners
 		desc := joinDesc{id: id, ranks: ranks, hosts: hosts, parents: parents, link: c.link, intra: c.intra, closeBarrier: c.closeBarrier}.encode()
 		for _, j := range joiners {
-			req, err := c.tr.Isend(j.Rank, joinTag, desc)
+			req, err := c.tr.Isend(j.Rank, joinTagFor(j.Addr), desc)
 			if err == nil {
 				_, err = req.Wait(ctx)
 			}
@@ -179,7 +198,7 @@ func (c *Comm) Grow(ctx context.Context, joiners []Joiner) (*Comm, error) {
 			}
 		}
 	}
-	g := newComm(c.tr, id, ranks, hosts, me, c.cfg, c.link)
+	g = newComm(c.tr, id, ranks, hosts, me, c.cfg, c.link)
 	g.why, g.intra, g.closeBarrier, g.parent, g.registry = c.why, c.intra, c.closeBarrier, parents, c.registry
 	if c.owned != nil {
 		c.owned.refs.Add(1)
@@ -290,11 +309,12 @@ func decodeJoin(b []byte, size int) (joinDesc, error) {
 }
 
 // Rejoin returns the communicator a joiner gets from the live ranks' Grow: t is its
-// transport, connected to the live ranks (tcp: Replacement.Accept), members the live
-// ranks as they named them. It waits, for at most cfg.Timeout, for the lowest live rank's
+// transport, connected to the live ranks (tcp: Replacement.Accept), addr where it
+// listened for them (the Addr of the Joiner they pass to Grow: it tags the description
+// meant for this process), members the live ranks as they named them. It waits, for at most cfg.Timeout, for the lowest live rank's
 // description of the communicator, then meets every rank in a Barrier. The
 // communicator does not own t: close t after it. cfg is as for New.
-func Rejoin(ctx context.Context, t transport.Transport, members []int, cfg Config) (*Comm, error) {
+func Rejoin(ctx context.Context, t transport.Transport, addr string, members []int, cfg Config) (*Comm, error) {
 	if t == nil || len(members) == 0 {
 		return nil, &ArgError{Arg: "t", Reason: "no transport, or no live rank"}
 	}
@@ -304,7 +324,7 @@ func Rejoin(ctx context.Context, t transport.Transport, members []int, cfg Confi
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	buf := make([]byte, joinDescHead+12*t.Size())
-	req, err := t.Irecv(slices.Min(members), joinTag, buf)
+	req, err := t.Irecv(slices.Min(members), joinTagFor(addr), buf)
 	if err != nil {
 		return nil, err
 	}
@@ -377,7 +397,7 @@ func initJoining(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, err
 	}
 	poll := rep.Poll() // the starting ranks' policy (bootstrap.JoinerPolicy)
 	cfg.Poll = &poll
-	c, err := Rejoin(ictx, tr, members, cfg)
+	c, err := Rejoin(ictx, tr, rep.Addr(), members, cfg)
 	if err != nil {
 		tr.Close()
 		rep.Registry().Close()

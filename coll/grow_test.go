@@ -140,7 +140,7 @@ func runJoiner(t *testing.T, r int, addr string, cfg Config, serve func(c *Comm)
 			j.err = err
 			return
 		}
-		j.c, j.err = Rejoin(ctx, tr, members, cfg)
+		j.c, j.err = Rejoin(ctx, tr, j.addr, members, cfg)
 		t.Cleanup(func() {
 			if j.c != nil {
 				j.c.Close()

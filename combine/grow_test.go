@@ -109,7 +109,7 @@ func servingRegrows(t *testing.T, kind string) {
 				return err
 			}
 			defer tr.Close()
-			c, err := coll.Rejoin(ctx, tr, members, cfg)
+			c, err := coll.Rejoin(ctx, tr, addr, members, cfg)
 			if err != nil {
 				return err
 			}

@@ -77,7 +77,15 @@ type Readmitter interface {
 	// peer, telling it the live ranks (members, this one among them, as every one of
 	// them names them); from then on operations with peer reach the new process.
 	Readmit(ctx context.Context, peer int, addr string, members []int) error
+	// Evict undoes a Readmit whose admission the live ranks then abandoned (another live
+	// rank could not connect): the connection to peer is closed, and operations with it
+	// fail with ErrEvicted (a PeerError), as with a peer that died. It is a no-op for a
+	// peer already failed.
+	Evict(peer int)
 }
+
+// ErrEvicted is what operations with a peer fail with once Evict undid its admission.
+var ErrEvicted = fmt.Errorf("%w: its admission was abandoned", ErrPeerClosed)
 
 // CheckReadmit checks a Readmit's arguments on rank of size ranks: peer is another rank,
 // and members (the live ranks) hold rank and not peer.

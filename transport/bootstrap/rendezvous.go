@@ -300,8 +300,9 @@ func (rv *Rendezvous) explain(err error) error {
 }
 
 // Close leaves the store; on rank 0 it stops serving once the ranks that came have left
-// (or after 300 ms): after a failed start-up they ask it, on their way out, how far
-// every rank got.
+// (or after 2 s): after a failed start-up they learn from it why (a rank still busy
+// setting up asks it only when done), and ask it, on their way out, how far every rank
+// got.
 func (rv *Rendezvous) Close() error {
 	rv.removeFile()
 	var err error
@@ -311,7 +312,7 @@ func (rv *Rendezvous) Close() error {
 	if rv.server != nil {
 		// (A rank blocked in a Get is seen to leave only when the Get ends: the wait is
 		// short for that.)
-		rv.server.closeWhenLeft(300 * time.Millisecond)
+		rv.server.closeWhenLeft(2 * time.Second)
 	}
 	return err
 }

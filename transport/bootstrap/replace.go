@@ -121,6 +121,10 @@ func ListenReplacement(ctx context.Context, env Env, poll busypoll.Config, log *
 	return r, nil
 }
 
+// Addr is where this process waits for the live ranks: the Addr of the coll.Joiner they
+// admit it as.
+func (r *Replacement) Addr() string { return r.rep.Addr() }
+
 // JoinerPolicy sets up a process that takes over a rank as Open sets up one that starts
 // (see hostPolicy): its waiting policy, returned, with Oversubscribed set where the ranks
 // of its host outnumber its CPUs; its CPU binding; and its GOMAXPROCS share. A joiner

@@ -359,4 +359,17 @@ func (t *Transport) Readmit(ctx context.Context, peer int, addr string, members 
 	return nil
 }
 
+// Evict fails peer, admitted by Readmit, with transport.ErrEvicted: its operations
+// complete with it and nothing more is sent to the process (its segment stays mapped
+// until Close, as a dead peer's does).
+func (t *Transport) Evict(peer int) {
+	if peer < 0 || peer >= t.size || peer == t.rank || t.closed.Load() {
+		return
+	}
+	if p := t.list()[peer]; p != nil && !p.isDead() {
+		p.Fail(transport.ErrEvicted)
+		t.log.Info("moex shm: evicted", "rank", t.rank, "peer", peer)
+	}
+}
+
 var _ transport.Readmitter = (*Transport)(nil)

@@ -213,3 +213,19 @@ func (t *Transport) Readmit(ctx context.Context, peer int, addr string, members 
 	t.log.Info("moex tcp: readmitted", "rank", t.rank, "peer", peer, "addr", addr)
 	return nil
 }
+
+// Evict closes the connections to peer that Readmit made; its operations fail with
+// transport.ErrEvicted.
+func (t *Transport) Evict(peer int) {
+	if peer < 0 || peer >= t.size || peer == t.rank {
+		return
+	}
+	t.readmitMu.Lock()
+	defer t.readmitMu.Unlock()
+	if p := t.peers[peer].Load(); p != nil && p.c.Dead() == nil {
+		p.fail(transport.ErrEvicted)
+		t.log.Info("moex tcp: evicted", "rank", t.rank, "peer", peer)
+	}
+}
+
+var _ transport.Readmitter = (*Transport)(nil)
