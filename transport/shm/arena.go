@@ -50,9 +50,9 @@ func (p *peer) mapArena(end uint64) error {
 		case p.pidfd < 0:
 			return fmt.Errorf("no pidfd for rank %d (pid %d)", p.rank, p.pid)
 		}
-		fd, err := unix.PidfdGetfd(p.pidfd, int(fdw-1), 0)
+		fd, err := pidfdGetfd(p.pidfd, int(fdw-1), 0)
 		if err != nil {
-			return fmt.Errorf("pidfd_getfd of rank %d's arena (pid %d, fd %d): %w", p.rank, p.pid, fdw-1, err)
+			return fmt.Errorf("rank %d's arena (fd %d): %w", p.rank, fdw-1, ptraceErr("pidfd_getfd", p.rank, p.pid, err))
 		}
 		if !obuf.ArenaFile(fd) { // pidfd_getfd sets close-on-exec
 			unix.Close(fd)

@@ -27,3 +27,22 @@ func FutexPark(addr *uint32, val uint32, timeout time.Duration) bool {
 }
 
 func FutexWake(addr *uint32) { futexWake(addr) }
+
+// RefusePtrace makes the named system calls ("pidfd_getfd", "process_vm_readv") fail
+// with EPERM, as the kernel refuses them to a process without ptrace rights over the
+// peer, until the returned function restores them. Tests that call it must not run in
+// parallel.
+func RefusePtrace(calls ...string) (restore func()) {
+	getfd, readv := pidfdGetfd, processVMReadv
+	for _, c := range calls {
+		switch c {
+		case "pidfd_getfd":
+			pidfdGetfd = func(int, int, int) (int, error) { return -1, unix.EPERM }
+		case "process_vm_readv":
+			processVMReadv = func(int, []unix.Iovec, []unix.RemoteIovec, uint) (int, error) { return 0, unix.EPERM }
+		default:
+			panic("RefusePtrace: " + c)
+		}
+	}
+	return func() { pidfdGetfd, processVMReadv = getfd, readv }
+}

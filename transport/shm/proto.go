@@ -492,7 +492,7 @@ func cmaRead(pid int, dst []byte, addr uint64, liov *[1]unix.Iovec, riov *[1]uni
 		liov[0] = unix.Iovec{Base: &dst[done]}
 		liov[0].SetLen(len(dst) - done)
 		riov[0] = unix.RemoteIovec{Base: uintptr(addr) + uintptr(done), Len: len(dst) - done}
-		n, err := unix.ProcessVMReadv(pid, liov[:], riov[:], 0)
+		n, err := processVMReadv(pid, liov[:], riov[:], 0)
 		switch {
 		case err == unix.EINTR:
 			continue

@@ -235,10 +235,10 @@ func (j *Joiner) connect(greets []*greeting) error {
 		if err != nil {
 			return &transport.PeerError{Rank: q, Op: "join", Err: fmt.Errorf("%w: process %d: %w", transport.ErrPeerClosed, g.pid, err)}
 		}
-		fd, err := unix.PidfdGetfd(pidfd, g.segFD, 0)
+		fd, err := pidfdGetfd(pidfd, g.segFD, 0)
 		unix.Close(pidfd)
 		if err != nil {
-			return &transport.PeerError{Rank: q, Op: "join", Err: fmt.Errorf("taking rank %d's segment (pid %d, fd %d): %w", q, g.pid, g.segFD, err)}
+			return &transport.PeerError{Rank: q, Op: "join", Err: fmt.Errorf("taking rank %d's segment (fd %d): %w", q, g.segFD, ptraceErr("pidfd_getfd", q, g.pid, err))}
 		}
 		f := os.NewFile(uintptr(fd), "rank "+strconv.Itoa(q)+"'s segment")
 		seg, err := mapSegment(f, f.Name(), q, t.size)
@@ -252,8 +252,8 @@ func (j *Joiner) connect(greets []*greeting) error {
 			return &transport.PeerError{Rank: q, Op: "join", Err: fmt.Errorf("%w: process %d is gone", transport.ErrPeerClosed, g.pid)}
 		}
 		if j.cfg.CMA >= 0 && cmaErr == nil {
-			if err := probeCMA(g.pid, g.probe); err != nil {
-				cmaOK, cmaErr = false, fmt.Errorf("rank %d: %w", q, err)
+			if err := probeCMA(q, g.pid, g.probe); err != nil {
+				cmaOK, cmaErr = false, err
 			}
 		}
 	}
@@ -305,7 +305,7 @@ func (t *Transport) Readmit(ctx context.Context, peer int, addr string, members 
 		return &transport.PeerError{Rank: peer, Op: "connect", Err: fmt.Errorf("%w: process %d is gone", transport.ErrPeerClosed, pid)}
 	}
 	old := t.list()[peer]
-	np.cma = old.cma && probeCMA(pid, probe) == nil
+	np.cma = old.cma && probeCMA(peer, pid, probe) == nil
 	// Swap the peers while nothing reads them: requests take life, the progress loop
 	// and the waiters that drive it drv.Mu.
 	t.life.Lock()

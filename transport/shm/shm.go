@@ -268,9 +268,9 @@ func New(ctx context.Context, cfg Config) (*Transport, error) {
 		p := t.newPeer(q, seg, h.pid)
 		peers[q] = p
 		if cfg.CMA >= 0 && cmaErr == nil {
-			if err := probeCMA(h.pid, h.probe); err != nil {
+			if err := probeCMA(q, h.pid, h.probe); err != nil {
 				cmaOK = false
-				cmaErr = fmt.Errorf("rank %d: %w", q, err)
+				cmaErr = err
 			}
 		}
 	}
@@ -299,13 +299,17 @@ func (t *Transport) newPeer(q int, seg *segment, pid int) *peer {
 	return p
 }
 
-// probeCMA reads probeWord at addr in process pid with process_vm_readv.
-func probeCMA(pid int, addr uint64) error {
+// probeCMA reads probeWord at addr in rank's process pid with process_vm_readv.
+func probeCMA(rank, pid int, addr uint64) error {
 	var got [8]byte
 	local := []unix.Iovec{{Base: &got[0], Len: 8}}
 	remote := []unix.RemoteIovec{{Base: uintptr(addr), Len: 8}}
-	if n, err := unix.ProcessVMReadv(pid, local, remote, 0); err != nil || n != 8 || got != probeWord {
-		return fmt.Errorf("process_vm_readv from pid %d: n=%d err=%v", pid, n, err)
+	n, err := processVMReadv(pid, local, remote, 0)
+	switch {
+	case err != nil:
+		return ptraceErr("process_vm_readv", rank, pid, fmt.Errorf("rank %d (pid %d): %w", rank, pid, err))
+	case n != 8 || got != probeWord:
+		return fmt.Errorf("process_vm_readv from rank %d (pid %d): read %d bytes, %x", rank, pid, n, got)
 	}
 	return nil
 }
@@ -320,7 +324,7 @@ func (t *Transport) setMode(cma int, ok bool, why error) error {
 	case ok:
 		t.mode = "cma single copy for messages over " + strconv.Itoa(t.eager) + " B"
 	case cma > 0:
-		return fmt.Errorf("shm: cross-memory attach required but refused: %v", why)
+		return fmt.Errorf("shm: cross-memory attach required but refused: %w", why)
 	default:
 		t.mode = "ring copies (cross-memory attach refused: " + why.Error() + ")"
 		t.log.Warn("moex shm: process_vm_readv refused; large messages go through the rings", "rank", t.rank, "err", why)
