@@ -2,7 +2,9 @@ package coll
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -32,8 +34,9 @@ type Joiner struct {
 
 // Errors of Grow.
 var (
-	// ErrRankLive: a joiner claims a rank that is a member of the communicator.
-	ErrRankLive = errors.New("coll: the rank is alive")
+	// ErrRankLive: a joiner claims a rank that is a member of the communicator (or, in a
+	// job that meets in etcd, a process started for a rank whose process lives).
+	ErrRankLive = bootstrap.ErrRankLive
 	// ErrRankClaimed: two joiners claim one rank.
 	ErrRankClaimed = errors.New("coll: two joiners claim the rank")
 	// ErrJoinFailed: a live rank could not connect to a joiner.
@@ -405,6 +408,18 @@ func initJoining(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, err
 	}
 	c.why = tr.Name() + ": a process that took over rank " + strconv.Itoa(env.Rank) + " of a running job"
 	c.registry = rep.Registry()
+	if bootstrap.IsURL(env.Registry) {
+		// A store that outlives start-up (etcd) holds the live ranks: this one is, again,
+		// bound to this process's life.
+		var nonce [8]byte
+		_, _ = rand.Read(nonce[:])
+		r := strconv.Itoa(env.Rank)
+		err := errors.Join(c.registry.Set(ictx, bootstrap.MemberPrefix+r, []byte(hex.EncodeToString(nonce[:])+" "+strconv.Itoa(env.Size))),
+			c.registry.Set(ictx, bootstrap.RunningPrefix+r, nil))
+		if err != nil {
+			cfg.Logger.Warn("moex: saying this rank is live in the registry failed", "rank", env.Rank, "err", err)
+		}
+	}
 	c.owned = newOwner(tr.Close, c.registry.Close)
 	health.ReportJoin(env.Rank, health.Joined)
 	cfg.Logger.Info("moex: took over a rank", "rank", env.Rank, "size", c.Size(), "live", members)

@@ -451,7 +451,7 @@ func joinEnv(t *testing.T, r, n int, reg string, cfg Config, serve func(c *Comm)
 }
 
 // waitEntries waits until the registry holds n entries of processes waiting to join.
-func waitEntries(t *testing.T, reg *bootstrap.Store, n int) {
+func waitEntries(t *testing.T, reg bootstrap.KV, n int) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		keys, _, err := reg.Scan(context.Background(), bootstrap.JoinPrefix)

@@ -2,11 +2,14 @@ package coll
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strconv"
 
 	"github.com/moex-ai/moex/coll/agree"
 	"github.com/moex-ai/moex/coll/algos"
 	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/bootstrap"
 )
 
 // Errors of Shrink. Test with errors.Is.
@@ -105,6 +108,19 @@ func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 			}
 		}
 		c.log.Warn("moex: communicator shrunk", "comm", c.id, "rank", c.rank, "new_comm", sub.id, "new_rank", me, "size", len(members), "lost", lost)
+		if me == 0 && c.registry != nil {
+			// The lost ranks' claims go from the job's registry (where they are kept: a
+			// driver's store), so that a process started again for one takes it over at
+			// once instead of being refused while its old lease lives.
+			rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+			for _, q := range lost {
+				r := strconv.Itoa(c.ranks[q])
+				if err := errors.Join(c.registry.Delete(rctx, bootstrap.MemberPrefix+r), c.registry.Delete(rctx, bootstrap.RunningPrefix+r)); err != nil {
+					c.log.Warn("moex: removing a lost rank's entry from the registry failed", "rank", c.ranks[q], "err", err)
+				}
+			}
+			cancel()
+		}
 	}
 	return sub.listen(), nil
 }

@@ -153,7 +153,7 @@ type Comm struct {
 	crowded      bool               // this host's ranks outnumber its CPUs (Init)
 	// registry is the job's registry (MOEX_REGISTRY), where Admit finds the processes
 	// waiting to take over ranks; shared by what is made from the communicator.
-	registry *bootstrap.Store
+	registry bootstrap.KV
 }
 
 // Stats counts a communicator's work.

@@ -263,6 +263,13 @@ func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) 
 	ictx, cancelInit := context.WithTimeout(ctx, cfg.InitTimeout)
 	defer cancelInit()
 	rv, err := bootstrap.Join(ictx, env, log)
+	if errors.Is(err, bootstrap.ErrJobRunning) {
+		// A store that outlives start-up (etcd) says the job runs without this rank: this
+		// process was started again for a rank whose process died, and takes it over.
+		log.Info("moex: the job runs without this rank; taking it over", "rank", env.Rank, "registry", env.Registry)
+		env.Joining = true
+		return joinInit(ctx, env, cfg)
+	}
 	if err != nil {
 		return nil, err
 	}

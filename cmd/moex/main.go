@@ -14,6 +14,8 @@ import (
 	"syscall"
 
 	"github.com/moex-ai/moex/internal/launch"
+	// Jobs that meet in etcd (MOEX_ADDR=etcd://host:port/job): the driver registers itself.
+	_ "github.com/moex-ai/moex/transport/bootstrap/etcd"
 )
 
 const usage = `moex: Mixture-of-Experts expert parallelism for Go

@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,7 +17,7 @@ import (
 type Env struct {
 	Rank, Size           int
 	LocalRank, LocalSize int    // -1 when the launcher does not say
-	Addr                 string // rendezvous store, host:port (rank 0 serves it)
+	Addr                 string // rendezvous store: host:port (rank 0 serves it), or etcd://host:port/job (see KV)
 	Token                string // job secret every connection proves
 	Bind                 string // host whose address listeners bind; "" = derived from Addr
 	Iface                string // network interface to bind (MOEX_IFACE), alternative to Bind
@@ -31,9 +32,10 @@ type Env struct {
 	AddrFile string
 	// AddrNote says where Addr came from when moex chose it, not the user.
 	AddrNote string
-	// Registry (MOEX_REGISTRY, host:port) is a store that outlives every rank (moex run
-	// --restarts serves it for the job's life): a process that takes over a dead rank
-	// says there where it listens, and the live ranks find it there (coll.Comm.Admit).
+	// Registry (MOEX_REGISTRY, host:port or etcd://host:port/job) is a store that
+	// outlives every rank (moex run --restarts serves it for the job's life; etcd's is
+	// MOEX_ADDR's where that is etcd://): a process that takes over a dead rank says there
+	// where it listens, and the live ranks find it there (coll.Comm.Admit).
 	Registry string
 	// Joining (MOEX_JOINING=1): this process takes over rank Rank of a running job whose
 	// process died, rather than starting one (needs Registry).
@@ -111,9 +113,14 @@ func ParseEnv(getenv func(string) string) (Env, error) {
 		}
 		e.LocalSize = r
 	}
-	if v := getenv("MOEX_ADDR"); v != "" {
+	if v := getenv("MOEX_ADDR"); IsURL(v) {
+		if _, _, err := storeURL("MOEX_ADDR", v); err != nil {
+			return e, err
+		}
+		e.Addr = v
+	} else if v != "" {
 		if _, _, err := net.SplitHostPort(v); err != nil {
-			return e, &transport.EnvError{Var: "MOEX_ADDR", Value: v, Reason: "want host:port"}
+			return e, &transport.EnvError{Var: "MOEX_ADDR", Value: v, Reason: "want host:port, or etcd://host:port/job"}
 		}
 		e.Addr = v
 	} else if h, p := getenv("MASTER_ADDR"), getenv("MASTER_PORT"); h != "" || p != "" {
@@ -160,11 +167,18 @@ func ParseEnv(getenv func(string) string) (Env, error) {
 	default:
 		return e, &transport.EnvError{Var: "MOEX_TRANSPORT", Value: e.Transport, Reason: "want auto, tcp, shm or ucx"}
 	}
-	if v := getenv("MOEX_REGISTRY"); v != "" {
-		if _, _, err := net.SplitHostPort(v); err != nil {
-			return e, &transport.EnvError{Var: "MOEX_REGISTRY", Value: v, Reason: "want host:port"}
+	if v := getenv("MOEX_REGISTRY"); IsURL(v) {
+		if _, _, err := storeURL("MOEX_REGISTRY", v); err != nil {
+			return e, err
 		}
 		e.Registry = v
+	} else if v != "" {
+		if _, _, err := net.SplitHostPort(v); err != nil {
+			return e, &transport.EnvError{Var: "MOEX_REGISTRY", Value: v, Reason: "want host:port, or etcd://host:port/job"}
+		}
+		e.Registry = v
+	} else if IsURL(e.Addr) {
+		e.Registry = e.Addr // a driver's store outlives start-up: it is the registry too
 	}
 	switch v := getenv("MOEX_JOINING"); v {
 	case "", "0":
@@ -239,7 +253,13 @@ func (e Env) BindHost() (string, error) {
 	if e.Addr == "" {
 		return "127.0.0.1", nil
 	}
-	host, port, _ := net.SplitHostPort(e.Addr)
+	hostport := e.Addr
+	if IsURL(hostport) { // the first endpoint of a driver's store (etcd://h1:p1,h2:p2/job)
+		if u, err := url.Parse(hostport); err == nil {
+			hostport, _, _ = strings.Cut(u.Host, ",")
+		}
+	}
+	host, port, _ := net.SplitHostPort(hostport)
 	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() || host == "localhost" {
 		return "127.0.0.1", nil
 	}

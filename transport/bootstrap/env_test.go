@@ -322,3 +322,22 @@ func TestJoinByFileDeadline(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// A program that does not import the etcd driver, given an etcd address, fails at once
+// with ErrNoDriver and an EnvError naming the variable (its text names the import); an
+// unknown scheme likewise.
+func TestStoreURLWithoutDriver(t *testing.T) {
+	for _, v := range []string{"MOEX_ADDR", "MOEX_REGISTRY"} {
+		for _, addr := range []string{"etcd://127.0.0.1:2379/job", "zk://127.0.0.1:2181/job"} {
+			vars := map[string]string{"MOEX_RANK": "0", "MOEX_WORLD_SIZE": "2", "MOEX_ADDR": "127.0.0.1:29500", "MOEX_JOB_TOKEN": "s"}
+			vars[v] = addr
+			_, err := ParseEnv(func(k string) string { return vars[k] })
+			require.ErrorIs(t, err, ErrNoDriver, "%s=%s", v, addr)
+			var ee *transport.EnvError
+			require.ErrorAs(t, err, &ee, "%s=%s", v, addr)
+			assert.Equal(t, v, ee.Var)
+		}
+	}
+	_, err := DialKV(context.Background(), "etcd://127.0.0.1:2379/job", nil)
+	require.ErrorIs(t, err, ErrNoDriver)
+}

@@ -22,8 +22,11 @@ import (
 // Env.Addr, every rank is a client of it, and AllGather exchanges one blob per rank.
 type Rendezvous struct {
 	Env    Env
-	store  *Store
+	store  KV
 	server *StoreServer
+	// external: the store is a driver's (etcd), which outlives start-up: the rank's
+	// client stays, and with it its claim, until Close.
+	external bool
 
 	mu   sync.Mutex
 	n    int
@@ -39,6 +42,9 @@ func Join(ctx context.Context, env Env, log *slog.Logger) (*Rendezvous, error) {
 	}
 	if env.AddrFile != "" {
 		return joinByFile(ctx, env, log)
+	}
+	if IsURL(env.Addr) {
+		return joinKV(ctx, env)
 	}
 	var srv *StoreServer
 	if env.Rank == 0 {
@@ -102,6 +108,31 @@ func joinAt(ctx context.Context, env Env, srv *StoreServer) (*Rendezvous, error)
 	_, _ = rand.Read(nonce[:])
 	if err := st.Claim(ctx, env.Rank, env.Size, hex.EncodeToString(nonce[:])); err != nil {
 		rv.Close()
+		return nil, rv.explain(err)
+	}
+	return rv, nil
+}
+
+// joinKV connects to a driver's store (MOEX_ADDR=etcd://...) and claims this rank there.
+// Nobody serves it: every rank is a client alike. A claim of a running job's rank is
+// ErrRankLive or ErrJobRunning, as the store says (not a *StartupError: the job is fine).
+func joinKV(ctx context.Context, env Env) (*Rendezvous, error) {
+	kv, err := DialKV(ctx, env.Addr, []byte(env.Token))
+	if err != nil {
+		var se *StartupError
+		if !errors.As(err, &se) && !errors.Is(err, ErrNoDriver) {
+			err = &StartupError{Expected: env.Size, Rank: -1, Err: err}
+		}
+		return nil, err
+	}
+	rv := &Rendezvous{Env: env, store: kv, external: true}
+	var nonce [12]byte
+	_, _ = rand.Read(nonce[:])
+	if err := kv.Claim(ctx, env.Rank, env.Size, hex.EncodeToString(nonce[:])); err != nil {
+		rv.Close()
+		if errors.Is(err, ErrRankLive) || errors.Is(err, ErrJobRunning) {
+			return nil, err
+		}
 		return nil, rv.explain(err)
 	}
 	return rv, nil
@@ -226,6 +257,12 @@ func (rv *Rendezvous) Ready(ctx context.Context) error {
 	if _, err := rv.AllGather(ctx, nil); err != nil {
 		return err
 	}
+	if rv.external { // the job runs: a process started for a rank whose process dies takes it over
+		if err := rv.store.Set(ctx, RunningPrefix+strconv.Itoa(rv.Env.Rank), nil); err != nil {
+			return rv.explain(err)
+		}
+		return nil
+	}
 	rv.store.Close()
 	if rv.server != nil {
 		rv.server.closeWhenLeft(time.Second)
@@ -252,7 +289,7 @@ func (rv *Rendezvous) Watch(ctx context.Context) (context.Context, func()) {
 	if rv.Env.Size == 1 {
 		return wctx, func() { cancel(nil) }
 	}
-	st, err := DialStore(ctx, rv.Env.Addr, []byte(rv.Env.Token))
+	st, err := DialKV(ctx, rv.Env.Addr, []byte(rv.Env.Token))
 	if err != nil {
 		return wctx, func() { cancel(nil) }
 	}
@@ -291,7 +328,7 @@ func (rv *Rendezvous) explain(err error) error {
 		// leaves the stages out.
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		defer cancel()
-		if st, derr := DialStore(ctx, rv.Env.Addr, []byte(rv.Env.Token)); derr == nil {
+		if st, derr := DialKV(ctx, rv.Env.Addr, []byte(rv.Env.Token)); derr == nil {
 			se.Stages, _ = st.Status(ctx)
 			st.Close()
 		}

@@ -53,7 +53,7 @@ func ParseJoinEntry(key string, val []byte) (JoinEntry, error) {
 type Replacement struct {
 	env      Env
 	rep      replacer
-	registry *Store
+	registry KV
 	key      string
 	poll     busypoll.Config
 }
@@ -227,7 +227,7 @@ func (r *Replacement) Refused(ctx context.Context) (string, error) {
 
 // Registry is the client of the job's registry, kept open (a communicator holds it to
 // admit later replacements); the caller closes it.
-func (r *Replacement) Registry() *Store { return r.registry }
+func (r *Replacement) Registry() KV { return r.registry }
 
 // Close releases a replacement that was not accepted, and the registry client.
 func (r *Replacement) Close() error {

@@ -528,11 +528,6 @@ func DialStore(ctx context.Context, addr string, token []byte) (*Store, error) {
 	return dialStore(ctx, addr, token, "rank 0, which serves the rendezvous store at "+addr+", has not come")
 }
 
-// DialRegistry connects to the job's registry at addr (Env.Registry), as DialStore.
-func DialRegistry(ctx context.Context, addr string, token []byte) (*Store, error) {
-	return dialStore(ctx, addr, token, "the job's registry at "+addr+" (its launcher serves it) does not answer")
-}
-
 func dialStore(ctx context.Context, addr string, token []byte, absent string) (*Store, error) {
 	backoff := 10 * time.Millisecond
 	for {
