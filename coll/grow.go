@@ -426,6 +426,12 @@ func initJoining(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, err
 	return c, nil
 }
 
+// How long Admit waits for the registry, and how long it leaves one that did not answer.
+const (
+	registryWait  = time.Second
+	registryRetry = 10 * time.Second
+)
+
 // maxAdmit bounds the joiners one Admit takes.
 const maxAdmit = 64
 
@@ -448,12 +454,16 @@ func (c *Comm) Admit(ctx context.Context) (*Comm, error) {
 		return nil, ErrNoRegistry
 	}
 	var found []bootstrap.JoinEntry
-	if c.rank == 0 {
-		rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+	if c.rank == 0 && time.Now().After(c.registryDown) {
+		// The others wait in a Broadcast meanwhile: a registry that does not answer soon
+		// (etcd lost) admits nobody this time, and is not asked again for a while, so
+		// that serving goes on at its pace.
+		rctx, cancel := context.WithTimeout(ctx, min(c.cfg.Timeout/2, registryWait))
 		keys, vals, err := c.registry.Scan(rctx, bootstrap.JoinPrefix)
 		cancel()
 		if err != nil {
-			c.log.Warn("moex: reading the job's registry failed", "rank", c.ranks[c.rank], "err", err)
+			c.registryDown = time.Now().Add(registryRetry)
+			c.log.Warn("moex: reading the job's registry failed; nobody is admitted meanwhile", "rank", c.ranks[c.rank], "retry_in", registryRetry, "err", err)
 		}
 		for i, k := range keys {
 			e, err := bootstrap.ParseJoinEntry(k, vals[i])

@@ -154,6 +154,8 @@ type Comm struct {
 	// registry is the job's registry (MOEX_REGISTRY), where Admit finds the processes
 	// waiting to take over ranks; shared by what is made from the communicator.
 	registry bootstrap.KV
+	// registryDown: until when Admit does not ask the registry again (it did not answer).
+	registryDown time.Time
 }
 
 // Stats counts a communicator's work.

@@ -470,22 +470,22 @@ func (kv *KV) Status(ctx context.Context) ([]string, error) {
 	return stages, nil
 }
 
-// Close implements bootstrap.KV: it revokes the client's lease (what it set goes) and
+// Close implements bootstrap.KV: it revokes the client's lease, so that what it set
+// goes at once (where etcd does not answer within a second, when the lease expires), and
 // closes the connection.
 func (kv *KV) Close() error {
 	var err error
 	kv.closeOnce.Do(func() {
 		kv.stop()
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err = kv.c.Revoke(ctx, kv.lease)
+		_, _ = kv.c.Revoke(ctx, kv.lease)
 		cancel()
-		if cerr := kv.c.Close(); err == nil {
-			err = cerr
+		if err = kv.c.Close(); err != nil && !errors.Is(err, context.Canceled) {
+			err = kv.failed("leaving", err)
+		} else {
+			err = nil
 		}
 		<-kv.kept
-		if err != nil {
-			err = kv.failed("leaving", err)
-		}
 	})
 	return err
 }

@@ -40,6 +40,13 @@ func freePort(t *testing.T) int {
 // installs it).
 func startEtcd(t *testing.T) string {
 	t.Helper()
+	ep, _ := startStoppableEtcd(t)
+	return ep
+}
+
+// startStoppableEtcd is startEtcd, with a function that kills etcd.
+func startStoppableEtcd(t *testing.T) (string, func()) {
+	t.Helper()
 	bin, err := exec.LookPath("etcd")
 	if err != nil {
 		t.Skip("etcd is not installed (apt-get install etcd-server; .ci/run does): the etcd rendezvous is not tested here")
@@ -55,11 +62,15 @@ func startEtcd(t *testing.T) string {
 	require.NoError(t, err)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		logf.Close()
-	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			logf.Close()
+		})
+	}
+	t.Cleanup(stop)
 	c, err := clientv3.New(clientv3.Config{Endpoints: []string{ep}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()})
 	require.NoError(t, err, "etcd did not start")
 	defer c.Close()
@@ -69,7 +80,7 @@ func startEtcd(t *testing.T) string {
 		_, err := c.Put(ctx, "/moex-test-up", "1")
 		return err == nil
 	}, 20*time.Second, 50*time.Millisecond, "etcd did not answer")
-	return ep
+	return ep, stop
 }
 
 // jobKeys lists the keys etcd holds for job.
@@ -248,4 +259,41 @@ func TestEnvWithDriver(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, vars["MOEX_ADDR"], e.Addr)
 	assert.Equal(t, vars["MOEX_ADDR"], e.Registry)
+}
+
+// etcd lost while the job serves: the ranks serve on (nothing of a step goes through
+// it), Admit finds nobody, and a process started to take a rank over fails at its
+// start-up deadline with a *StartupError (its text names etcd's address).
+func TestEtcdLostWhileServing(t *testing.T) {
+	ep, stop := startStoppableEtcd(t)
+	addr := "etcd://" + ep + "/lost"
+	cs := make([]*coll.Comm, 2)
+	for r, err := range onRanks(2, func(r int) (err error) {
+		cs[r], err = coll.InitEnv(context.Background(), env(addr, r, 2), coll.Config{Timeout: 10 * time.Second})
+		return err
+	}) {
+		require.NoError(t, err, "rank %d", r)
+	}
+	stop()
+	for r, err := range onRanks(2, func(r int) error {
+		for range 50 {
+			if err := works(context.Background(), cs[r]); err != nil {
+				return err
+			}
+		}
+		g, err := cs[r].Admit(context.Background())
+		if g != nil {
+			return fmt.Errorf("admitted %d ranks without etcd", g.Size())
+		}
+		return err
+	}) {
+		require.NoError(t, err, "rank %d serves on", r)
+	}
+	_, err := coll.InitEnv(context.Background(), env(addr, 1, 2), coll.Config{Timeout: 10 * time.Second, InitTimeout: 2 * time.Second})
+	var se *bootstrap.StartupError
+	require.ErrorAs(t, err, &se)
+	require.ErrorIs(t, err, transport.ErrTimeout)
+	for r, err := range onRanks(2, func(r int) error { return cs[r].Close() }) {
+		assert.NoError(t, err, "rank %d closes (its lease expires: etcd is gone)", r)
+	}
 }
