@@ -415,7 +415,7 @@ func initJoining(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, err
 		_, _ = rand.Read(nonce[:])
 		r := strconv.Itoa(env.Rank)
 		err := errors.Join(c.registry.Set(ictx, bootstrap.MemberPrefix+r, []byte(hex.EncodeToString(nonce[:])+" "+strconv.Itoa(env.Size))),
-			c.registry.Set(ictx, bootstrap.RunningPrefix+r, nil))
+			c.registry.Set(ictx, bootstrap.RunningPrefix+r, []byte(tr.Name()+"\n"+transport.HostID())))
 		if err != nil {
 			cfg.Logger.Warn("moex: saying this rank is live in the registry failed", "rank", env.Rank, "err", err)
 		}

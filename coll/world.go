@@ -326,6 +326,7 @@ func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) 
 		c.link.Alpha *= CrowdedAlpha
 		c.intra.Alpha *= CrowdedAlpha
 	}
+	rv.SetTransport(bs.Transport.Name())
 	if err := rv.Ready(ctx); err != nil { // every rank is set up; the store closes
 		tr.Close()
 		return fail(err)

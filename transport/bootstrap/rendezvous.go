@@ -26,7 +26,8 @@ type Rendezvous struct {
 	server *StoreServer
 	// external: the store is a driver's (etcd), which outlives start-up: the rank's
 	// client stays, and with it its claim, until Close.
-	external bool
+	external  bool
+	transport string // what Ready says of this rank there (SetTransport)
 
 	mu   sync.Mutex
 	n    int
@@ -244,6 +245,11 @@ func (rv *Rendezvous) AllGather(ctx context.Context, mine []byte) ([][]byte, err
 	return vals, nil
 }
 
+// SetTransport names this rank's transport (Transport.Name) for Ready to say, in a store
+// that outlives start-up (etcd), with its host: a process that later takes a rank over
+// reaches the live ranks the same way.
+func (rv *Rendezvous) SetTransport(name string) { rv.transport = name }
+
 // Ready says this rank finished start-up, waits until every rank has, and leaves the
 // store (rank 0 stops serving it once every rank has left, or after a second): nothing
 // after start-up needs it.
@@ -258,7 +264,7 @@ func (rv *Rendezvous) Ready(ctx context.Context) error {
 		return err
 	}
 	if rv.external { // the job runs: a process started for a rank whose process dies takes it over
-		if err := rv.store.Set(ctx, RunningPrefix+strconv.Itoa(rv.Env.Rank), nil); err != nil {
+		if err := rv.store.Set(ctx, RunningPrefix+strconv.Itoa(rv.Env.Rank), []byte(rv.transport+"\n"+transport.HostID())); err != nil {
 			return rv.explain(err)
 		}
 		return nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -97,17 +98,24 @@ func ListenReplacement(ctx context.Context, env Env, poll busypoll.Config, log *
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	poll, err := JoinerPolicy(env, poll, log)
+	reg, err := DialRegistry(ctx, env.Registry, []byte(env.Token))
 	if err != nil {
+		return nil, err
+	}
+	if env.Transport == "" || env.Transport == "auto" {
+		if env.Transport, err = liveTransport(ctx, reg); err != nil {
+			reg.Close()
+			return nil, err
+		}
+	}
+	poll, err = JoinerPolicy(env, poll, log)
+	if err != nil {
+		reg.Close()
 		return nil, err
 	}
 	rep, err := listenReplacement(env, poll, log)
 	if err != nil {
-		return nil, err
-	}
-	reg, err := DialRegistry(ctx, env.Registry, []byte(env.Token))
-	if err != nil {
-		rep.Close()
+		reg.Close()
 		return nil, err
 	}
 	var nonce [8]byte
@@ -124,6 +132,39 @@ func ListenReplacement(ctx context.Context, env Env, poll busypoll.Config, log *
 // Addr is where this process waits for the live ranks: the Addr of the coll.Joiner they
 // admit it as.
 func (r *Replacement) Addr() string { return r.rep.Addr() }
+
+// ErrMixedTransports: the live ranks reach one another over shared memory on a host and
+// tcp across (MOEX_TRANSPORT=auto on several hosts), and a process cannot take a rank
+// of such a job over yet; run it with MOEX_TRANSPORT=tcp.
+var ErrMixedTransports = errors.New("bootstrap: the job mixes shared memory and tcp: a process cannot take a rank over (run it with MOEX_TRANSPORT=tcp)")
+
+// liveTransport is the transport a process that takes a rank over reaches the live ranks
+// with where MOEX_TRANSPORT leaves it to moex: the live ranks' (as they said it when
+// they started, in a store that outlives start-up: RunningPrefix), shared memory where
+// every live rank uses it on this host, else tcp.
+func liveTransport(ctx context.Context, reg KV) (string, error) {
+	_, vals, err := reg.Scan(ctx, RunningPrefix)
+	if err != nil || len(vals) == 0 {
+		return "tcp", err
+	}
+	shm := 0
+	for _, v := range vals {
+		name, host, _ := strings.Cut(string(v), "\n")
+		switch {
+		case name == "shm" && host == transport.HostID():
+			shm++
+		case strings.HasPrefix(name, "shm+"):
+			return "", ErrMixedTransports
+		}
+	}
+	switch shm {
+	case 0:
+		return "tcp", nil
+	case len(vals):
+		return "shm", nil
+	}
+	return "", ErrMixedTransports
+}
 
 // JoinerPolicy sets up a process that takes over a rank as Open sets up one that starts
 // (see hostPolicy): its waiting policy, returned, with Oversubscribed set where the ranks

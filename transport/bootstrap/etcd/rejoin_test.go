@@ -1,13 +1,15 @@
 package etcd
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"strconv"
-	"sync"
+	"strings"
 	"testing"
 	"time"
 
@@ -30,9 +32,15 @@ const (
 	exitError = 1
 )
 
+// afterGrow is how many steps every rank runs once the job is whole again.
+const afterGrow = 100
+
 // helper is a rank's process, started with the job's ordinary environment (MOEX_RANK,
 // MOEX_WORLD_SIZE, MOEX_ADDR=etcd://..., MOEX_JOB_TOKEN): "serve" runs AllReduces until
-// it is killed; "once" checks one AllReduce and closes.
+// its communicator fails; "survive" serves until a peer dies, shrinks, serves on while
+// it admits a process for the dead rank, then runs afterGrow steps with it; "rejoin"
+// (a process started again for the dead rank) prints "joined" once coll.Init returns and
+// runs those afterGrow steps.
 func helper(mode string) int {
 	ctx := context.Background()
 	c, err := coll.Init(ctx, coll.Config{Timeout: 20 * time.Second})
@@ -44,116 +52,138 @@ func helper(mode string) int {
 		return exitError
 	}
 	defer c.Close()
-	for {
-		if err := works(ctx, c); err != nil {
-			fmt.Fprintln(os.Stderr, "serving:", err)
-			return exitError
-		}
-		if mode == "once" {
-			return 0
-		}
-		time.Sleep(5 * time.Millisecond)
+	fail := func(err error) int {
+		fmt.Fprintf(os.Stderr, "rank %d (%s): %v\n", c.Rank(), mode, err)
+		return exitError
 	}
+	steps := func(c *coll.Comm, n int) error {
+		for range n {
+			if err := works(ctx, c); err != nil {
+				return err
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return nil
+	}
+	switch mode {
+	case "rejoin":
+		fmt.Println("joined", c.Size())
+		if err := steps(c, afterGrow); err != nil {
+			return fail(err)
+		}
+		return 0
+	case "serve":
+		fmt.Println("serving")
+		return fail(steps(c, 1<<30))
+	}
+	err = steps(c, 1<<30) // until a peer dies
+	var pe *coll.PeerError
+	if !errors.As(err, &pe) {
+		return fail(fmt.Errorf("serving: %w, want a PeerError", err))
+	}
+	sub, err := c.Shrink(ctx)
+	if err != nil {
+		return fail(err)
+	}
+	defer sub.Close()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		g, err := sub.Admit(ctx)
+		if err != nil {
+			return fail(err)
+		}
+		if g == nil {
+			if err := steps(sub, 1); err != nil {
+				return fail(err)
+			}
+			continue
+		}
+		defer g.Close()
+		if g.Size() != c.Size() {
+			return fail(fmt.Errorf("grown to %d ranks", g.Size()))
+		}
+		if err := steps(g, afterGrow); err != nil {
+			return fail(err)
+		}
+		return 0
+	}
+	return fail(errors.New("nobody was admitted within 30 s"))
 }
 
-// rankProcess starts this test binary as rank r of n in the job at addr.
-func rankProcess(t *testing.T, addr string, r, n int, mode string) *exec.Cmd {
+// rankProcess starts this test binary as rank r of n of the job at addr, over transport
+// ("" leaves MOEX_TRANSPORT unset); its standard output comes on the reader.
+func rankProcess(t *testing.T, addr, transport string, r, n int, mode string) (*exec.Cmd, io.Reader) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), "MOEX_ETCD_HELPER="+mode, "MOEX_RANK="+strconv.Itoa(r), "MOEX_WORLD_SIZE="+strconv.Itoa(n),
-		"MOEX_ADDR="+addr, "MOEX_JOB_TOKEN="+secret, "MOEX_TRANSPORT=tcp", "MOEX_TIMEOUT=20s")
+		"MOEX_ADDR="+addr, "MOEX_JOB_TOKEN="+secret, "MOEX_TIMEOUT=20s")
+	if transport != "" {
+		cmd.Env = append(cmd.Env, "MOEX_TRANSPORT="+transport)
+	}
 	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	return cmd
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	return cmd, out
 }
 
-// A job of three ranks meets in etcd, rank 2 in a process of its own. SIGKILL it: the
-// other two shrink and serve on; the same command started again, with nothing added,
-// finds the running job in etcd and takes rank 2 over (coll.Init returns the grown
-// communicator once they Admit it), and all three serve. A process then started for a
-// live rank is refused at once (ErrRankLive).
+// A job of three processes meets in etcd. SIGKILL rank 2: the others shrink and serve on;
+// the same command started again, with nothing added, finds the running job in etcd and
+// takes rank 2 over (it is refused while the others have not yet removed the dead rank's
+// entry, and started again, as a restarting launcher does); all three serve 100 steps.
+// Meanwhile a process started for live rank 1 is refused at once (ErrRankLive). Over tcp,
+// and with the transport left to moex (shared memory: one host).
 func TestRestartedProcessRejoins(t *testing.T) {
+	for _, tr := range []string{"tcp", ""} {
+		name := tr
+		if name == "" {
+			name = "auto"
+		}
+		t.Run(name, func(t *testing.T) { restartedRejoins(t, tr) })
+	}
+}
+
+func restartedRejoins(t *testing.T, tr string) {
 	ep := startEtcd(t)
 	addr := "etcd://" + ep + "/restart"
 	const n, victim = 3, 2
-	victimProc := rankProcess(t, addr, victim, n, "serve")
-	t.Cleanup(func() { _ = victimProc.Process.Kill(); _ = victimProc.Wait() })
-
-	ctx := context.Background()
-	var once sync.Once
-	shrunk := make(chan struct{})
-	var again *exec.Cmd
-	errs := onRanks(2, func(r int) error {
-		c, err := coll.InitEnv(ctx, env(addr, r, n), coll.Config{Timeout: 20 * time.Second})
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		for i := 0; i < 20; i++ {
-			if err := works(ctx, c); err != nil {
-				return fmt.Errorf("before the kill: %w", err)
-			}
-		}
-		if r == 0 {
-			if err := victimProc.Process.Kill(); err != nil {
-				return err
-			}
-		}
-		var err2 error
-		for err2 == nil {
-			err2 = works(ctx, c)
-		}
-		var pe *coll.PeerError
-		if !errors.As(err2, &pe) || pe.Rank != victim {
-			return fmt.Errorf("after the kill: %v, want a PeerError naming rank %d", err2, victim)
-		}
-		sub, err := c.Shrink(ctx)
-		if err != nil {
-			return err
-		}
-		defer sub.Close()
-		if err := works(ctx, sub); err != nil { // serving on two
-			return err
-		}
-		once.Do(func() { close(shrunk) })
-		if r == 0 {
-			again = rankProcess(t, addr, victim, n, "once") // the same command, again
-		}
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
-			g, err := sub.Admit(ctx)
-			if err != nil {
-				return fmt.Errorf("admit: %w", err)
-			}
-			if g == nil {
-				if err := works(ctx, sub); err != nil {
-					return err
-				}
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
-			defer g.Close()
-			if g.Size() != n {
-				return fmt.Errorf("grown to %d ranks", g.Size())
-			}
-			if r == 0 { // a process for a live rank is refused at once
-				live := rankProcess(t, addr, 1, n, "once")
-				err := live.Wait()
-				var ee *exec.ExitError
-				if !errors.As(err, &ee) || ee.ExitCode() != exitLive {
-					return fmt.Errorf("a process for live rank 1 ended with %v, want exit %d (ErrRankLive)", err, exitLive)
-				}
-			}
-			return works(ctx, g)
-		}
-		return errors.New("nobody was admitted within 20 s")
-	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
+	survivors := make([]*exec.Cmd, 2)
+	for r := range survivors {
+		survivors[r], _ = rankProcess(t, addr, tr, r, n, "survive")
 	}
-	<-shrunk
-	require.NotNil(t, again)
-	require.NoError(t, again.Wait(), "the process started again for rank %d", victim)
+	victimProc, vout := rankProcess(t, addr, tr, victim, n, "serve")
+	_, err := bufio.NewReader(vout).ReadString('\n') // the job runs
+	require.NoError(t, err)
+	time.Sleep(200 * time.Millisecond)
+	require.NoError(t, victimProc.Process.Kill())
+
+	var again *exec.Cmd
+	var out io.Reader
+	refused := 0
+	for deadline := time.Now().Add(30 * time.Second); ; refused++ {
+		require.True(t, time.Now().Before(deadline), "rank %d was refused %d times", victim, refused)
+		again, out = rankProcess(t, addr, tr, victim, n, "rejoin")
+		line, err := bufio.NewReader(out).ReadString('\n')
+		if err == nil {
+			require.Equal(t, "joined "+strconv.Itoa(n), strings.TrimSpace(line))
+			break
+		}
+		err = again.Wait()
+		var ee *exec.ExitError
+		require.True(t, errors.As(err, &ee) && ee.ExitCode() == exitLive, "the process for rank %d: %v", victim, err)
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("refused %d times before the others removed the dead rank's entry", refused)
+
+	live, _ := rankProcess(t, addr, tr, 1, n, "rejoin")
+	err = live.Wait()
+	var ee *exec.ExitError
+	require.True(t, errors.As(err, &ee) && ee.ExitCode() == exitLive, "a process for live rank 1: %v, want exit %d (ErrRankLive)", err, exitLive)
+
+	require.NoError(t, again.Wait(), "the process that took rank %d over", victim)
+	for r, s := range survivors {
+		require.NoError(t, s.Wait(), "rank %d", r)
+	}
 	assert.Eventually(t, func() bool { return len(jobKeys(t, ep, "restart")) == 0 }, 2*DefaultTTL, 100*time.Millisecond,
-		"what the job left in etcd: %v", jobKeys(t, ep, "restart"))
+		"what the job left in etcd")
 }
