@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 )
@@ -99,14 +100,17 @@ func CheckReadmit(rank, size, peer int, members []int) error {
 	return nil
 }
 
-// ReadmitterOf is what gives peer's rank of t to a new process: t, or the transport a Mux
-// routes peer to, where it is a Readmitter; nil where there is none.
+// ErrNoReadmit: no transport of a Mux can take a joiner.
+var ErrNoReadmit = errors.New("transport: no transport here takes a joiner")
+
+// ReadmitterOf is what gives peer's rank of t to a new process: t where it is a
+// Readmitter (a Mux is, where one of its transports is); nil where there is none.
 func ReadmitterOf(t Transport, peer int) Readmitter {
 	if m, isMux := t.(*Mux); isMux {
-		if peer < 0 || peer >= m.size {
+		if peer < 0 || peer >= m.size || !slices.ContainsFunc(m.all, func(t Transport) bool { _, ok := t.(Readmitter); return ok }) {
 			return nil
 		}
-		return ReadmitterOf(m.For(peer), peer)
+		return m
 	}
 	r, _ := t.(Readmitter)
 	return r

@@ -1,18 +1,24 @@
 package transport
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 )
 
 // Mux is a Transport that sends each peer's traffic over the transport chosen for it
 // (shared memory for ranks on this host, the network for the others). Messages to one
-// peer always take the same transport, so ordering per (peer, tag) holds.
+// peer always take the same transport, so ordering per (peer, tag) holds (Readmit may
+// route a rank taken over by a new process anew: that process starts afresh).
 type Mux struct {
 	rank, size int
-	by         []Transport // per peer
-	all        []Transport // each once, for Close
+	by         atomic.Pointer[[]Transport] // per peer; Readmit may route a peer anew
+	all        []Transport                 // each once, for Close
 	name       string
+	readmitMu  sync.Mutex
 }
 
 var _ Transport = (*Mux)(nil)
@@ -24,7 +30,9 @@ func NewMux(name string, by []Transport) (*Mux, error) {
 	if len(by) == 0 {
 		return nil, &ArgError{Arg: "by", Reason: "no transports"}
 	}
-	m := &Mux{rank: by[0].Rank(), size: len(by), by: by, name: name}
+	by = slices.Clone(by)
+	m := &Mux{rank: by[0].Rank(), size: len(by), name: name}
+	m.by.Store(&by)
 	seen := map[Transport]bool{}
 	for q, t := range by {
 		if t == nil {
@@ -51,14 +59,14 @@ func (m *Mux) Size() int { return m.size }
 func (m *Mux) Name() string { return m.name }
 
 // For returns the transport that serves peer.
-func (m *Mux) For(peer int) Transport { return m.by[peer] }
+func (m *Mux) For(peer int) Transport { return (*m.by.Load())[peer] }
 
 // Isend implements Transport.
 func (m *Mux) Isend(peer int, tag Tag, buf []byte) (Request, error) {
 	if err := CheckPeer(peer, m.size); err != nil {
 		return nil, err
 	}
-	return m.by[peer].Isend(peer, tag, buf)
+	return m.For(peer).Isend(peer, tag, buf)
 }
 
 // IsendBatch implements Batcher, as the transport that serves peer does.
@@ -66,7 +74,7 @@ func (m *Mux) IsendBatch(peer int, tags []Tag, bufs [][]byte, reqs []Request) er
 	if err := CheckPeer(peer, m.size); err != nil {
 		return err
 	}
-	return IsendBatch(m.by[peer], peer, tags, bufs, reqs)
+	return IsendBatch(m.For(peer), peer, tags, bufs, reqs)
 }
 
 // Irecv implements Transport.
@@ -74,7 +82,7 @@ func (m *Mux) Irecv(peer int, tag Tag, buf []byte) (Request, error) {
 	if err := CheckPeer(peer, m.size); err != nil {
 		return nil, err
 	}
-	return m.by[peer].Irecv(peer, tag, buf)
+	return m.For(peer).Irecv(peer, tag, buf)
 }
 
 // Path implements PathReporter.
@@ -82,10 +90,10 @@ func (m *Mux) Path(peer int) string {
 	if peer < 0 || peer >= m.size {
 		return "no such peer"
 	}
-	if pr, ok := m.by[peer].(PathReporter); ok {
+	if pr, ok := m.For(peer).(PathReporter); ok {
 		return pr.Path(peer)
 	}
-	return m.by[peer].Name()
+	return m.For(peer).Name()
 }
 
 // Close closes every transport.
@@ -125,8 +133,59 @@ func (w *muxWindow) Map(peer int, desc []byte) error {
 	if err := CheckPeer(peer, w.m.size); err != nil {
 		return err
 	}
-	if w.m.by[peer] != w.t {
-		return fmt.Errorf("%w: rank %d is served by %s", ErrNoWindow, peer, w.m.by[peer].Name())
+	if w.m.For(peer) != w.t {
+		return fmt.Errorf("%w: rank %d is served by %s", ErrNoWindow, peer, w.m.For(peer).Name())
 	}
 	return w.Window.Map(peer, desc)
+}
+
+var _ Readmitter = (*Mux)(nil)
+
+// Readmit gives rank peer, whose process died, to the new process at addr through the
+// transport that serves peer, or, where that one cannot reach such an address (a
+// shared-memory route and a tcp joiner's host:port), through another of the Mux's
+// transports that can, which serves peer from then on: a process that takes over a rank
+// of a job mixing shared memory and tcp listens on tcp, and every live rank reaches it
+// over tcp (its own host's included).
+func (m *Mux) Readmit(ctx context.Context, peer int, addr string, members []int) error {
+	if err := CheckPeer(peer, m.size); err != nil {
+		return err
+	}
+	m.readmitMu.Lock()
+	defer m.readmitMu.Unlock()
+	first := m.For(peer)
+	order := append([]Transport{first}, slices.DeleteFunc(slices.Clone(m.all), func(t Transport) bool { return t == first })...)
+	var errs []error
+	for _, t := range order {
+		rm, ok := t.(Readmitter)
+		if !ok {
+			continue
+		}
+		err := rm.Readmit(ctx, peer, addr, members)
+		var ae *ArgError
+		if errors.As(err, &ae) && ae.Arg == "addr" {
+			errs = append(errs, err) // not an address this transport reaches: try the next
+			continue
+		}
+		if err == nil && t != first {
+			by := slices.Clone(*m.by.Load())
+			by[peer] = t
+			m.by.Store(&by)
+		}
+		return err
+	}
+	if len(errs) == 0 {
+		return fmt.Errorf("%w: none of %s takes a joiner", ErrNoReadmit, m.name)
+	}
+	return errors.Join(errs...)
+}
+
+// Evict implements Readmitter on the transport that serves peer.
+func (m *Mux) Evict(peer int) {
+	if peer < 0 || peer >= m.size {
+		return
+	}
+	if rm, ok := m.For(peer).(Readmitter); ok {
+		rm.Evict(peer)
+	}
 }

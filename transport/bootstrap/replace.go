@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -133,37 +132,23 @@ func ListenReplacement(ctx context.Context, env Env, poll busypoll.Config, log *
 // admit it as.
 func (r *Replacement) Addr() string { return r.rep.Addr() }
 
-// ErrMixedTransports: the live ranks reach one another over shared memory on a host and
-// tcp across (MOEX_TRANSPORT=auto on several hosts), and a process cannot take a rank
-// of such a job over yet; run it with MOEX_TRANSPORT=tcp.
-var ErrMixedTransports = errors.New("bootstrap: the job mixes shared memory and tcp: a process cannot take a rank over (run it with MOEX_TRANSPORT=tcp)")
-
 // liveTransport is the transport a process that takes a rank over reaches the live ranks
-// with where MOEX_TRANSPORT leaves it to moex: the live ranks' (as they said it when
-// they started, in a store that outlives start-up: RunningPrefix), shared memory where
-// every live rank uses it on this host, else tcp.
+// with where MOEX_TRANSPORT leaves it to moex, from what the live ranks said of theirs
+// when they started (in a store that outlives start-up: RunningPrefix): shared memory
+// where every live rank uses it on this host, else tcp. In a job that mixes them (shared
+// memory on each host, tcp across) every live rank reaches the new process over tcp, its
+// own host's too (transport.Mux.Readmit).
 func liveTransport(ctx context.Context, reg KV) (string, error) {
 	_, vals, err := reg.Scan(ctx, RunningPrefix)
 	if err != nil || len(vals) == 0 {
 		return "tcp", err
 	}
-	shm := 0
 	for _, v := range vals {
-		name, host, _ := strings.Cut(string(v), "\n")
-		switch {
-		case name == "shm" && host == transport.HostID():
-			shm++
-		case strings.HasPrefix(name, "shm+"):
-			return "", ErrMixedTransports
+		if name, host, _ := strings.Cut(string(v), "\n"); name != "shm" || host != transport.HostID() {
+			return "tcp", nil
 		}
 	}
-	switch shm {
-	case 0:
-		return "tcp", nil
-	case len(vals):
-		return "shm", nil
-	}
-	return "", ErrMixedTransports
+	return "shm", nil
 }
 
 // JoinerPolicy sets up a process that takes over a rank as Open sets up one that starts

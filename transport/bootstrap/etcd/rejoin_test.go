@@ -109,15 +109,26 @@ func helper(mode string) int {
 	return fail(errors.New("nobody was admitted within 30 s"))
 }
 
-// rankProcess starts this test binary as rank r of n of the job at addr, over transport
-// ("" leaves MOEX_TRANSPORT unset); its standard output comes on the reader.
-func rankProcess(t *testing.T, addr, transport string, r, n int, mode string) (*exec.Cmd, io.Reader) {
+// job is how a test's ranks run: over transport ("" leaves MOEX_TRANSPORT unset), each on
+// the host hosts names (MOEX_HOST_ID: this machine plays several; nil: one host).
+type job struct {
+	addr, transport string
+	n               int
+	hosts           func(rank int) string
+}
+
+// rankProcess starts this test binary as rank r of the job; its standard output comes on
+// the reader.
+func rankProcess(t *testing.T, j job, r int, mode string) (*exec.Cmd, io.Reader) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), "MOEX_ETCD_HELPER="+mode, "MOEX_RANK="+strconv.Itoa(r), "MOEX_WORLD_SIZE="+strconv.Itoa(n),
-		"MOEX_ADDR="+addr, "MOEX_JOB_TOKEN="+secret, "MOEX_TIMEOUT=20s")
-	if transport != "" {
-		cmd.Env = append(cmd.Env, "MOEX_TRANSPORT="+transport)
+	cmd.Env = append(os.Environ(), "MOEX_ETCD_HELPER="+mode, "MOEX_RANK="+strconv.Itoa(r), "MOEX_WORLD_SIZE="+strconv.Itoa(j.n),
+		"MOEX_ADDR="+j.addr, "MOEX_JOB_TOKEN="+secret, "MOEX_TIMEOUT=20s")
+	if j.transport != "" {
+		cmd.Env = append(cmd.Env, "MOEX_TRANSPORT="+j.transport)
+	}
+	if j.hosts != nil {
+		cmd.Env = append(cmd.Env, "MOEX_HOST_ID="+j.hosts(r))
 	}
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
@@ -127,31 +138,43 @@ func rankProcess(t *testing.T, addr, transport string, r, n int, mode string) (*
 	return cmd, out
 }
 
-// A job of three processes meets in etcd. SIGKILL rank 2: the others shrink and serve on;
-// the same command started again, with nothing added, finds the running job in etcd and
+// A job of processes meets in etcd. SIGKILL rank 2: the others shrink and serve on; the
+// same command started again, with nothing added, finds the running job in etcd and
 // takes rank 2 over (it is refused while the others have not yet removed the dead rank's
-// entry, and started again, as a restarting launcher does); all three serve 100 steps.
-// Meanwhile a process started for live rank 1 is refused at once (ErrRankLive). Over tcp,
-// and with the transport left to moex (shared memory: one host).
+// entry, and started again, as a restarting launcher does); every rank serves 100 steps.
+// Meanwhile a process started for live rank 1 is refused at once (ErrRankLive). Three
+// ranks over tcp, and with the transport left to moex (shared memory: one host); four
+// on two hosts (ranks 0 and 1 on one, 2 and 3 on the other: shared memory within, tcp
+// across), where the new process is reached over tcp by every rank, rank 3 (its host's)
+// included.
 func TestRestartedProcessRejoins(t *testing.T) {
-	for _, tr := range []string{"tcp", ""} {
-		name := tr
-		if name == "" {
-			name = "auto"
-		}
-		t.Run(name, func(t *testing.T) { restartedRejoins(t, tr) })
+	for _, c := range []struct {
+		name      string
+		transport string
+		n         int
+		hosts     func(int) string
+	}{
+		{"tcp", "tcp", 3, nil},
+		{"auto", "", 3, nil},
+		{"two-hosts", "", 4, func(r int) string { return "etcd-test-host-" + strconv.Itoa(r/2) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ep := startEtcd(t)
+			restartedRejoins(t, ep, job{addr: "etcd://" + ep + "/restart", transport: c.transport, n: c.n, hosts: c.hosts})
+		})
 	}
 }
 
-func restartedRejoins(t *testing.T, tr string) {
-	ep := startEtcd(t)
-	addr := "etcd://" + ep + "/restart"
-	const n, victim = 3, 2
-	survivors := make([]*exec.Cmd, 2)
-	for r := range survivors {
-		survivors[r], _ = rankProcess(t, addr, tr, r, n, "survive")
+func restartedRejoins(t *testing.T, ep string, j job) {
+	const victim = 2
+	var survivors []*exec.Cmd
+	for r := range j.n {
+		if r != victim {
+			s, _ := rankProcess(t, j, r, "survive")
+			survivors = append(survivors, s)
+		}
 	}
-	victimProc, vout := rankProcess(t, addr, tr, victim, n, "serve")
+	victimProc, vout := rankProcess(t, j, victim, "serve")
 	_, err := bufio.NewReader(vout).ReadString('\n') // the job runs
 	require.NoError(t, err)
 	time.Sleep(200 * time.Millisecond)
@@ -162,10 +185,10 @@ func restartedRejoins(t *testing.T, tr string) {
 	refused := 0
 	for deadline := time.Now().Add(30 * time.Second); ; refused++ {
 		require.True(t, time.Now().Before(deadline), "rank %d was refused %d times", victim, refused)
-		again, out = rankProcess(t, addr, tr, victim, n, "rejoin")
+		again, out = rankProcess(t, j, victim, "rejoin")
 		line, err := bufio.NewReader(out).ReadString('\n')
 		if err == nil {
-			require.Equal(t, "joined "+strconv.Itoa(n), strings.TrimSpace(line))
+			require.Equal(t, "joined "+strconv.Itoa(j.n), strings.TrimSpace(line))
 			break
 		}
 		err = again.Wait()
@@ -175,14 +198,14 @@ func restartedRejoins(t *testing.T, tr string) {
 	}
 	t.Logf("refused %d times before the others removed the dead rank's entry", refused)
 
-	live, _ := rankProcess(t, addr, tr, 1, n, "rejoin")
+	live, _ := rankProcess(t, j, 1, "rejoin")
 	err = live.Wait()
 	var ee *exec.ExitError
 	require.True(t, errors.As(err, &ee) && ee.ExitCode() == exitLive, "a process for live rank 1: %v, want exit %d (ErrRankLive)", err, exitLive)
 
 	require.NoError(t, again.Wait(), "the process that took rank %d over", victim)
-	for r, s := range survivors {
-		require.NoError(t, s.Wait(), "rank %d", r)
+	for i, s := range survivors {
+		require.NoError(t, s.Wait(), "survivor %d", i)
 	}
 	assert.Eventually(t, func() bool { return len(jobKeys(t, ep, "restart")) == 0 }, 2*DefaultTTL, 100*time.Millisecond,
 		"what the job left in etcd")
