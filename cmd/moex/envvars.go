@@ -20,6 +20,10 @@ import (
 var envVars = func() []transport.EnvVar {
 	vs := append(coll.EnvVars(),
 		transport.EnvVar{Name: "MOEX_BENCH_WORKER", Default: "set by moex bench", Meaning: "1 in the rank processes a benchmark launches", Owner: "cmd/moex", Internal: true},
+		transport.EnvVar{Name: "MOEX_CHAOS_DIR", Default: "set by moex bench moe --chaos", Meaning: "where the ranks of a chaos run write their pids", Owner: "cmd/moex", Internal: true},
+		transport.EnvVar{Name: "MOEX_CHAOS_UNTIL", Default: "set by moex bench moe --chaos", Meaning: "when a chaos run ends (Unix ns), the same for every process", Owner: "cmd/moex", Internal: true},
+		transport.EnvVar{Name: "MOEX_CHAOS_EVERY", Default: "5s-15s", Meaning: "MIN-MAX: how often moex bench moe --chaos strikes (tests)", Owner: "cmd/moex", Internal: true},
+		transport.EnvVar{Name: "MOEX_CHAOS_STOPS", Default: "1", Meaning: "0: moex bench moe --chaos only kills, never SIGSTOPs (tests)", Owner: "cmd/moex", Internal: true},
 		transport.EnvVar{Name: "MOEX_CPUPROFILE", Default: "unset", Meaning: "directory: every moex process writes a CPU profile there", Owner: "cmd/moex", Internal: true},
 	)
 	slices.SortStableFunc(vs, func(a, b transport.EnvVar) int {

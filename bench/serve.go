@@ -1,0 +1,277 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/dispatch"
+	"github.com/moex-ai/moex/router"
+)
+
+// ServeOpts is a serving job that heals itself (`moex bench moe --chaos`): every rank
+// serves MoE steps until Until, every token checked; when a rank dies the others shrink,
+// put its experts back from their replicas (dispatch.Recover) and serve on; a process
+// that takes a dead rank over is admitted between steps (coll.Comm.Admit) and receives
+// its experts (dispatch.Grow).
+type ServeOpts struct {
+	RecoverOpts
+	// Until is when the job stops, the same instant on every process (a joiner's too),
+	// decided by the communicator's rank 0 and broadcast at every step.
+	Until time.Time
+}
+
+// ServeSecond is one second of a rank's serving: the steps it completed, and the fewest
+// ranks of the communicators it served on in that second.
+type ServeSecond struct {
+	Steps int `json:"steps"`
+	Ranks int `json:"min_ranks"`
+}
+
+// ServeReport is what one process saw of a self-healing job.
+type ServeReport struct {
+	Rank        int    `json:"rank"` // in the job (its transport)
+	Joined      bool   `json:"joined"`
+	StartUnixNS int64  `json:"start_unix_ns"` // when it began serving (its clock)
+	Steps       int    `json:"steps"`
+	WrongTokens int    `json:"wrong_tokens"`
+	Shrinks     int    `json:"shrinks"` // deaths it recovered from (several at once count once)
+	Grows       int    `json:"grows"`   // processes it admitted (or, for a joiner, 0)
+	Error       string `json:"error,omitempty"`
+	// Seconds: its steps per second of wall clock, from StartUnixNS.
+	Seconds []ServeSecond `json:"seconds"`
+}
+
+// errWrongTokens: a step brought tokens back wrong (counted, not fatal).
+var errWrongTokens = errors.New("bench: tokens came back wrong")
+
+// Serve runs a self-healing serving job on c (see ServeOpts); c is what coll.Init
+// returned, a joiner's grown communicator included (its ParentRanks are set). It returns
+// this process's report, and the communicator it ended on (for the caller to close,
+// unless it is c).
+func Serve(ctx context.Context, c *coll.Comm, o ServeOpts) (*coll.Comm, *ServeReport, error) {
+	o.Victim = 0 // nobody is told to die: the chaos kills
+	cfg, err := checkRecoverOpts(c, &o.RecoverOpts)
+	if err != nil {
+		return c, nil, err
+	}
+	rep := &ServeReport{Rank: c.WorldRank(c.Rank()), Joined: c.ParentRanks() != nil, StartUnixNS: time.Now().UnixNano()}
+	g := c
+	var pl *router.Placement
+	ws := map[int][]byte{}
+	if rep.Joined {
+		next := map[int][]byte{}
+		if pl, _, err = dispatch.Grow(ctx, g, nil, nil, router.Balance{}, weightsInto(o.WeightBytes, ws, next)); err != nil {
+			return g, rep, err
+		}
+		ws = next
+	} else {
+		if pl, err = router.NewPlacement(router.RoundRobin, cfg.Experts, g.Size()); err != nil {
+			return g, rep, err
+		}
+		all := make([]int, cfg.Experts)
+		for e := range all {
+			all[e] = e
+		}
+		if err := pl.Replicate(all, 2); err != nil {
+			return g, rep, err
+		}
+		for _, e := range pl.Local[g.Rank()] {
+			ws[e] = make([]byte, o.WeightBytes)
+			ws[e][0] = byte(e)
+		}
+	}
+	sc := newRecoverScenario(ctx, rep.Rank, cfg, o.RecoverOpts, ws)
+	sc.wrongOK = true
+	if err := sc.open(g, pl); err != nil {
+		return g, rep, err
+	}
+	closeStages := func() {
+		if sc.cb != nil {
+			sc.cb.Close()
+			sc.d.Close()
+			sc.cb, sc.d = nil, nil
+		}
+	}
+	defer closeStages()
+	start := time.Now()
+	record := func(steps int) {
+		s := int(time.Since(start) / time.Second)
+		for len(rep.Seconds) <= s {
+			rep.Seconds = append(rep.Seconds, ServeSecond{Ranks: g.Size()})
+		}
+		rep.Seconds[s].Steps += steps
+		rep.Seconds[s].Ranks = min(rep.Seconds[s].Ranks, g.Size())
+	}
+	// heal shrinks g past the ranks that died and puts their experts back.
+	heal := func(cause error) error {
+		closeStages()
+		sub, err := g.Shrink(ctx)
+		if err != nil {
+			return fmt.Errorf("bench: shrinking after %v: %w", cause, err)
+		}
+		next := map[int][]byte{}
+		npl, _, err := dispatch.Recover(ctx, sub, pl, nil, router.Balance{}, weightsInto(o.WeightBytes, sc.ws, next))
+		if err != nil {
+			sub.Close()
+			return fmt.Errorf("bench: recovering after %v: %w", cause, err)
+		}
+		if g != c {
+			g.Close()
+		}
+		g, pl, sc.ws = sub, npl, next
+		rep.Shrinks++
+		return sc.open(g, pl)
+	}
+	failed := func(err error) bool {
+		var pe *coll.PeerError
+		return errors.As(err, &pe)
+	}
+	registry := true
+	stop := []int64{0}
+	for {
+		stop[0] = 0
+		if g.Rank() == 0 && time.Now().After(o.Until) {
+			stop[0] = 1
+		}
+		err := coll.Broadcast(ctx, g, stop, 0)
+		if err == nil && stop[0] == 1 {
+			break
+		}
+		if err == nil {
+			err = sc.Step(ctx, 0, nil)
+			if errors.Is(err, errWrongTokens) {
+				rep.WrongTokens += sc.wrong
+				err = nil
+			}
+			if err == nil {
+				rep.Steps++
+				record(1)
+			}
+		}
+		if err == nil && registry {
+			var ng *coll.Comm
+			ng, err = g.Admit(ctx)
+			if errors.Is(err, coll.ErrNoRegistry) {
+				registry, err = false, nil
+			}
+			if err == nil && ng != nil {
+				closeStages()
+				next := map[int][]byte{}
+				npl, _, gerr := dispatch.Grow(ctx, ng, pl, nil, router.Balance{}, weightsInto(o.WeightBytes, sc.ws, next))
+				if gerr != nil {
+					ng.Close()
+					err = gerr
+				} else {
+					if g != c {
+						g.Close()
+					}
+					g, pl, sc.ws = ng, npl, next
+					rep.Grows++
+					err = sc.open(g, pl)
+				}
+			}
+		}
+		if err == nil {
+			continue
+		}
+		if !failed(err) {
+			rep.Error = err.Error()
+			return g, rep, err
+		}
+		if err := heal(err); err != nil {
+			rep.Error = err.Error()
+			return g, rep, err
+		}
+		record(0)
+	}
+	record(0)
+	return g, rep, nil
+}
+
+// ServeSummary is a self-healing job's summary over every process's report.
+type ServeSummary struct {
+	Seconds     int     `json:"seconds"`
+	Kills       int     `json:"kills"`
+	Stops       int     `json:"stops"`   // SIGSTOPs (the chaos's)
+	Hung        bool    `json:"hung"`    // the job had not ended a minute after its end
+	Regrows     int     `json:"regrows"` // processes admitted
+	Steps       int     `json:"steps"`   // the most any process served
+	WrongTokens int     `json:"wrong_tokens"`
+	Errors      int     `json:"errors"`     // processes that ended with an error (hangs end in ErrTimeout)
+	FullShare   float64 `json:"full_share"` // of the seconds, those served on every rank throughout
+	// The job's steps per second before the first kill, and in the five seconds after
+	// each regrow (fewer where the next fault comes first), as the process that served
+	// the most steps counted them; 0 where there is no such second.
+	Before float64   `json:"steps_per_s_before"`
+	After  []float64 `json:"steps_per_s_after_regrows"`
+}
+
+// Summarize takes the kills the chaos made and the processes' reports.
+func Summarize(reports []*ServeReport, kills []time.Time, world int) *ServeSummary {
+	s := &ServeSummary{Kills: len(kills)}
+	var longest *ServeReport
+	joined := 0
+	for _, r := range reports {
+		s.WrongTokens += r.WrongTokens
+		if r.Error != "" {
+			s.Errors++
+		}
+		if r.Joined {
+			joined++
+		}
+		s.Regrows = max(s.Regrows, r.Grows) // a process that served throughout admitted every one
+		if longest == nil || r.Steps > longest.Steps {
+			longest = r
+		}
+	}
+	s.Regrows = max(s.Regrows, joined)
+	if longest == nil {
+		return s
+	}
+	s.Steps, s.Seconds = longest.Steps, len(longest.Seconds)
+	full := 0
+	for _, sec := range longest.Seconds {
+		if sec.Ranks == world {
+			full++
+		}
+	}
+	if s.Seconds > 0 {
+		s.FullShare = float64(full) / float64(s.Seconds)
+	}
+	rate := func(from, to int) float64 {
+		from, to = max(from, 0), min(to, len(longest.Seconds))
+		if to <= from {
+			return 0 // no such second
+		}
+		n := 0
+		for _, sec := range longest.Seconds[from:to] {
+			n += sec.Steps
+		}
+		return float64(n) / float64(to-from)
+	}
+	t0 := time.Unix(0, longest.StartUnixNS)
+	first := len(longest.Seconds)
+	if len(kills) > 0 {
+		first = int(kills[0].Sub(t0) / time.Second)
+	}
+	s.Before = rate(1, first) // the first second holds start-up
+	// A regrow: a second at full strength throughout after one that was not; the rate is
+	// that second's and the next four's (up to the next fault).
+	secs := longest.Seconds
+	for i := 1; i < len(secs); i++ {
+		if secs[i].Ranks == world && secs[i-1].Ranks != world {
+			end := i + 5
+			for j := i + 1; j < min(end, len(secs)); j++ {
+				if secs[j].Ranks != world {
+					end = j
+					break
+				}
+			}
+			s.After = append(s.After, rate(i, end))
+		}
+	}
+	return s
+}
