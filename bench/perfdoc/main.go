@@ -29,12 +29,17 @@ func main() {
 	quick := flag.Bool("quick", false, "few iterations (to check the script, not for figures)")
 	against := flag.String("against", "", "a commit: run the MoE stages on its build too, side by side with this one")
 	only := flag.String("only", "", "comma-separated sections to run (to check one; the document then holds only them): "+strings.Join(sectionNames, ","))
+	splice := flag.Bool("splice", false, "with -only: put the sections run into the existing document in place of theirs (a new one before the run's last line), and say so there, rather than writing a document of them alone")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		fmt.Fprintf(os.Stderr, "perfdoc: unexpected argument %q\n", flag.Arg(0))
 		os.Exit(2)
 	}
-	if err := run(*out, *quick, *against, *only); err != nil {
+	if *splice && *only == "" {
+		fmt.Fprintln(os.Stderr, "perfdoc: -splice needs -only")
+		os.Exit(2)
+	}
+	if err := run(*out, *quick, *against, *only, *splice); err != nil {
 		fmt.Fprintln(os.Stderr, "perfdoc:", err)
 		os.Exit(1)
 	}
@@ -60,9 +65,9 @@ func (r *runner) plot(name, alt string) (file, md string) {
 }
 
 // sectionNames name the document's sections, in order, for -only.
-var sectionNames = []string{"against", "moe", "growth", "overlap", "balance", "lost", "regrow", "step", "coalesce", "p2p", "coll", "openmpi", "twohosts", "ucx"}
+var sectionNames = []string{"against", "moe", "growth", "overlap", "balance", "lost", "regrow", "chaos", "step", "coalesce", "p2p", "coll", "openmpi", "twohosts", "ucx"}
 
-func run(out string, quick bool, against, only string) error {
+func run(out string, quick bool, against, only string, splice bool) error {
 	start := time.Now()
 	dir, err := os.MkdirTemp("", "perfdoc")
 	if err != nil {
@@ -91,7 +96,7 @@ func run(out string, quick bool, against, only string) error {
 	fmt.Fprintf(&doc, "together; p50 and p99 are over the iterations. This machine is shared and noisy: compare\n")
 	fmt.Fprintf(&doc, "figures within one run, not across runs.\n\n")
 	machine(&doc)
-	sections := []func(io.Writer) error{r.against, r.moe, r.growth, r.overlap, r.balance, r.lostRank, r.regrow, r.moeStep, r.coalesce, r.p2p, r.coll, r.openMPI, r.twoHosts, r.ucx}
+	sections := []func(io.Writer) error{r.against, r.moe, r.growth, r.overlap, r.balance, r.lostRank, r.regrow, r.chaos, r.moeStep, r.coalesce, r.p2p, r.coll, r.openMPI, r.twoHosts, r.ucx}
 	chosen := map[string]bool{}
 	for _, name := range strings.Split(only, ",") {
 		if name = strings.TrimSpace(name); name != "" {
@@ -109,11 +114,76 @@ func run(out string, quick bool, against, only string) error {
 			return err
 		}
 	}
-	fmt.Fprintf(&doc, "\nThe run took %s.\n", time.Since(start).Round(time.Second))
+	took := time.Since(start).Round(time.Second)
+	if splice {
+		old, err := os.ReadFile(out)
+		if err != nil {
+			return err
+		}
+		b, err := spliceSections(old, doc.Bytes(), fmt.Sprintf("Sections %s were measured again with `docs/perf.sh -only %s -splice` on %s (%s).",
+			only, only, buildOf(r.moex), took))
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(out, b, 0o644)
+	}
+	fmt.Fprintf(&doc, "\nThe run took %s.\n", took)
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err
 	}
 	return os.WriteFile(out, doc.Bytes(), 0o644)
+}
+
+// sections splits a document at its "## " headings: the text before the first, then each
+// section with its heading.
+func sections(doc []byte) []string {
+	parts := strings.Split(string(doc), "\n## ")
+	for i := 1; i < len(parts); i++ {
+		parts[i] = "## " + parts[i]
+	}
+	return parts
+}
+
+// spliceSections puts the sections of fresh into old in place of those with the same
+// heading, a new one after old's last section (before its last line, the run's time), and
+// adds note at the end.
+func spliceSections(old, fresh []byte, note string) ([]byte, error) {
+	s := string(old)
+	at := strings.LastIndex(s, "\nThe run took")
+	if at < 0 {
+		return nil, fmt.Errorf("perfdoc: the document has no \"The run took\" line")
+	}
+	body, trailer := s[:at+1], s[at+1:]
+	norm := func(p string) string { return strings.TrimRight(p, "\n") + "\n" }
+	heading := func(p string) string { h, _, _ := strings.Cut(p, "\n"); return h }
+	olds := sections([]byte(body))
+	for i := range olds {
+		olds[i] = norm(olds[i])
+	}
+	for _, n := range sections(fresh)[1:] {
+		n = norm(n)
+		if i := slices.IndexFunc(olds, func(o string) bool { return heading(o) == heading(n) }); i > 0 {
+			olds[i] = n
+		} else {
+			olds = append(olds, n)
+		}
+	}
+	gap := body[len(strings.TrimRight(body, "\n")):] // as the document had it before the run's time
+	return []byte(strings.TrimRight(strings.Join(olds, "\n"), "\n") + gap + strings.TrimRight(trailer, "\n") + "\n" + note + "\n"), nil
+}
+
+// buildOf is the commit moex at path was built from.
+func buildOf(path string) string {
+	b, err := exec.Command("go", "version", "-m", path).Output()
+	if err != nil {
+		return "this build"
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && f[0] == "build" && strings.HasPrefix(f[1], "vcs.revision=") {
+			return shortCommit(strings.TrimPrefix(f[1], "vcs.revision="))
+		}
+	}
+	return "this build"
 }
 
 func machine(w io.Writer) {

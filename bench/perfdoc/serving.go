@@ -154,3 +154,36 @@ func p50(v []float64) float64 {
 	slices.Sort(s)
 	return s[(len(s)-1)/2]
 }
+
+// chaos is the self-healing job under faults (moex bench moe --chaos).
+func (r *runner) chaos(w io.Writer) error {
+	d := "10m"
+	if r.quick {
+		d = "30s"
+	}
+	fmt.Fprintf(w, "## A serving job under chaos\n\n")
+	fmt.Fprintf(w, "`moex bench moe --ranks 4 --transport T --tokens 16 --chaos %s --json` (mixtral-8x7b, every expert on two\n", d)
+	fmt.Fprintf(w, "ranks): the ranks serve under moex run --restarts, every token checked, healing themselves (Shrink and\n")
+	fmt.Fprintf(w, "dispatch.Recover when a rank dies; Admit and dispatch.Grow when a new process has taken its rank\n")
+	fmt.Fprintf(w, "over), while a random rank, rank 0 included, is SIGKILLed every 5 to 15 s (one fault in four a SIGSTOP\n")
+	fmt.Fprintf(w, "of 1 to 3 s instead). \"Full strength\" is the share of seconds served on four ranks throughout; the\n")
+	fmt.Fprintf(w, "steps/s are the job's before the first kill, and in the five seconds after each regrow (fewer where the\n")
+	fmt.Fprintf(w, "next fault came first): their median and lowest. A fault that stops a rank stalls every rank meanwhile.\n\n")
+	fmt.Fprintf(w, "| transport | kills | stops | regrows | steps | wrong tokens | processes failed | hung | full strength | steps/s before | after regrows p50 | lowest |\n")
+	fmt.Fprintf(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
+	for _, tr := range []string{"shm", "tcp"} {
+		var s bench.ServeSummary
+		if _, err := r.moexJSON([]string{"bench", "moe", "--ranks", "4", "--transport", tr, "--tokens", "16", "--chaos", d},
+			func(line []byte) error { return json.Unmarshal(line, &s) }); err != nil {
+			return err
+		}
+		after, lowest := 0.0, 0.0
+		if len(s.After) > 0 {
+			after, lowest = p50(s.After), slices.Min(s.After)
+		}
+		fmt.Fprintf(w, "| %s | %d | %d | %d | %d | %d | %d | %v | %.1f%% | %.0f | %.0f | %.0f |\n", tr, s.Kills, s.Stops, s.Regrows, s.Steps,
+			s.WrongTokens, s.Errors, s.Hung, 100*s.FullShare, s.Before, after, lowest)
+	}
+	fmt.Fprintln(w)
+	return nil
+}
