@@ -11,8 +11,8 @@ import (
 )
 
 // Grow moves MoE serving onto a grown communicator in one collective call, the way back
-// from Recover: g is what coll.Comm.Grow returned on the live ranks and coll.Rejoin on
-// the ranks that joined, old the placement over the communicator it grew from (the live
+// from Recover: g is what coll.Comm.Admit (or Grow) returned on the live ranks and
+// coll.Init (or Rejoin) on the process that took a rank over, old the placement over the communicator it grew from (the live
 // ranks pass the one they serve with; a joiner passes nil and learns it), load the load
 // per logical expert to balance (the live ranks pass the same; nil: even; a joiner's is
 // ignored). The lowest live rank sends every rank the placement and the load; every rank
