@@ -263,6 +263,16 @@ func InitEnv(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, error) 
 	ictx, cancelInit := context.WithTimeout(ctx, cfg.InitTimeout)
 	defer cancelInit()
 	rv, err := bootstrap.Join(ictx, env, log)
+	for backoff := 50 * time.Millisecond; env.Restarted && errors.Is(err, bootstrap.ErrRankLive); backoff = min(2*backoff, time.Second) {
+		// Restarted for a rank whose process died: the live ranks have not yet removed
+		// its entry (they remove it once they have shrunk past it), or its lease lives on.
+		select {
+		case <-ictx.Done():
+			return nil, fmt.Errorf("coll: rank %d, restarted, was still live in the job's store at the start-up deadline: %w", env.Rank, err)
+		case <-time.After(backoff):
+		}
+		rv, err = bootstrap.Join(ictx, env, log)
+	}
 	if errors.Is(err, bootstrap.ErrJobRunning) {
 		// A store that outlives start-up (etcd) says the job runs without this rank: this
 		// process was started again for a rank whose process died, and takes it over.

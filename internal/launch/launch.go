@@ -60,12 +60,25 @@ type Config struct {
 	// caller supplies it, as this package stays below the bootstrap): its address, and
 	// how to stop it.
 	ServeRegistry func(token string) (addr string, stop func() error, err error)
+	// Nodes and NodeRank: the job spans Nodes hosts, N ranks on each, and this launcher
+	// (an agent, as torchrun's) starts those of node NodeRank (ranks NodeRank*N to
+	// NodeRank*N+N-1); the agents meet through Rdzv. Nodes 0 is 1.
+	Nodes, NodeRank int
+	// Rdzv is the job's rendezvous that outlives its ranks (etcd://host:port/job): set,
+	// every rank meets there (MOEX_ADDR) with the job secret from the environment
+	// (MOEX_JOB_TOKEN, the same for every agent), and a rank restarted (Restarts) is
+	// started again with the environment it had and MOEX_RESTARTED=1: it takes its rank
+	// over through Rdzv, with no registry served here. Needed with Nodes > 1.
+	Rdzv string
 }
 
-// MaxRanks bounds the ranks of a job on one host; MaxRestarts the replacements of a job.
+// MaxRanks bounds the ranks of a job on one host; MaxRestarts the replacements of a job;
+// MaxNodes its nodes and MaxWorld its ranks on every node.
 const (
 	MaxRanks    = 1024
 	MaxRestarts = 1000
+	MaxNodes    = 4096
+	MaxWorld    = 1 << 16
 )
 
 // RankError says which rank ended the job and how: the root cause (see Run).
@@ -173,6 +186,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Grace <= 0 {
 		cfg.Grace = 5 * time.Second
 	}
+	nodes := max(cfg.Nodes, 1)
+	switch {
+	case nodes > MaxNodes || cfg.NodeRank < 0 || cfg.NodeRank >= nodes || nodes*cfg.N > MaxWorld:
+		return fmt.Errorf("launch: node %d of %d, %d ranks each: want 1 to %d nodes, node below their number, at most %d ranks in all", cfg.NodeRank, nodes, cfg.N, MaxNodes, MaxWorld)
+	case nodes > 1 && cfg.Rdzv == "":
+		return errors.New("launch: ranks on several nodes meet through a rendezvous that every agent reaches (Rdzv: etcd://host:port/job)")
+	}
+	token := NewToken()
+	if cfg.Rdzv != "" {
+		if token = lookup(append(os.Environ(), cfg.Env...), "MOEX_JOB_TOKEN"); token == "" {
+			return errors.New("launch: with a rendezvous (--rdzv) every agent must give its ranks the same job secret: export MOEX_JOB_TOKEN (for example $(head -c16 /dev/urandom | xxd -p)) before starting each")
+		}
+	}
 	addr, err := FreeAddr()
 	if err != nil {
 		return fmt.Errorf("launch: picking a rendezvous port: %w", err)
@@ -185,8 +211,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("launch: %w", err)
 	}
 	defer os.RemoveAll(reports)
-	j := &job{cfg: cfg, addr: addr, token: NewToken(), reports: reports, cmds: make([]*exec.Cmd, cfg.N)}
-	if cfg.Restarts > 0 {
+	j := &job{cfg: cfg, addr: addr, token: token, reports: reports, cmds: make([]*exec.Cmd, nodes*cfg.N), base: cfg.NodeRank * cfg.N}
+	if cfg.Rdzv != "" {
+		j.addr = cfg.Rdzv
+	}
+	if cfg.Restarts > 0 && cfg.Rdzv == "" {
 		// The registry outlives every rank: the replacements say there where they listen.
 		if cfg.ServeRegistry == nil {
 			return errors.New("launch: restarts without a registry to serve (Config.ServeRegistry)")
@@ -203,9 +232,9 @@ func Run(ctx context.Context, cfg Config) error {
 		defer stop()
 		j.registry = addr
 	}
-	for r := 0; r < cfg.N; r++ {
+	for r := j.base; r < j.base+cfg.N; r++ {
 		if err := j.start(r, false); err != nil {
-			killAll(j.cmds[:r])
+			killAll(j.cmds)
 			j.copiers.Wait()
 			return err
 		}
@@ -237,10 +266,11 @@ func (j *job) removeSegments() {
 // job is one Run: its ranks' processes and the goroutines that copy their output.
 type job struct {
 	cfg     Config
+	base    int    // the first rank this launcher starts (Config.NodeRank*N)
 	addr    string // the rendezvous store's
 	token   string
 	reports string      // MOEX_LAUNCH_REPORT
-	cmds    []*exec.Cmd // each rank's process (its latest)
+	cmds    []*exec.Cmd // each rank's process (its latest), by rank of the job; nil for other nodes' ranks
 	all     []*exec.Cmd // every process started, replacements included
 	// registry is the job's registry's address (Restarts); restarted counts the
 	// replacements started.
@@ -254,8 +284,8 @@ type job struct {
 func (j *job) env(r int) []string {
 	env := append(os.Environ(),
 		"MOEX_RANK="+strconv.Itoa(r),
-		"MOEX_WORLD_SIZE="+strconv.Itoa(j.cfg.N),
-		"MOEX_LOCAL_RANK="+strconv.Itoa(r),
+		"MOEX_WORLD_SIZE="+strconv.Itoa(len(j.cmds)),
+		"MOEX_LOCAL_RANK="+strconv.Itoa(r-j.base),
 		"MOEX_LOCAL_SIZE="+strconv.Itoa(j.cfg.N),
 		"MOEX_ADDR="+j.addr,
 		"MOEX_JOB_TOKEN="+j.token,
@@ -291,7 +321,10 @@ func (j *job) env(r int) []string {
 func (j *job) start(r int, joining bool) error {
 	cmd := exec.Command(j.cfg.Prog, j.cfg.Args...)
 	cmd.Env = j.env(r)
-	if joining {
+	switch {
+	case joining && j.cfg.Rdzv != "":
+		cmd.Env = append(cmd.Env, "MOEX_RESTARTED=1") // it finds the running job at the rendezvous
+	case joining:
 		cmd.Env = append(cmd.Env, "MOEX_JOINING=1")
 	}
 	// Own process group, so that we decide who gets which signal; and die with us.
@@ -348,14 +381,16 @@ func (j *job) start(r int, joining bool) error {
 
 // wait waits for every rank, stopping the job on the first failure (see Run).
 func (j *job) wait(ctx context.Context) error {
-	n := j.cfg.N
+	n := len(j.cmds)
 	type exit struct {
 		rank int
 		err  error
 	}
-	exits := make(chan exit, n+j.cfg.Restarts)
+	exits := make(chan exit, j.cfg.N+j.cfg.Restarts)
 	for r, cmd := range j.cmds {
-		go func() { exits <- exit{r, cmd.Wait()} }()
+		if cmd != nil {
+			go func() { exits <- exit{r, cmd.Wait()} }()
+		}
 	}
 	var first error
 	exited := make([]bool, n)
@@ -371,7 +406,7 @@ func (j *job) wait(ctx context.Context) error {
 		for r, c := range j.cmds {
 			// A rank that panicked is printing its stack and exits by itself (the kill
 			// timer still ends it after the grace period).
-			if !exited[r] && !j.panicked(r) {
+			if c != nil && !exited[r] && !j.panicked(r) {
 				_ = syscall.Kill(-c.Process.Pid, sig)
 			}
 		}
@@ -397,7 +432,7 @@ func (j *job) wait(ctx context.Context) error {
 		}
 	}
 	done := ctx.Done()
-	for left := n; left > 0; {
+	for left := j.cfg.N; left > 0; {
 		select {
 		case e := <-exits:
 			left--

@@ -40,6 +40,11 @@ type Env struct {
 	// Joining (MOEX_JOINING=1): this process takes over rank Rank of a running job whose
 	// process died, rather than starting one (needs Registry).
 	Joining bool
+	// Restarted (MOEX_RESTARTED=1, set by a launcher that restarts a rank): where the job
+	// meets in a store that outlives start-up (etcd), a claim refused because the rank is
+	// still live (the others have not yet seen its process die) is tried again until the
+	// start-up deadline, rather than failing at once.
+	Restarted bool
 }
 
 // DefaultTimeout bounds every collective unless MOEX_TIMEOUT says otherwise.
@@ -179,6 +184,13 @@ func ParseEnv(getenv func(string) string) (Env, error) {
 		e.Registry = v
 	} else if IsURL(e.Addr) {
 		e.Registry = e.Addr // a driver's store outlives start-up: it is the registry too
+	}
+	switch v := getenv("MOEX_RESTARTED"); v {
+	case "", "0":
+	case "1":
+		e.Restarted = true
+	default:
+		return e, &transport.EnvError{Var: "MOEX_RESTARTED", Value: v, Reason: "want 1 or 0"}
 	}
 	switch v := getenv("MOEX_JOINING"); v {
 	case "", "0":

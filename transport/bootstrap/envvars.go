@@ -22,6 +22,7 @@ var envVars = []transport.EnvVar{
 	{Name: "MOEX_LOCAL_SIZE", Default: "LOCAL_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_SIZE, SLURM_NTASKS_PER_NODE", Meaning: "ranks on this host", Owner: "bootstrap"},
 	{Name: "MOEX_ADDR", Default: "MASTER_ADDR:MASTER_PORT", Meaning: "rendezvous store: host:port, served by rank 0; or etcd://host[:port][,host:port...]/job (the program imports transport/bootstrap/etcd; the moex command does), which is the registry too", Owner: "bootstrap"},
 	{Name: "MOEX_REGISTRY", Default: "unset (moex run --restarts sets it)", Meaning: "host:port (or etcd://host:port/job) of a store that outlives every rank, where a process that takes over a dead rank is found (coll.Comm.Admit)", Owner: "bootstrap"},
+	{Name: "MOEX_RESTARTED", Default: "0", Meaning: "1 (set by moex run --rdzv for a rank it restarts): a claim refused because the rank still looks live in etcd is tried again until the start-up deadline", Owner: "bootstrap", Internal: true},
 	{Name: "MOEX_JOINING", Default: "0", Meaning: "1: this process takes over rank MOEX_RANK of a running job whose process died (coll.Init joins through MOEX_REGISTRY)", Owner: "bootstrap"},
 	{Name: "MOEX_JOB_TOKEN", Default: "none (required when ranks > 1)", Meaning: "job secret; every connection proves it with an HMAC challenge", Owner: "bootstrap"},
 	{Name: "MOEX_BIND", Default: "the local address that reaches MOEX_ADDR", Meaning: "host or IP that listeners bind", Owner: "bootstrap"},

@@ -2,14 +2,17 @@ package etcd
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -64,6 +67,19 @@ func helper(mode string) int {
 			time.Sleep(5 * time.Millisecond)
 		}
 		return nil
+	}
+	if mode == "agent" { // under moex run --rdzv: the victim kills itself; the agent starts it again
+		switch {
+		case c.ParentRanks() != nil:
+			mode = "rejoin"
+		case strconv.Itoa(c.Rank()) == os.Getenv("MOEX_VICTIM"):
+			if err := steps(c, 20); err != nil {
+				return fail(err)
+			}
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		default:
+			mode = "survive"
+		}
 	}
 	switch mode {
 	case "rejoin":
@@ -209,4 +225,30 @@ func restartedRejoins(t *testing.T, ep string, j job) {
 	}
 	assert.Eventually(t, func() bool { return len(jobKeys(t, ep, "restart")) == 0 }, 2*DefaultTTL, 100*time.Millisecond,
 		"what the job left in etcd")
+}
+
+// Two moex run agents, as torchrun's, one per node (--nnodes 2, two ranks each), meet
+// in a real etcd: rank 3 (node 1) kills itself after 20 steps; its agent starts it again
+// with the environment it had (--restarts), it takes rank 3 over through etcd, and every
+// rank serves 100 steps on four: both agents end well.
+func TestAgentsRestartThroughEtcd(t *testing.T) {
+	ep := startEtcd(t)
+	moex := filepath.Join(t.TempDir(), "moex")
+	b, err := exec.Command("go", "build", "-o", moex, "../../../cmd/moex").CombinedOutput()
+	require.NoError(t, err, "build: %s", b)
+	var outs [2]bytes.Buffer
+	errs := onRanks(2, func(node int) error {
+		cmd := exec.Command(moex, "run", "-n", "2", "--nnodes", "2", "--node-rank", strconv.Itoa(node), "--rdzv", "etcd://"+ep+"/agents",
+			"--restarts", "1", "--grace", "1s", "--", os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "MOEX_ETCD_HELPER=agent", "MOEX_VICTIM=3", "MOEX_JOB_TOKEN="+secret, "MOEX_TIMEOUT=20s",
+			"MOEX_HOST_ID=etcd-agent-node-"+strconv.Itoa(node))
+		cmd.Stdout, cmd.Stderr = &outs[node], &outs[node]
+		return cmd.Run()
+	})
+	for node, err := range errs {
+		require.NoError(t, err, "node %d:\n%s", node, outs[node].String())
+	}
+	assert.Contains(t, outs[1].String(), "starting a process to take it over (restart 1 of 1)")
+	assert.Contains(t, outs[1].String(), "[3] joined 4")
+	assert.Eventually(t, func() bool { return len(jobKeys(t, ep, "agents")) == 0 }, 2*DefaultTTL, 100*time.Millisecond)
 }
