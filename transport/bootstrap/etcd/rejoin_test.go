@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -19,7 +20,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/moex-ai/moex/bench"
 	"github.com/moex-ai/moex/coll"
+	"github.com/moex-ai/moex/transport/shm"
 )
 
 func TestMain(m *testing.M) {
@@ -251,4 +254,116 @@ func TestAgentsRestartThroughEtcd(t *testing.T) {
 	assert.Contains(t, outs[1].String(), "starting a process to take it over (restart 1 of 1)")
 	assert.Contains(t, outs[1].String(), "[3] joined 4")
 	assert.Eventually(t, func() bool { return len(jobKeys(t, ep, "agents")) == 0 }, 2*DefaultTTL, 100*time.Millisecond)
+}
+
+// ipNetns runs ip with args, failing the test on error.
+func ipNetns(t *testing.T, args ...string) {
+	t.Helper()
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	require.NoError(t, err, "ip %s: %s", strings.Join(args, " "), out)
+}
+
+// Two hosts made of network namespaces joined by a veth, etcd on host A, a moex run
+// agent on each (--nnodes 2, two ranks each: shared memory within a host, tcp across),
+// serving MoE steps (moex bench moe's self-healing loop: dispatch and combine, every
+// token checked against the reference). SIGKILL rank 2 on host B, then rank 0 on host
+// A: each agent starts its rank again with the environment it had, the new process
+// rejoins through etcd, and every rank serves on to the end: no wrong token, no failed
+// process, each new process at least 100 steps, both agents end well, and no process's
+// shared memory is left behind.
+func TestTwoHostsServeThroughEtcd(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make network namespaces (ip netns); not root here")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skipf("needs ip (iproute2) to make network namespaces: %v", err)
+	}
+	etcdBin, err := exec.LookPath("etcd")
+	if err != nil {
+		t.Skip("etcd is not installed (apt-get install etcd-server; .ci/run does)")
+	}
+	id := os.Getpid() % 200
+	nsA, nsB := fmt.Sprintf("mxetcdA%d", id), fmt.Sprintf("mxetcdB%d", id)
+	ipA, ipB := fmt.Sprintf("10.79.%d.1", id), fmt.Sprintf("10.79.%d.2", id)
+	t.Cleanup(func() {
+		_ = exec.Command("ip", "netns", "del", nsA).Run()
+		_ = exec.Command("ip", "netns", "del", nsB).Run()
+	})
+	ipNetns(t, "netns", "add", nsA)
+	ipNetns(t, "netns", "add", nsB)
+	ipNetns(t, "link", "add", "v"+nsA, "type", "veth", "peer", "name", "v"+nsB)
+	for _, h := range []struct{ ns, ip string }{{nsA, ipA}, {nsB, ipB}} {
+		ipNetns(t, "link", "set", "v"+h.ns, "netns", h.ns)
+		ipNetns(t, "-n", h.ns, "addr", "add", h.ip+"/24", "dev", "v"+h.ns)
+		ipNetns(t, "-n", h.ns, "link", "set", "lo", "up")
+		ipNetns(t, "-n", h.ns, "link", "set", "v"+h.ns, "up")
+	}
+	dir := t.TempDir()
+	port := 32000 + id*10
+	curl, purl := fmt.Sprintf("http://%s:%d", ipA, port), fmt.Sprintf("http://%s:%d", ipA, port+1)
+	etcd := exec.Command("ip", "netns", "exec", nsA, etcdBin, "--name", "a", "--data-dir", filepath.Join(dir, "etcd"),
+		"--listen-client-urls", curl, "--advertise-client-urls", curl, "--listen-peer-urls", purl,
+		"--initial-advertise-peer-urls", purl, "--initial-cluster", "a="+purl)
+	require.NoError(t, etcd.Start())
+	t.Cleanup(func() { _ = etcd.Process.Kill(); _ = etcd.Wait() })
+
+	moex := filepath.Join(dir, "moex")
+	b, err := exec.Command("go", "build", "-o", moex, "../../../cmd/moex").CombinedOutput()
+	require.NoError(t, err, "build: %s", b)
+	pids := filepath.Join(dir, "pids")
+	require.NoError(t, os.Mkdir(pids, 0o700))
+	until := time.Now().Add(30 * time.Second)
+	var outs [2]bytes.Buffer
+	done := make(chan []error, 1)
+	go func() {
+		done <- onRanks(2, func(node int) error {
+			ns, ip := nsA, ipA
+			if node == 1 {
+				ns, ip = nsB, ipB
+			}
+			cmd := exec.Command("ip", "netns", "exec", ns, moex, "run", "-n", "2", "--nnodes", "2", "--node-rank", strconv.Itoa(node),
+				"--rdzv", fmt.Sprintf("etcd://%s:%d/twohosts", ipA, port), "--restarts", "2", "--grace", "1s", "--",
+				moex, "bench", "moe", "--model", "tiny-qwen", "--ranks", "4", "--transport", "tcp", "--tokens", "8", "--chaos", "30s")
+			cmd.Env = append(os.Environ(), "MOEX_BENCH_WORKER=1", "MOEX_CHAOS_DIR="+pids, "MOEX_CHAOS_UNTIL="+strconv.FormatInt(until.UnixNano(), 10),
+				"MOEX_JOB_TOKEN="+secret, "MOEX_TIMEOUT=20s", "MOEX_BIND="+ip, "MOEX_HOST_ID=host-"+ns)
+			cmd.Stdout, cmd.Stderr = &outs[node], &outs[node]
+			return cmd.Run()
+		})
+	}()
+	kill := func(r int, at time.Duration) {
+		time.Sleep(time.Until(until.Add(-30*time.Second + at)))
+		b, err := os.ReadFile(filepath.Join(pids, "rank"+strconv.Itoa(r)+".pid"))
+		require.NoError(t, err, "rank %d's pid", r)
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		require.NoError(t, err)
+		require.NoError(t, syscall.Kill(pid, syscall.SIGKILL), "rank %d", r)
+	}
+	kill(2, 8*time.Second)
+	kill(0, 16*time.Second)
+	errs := <-done
+	for node, err := range errs {
+		require.NoError(t, err, "node %d:\n%s", node, outs[node].String())
+	}
+	var reports []*bench.ServeReport
+	for node := range outs {
+		for _, line := range strings.Split(outs[node].String(), "\n") {
+			if _, js, ok := strings.Cut(line, "] {"); ok {
+				r := &bench.ServeReport{}
+				require.NoError(t, json.Unmarshal([]byte("{"+js), r), line)
+				reports = append(reports, r)
+			}
+		}
+	}
+	joined := map[int]bool{}
+	for _, r := range reports {
+		assert.Zero(t, r.WrongTokens, "rank %d", r.Rank)
+		assert.Empty(t, r.Error, "rank %d", r.Rank)
+		if r.Joined {
+			joined[r.Rank] = true
+			assert.GreaterOrEqual(t, r.Steps, 100, "rank %d, rejoined", r.Rank)
+		}
+	}
+	assert.Equal(t, map[int]bool{0: true, 2: true}, joined, "the ranks that rejoined:\n%s\n%s", outs[0].String(), outs[1].String())
+	assert.Len(t, reports, 4, "a report from every rank's last process")
+	assert.Empty(t, shm.StaleSegments(), "shared memory in /dev/shm of processes gone")
 }
