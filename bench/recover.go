@@ -40,6 +40,9 @@ type RecoverOpts struct {
 	Rejoin bool
 	After  int
 	Wait   time.Duration
+	// Rdzv: the job meets in etcd here (etcd://host:port/name; moex bench moe --rdzv),
+	// and the new process takes the rank over through it.
+	Rdzv string
 }
 
 // MaxWeightBytes bounds RecoverOpts.WeightBytes.

@@ -4,6 +4,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -106,13 +110,21 @@ func (r *runner) regrow(w io.Writer) error {
 	fmt.Fprintf(w, "it, a whole job's restart: `moex bench moe --model deepseek-v3 --ranks 4 --transport T --tokens 16\n")
 	fmt.Fprintf(w, "--iters 3 --pairs 3` from the command to its end (four processes, Init, the MoE layer, five steps),\n")
 	fmt.Fprintf(w, "which takes longer here than the way back even with nothing to load; an engine's restart also reloads every rank's weights\n")
-	fmt.Fprintf(w, "and loses every rank's requests and KV cache, where the survivors here serve throughout.\n\n")
+	fmt.Fprintf(w, "and loses every rank's requests and KV cache, where the survivors here serve throughout. \"Over etcd\"\n")
+	fmt.Fprintf(w, "rows (with `--rdzv etcd://127.0.0.1:PORT/perfdoc`, an etcd 3.4 on this host): the ranks meet in etcd and\n")
+	fmt.Fprintf(w, "the launcher starts the dead rank's process again with its own environment, which takes the rank over\n")
+	fmt.Fprintf(w, "through etcd (as a restarted Kubernetes pod does), not through moex run's registry.\n\n")
 	fmt.Fprintf(w, "| transport | killed | serving on 3 p50 | max | new process started p50 | joined p50 | experts moved p50 | serving on 4 p50 | max | back p50 | max | whole job restart p50 |\n")
 	fmt.Fprintf(w, "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n")
 	runs := 10
 	if r.quick {
 		runs = 2
 	}
+	etcd, stop, err := startEtcd()
+	if err != nil {
+		return err
+	}
+	defer stop()
 	for _, tr := range []string{"shm", "tcp"} {
 		var restart []float64
 		for i := 0; i < runs; i++ {
@@ -123,10 +135,19 @@ func (r *runner) regrow(w io.Writer) error {
 			}
 			restart = append(restart, float64(time.Since(start).Microseconds())/1e3)
 		}
-		for _, victim := range []string{"2", "0"} {
+		kinds := []struct{ victim, rdzv, name string }{{"2", "", tr}, {"0", "", tr}}
+		if etcd != "" {
+			kinds = append(kinds, struct{ victim, rdzv, name string }{"2", "etcd://" + etcd + "/perfdoc", tr + " over etcd"})
+		}
+		for _, k := range kinds {
+			victim := k.victim
 			var s bench.RecoverSummary
-			_, err := r.moexJSON([]string{"bench", "moe", "--model", "deepseek-v3", "--ranks", "4", "--transport", tr,
-				"--kill", victim, "--rejoin", "--tokens", "16", "--runs", fmt.Sprint(runs)}, func(line []byte) error { return json.Unmarshal(line, &s) })
+			args := []string{"bench", "moe", "--model", "deepseek-v3", "--ranks", "4", "--transport", tr,
+				"--kill", victim, "--rejoin", "--tokens", "16", "--runs", fmt.Sprint(runs)}
+			if k.rdzv != "" {
+				args = append(args, "--rdzv", k.rdzv)
+			}
+			_, err := r.moexJSON(args, func(line []byte) error { return json.Unmarshal(line, &s) })
 			if err != nil {
 				return err
 			}
@@ -140,7 +161,7 @@ func (r *runner) regrow(w io.Writer) error {
 				started, joined, grown = append(started, tl.StartedMS), append(joined, tl.JoinedMS), append(grown, tl.GrownMS)
 				serving, back = append(serving, tl.ServingMS), append(back, tl.ServingMS-tl.StartedMS)
 			}
-			fmt.Fprintf(w, "| %s | rank %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", tr, victim,
+			fmt.Fprintf(w, "| %s | rank %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", k.name, victim,
 				p50(first), slices.Max(first), p50(started), p50(joined), p50(grown), p50(serving), slices.Max(serving), p50(back), slices.Max(back), p50(restart))
 		}
 	}
@@ -186,4 +207,55 @@ func (r *runner) chaos(w io.Writer) error {
 	}
 	fmt.Fprintln(w)
 	return nil
+}
+
+// startEtcd starts an etcd on a free loopback port for the rows over etcd, and returns
+// its client endpoint ("" where etcd is not installed) and how to stop it.
+func startEtcd() (string, func(), error) {
+	bin, err := exec.LookPath("etcd")
+	if err != nil {
+		return "", func() {}, nil
+	}
+	free := func() (int, error) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, err
+		}
+		defer ln.Close()
+		return ln.Addr().(*net.TCPAddr).Port, nil
+	}
+	cp, err := free()
+	if err != nil {
+		return "", nil, err
+	}
+	pp, err := free()
+	if err != nil {
+		return "", nil, err
+	}
+	dir, err := os.MkdirTemp("", "perfdoc-etcd")
+	if err != nil {
+		return "", nil, err
+	}
+	ep, peer := fmt.Sprintf("127.0.0.1:%d", cp), fmt.Sprintf("http://127.0.0.1:%d", pp)
+	cmd := exec.Command(bin, "--data-dir", filepath.Join(dir, "data"), "--listen-client-urls", "http://"+ep, "--advertise-client-urls", "http://"+ep,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", "default="+peer)
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	stop := func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		os.RemoveAll(dir)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if c, err := net.DialTimeout("tcp", ep, time.Second); err == nil {
+			c.Close()
+			return ep, stop, nil
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return "", nil, fmt.Errorf("perfdoc: etcd at %s did not come up", ep)
+		}
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/internal/launch"
+	"github.com/moex-ai/moex/transport/bootstrap"
 )
 
 // Bounds of --chaos.
@@ -39,7 +40,10 @@ const (
 // kills, the regrows, the wrong tokens, the processes that failed or hung, the share of
 // the time at full strength and the steps per second before the first kill and after
 // each regrow.
-func benchChaos(ctx context.Context, rf rankFlags, o bench.MoEOpts, ro bench.RecoverOpts, d time.Duration, args []string) error {
+func benchChaos(ctx context.Context, rf rankFlags, o bench.MoEOpts, ro bench.RecoverOpts, d time.Duration, rdzv string, args []string) error {
+	if err := checkRdzv(rdzv); err != nil {
+		return err
+	}
 	switch {
 	case d < MinChaos || d > MaxChaos:
 		return &usageError{fmt.Sprintf("--chaos %v: want %v to %v", d, MinChaos, MaxChaos)}
@@ -78,6 +82,7 @@ func benchChaos(ctx context.Context, rf rankFlags, o bench.MoEOpts, ro bench.Rec
 		Env: []string{"MOEX_BENCH_WORKER=1", "MOEX_TRANSPORT=" + rf.transport, "MOEX_CHAOS_DIR=" + dir,
 			"MOEX_CHAOS_UNTIL=" + strconv.FormatInt(until.UnixNano(), 10), "MOEX_TIMEOUT=30s"},
 		Stdout: &out, Stderr: &errOut}
+	withRdzv(&lc, rdzv)
 	every, err := chaosEvery()
 	if err != nil {
 		return err
@@ -223,4 +228,26 @@ func chaosRank(ctx context.Context, ro bench.RecoverOpts) error {
 		}
 	}
 	return err
+}
+
+// checkRdzv checks --rdzv: empty, or etcd://host:port/name.
+func checkRdzv(rdzv string) error {
+	if rdzv == "" {
+		return nil
+	}
+	if u, err := bootstrap.ParseStoreURL(rdzv); err != nil || u.Scheme != "etcd" || len(u.Path) < 2 || u.RawQuery != "" {
+		return &usageError{fmt.Sprintf("--rdzv %q: want etcd://host:port/name", rdzv)}
+	}
+	return nil
+}
+
+// withRdzv makes lc's job meet in etcd at rdzv (a fresh name under it, so that no job
+// meets an earlier one's entries) with a fresh secret, and restart its ranks through it.
+func withRdzv(lc *launch.Config, rdzv string) {
+	if rdzv == "" {
+		return
+	}
+	lc.Rdzv = rdzv + "-" + launch.NewToken()[:12]
+	lc.ServeRegistry = nil
+	lc.Env = append(lc.Env, "MOEX_JOB_TOKEN="+launch.NewToken())
 }

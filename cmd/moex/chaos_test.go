@@ -45,6 +45,10 @@ func TestBenchChaosRefuses(t *testing.T) {
 		{"--chaos", "20s", "--transport", "inproc"},
 		{"--chaos", "20s", "--kill", "1"},
 		{"--chaos", "20s", "--mode", "gathered"},
+		{"--chaos", "20s", "--rdzv", "zk://127.0.0.1:1/x"},
+		{"--chaos", "20s", "--rdzv", "etcd://127.0.0.1:1"},
+		{"--rdzv", "etcd://127.0.0.1:1/x"},
+		{"--kill", "1", "--rdzv", "etcd://127.0.0.1:1/x"},
 	} {
 		err := benchMoE(context.Background(), args)
 		var ue *usageError

@@ -52,6 +52,7 @@ buffers per rank, the error against the single-process reference, and a verdict 
 	runs := fs.Int("runs", 1, "with --kill: jobs to run, for p50 and max")
 	fs.BoolVar(&ro.Rejoin, "rejoin", false, "with --kill (over shm or tcp): the launcher starts a process that takes the dead rank over (moex run --restarts); the survivors serve on, admit it (Comm.Admit), move experts onto it (dispatch.Grow) and serve 20 more steps with it; prints the timeline and tokens/s at every step")
 	fs.Var(bytesFlag{&ro.WeightBytes}, "weight-bytes", "with --kill: bytes of weights per expert, moved to the ranks that take an expert over (default 64K)")
+	rdzv := fs.String("rdzv", "", "with --kill --rejoin or --chaos: the ranks meet in etcd at this address (etcd://host:port/name; each job adds a fresh suffix to the name), and a process started again for a dead rank takes it over through it, as under Kubernetes, rather than through moex run's registry")
 	chaosFor := fs.Duration("chaos", 0, "serve for this long (10s to 24h) under moex run --restarts, the ranks healing themselves (Shrink, Recover, Admit, Grow; every token checked), while a random rank, rank 0 included, is SIGKILLed every 5 to 15 s (1 time in 4 SIGSTOPped for 1 to 3 s instead); prints kills, regrows, wrong tokens, failures, hangs, the share of the time at full strength, and steps/s before the first kill and after each regrow")
 	levels := fs.String("levels", "", "ranks on several hosts: flat, two (dispatch.TwoLevel: a token crosses to a host once, its relay hands it on), auto (as dispatch.ChooseTwoLevel picks) or compare (flat, then two); prints step time and bytes within and across hosts")
 	windows := fs.String("windows", "", "how the low-latency exchanges reach peers: auto (into same-host peers' memory, or put into UCX peers' registered windows), off (tag messages: MOEX_WINDOWS=0) or compare (both, one job each, and their ratio); default compare over ucx in the low-latency mode, else auto")
@@ -104,8 +105,15 @@ buffers per rank, the error against the single-process reference, and a verdict 
 		if o.SendPartials || o.PushRows || o.TokensInBuffer || o.SumAtOrigin {
 			return &usageError{"--send-partials, --push-rows, --tokens-in-buffer, --sum-at-origin: only for the plain run (not with --chaos)"}
 		}
-		return benchChaos(ctx, rf, o, ro, *chaosFor, args)
+		return benchChaos(ctx, rf, o, ro, *chaosFor, *rdzv, args)
 	}
+	if *rdzv != "" && (ro.Victim < 0 || !ro.Rejoin) {
+		return &usageError{"--rdzv: only with --kill --rejoin or --chaos"}
+	}
+	if err := checkRdzv(*rdzv); err != nil {
+		return err
+	}
+	ro.Rdzv = *rdzv
 	if eo.Every != 0 {
 		if ro.Victim >= 0 {
 			return &usageError{"--eplb and --kill: one at a time"}

@@ -121,6 +121,7 @@ func recoverOnce(ctx context.Context, rf rankFlags, ro bench.RecoverOpts, args [
 		Env: []string{"MOEX_BENCH_WORKER=1", "MOEX_TRANSPORT=" + rf.transport}, Stdout: &out, Stderr: &errOut}
 	if ro.Rejoin {
 		lc.Restarts, lc.ServeRegistry = 1, serveRegistry
+		withRdzv(&lc, ro.Rdzv)
 	}
 	err = launch.Run(ctx, lc)
 	var re *launch.RankError
@@ -167,7 +168,7 @@ func recoverRank(ctx context.Context, ro bench.RecoverOpts) error {
 		return err
 	}
 	defer c.Close()
-	if os.Getenv("MOEX_JOINING") == "1" { // the new process of --rejoin
+	if c.ParentRanks() != nil { // the new process of --rejoin: Init returned the grown communicator
 		rep, err := bench.Rejoined(ctx, c, ro, processStart)
 		if err != nil {
 			return err

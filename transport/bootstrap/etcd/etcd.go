@@ -16,7 +16,9 @@
 // (/moex/job/), and how long a process's entries outlive it when it dies without leaving
 // (its lease's TTL; default 5s, at least 2s). Each rank's entries are bound to a lease its
 // client keeps alive, so a dead process's go with it; the ranks that find a rank dead
-// remove its entry at once (coll.Comm.Shrink). The job secret (MOEX_JOB_TOKEN) still
+// remove its entry at once (coll.Comm.Shrink). A job started again under the same name
+// within the TTL of a whole job's crash may find the dead processes' claims (refused:
+// ErrDuplicateRank) or their failure: start it again after the TTL, or under a new name. The job secret (MOEX_JOB_TOKEN) still
 // authenticates the ranks to each other; a process whose secret differs from that of the
 // running ranks of the same job name is refused (transport.ErrAuth).
 package etcd
@@ -298,6 +300,12 @@ func (kv *KV) Claim(ctx context.Context, rank, size int, nonce string) error {
 		_ = kv.sayFailed(ctx, "dup "+strconv.Itoa(rank))
 		return &bootstrap.StartupError{Rank: rank, Err: transport.Because(bootstrap.ErrDuplicateRank, "two processes claim rank %d of %s", rank, kv.where)}
 	}
+	// What a process of an earlier job of this name left for this rank (a dead one's,
+	// whose lease lives on) goes: the claim makes this process the rank's only writer.
+	if _, err := kv.c.Txn(ctx).Then(clientv3.OpDelete(kv.prefix+byRank(rank), clientv3.WithPrefix()),
+		clientv3.OpDelete(kv.prefix+"stage/"+strconv.Itoa(rank))).Commit(); err != nil {
+		return kv.failed("clearing rank "+strconv.Itoa(rank)+"'s old entries", err)
+	}
 	// Every rank must say the same size.
 	keys, vals, err := kv.Scan(ctx, bootstrap.MemberPrefix)
 	if err != nil {
@@ -421,17 +429,49 @@ func (kv *KV) waitChange(ctx context.Context, rev int64) error {
 	return kv.failed("watching the job's keys", errors.New("the watch ended"))
 }
 
-// AllGather implements bootstrap.KV.
+// AllGather implements bootstrap.KV. Rank r's entry is under its own prefix (byRank), which
+// its claim clears: an entry a dead process of an earlier job of the same name left (its
+// lease not yet expired) is never read for this one's.
 func (kv *KV) AllGather(ctx context.Context, prefix string, rank, size int, val []byte) ([][]byte, error) {
-	if err := kv.Set(ctx, prefix+"/"+strconv.Itoa(rank), val); err != nil {
+	if err := kv.Set(ctx, byRank(rank)+prefix, val); err != nil {
 		return nil, err
 	}
-	keys := make([]string, size)
-	for i := range keys {
-		keys[i] = prefix + "/" + strconv.Itoa(i)
+	// Each entry counts once written after its rank's claim (a dead process's, of an
+	// earlier job of this name, is older than the claim that clears it).
+	ops := make([]clientv3.Op, 0, 2*size+1)
+	for q := range size {
+		ops = append(ops, clientv3.OpGet(kv.prefix+bootstrap.MemberPrefix+strconv.Itoa(q)), clientv3.OpGet(kv.prefix+byRank(q)+prefix))
 	}
-	return kv.Get(ctx, keys...)
+	ops = append(ops, clientv3.OpGet(kv.prefix+failKey))
+	for {
+		resp, err := kv.c.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			return nil, kv.failed("all-gather", err)
+		}
+		if f := resp.Responses[2*size].GetResponseRange().Kvs; len(f) > 0 {
+			return nil, kv.failure(string(f[0].Value))
+		}
+		vals := make([][]byte, size)
+		all := true
+		for q := range size {
+			claim, entry := resp.Responses[2*q].GetResponseRange().Kvs, resp.Responses[2*q+1].GetResponseRange().Kvs
+			if len(claim) == 0 || len(entry) == 0 || entry[0].ModRevision < claim[0].CreateRevision {
+				all = false
+				break
+			}
+			vals[q] = entry[0].Value
+		}
+		if all {
+			return vals, nil
+		}
+		if err := kv.waitChange(ctx, resp.Header.Revision); err != nil {
+			return nil, err
+		}
+	}
 }
+
+// byRank is where rank r's start-up entries are.
+func byRank(r int) string { return "byrank/" + strconv.Itoa(r) + "/" }
 
 // Status implements bootstrap.KV: every rank's stage, as far as the entries still say
 // (a rank whose entry went is "left" where the failure names it).

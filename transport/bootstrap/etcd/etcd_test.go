@@ -297,3 +297,38 @@ func TestEtcdLostWhileServing(t *testing.T) {
 		assert.NoError(t, err, "rank %d closes (its lease expires: etcd is gone)", r)
 	}
 }
+
+// A dead process of an earlier job of the same name left a start-up entry behind (its
+// lease not yet expired; its claim removed, as the survivors' Shrink removes it): a new
+// job's all-gather never takes it for the new process's, whose claim clears it.
+func TestEtcdStaleEntryIgnored(t *testing.T) {
+	ep := startEtcd(t)
+	old, err := dial(t, ep, "stale", secret, DefaultTTL)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	require.NoError(t, old.Claim(ctx, 1, 2, "old"))
+	require.NoError(t, old.Set(ctx, byRank(1)+"ag/1", []byte("old")))
+	old.crash()
+	cleaner, err := dial(t, ep, "stale", secret, DefaultTTL)
+	require.NoError(t, err)
+	require.NoError(t, cleaner.Delete(ctx, bootstrap.MemberPrefix+"1"))
+
+	a, err := dial(t, ep, "stale", secret, DefaultTTL)
+	require.NoError(t, err)
+	b, err := dial(t, ep, "stale", secret, DefaultTTL)
+	require.NoError(t, err)
+	require.NoError(t, a.Claim(ctx, 0, 2, "a"))
+	got := make(chan [][]byte, 1)
+	go func() {
+		vals, err := a.AllGather(ctx, "ag/1", 0, 2, []byte("a"))
+		assert.NoError(t, err)
+		got <- vals
+	}()
+	time.Sleep(300 * time.Millisecond) // rank 0 waits, the stale entry there
+	require.NoError(t, b.Claim(ctx, 1, 2, "b"))
+	vals, err := b.AllGather(ctx, "ag/1", 1, 2, []byte("b"))
+	require.NoError(t, err)
+	assert.Equal(t, [][]byte{[]byte("a"), []byte("b")}, vals)
+	assert.Equal(t, [][]byte{[]byte("a"), []byte("b")}, <-got)
+}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -29,7 +30,11 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv("MOEX_ETCD_HELPER"); mode != "" {
 		os.Exit(helper(mode))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if built.path != "" {
+		os.RemoveAll(filepath.Dir(built.path))
+	}
+	os.Exit(code)
 }
 
 // Exit codes of a helper process.
@@ -236,9 +241,7 @@ func restartedRejoins(t *testing.T, ep string, j job) {
 // rank serves 100 steps on four: both agents end well.
 func TestAgentsRestartThroughEtcd(t *testing.T) {
 	ep := startEtcd(t)
-	moex := filepath.Join(t.TempDir(), "moex")
-	b, err := exec.Command("go", "build", "-o", moex, "../../../cmd/moex").CombinedOutput()
-	require.NoError(t, err, "build: %s", b)
+	moex := buildMoex(t)
 	var outs [2]bytes.Buffer
 	errs := onRanks(2, func(node int) error {
 		cmd := exec.Command(moex, "run", "-n", "2", "--nnodes", "2", "--node-rank", strconv.Itoa(node), "--rdzv", "etcd://"+ep+"/agents",
@@ -307,9 +310,7 @@ func TestTwoHostsServeThroughEtcd(t *testing.T) {
 	require.NoError(t, etcd.Start())
 	t.Cleanup(func() { _ = etcd.Process.Kill(); _ = etcd.Wait() })
 
-	moex := filepath.Join(dir, "moex")
-	b, err := exec.Command("go", "build", "-o", moex, "../../../cmd/moex").CombinedOutput()
-	require.NoError(t, err, "build: %s", b)
+	moex := buildMoex(t)
 	pids := filepath.Join(dir, "pids")
 	require.NoError(t, os.Mkdir(pids, 0o700))
 	until := time.Now().Add(30 * time.Second)
@@ -366,4 +367,46 @@ func TestTwoHostsServeThroughEtcd(t *testing.T) {
 	assert.Equal(t, map[int]bool{0: true, 2: true}, joined, "the ranks that rejoined:\n%s\n%s", outs[0].String(), outs[1].String())
 	assert.Len(t, reports, 4, "a report from every rank's last process")
 	assert.Empty(t, shm.StaleSegments(), "shared memory in /dev/shm of processes gone")
+}
+
+var built struct {
+	sync.Once
+	path string
+	err  error
+	out  []byte
+}
+
+// buildMoex builds the moex command once for the package's tests.
+func buildMoex(t *testing.T) string {
+	t.Helper()
+	built.Do(func() {
+		dir, err := os.MkdirTemp("", "etcd-test-moex")
+		if err != nil {
+			built.err = err
+			return
+		}
+		built.path = filepath.Join(dir, "moex")
+		built.out, built.err = exec.Command("go", "build", "-o", built.path, "../../../cmd/moex").CombinedOutput()
+	})
+	require.NoError(t, built.err, "build: %s", built.out)
+	return built.path
+}
+
+// moex bench moe --kill 1 --rejoin --rdzv: the ranks meet in etcd and the launcher starts
+// the dead rank's process again with its own environment, which takes the rank over
+// through etcd: the timeline comes back whole, the new process started, joined, admitted,
+// and serving on three ranks again.
+func TestBenchRejoinThroughEtcd(t *testing.T) {
+	ep := startEtcd(t)
+	var o, e bytes.Buffer
+	cmd := exec.Command(buildMoex(t), "bench", "moe", "--model", "tiny-qwen", "--ranks", "3", "--transport", "tcp", "--tokens", "8",
+		"--kill", "1", "--rejoin", "--json", "--rdzv", "etcd://"+ep+"/bench")
+	cmd.Stdout, cmd.Stderr = &o, &e
+	require.NoError(t, cmd.Run(), "stdout:\n%s\nstderr:\n%s", o.String(), e.String())
+	var s bench.RecoverSummary
+	require.NoError(t, json.Unmarshal(o.Bytes(), &s), o.String())
+	require.Len(t, s.Runs, 1)
+	tl := s.Runs[0].Rejoin
+	require.NotNil(t, tl)
+	assert.True(t, tl.StartedMS > 0 && tl.StartedMS <= tl.JoinedMS && tl.AdmittedMS <= tl.GrownMS && tl.GrownMS <= tl.ServingMS, "%+v", tl)
 }
