@@ -40,6 +40,9 @@ type ServeReport struct {
 	Shrinks     int    `json:"shrinks"` // deaths it recovered from (several at once count once)
 	Grows       int    `json:"grows"`   // processes it admitted (or, for a joiner, 0)
 	Error       string `json:"error,omitempty"`
+	// CutOff: it stopped because it was on the side of a split that could not reach the
+	// job's registry (coll.ErrCutOff).
+	CutOff bool `json:"cut_off,omitempty"`
 	// Seconds: its steps per second of wall clock, from StartUnixNS.
 	Seconds []ServeSecond `json:"seconds"`
 }
@@ -68,14 +71,9 @@ func Serve(ctx context.Context, c *coll.Comm, o ServeOpts) (*coll.Comm, *ServeRe
 		}
 		ws = next
 	} else {
-		if pl, err = router.NewPlacement(router.RoundRobin, cfg.Experts, g.Size()); err != nil {
-			return g, rep, err
-		}
-		all := make([]int, cfg.Experts)
-		for e := range all {
-			all[e] = e
-		}
-		if err := pl.Replicate(all, 2); err != nil {
+		// Every expert on two ranks half the job apart: with the ranks of a host
+		// numbered together, a host's loss (or its link's) leaves a replica of each.
+		if pl, err = halfApart(cfg.Experts, g.Size()); err != nil {
 			return g, rep, err
 		}
 		for _, e := range pl.Local[g.Rank()] {
@@ -182,7 +180,7 @@ func Serve(ctx context.Context, c *coll.Comm, o ServeOpts) (*coll.Comm, *ServeRe
 			return g, rep, err
 		}
 		if err := heal(err); err != nil {
-			rep.Error = err.Error()
+			rep.Error, rep.CutOff = err.Error(), errors.Is(err, coll.ErrCutOff)
 			return g, rep, err
 		}
 		record(0)
@@ -274,4 +272,15 @@ func Summarize(reports []*ServeReport, kills []time.Time, world int) *ServeSumma
 		}
 	}
 	return s
+}
+
+// halfApart places experts experts round-robin on ranks ranks, each with a replica on the
+// rank ranks/2 further on (the next where there are two or three ranks).
+func halfApart(experts, ranks int) (*router.Placement, error) {
+	step := max(ranks/2, 1)
+	owners := make([][]int, experts)
+	for e := range owners {
+		owners[e] = []int{e % ranks, (e%ranks + step) % ranks}
+	}
+	return router.PlacementOf(experts, ranks, owners)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/moex-ai/moex/coll/agree"
 	"github.com/moex-ai/moex/coll/algos"
@@ -45,6 +46,11 @@ var shrinkTestHook func(c *Comm, round uint32, to int) error
 // either left out or, when it died after others had heard from it, kept; then the new
 // communicator fails its first operation with a *PeerError naming it, on every rank,
 // and Shrink is called again on the new communicator.
+//
+// In a job with a registry (moex run --restarts, etcd), Shrink removes the lost ranks'
+// entries from it; where the registry does not answer and the survivors are at most half
+// of c's ranks, they fail alike with a *PeerError matching ErrCutOff: a link cut in two
+// leaves one side serving, the one that reaches the registry.
 //
 // Shrink returns an error wrapping ErrTimeout when a live rank does not take part
 // within the communicator's timeout (or ctx ends), ErrExcluded when the others
@@ -108,21 +114,57 @@ func (c *Comm) Shrink(ctx context.Context) (*Comm, error) {
 			}
 		}
 		c.log.Warn("moex: communicator shrunk", "comm", c.id, "rank", c.rank, "new_comm", sub.id, "new_rank", me, "size", len(members), "lost", lost)
-		if me == 0 && c.registry != nil {
-			// The lost ranks' claims go from the job's registry (where they are kept: a
-			// driver's store), so that a process started again for one takes it over at
-			// once instead of being refused while its old lease lives.
-			rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
-			for _, q := range lost {
-				r := strconv.Itoa(c.ranks[q])
-				if err := errors.Join(c.registry.Delete(rctx, bootstrap.MemberPrefix+r), c.registry.Delete(rctx, bootstrap.RunningPrefix+r)); err != nil {
-					c.log.Warn("moex: removing a lost rank's entry from the registry failed", "rank", c.ranks[q], "err", err)
-				}
+		sub.listen()
+		if c.registry != nil {
+			if err := sub.confirmShrink(ctx, c, lost); err != nil {
+				sub.Close()
+				return nil, err
 			}
-			cancel()
 		}
+		return sub, nil
 	}
 	return sub.listen(), nil
+}
+
+// ErrCutOff: a Shrink that kept at most half of the ranks could not reach the job's
+// registry: these ranks may be the ones cut off from the others (a link down), which
+// may be shrinking too, so they stop rather than serve beside them. The error is a
+// *PeerError naming a lost rank.
+var ErrCutOff = errors.New("coll: cut off from the job's registry with at most half of the ranks")
+
+// registryConfirm bounds how long Shrink waits for the job's registry.
+const registryConfirm = 3 * time.Second
+
+// confirmShrink, on a communicator sub that Shrink made from c without the ranks lost
+// (of c), removes their claims from the job's registry (a driver's store keeps them: a
+// process started again for one then takes it over at once, not refused while its old
+// lease lives), and fails every rank of sub alike with ErrCutOff where sub holds at most
+// half of c's ranks and the registry did not answer: a split in two halves must not
+// leave two jobs serving, and the half that reaches the registry is the one that goes on.
+func (sub *Comm) confirmShrink(ctx context.Context, c *Comm, lost []int) error {
+	ok := []int64{1}
+	if sub.rank == 0 {
+		rctx, cancel := context.WithTimeout(ctx, min(c.cfg.Timeout/2, registryConfirm))
+		var errs []error
+		for _, q := range lost {
+			r := strconv.Itoa(c.ranks[q])
+			errs = append(errs, c.registry.Delete(rctx, bootstrap.MemberPrefix+r), c.registry.Delete(rctx, bootstrap.RunningPrefix+r))
+		}
+		cancel()
+		if err := errors.Join(errs...); err != nil {
+			c.log.Warn("moex: removing the lost ranks' entries from the registry failed", "lost", lost, "err", err)
+			if 2*sub.size <= c.size {
+				ok[0] = 0
+			}
+		}
+	}
+	if err := Broadcast(ctx, sub, ok, 0); err != nil {
+		return err
+	}
+	if ok[0] == 0 {
+		return &PeerError{Rank: c.ranks[lost[0]], Op: "shrink", Err: ErrCutOff}
+	}
+	return nil
 }
 
 // ParentRanks returns, for each rank of a communicator made by Shrink, Split or Grow

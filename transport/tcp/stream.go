@@ -106,9 +106,19 @@ func newStream(p *peer, idx int, c *net.TCPConn) *stream {
 	return s
 }
 
-// setSockopts sets TCP_NODELAY and the busy-poll options; it returns what took.
-func (s *stream) setSockopts(busyUS int) string {
+// setSockopts sets TCP_NODELAY, the dead-peer timeouts (dead: see Config.DeadAfter) and
+// the busy-poll options; it returns what took of the latter.
+func (s *stream) setSockopts(busyUS int, dead time.Duration) string {
 	_ = s.conn.SetNoDelay(true)
+	if dead > 0 {
+		// Idle: a probe every dead/4 after dead/4 of silence, three unanswered end it;
+		// data sent: unacknowledged for dead ends it.
+		q := max(dead/4, time.Second)
+		_ = s.conn.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true, Idle: q, Interval: q, Count: 3})
+		_ = s.raw.Control(func(fd uintptr) {
+			_ = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(dead/time.Millisecond))
+		})
+	}
 	if busyUS < 0 {
 		return "off"
 	}

@@ -46,8 +46,10 @@ const (
 	DefaultEagerLimit = 32 << 10
 	DefaultChunk      = 1 << 20
 	DefaultBusyPollUS = 50
-	MaxStreams        = 8
-	minStripe         = 256 << 10
+	// DefaultDeadAfter is Config.DeadAfter where unset.
+	DefaultDeadAfter = 10 * time.Second
+	MaxStreams       = 8
+	minStripe        = 256 << 10
 )
 
 // Config describes one rank's endpoint.
@@ -69,8 +71,14 @@ type Config struct {
 	// CancelGrace bounds how long a cancelled transfer that is already on the wire may take
 	// to finish before the peer is declared dead (default 5s).
 	CancelGrace time.Duration
-	Pool        *obuf.Pool
-	Logger      *slog.Logger
+	// DeadAfter is how long a peer whose host stops answering (a link cut, a host down:
+	// no ACK for data sent, no answer to keepalive probes while idle) takes to fail with
+	// a PeerError (TCP_USER_TIMEOUT and TCP keepalive); default DefaultDeadAfter, negative:
+	// the kernel's own timeouts (minutes). A process that is alive but stopped still has
+	// its kernel answer: only its host's silence counts.
+	DeadAfter time.Duration
+	Pool      *obuf.Pool
+	Logger    *slog.Logger
 }
 
 // ConfigFromEnv fills the tunables from MOEX_TCP_STREAMS, MOEX_BUSY_POLL_US,
@@ -93,6 +101,16 @@ func (c *Config) ConfigFromEnv(getenv func(string) string) error {
 			c.BusyPollUS = -1
 		}
 	}
+	if v := getenv("MOEX_TCP_DEAD"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d != 0 && d < time.Second || d > time.Hour {
+			return &transport.EnvError{Var: "MOEX_TCP_DEAD", Value: v, Reason: "want a Go duration from 1s to 1h, or 0 for the kernel's timeouts"}
+		}
+		c.DeadAfter = d
+		if d == 0 {
+			c.DeadAfter = -1
+		}
+	}
 	c.Checksum = getenv("MOEX_CHECKSUM") == "1"
 	p, err := busypoll.ConfigFromEnv(getenv)
 	if err != nil {
@@ -106,6 +124,7 @@ func (c *Config) ConfigFromEnv(getenv func(string) string) error {
 var EnvVars = []transport.EnvVar{
 	{Name: "MOEX_TCP_STREAMS", Default: strconv.Itoa(DefaultStreams), Meaning: fmt.Sprintf("TCP connections per peer (1 to %d)", MaxStreams), Owner: "transport/tcp"},
 	{Name: "MOEX_BUSY_POLL_US", Default: strconv.Itoa(DefaultBusyPollUS), Meaning: "SO_BUSY_POLL of TCP sockets in microseconds (0: off)", Owner: "transport/tcp"},
+	{Name: "MOEX_TCP_DEAD", Default: DefaultDeadAfter.String(), Meaning: "how long a peer whose host stops answering (a link cut, a host down) takes to fail with a PeerError (TCP_USER_TIMEOUT, keepalive probes); 0: the kernel's timeouts (minutes)", Owner: "transport/tcp"},
 	{Name: "MOEX_CHECKSUM", Default: "0", Meaning: "1: carry an xxhash64 of every TCP payload and verify it", Owner: "transport/tcp"},
 	{Name: "MOEX_TCP_WAIT_SPIN", Default: "0", Meaning: "1: with MOEX_POLL=spin, tcp senders spin on their completions too (an experiment)", Owner: "transport/tcp", Internal: true},
 }
@@ -139,6 +158,7 @@ type Transport struct {
 	token  []byte
 	bind   string
 	busyUS int
+	dead   time.Duration // Config.DeadAfter
 	// peersMu orders Readmit against Close; readmitMu orders Readmits.
 	peersMu, readmitMu sync.Mutex
 	eng                core.Engine[sendX, recvX]
@@ -268,6 +288,10 @@ func newTransport(cfg Config) (*Transport, error) {
 	t.eng = core.Engine[sendX, recvX]{Rank: t.rank, Name: "tcp", EagerMax: t.eager, Pool: t.pool, Closed: t.closed.Load,
 		Await: t.await, GracePoller: t.waitPoller, Grace: t.grace, Log: t.log}
 	t.peers = make([]atomic.Pointer[peer], t.size)
+	t.dead = cfg.DeadAfter
+	if t.dead == 0 {
+		t.dead = DefaultDeadAfter
+	}
 	t.busyUS = cfg.BusyPollUS
 	if t.busyUS == 0 {
 		t.busyUS = DefaultBusyPollUS
@@ -302,7 +326,7 @@ func (t *Transport) newPeer(p int, conns []*net.TCPConn) *peer {
 	pr.c = core.NewPeer[sendX, recvX](p, pr)
 	for s, c := range conns {
 		st := newStream(pr, s, c)
-		t.busyPoll = st.setSockopts(t.busyUS)
+		t.busyPoll = st.setSockopts(t.busyUS, t.dead)
 		pr.streams = append(pr.streams, st)
 	}
 	return pr

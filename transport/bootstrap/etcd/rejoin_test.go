@@ -275,62 +275,9 @@ func ipNetns(t *testing.T, args ...string) {
 // process, each new process at least 100 steps, both agents end well, and no process's
 // shared memory is left behind.
 func TestTwoHostsServeThroughEtcd(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to make network namespaces (ip netns); not root here")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skipf("needs ip (iproute2) to make network namespaces: %v", err)
-	}
-	etcdBin, err := exec.LookPath("etcd")
-	if err != nil {
-		t.Skip("etcd is not installed (apt-get install etcd-server; .ci/run does)")
-	}
-	id := os.Getpid() % 200
-	nsA, nsB := fmt.Sprintf("mxetcdA%d", id), fmt.Sprintf("mxetcdB%d", id)
-	ipA, ipB := fmt.Sprintf("10.79.%d.1", id), fmt.Sprintf("10.79.%d.2", id)
-	t.Cleanup(func() {
-		_ = exec.Command("ip", "netns", "del", nsA).Run()
-		_ = exec.Command("ip", "netns", "del", nsB).Run()
-	})
-	ipNetns(t, "netns", "add", nsA)
-	ipNetns(t, "netns", "add", nsB)
-	ipNetns(t, "link", "add", "v"+nsA, "type", "veth", "peer", "name", "v"+nsB)
-	for _, h := range []struct{ ns, ip string }{{nsA, ipA}, {nsB, ipB}} {
-		ipNetns(t, "link", "set", "v"+h.ns, "netns", h.ns)
-		ipNetns(t, "-n", h.ns, "addr", "add", h.ip+"/24", "dev", "v"+h.ns)
-		ipNetns(t, "-n", h.ns, "link", "set", "lo", "up")
-		ipNetns(t, "-n", h.ns, "link", "set", "v"+h.ns, "up")
-	}
-	dir := t.TempDir()
-	port := 32000 + id*10
-	curl, purl := fmt.Sprintf("http://%s:%d", ipA, port), fmt.Sprintf("http://%s:%d", ipA, port+1)
-	etcd := exec.Command("ip", "netns", "exec", nsA, etcdBin, "--name", "a", "--data-dir", filepath.Join(dir, "etcd"),
-		"--listen-client-urls", curl, "--advertise-client-urls", curl, "--listen-peer-urls", purl,
-		"--initial-advertise-peer-urls", purl, "--initial-cluster", "a="+purl)
-	require.NoError(t, etcd.Start())
-	t.Cleanup(func() { _ = etcd.Process.Kill(); _ = etcd.Wait() })
-
-	moex := buildMoex(t)
-	pids := filepath.Join(dir, "pids")
-	require.NoError(t, os.Mkdir(pids, 0o700))
+	h := twoHosts(t, "mxetcd")
+	pids := t.TempDir()
 	until := time.Now().Add(30 * time.Second)
-	var outs [2]bytes.Buffer
-	done := make(chan []error, 1)
-	go func() {
-		done <- onRanks(2, func(node int) error {
-			ns, ip := nsA, ipA
-			if node == 1 {
-				ns, ip = nsB, ipB
-			}
-			cmd := exec.Command("ip", "netns", "exec", ns, moex, "run", "-n", "2", "--nnodes", "2", "--node-rank", strconv.Itoa(node),
-				"--rdzv", fmt.Sprintf("etcd://%s:%d/twohosts", ipA, port), "--restarts", "2", "--grace", "1s", "--",
-				moex, "bench", "moe", "--model", "tiny-qwen", "--ranks", "4", "--transport", "tcp", "--tokens", "8", "--chaos", "30s")
-			cmd.Env = append(os.Environ(), "MOEX_BENCH_WORKER=1", "MOEX_CHAOS_DIR="+pids, "MOEX_CHAOS_UNTIL="+strconv.FormatInt(until.UnixNano(), 10),
-				"MOEX_JOB_TOKEN="+secret, "MOEX_TIMEOUT=20s", "MOEX_BIND="+ip, "MOEX_HOST_ID=host-"+ns)
-			cmd.Stdout, cmd.Stderr = &outs[node], &outs[node]
-			return cmd.Run()
-		})
-	}()
 	kill := func(r int, at time.Duration) {
 		time.Sleep(time.Until(until.Add(-30*time.Second + at)))
 		b, err := os.ReadFile(filepath.Join(pids, "rank"+strconv.Itoa(r)+".pid"))
@@ -339,22 +286,18 @@ func TestTwoHostsServeThroughEtcd(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, syscall.Kill(pid, syscall.SIGKILL), "rank %d", r)
 	}
-	kill(2, 8*time.Second)
-	kill(0, 16*time.Second)
-	errs := <-done
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		kill(2, 8*time.Second)
+		kill(0, 16*time.Second)
+	}()
+	errs, outs := agents(t, h, until, pids, [2][]string{{"--restarts", "2"}, {"--restarts", "2"}})
+	<-done
 	for node, err := range errs {
 		require.NoError(t, err, "node %d:\n%s", node, outs[node].String())
 	}
-	var reports []*bench.ServeReport
-	for node := range outs {
-		for _, line := range strings.Split(outs[node].String(), "\n") {
-			if _, js, ok := strings.Cut(line, "] {"); ok {
-				r := &bench.ServeReport{}
-				require.NoError(t, json.Unmarshal([]byte("{"+js), r), line)
-				reports = append(reports, r)
-			}
-		}
-	}
+	reports := append(reportsOf(t, outs[0].String()), reportsOf(t, outs[1].String())...)
 	joined := map[int]bool{}
 	for _, r := range reports {
 		assert.Zero(t, r.WrongTokens, "rank %d", r.Rank)
@@ -367,6 +310,126 @@ func TestTwoHostsServeThroughEtcd(t *testing.T) {
 	assert.Equal(t, map[int]bool{0: true, 2: true}, joined, "the ranks that rejoined:\n%s\n%s", outs[0].String(), outs[1].String())
 	assert.Len(t, reports, 4, "a report from every rank's last process")
 	assert.Empty(t, shm.StaleSegments(), "shared memory in /dev/shm of processes gone")
+}
+
+// hosts is two hosts made of network namespaces joined by a veth, with etcd on host A at
+// ipA:port.
+type hosts struct {
+	nsA, nsB, ipA, ipB string
+	port               int
+}
+
+// twoHosts makes them (names from prefix), deleted when the test ends; it skips the test,
+// saying why, where it cannot (not root, no ip, no etcd).
+func twoHosts(t *testing.T, prefix string) hosts {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make network namespaces (ip netns); not root here")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skipf("needs ip (iproute2) to make network namespaces: %v", err)
+	}
+	etcdBin, err := exec.LookPath("etcd")
+	if err != nil {
+		t.Skip("etcd is not installed (apt-get install etcd-server; .ci/run does)")
+	}
+	id := os.Getpid() % 200
+	net := 79
+	if prefix != "mxetcd" {
+		net = 80
+	}
+	h := hosts{nsA: fmt.Sprintf("%sA%d", prefix, id), nsB: fmt.Sprintf("%sB%d", prefix, id),
+		ipA: fmt.Sprintf("10.%d.%d.1", net, id), ipB: fmt.Sprintf("10.%d.%d.2", net, id), port: 32000 + id*10 + (net-79)*5}
+	t.Cleanup(func() {
+		_ = exec.Command("ip", "netns", "del", h.nsA).Run()
+		_ = exec.Command("ip", "netns", "del", h.nsB).Run()
+	})
+	ipNetns(t, "netns", "add", h.nsA)
+	ipNetns(t, "netns", "add", h.nsB)
+	ipNetns(t, "link", "add", "v"+h.nsA, "type", "veth", "peer", "name", "v"+h.nsB)
+	for _, x := range []struct{ ns, ip string }{{h.nsA, h.ipA}, {h.nsB, h.ipB}} {
+		ipNetns(t, "link", "set", "v"+x.ns, "netns", x.ns)
+		ipNetns(t, "-n", x.ns, "addr", "add", x.ip+"/24", "dev", "v"+x.ns)
+		ipNetns(t, "-n", x.ns, "link", "set", "lo", "up")
+		ipNetns(t, "-n", x.ns, "link", "set", "v"+x.ns, "up")
+	}
+	curl, purl := fmt.Sprintf("http://%s:%d", h.ipA, h.port), fmt.Sprintf("http://%s:%d", h.ipA, h.port+1)
+	etcd := exec.Command("ip", "netns", "exec", h.nsA, etcdBin, "--name", "a", "--data-dir", filepath.Join(t.TempDir(), "etcd"),
+		"--listen-client-urls", curl, "--advertise-client-urls", curl, "--listen-peer-urls", purl,
+		"--initial-advertise-peer-urls", purl, "--initial-cluster", "a="+purl)
+	require.NoError(t, etcd.Start())
+	t.Cleanup(func() { _ = etcd.Process.Kill(); _ = etcd.Wait() })
+	return h
+}
+
+// agents runs a moex run agent per host (--nnodes 2, two ranks each) of moex bench moe's
+// self-healing loop until until, with args added to moex run's and env to the ranks';
+// it returns each agent's error and output.
+func agents(t *testing.T, h hosts, until time.Time, pids string, args [2][]string, env ...string) ([]error, [2]*bytes.Buffer) {
+	t.Helper()
+	moex := buildMoex(t)
+	outs := [2]*bytes.Buffer{{}, {}}
+	errs := onRanks(2, func(node int) error {
+		ns, ip := h.nsA, h.ipA
+		if node == 1 {
+			ns, ip = h.nsB, h.ipB
+		}
+		run := append([]string{"netns", "exec", ns, moex, "run", "-n", "2", "--nnodes", "2", "--node-rank", strconv.Itoa(node),
+			"--rdzv", fmt.Sprintf("etcd://%s:%d/twohosts", h.ipA, h.port), "--grace", "1s"}, args[node]...)
+		run = append(run, "--", moex, "bench", "moe", "--model", "tiny-qwen", "--ranks", "4", "--transport", "tcp", "--tokens", "8", "--chaos", "30s")
+		cmd := exec.Command("ip", run...)
+		cmd.Env = append(os.Environ(), "MOEX_BENCH_WORKER=1", "MOEX_CHAOS_DIR="+pids, "MOEX_CHAOS_UNTIL="+strconv.FormatInt(until.UnixNano(), 10),
+			"MOEX_JOB_TOKEN="+secret, "MOEX_TIMEOUT=20s", "MOEX_BIND="+ip, "MOEX_HOST_ID=host-"+ns)
+		cmd.Env = append(cmd.Env, env...)
+		cmd.Stdout, cmd.Stderr = outs[node], outs[node]
+		return cmd.Run()
+	})
+	return errs, outs
+}
+
+// reportsOf reads the ranks' reports in an agent's output.
+func reportsOf(t *testing.T, out string) []*bench.ServeReport {
+	t.Helper()
+	var reports []*bench.ServeReport
+	for _, line := range strings.Split(out, "\n") {
+		if _, js, ok := strings.Cut(line, "] {"); ok {
+			r := &bench.ServeReport{}
+			require.NoError(t, json.Unmarshal([]byte("{"+js), r), line)
+			reports = append(reports, r)
+		}
+	}
+	return reports
+}
+
+// Two hosts (network namespaces, etcd on host A), a moex run agent on each serving MoE
+// steps, every token checked; host B's link goes down mid-serving. The ranks on both
+// sides find their peers across dead within seconds (MOEX_TCP_DEAD) and shrink: host
+// A's, which reach etcd, serve on to the end (no wrong token, no error); host B's, two of
+// four that cannot reach etcd, stop with a PeerError matching coll.ErrCutOff rather than
+// serve beside them. Nothing hangs.
+func TestHostCutOff(t *testing.T) {
+	h := twoHosts(t, "mxcut")
+	pids := t.TempDir()
+	until := time.Now().Add(30 * time.Second)
+	go func() {
+		time.Sleep(10 * time.Second)
+		_ = exec.Command("ip", "-n", h.nsB, "link", "set", "v"+h.nsB, "down").Run()
+	}()
+	errs, outs := agents(t, h, until, pids, [2][]string{nil, {"--keep-going"}}, "MOEX_TCP_DEAD=3s")
+	require.NoError(t, errs[0], "host A:\n%s", outs[0].String())
+	require.Error(t, errs[1], "host B's ranks stop:\n%s", outs[1].String())
+	a, b := reportsOf(t, outs[0].String()), reportsOf(t, outs[1].String())
+	require.Len(t, a, 2, outs[0].String())
+	for _, r := range a {
+		assert.Empty(t, r.Error, "rank %d", r.Rank)
+		assert.Zero(t, r.WrongTokens, "rank %d", r.Rank)
+		assert.Equal(t, 1, r.Shrinks, "rank %d", r.Rank)
+	}
+	require.Len(t, b, 2, outs[1].String())
+	for _, r := range b {
+		assert.True(t, r.CutOff, "rank %d: %s", r.Rank, r.Error)
+		assert.Zero(t, r.WrongTokens, "rank %d", r.Rank)
+	}
 }
 
 var built struct {
