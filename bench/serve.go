@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/moex-ai/moex/coll"
@@ -21,6 +22,9 @@ type ServeOpts struct {
 	// Until is when the job stops, the same instant on every process (a joiner's too),
 	// decided by the communicator's rank 0 and broadcast at every step.
 	Until time.Time
+	// Snapshot, when set, is given the report so far once a second (a process killed
+	// leaves its last one: moex bench moe --chaos writes them to files).
+	Snapshot func(*ServeReport)
 }
 
 // ServeSecond is one second of a rank's serving: the steps it completed, and the fewest
@@ -33,6 +37,7 @@ type ServeSecond struct {
 // ServeReport is what one process saw of a self-healing job.
 type ServeReport struct {
 	Rank        int    `json:"rank"` // in the job (its transport)
+	Pid         int    `json:"pid"`
 	Joined      bool   `json:"joined"`
 	StartUnixNS int64  `json:"start_unix_ns"` // when it began serving (its clock)
 	Steps       int    `json:"steps"`
@@ -60,7 +65,7 @@ func Serve(ctx context.Context, c *coll.Comm, o ServeOpts) (*coll.Comm, *ServeRe
 	if err != nil {
 		return c, nil, err
 	}
-	rep := &ServeReport{Rank: c.WorldRank(c.Rank()), Joined: c.ParentRanks() != nil, StartUnixNS: time.Now().UnixNano()}
+	rep := &ServeReport{Rank: c.WorldRank(c.Rank()), Pid: os.Getpid(), Joined: c.ParentRanks() != nil, StartUnixNS: time.Now().UnixNano()}
 	g := c
 	var pl *router.Placement
 	ws := map[int][]byte{}
@@ -97,6 +102,9 @@ func Serve(ctx context.Context, c *coll.Comm, o ServeOpts) (*coll.Comm, *ServeRe
 	start := time.Now()
 	record := func(steps int) {
 		s := int(time.Since(start) / time.Second)
+		if len(rep.Seconds) <= s && len(rep.Seconds) > 0 && o.Snapshot != nil {
+			o.Snapshot(rep) // a second ended
+		}
 		for len(rep.Seconds) <= s {
 			rep.Seconds = append(rep.Seconds, ServeSecond{Ranks: g.Size()})
 		}
@@ -196,23 +204,30 @@ type ServeSummary struct {
 	Stops       int     `json:"stops"`   // SIGSTOPs (the chaos's)
 	Hung        bool    `json:"hung"`    // the job had not ended a minute after its end
 	Regrows     int     `json:"regrows"` // processes admitted
-	Steps       int     `json:"steps"`   // the most any process served
+	Steps       int     `json:"steps"`   // the job's
 	WrongTokens int     `json:"wrong_tokens"`
 	Errors      int     `json:"errors"`     // processes that ended with an error (hangs end in ErrTimeout)
 	FullShare   float64 `json:"full_share"` // of the seconds, those served on every rank throughout
 	// The job's steps per second before the first kill, and in the five seconds after
-	// each regrow (fewer where the next fault comes first), as the process that served
-	// the most steps counted them; 0 where there is no such second.
+	// each regrow (fewer where the next fault comes first); 0 where there is no such
+	// second.
 	Before float64   `json:"steps_per_s_before"`
 	After  []float64 `json:"steps_per_s_after_regrows"`
 }
 
-// Summarize takes the kills the chaos made and the processes' reports.
+// Summarize takes the kills the chaos made and every process's last report (killed ones'
+// included, as they left them) and lays the job out on the wall clock: a second's steps
+// are the most any process served in it (every rank serves every step), and it was at
+// full strength where no process served it on fewer than world ranks.
 func Summarize(reports []*ServeReport, kills []time.Time, world int) *ServeSummary {
 	s := &ServeSummary{Kills: len(kills)}
-	var longest *ServeReport
+	if len(reports) == 0 {
+		return s
+	}
+	t0 := reports[0].StartUnixNS
 	joined := 0
 	for _, r := range reports {
+		t0 = min(t0, r.StartUnixNS)
 		s.WrongTokens += r.WrongTokens
 		if r.Error != "" {
 			s.Errors++
@@ -221,18 +236,26 @@ func Summarize(reports []*ServeReport, kills []time.Time, world int) *ServeSumma
 			joined++
 		}
 		s.Regrows = max(s.Regrows, r.Grows) // a process that served throughout admitted every one
-		if longest == nil || r.Steps > longest.Steps {
-			longest = r
-		}
 	}
 	s.Regrows = max(s.Regrows, joined)
-	if longest == nil {
-		return s
+	type second struct{ steps, ranks int }
+	var secs []second
+	for _, r := range reports {
+		off := int((r.StartUnixNS - t0) / int64(time.Second))
+		for i, sec := range r.Seconds {
+			j := off + i
+			for len(secs) <= j {
+				secs = append(secs, second{ranks: world})
+			}
+			secs[j].steps = max(secs[j].steps, sec.Steps)
+			secs[j].ranks = min(secs[j].ranks, sec.Ranks)
+		}
 	}
-	s.Steps, s.Seconds = longest.Steps, len(longest.Seconds)
+	s.Seconds = len(secs)
 	full := 0
-	for _, sec := range longest.Seconds {
-		if sec.Ranks == world {
+	for _, sec := range secs {
+		s.Steps += sec.steps
+		if sec.ranks == world {
 			full++
 		}
 	}
@@ -240,30 +263,28 @@ func Summarize(reports []*ServeReport, kills []time.Time, world int) *ServeSumma
 		s.FullShare = float64(full) / float64(s.Seconds)
 	}
 	rate := func(from, to int) float64 {
-		from, to = max(from, 0), min(to, len(longest.Seconds))
+		from, to = max(from, 0), min(to, len(secs))
 		if to <= from {
 			return 0 // no such second
 		}
 		n := 0
-		for _, sec := range longest.Seconds[from:to] {
-			n += sec.Steps
+		for _, sec := range secs[from:to] {
+			n += sec.steps
 		}
 		return float64(n) / float64(to-from)
 	}
-	t0 := time.Unix(0, longest.StartUnixNS)
-	first := len(longest.Seconds)
+	first := len(secs)
 	if len(kills) > 0 {
-		first = int(kills[0].Sub(t0) / time.Second)
+		first = int((kills[0].UnixNano() - t0) / int64(time.Second))
 	}
 	s.Before = rate(1, first) // the first second holds start-up
 	// A regrow: a second at full strength throughout after one that was not; the rate is
 	// that second's and the next four's (up to the next fault).
-	secs := longest.Seconds
 	for i := 1; i < len(secs); i++ {
-		if secs[i].Ranks == world && secs[i-1].Ranks != world {
+		if secs[i].ranks == world && secs[i-1].ranks != world {
 			end := i + 5
 			for j := i + 1; j < min(end, len(secs)); j++ {
-				if secs[j].Ranks != world {
+				if secs[j].ranks != world {
 					end = j
 					break
 				}

@@ -179,7 +179,7 @@ func buildOf(path string) string {
 		return "this build"
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(l); len(f) == 3 && f[0] == "build" && strings.HasPrefix(f[1], "vcs.revision=") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "build" && strings.HasPrefix(f[1], "vcs.revision=") {
 			return shortCommit(strings.TrimPrefix(f[1], "vcs.revision="))
 		}
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -76,12 +75,12 @@ func benchChaos(ctx context.Context, rf rankFlags, o bench.MoEOpts, ro bench.Rec
 	// A job that has not ended a minute after its end hangs.
 	jctx, cancel := context.WithDeadline(ctx, until.Add(time.Minute))
 	defer cancel()
-	var out, errOut bytes.Buffer
+	var errOut bytes.Buffer
 	lc := launch.Config{N: rf.ranks, Prog: exe, Args: append([]string{"bench", "moe"}, args...), NoPrefix: true, KeepGoing: true,
 		Restarts: launch.MaxRestarts, ServeRegistry: serveRegistry, Grace: time.Second,
 		Env: []string{"MOEX_BENCH_WORKER=1", "MOEX_TRANSPORT=" + rf.transport, "MOEX_CHAOS_DIR=" + dir,
 			"MOEX_CHAOS_UNTIL=" + strconv.FormatInt(until.UnixNano(), 10), "MOEX_TIMEOUT=30s"},
-		Stdout: &out, Stderr: &errOut}
+		Stdout: io.Discard, Stderr: &errOut}
 	withRdzv(&lc, rdzv)
 	every, err := chaosEvery()
 	if err != nil {
@@ -96,17 +95,22 @@ func benchChaos(ctx context.Context, rf rankFlags, o bench.MoEOpts, ro bench.Rec
 	stopKiller()
 	killed := <-kills
 	hung := errors.Is(jctx.Err(), context.DeadlineExceeded)
+	// Every process's last report, the killed ones' included (they write one a second).
+	files, err := filepath.Glob(filepath.Join(dir, "report-*.json"))
+	if err != nil {
+		return err
+	}
 	var reports []*bench.ServeReport
-	sc := bufio.NewScanner(&out)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for sc.Scan() {
-		if line := sc.Text(); strings.HasPrefix(line, "{") {
-			r := &bench.ServeReport{}
-			if err := json.Unmarshal([]byte(line), r); err != nil {
-				return err
-			}
-			reports = append(reports, r)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
 		}
+		r := &bench.ServeReport{}
+		if err := json.Unmarshal(b, r); err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		reports = append(reports, r)
 	}
 	s := bench.Summarize(reports, killed, rf.ranks)
 	s.Stops, s.Hung = stops, hung
@@ -203,7 +207,8 @@ func chaos(ctx context.Context, dir string, ranks int, until time.Time, every fa
 }
 
 // chaosRank is one launched rank of --chaos: it says its pid, serves until the job's end
-// (healing itself) and prints its report as a JSON line.
+// (healing itself), writing its report so far once a second (report-RANK-PID.json in
+// MOEX_CHAOS_DIR), and prints its last as a JSON line.
 func chaosRank(ctx context.Context, ro bench.RecoverOpts) error {
 	ns, err := strconv.ParseInt(os.Getenv("MOEX_CHAOS_UNTIL"), 10, 64)
 	dir := os.Getenv("MOEX_CHAOS_DIR")
@@ -218,11 +223,25 @@ func chaosRank(ctx context.Context, ro bench.RecoverOpts) error {
 		return err
 	}
 	defer c.Close()
-	g, rep, err := bench.Serve(ctx, c, bench.ServeOpts{RecoverOpts: ro, Until: time.Unix(0, ns)})
+	save := func(rep *bench.ServeReport) error {
+		b, err := json.Marshal(rep)
+		if err != nil {
+			return err
+		}
+		name := filepath.Join(dir, fmt.Sprintf("report-%d-%d.json", rep.Rank, os.Getpid()))
+		if err := os.WriteFile(name+".tmp", b, 0o600); err != nil {
+			return err
+		}
+		return os.Rename(name+".tmp", name)
+	}
+	g, rep, err := bench.Serve(ctx, c, bench.ServeOpts{RecoverOpts: ro, Until: time.Unix(0, ns), Snapshot: func(r *bench.ServeReport) { _ = save(r) }})
 	if g != c {
 		defer g.Close()
 	}
 	if rep != nil {
+		if serr := save(rep); serr != nil && err == nil {
+			err = serr
+		}
 		if perr := bench.PrintJSON(io.Writer(os.Stdout), []*bench.ServeReport{rep}); perr != nil && err == nil {
 			err = perr
 		}
