@@ -27,11 +27,14 @@ type ServeOpts struct {
 	Snapshot func(*ServeReport)
 }
 
-// ServeSecond is one second of a rank's serving: the steps it completed, and the fewest
-// ranks of the communicators it served on in that second.
+// ServeSecond is one second of a rank's serving: the steps it completed, the fewest ranks
+// of the communicators it served on in that second, and how much of the second it was
+// short of ranks (from the step that found a rank dead to the regrow that made the job
+// whole again).
 type ServeSecond struct {
-	Steps int `json:"steps"`
-	Ranks int `json:"min_ranks"`
+	Steps   int     `json:"steps"`
+	Ranks   int     `json:"min_ranks"`
+	ShortMS float64 `json:"short_ms"`
 }
 
 // ServeReport is what one process saw of a self-healing job.
@@ -111,6 +114,28 @@ func Serve(ctx context.Context, c *coll.Comm, o ServeOpts) (*coll.Comm, *ServeRe
 		rep.Seconds[s].Steps += steps
 		rep.Seconds[s].Ranks = min(rep.Seconds[s].Ranks, g.Size())
 	}
+	// The time served short of ranks, spread over the seconds it spans.
+	world := c.Transport().Size()
+	var shortSince time.Time
+	endShort := func() {
+		if shortSince.IsZero() {
+			return
+		}
+		now := time.Now()
+		for t := shortSince; t.Before(now); {
+			i := int(t.Sub(start) / time.Second)
+			next := start.Add(time.Duration(i+1) * time.Second)
+			if next.After(now) {
+				next = now
+			}
+			for len(rep.Seconds) <= i {
+				rep.Seconds = append(rep.Seconds, ServeSecond{Ranks: g.Size()})
+			}
+			rep.Seconds[i].ShortMS += float64(next.Sub(t).Microseconds()) / 1e3
+			t = next
+		}
+		shortSince = time.Time{}
+	}
 	// heal shrinks g past the ranks that died and puts their experts back.
 	heal := func(cause error) error {
 		closeStages()
@@ -176,7 +201,9 @@ func Serve(ctx context.Context, c *coll.Comm, o ServeOpts) (*coll.Comm, *ServeRe
 					}
 					g, pl, sc.ws = ng, npl, next
 					rep.Grows++
-					err = sc.open(g, pl)
+					if err = sc.open(g, pl); err == nil && g.Size() == world {
+						endShort()
+					}
 				}
 			}
 		}
@@ -187,12 +214,16 @@ func Serve(ctx context.Context, c *coll.Comm, o ServeOpts) (*coll.Comm, *ServeRe
 			rep.Error = err.Error()
 			return g, rep, err
 		}
+		if shortSince.IsZero() {
+			shortSince = time.Now()
+		}
 		if err := heal(err); err != nil {
 			rep.Error, rep.CutOff = err.Error(), errors.Is(err, coll.ErrCutOff)
 			return g, rep, err
 		}
 		record(0)
 	}
+	endShort()
 	record(0)
 	return g, rep, nil
 }
@@ -207,7 +238,7 @@ type ServeSummary struct {
 	Steps       int     `json:"steps"`   // the job's
 	WrongTokens int     `json:"wrong_tokens"`
 	Errors      int     `json:"errors"`     // processes that ended with an error (hangs end in ErrTimeout)
-	FullShare   float64 `json:"full_share"` // of the seconds, those served on every rank throughout
+	FullShare   float64 `json:"full_share"` // of the time, that served on every rank (1 - the time short of ranks)
 	// The job's steps per second before the first kill, and in the five seconds after
 	// each regrow (fewer where the next fault comes first); 0 where there is no such
 	// second.
@@ -217,8 +248,8 @@ type ServeSummary struct {
 
 // Summarize takes the kills the chaos made and every process's last report (killed ones'
 // included, as they left them) and lays the job out on the wall clock: a second's steps
-// are the most any process served in it (every rank serves every step), and it was at
-// full strength where no process served it on fewer than world ranks.
+// are the most any process served in it (every rank serves every step), and the time it
+// was short of ranks the most any process counted in it.
 func Summarize(reports []*ServeReport, kills []time.Time, world int) *ServeSummary {
 	s := &ServeSummary{Kills: len(kills)}
 	if len(reports) == 0 {
@@ -238,7 +269,10 @@ func Summarize(reports []*ServeReport, kills []time.Time, world int) *ServeSumma
 		s.Regrows = max(s.Regrows, r.Grows) // a process that served throughout admitted every one
 	}
 	s.Regrows = max(s.Regrows, joined)
-	type second struct{ steps, ranks int }
+	type second struct {
+		steps, ranks int
+		short        float64 // ms: the most any process was short of ranks in it
+	}
 	var secs []second
 	for _, r := range reports {
 		off := int((r.StartUnixNS - t0) / int64(time.Second))
@@ -249,18 +283,17 @@ func Summarize(reports []*ServeReport, kills []time.Time, world int) *ServeSumma
 			}
 			secs[j].steps = max(secs[j].steps, sec.Steps)
 			secs[j].ranks = min(secs[j].ranks, sec.Ranks)
+			secs[j].short = min(max(secs[j].short, sec.ShortMS), 1000)
 		}
 	}
 	s.Seconds = len(secs)
-	full := 0
+	short := 0.0
 	for _, sec := range secs {
 		s.Steps += sec.steps
-		if sec.ranks == world {
-			full++
-		}
+		short += sec.short
 	}
 	if s.Seconds > 0 {
-		s.FullShare = float64(full) / float64(s.Seconds)
+		s.FullShare = 1 - short/1e3/float64(s.Seconds)
 	}
 	rate := func(from, to int) float64 {
 		from, to = max(from, 0), min(to, len(secs))

@@ -122,7 +122,7 @@ func benchChaos(ctx context.Context, rf rankFlags, o bench.MoEOpts, ro bench.Rec
 	}
 	fmt.Printf("# moex bench moe --chaos %v: %s, %d ranks over %s, %s mode, %d tokens per rank, every expert on 2 ranks\n",
 		d, ro.Model, rf.ranks, rf.transport, ro.Mode, ro.Tokens)
-	fmt.Printf("kills %d, stops %d, regrows %d, steps %d, wrong tokens %d, processes failed %d, hung %v, at full strength %.1f%% of %d s\n",
+	fmt.Printf("kills %d, stops %d, regrows %d, steps %d, wrong tokens %d, processes failed %d, hung %v, at full strength %.1f%% of the %d s\n",
 		s.Kills, s.Stops, s.Regrows, s.Steps, s.WrongTokens, s.Errors, s.Hung, 100*s.FullShare, s.Seconds)
 	fmt.Printf("steps/s before the first kill %.0f; in the 5 s after each regrow:", s.Before)
 	for _, a := range s.After {
