@@ -70,24 +70,9 @@ func Serve(ctx context.Context, c *coll.Comm, o ServeOpts) (*coll.Comm, *ServeRe
 	}
 	rep := &ServeReport{Rank: c.WorldRank(c.Rank()), Pid: os.Getpid(), Joined: c.ParentRanks() != nil, StartUnixNS: time.Now().UnixNano()}
 	g := c
-	var pl *router.Placement
-	ws := map[int][]byte{}
-	if rep.Joined {
-		next := map[int][]byte{}
-		if pl, _, err = dispatch.Grow(ctx, g, nil, nil, router.Balance{}, weightsInto(o.WeightBytes, ws, next)); err != nil {
-			return g, rep, err
-		}
-		ws = next
-	} else {
-		// Every expert on two ranks half the job apart: with the ranks of a host
-		// numbered together, a host's loss (or its link's) leaves a replica of each.
-		if pl, err = halfApart(cfg.Experts, g.Size()); err != nil {
-			return g, rep, err
-		}
-		for _, e := range pl.Local[g.Rank()] {
-			ws[e] = make([]byte, o.WeightBytes)
-			ws[e][0] = byte(e)
-		}
+	pl, ws, err := firstPlacement(ctx, c, cfg.Experts, o.WeightBytes, rep.Joined)
+	if err != nil {
+		return g, rep, err
 	}
 	sc := newRecoverScenario(ctx, rep.Rank, cfg, o.RecoverOpts, ws)
 	sc.wrongOK = true
@@ -326,6 +311,28 @@ func Summarize(reports []*ServeReport, kills []time.Time, world int) *ServeSumma
 		}
 	}
 	return s
+}
+
+// firstPlacement is the placement a process of a self-healing job starts serving with,
+// and the weights of its experts: a joiner receives them (dispatch.Grow); a starting rank
+// places every expert on two ranks half the job apart (with the ranks of a host numbered
+// together, a host's loss, or its link's, leaves a replica of each).
+func firstPlacement(ctx context.Context, c *coll.Comm, experts, weightBytes int, joined bool) (*router.Placement, map[int][]byte, error) {
+	if joined {
+		next := map[int][]byte{}
+		pl, _, err := dispatch.Grow(ctx, c, nil, nil, router.Balance{}, weightsInto(weightBytes, map[int][]byte{}, next))
+		return pl, next, err
+	}
+	pl, err := halfApart(experts, c.Size())
+	if err != nil {
+		return nil, nil, err
+	}
+	ws := map[int][]byte{}
+	for _, e := range pl.Local[c.Rank()] {
+		ws[e] = make([]byte, weightBytes)
+		ws[e][0] = byte(e)
+	}
+	return pl, ws, nil
 }
 
 // halfApart places experts experts round-robin on ranks ranks, each with a replica on the

@@ -249,6 +249,21 @@ func chaosRank(ctx context.Context, ro bench.RecoverOpts) error {
 	return err
 }
 
+// chaosFlags runs --chaos (done), or checks --rdzv for --kill --rejoin; others: flags
+// set that --chaos does not take.
+func chaosFlags(ctx context.Context, rf rankFlags, o bench.MoEOpts, ro bench.RecoverOpts, d time.Duration, others bool, args []string) (bool, error) {
+	if d != 0 {
+		if others || ro.Victim >= 0 || ro.Rejoin || o.SendPartials || o.PushRows || o.TokensInBuffer || o.SumAtOrigin {
+			return true, &usageError{"--chaos: not with --eplb, --kill, --runs, --rejoin, --levels, --plot, --send-partials, --push-rows, --tokens-in-buffer or --sum-at-origin"}
+		}
+		return true, benchChaos(ctx, rf, o, ro, d, ro.Rdzv, args)
+	}
+	if ro.Victim < 0 || !ro.Rejoin {
+		return true, &usageError{"--rdzv: only with --kill --rejoin or --chaos"}
+	}
+	return false, checkRdzv(ro.Rdzv)
+}
+
 // checkRdzv checks --rdzv: empty, or etcd://host:port/name.
 func checkRdzv(rdzv string) error {
 	if rdzv == "" {

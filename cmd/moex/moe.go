@@ -98,22 +98,12 @@ buffers per rank, the error against the single-process reference, and a verdict 
 	if (eo.Every != 0 || ro.Victim >= 0 || *levels != "") && (o.SendPartials || o.PushRows || o.TokensInBuffer || o.SumAtOrigin) {
 		return &usageError{"--send-partials, --push-rows, --tokens-in-buffer, --sum-at-origin: only for the plain run (not with --eplb, --kill or --levels)"}
 	}
-	if *chaosFor != 0 {
-		if eo.Every != 0 || ro.Victim >= 0 || *levels != "" || *plot != "" || *runs != 1 || ro.Rejoin {
-			return &usageError{"--chaos: not with --eplb, --kill, --runs, --rejoin, --levels or --plot"}
+	if *chaosFor != 0 || *rdzv != "" {
+		ro.Rdzv = *rdzv
+		if done, err := chaosFlags(ctx, rf, o, ro, *chaosFor, eo.Every != 0 || *levels != "" || *plot != "" || *runs != 1, args); done || err != nil {
+			return err
 		}
-		if o.SendPartials || o.PushRows || o.TokensInBuffer || o.SumAtOrigin {
-			return &usageError{"--send-partials, --push-rows, --tokens-in-buffer, --sum-at-origin: only for the plain run (not with --chaos)"}
-		}
-		return benchChaos(ctx, rf, o, ro, *chaosFor, *rdzv, args)
 	}
-	if *rdzv != "" && (ro.Victim < 0 || !ro.Rejoin) {
-		return &usageError{"--rdzv: only with --kill --rejoin or --chaos"}
-	}
-	if err := checkRdzv(*rdzv); err != nil {
-		return err
-	}
-	ro.Rdzv = *rdzv
 	if eo.Every != 0 {
 		if ro.Victim >= 0 {
 			return &usageError{"--eplb and --kill: one at a time"}

@@ -118,14 +118,9 @@ func ParseEnv(getenv func(string) string) (Env, error) {
 		}
 		e.LocalSize = r
 	}
-	if v := getenv("MOEX_ADDR"); IsURL(v) {
-		if _, _, err := storeURL("MOEX_ADDR", v); err != nil {
+	if v := getenv("MOEX_ADDR"); v != "" {
+		if err := checkStoreAddr("MOEX_ADDR", v); err != nil {
 			return e, err
-		}
-		e.Addr = v
-	} else if v != "" {
-		if _, _, err := net.SplitHostPort(v); err != nil {
-			return e, &transport.EnvError{Var: "MOEX_ADDR", Value: v, Reason: "want host:port, or etcd://host:port/job"}
 		}
 		e.Addr = v
 	} else if h, p := getenv("MASTER_ADDR"), getenv("MASTER_PORT"); h != "" || p != "" {
@@ -172,14 +167,9 @@ func ParseEnv(getenv func(string) string) (Env, error) {
 	default:
 		return e, &transport.EnvError{Var: "MOEX_TRANSPORT", Value: e.Transport, Reason: "want auto, tcp, shm or ucx"}
 	}
-	if v := getenv("MOEX_REGISTRY"); IsURL(v) {
-		if _, _, err := storeURL("MOEX_REGISTRY", v); err != nil {
+	if v := getenv("MOEX_REGISTRY"); v != "" {
+		if err := checkStoreAddr("MOEX_REGISTRY", v); err != nil {
 			return e, err
-		}
-		e.Registry = v
-	} else if v != "" {
-		if _, _, err := net.SplitHostPort(v); err != nil {
-			return e, &transport.EnvError{Var: "MOEX_REGISTRY", Value: v, Reason: "want host:port, or etcd://host:port/job"}
 		}
 		e.Registry = v
 	} else if IsURL(e.Addr) {
@@ -210,6 +200,19 @@ func ParseEnv(getenv func(string) string) (Env, error) {
 		e.Timeout = d
 	}
 	return e, nil
+}
+
+// checkStoreAddr checks v, the value of variable (MOEX_ADDR, MOEX_REGISTRY): host:port, or
+// a URL whose scheme has a driver.
+func checkStoreAddr(variable, v string) error {
+	if IsURL(v) {
+		_, _, err := storeURL(variable, v)
+		return err
+	}
+	if _, _, err := net.SplitHostPort(v); err != nil {
+		return &transport.EnvError{Var: variable, Value: v, Reason: "want host:port, or etcd://host:port/job"}
+	}
+	return nil
 }
 
 // ompiAddrFile is the rendezvous file of an Open MPI job on one host: in mpirun's
