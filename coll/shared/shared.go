@@ -59,12 +59,21 @@ const (
 	areaWhere     = 216
 	areaArena     = 232
 
-	// arenaTag marks an offset in areaArena (an offset of 0 is a valid one).
-	arenaTag = 1 << 63
+	// arenaTag marks an offset in areaArena (an offset of 0 is a valid one); acrossTag,
+	// there alone, a send buffer the others read across at its address (areaWhere).
+	arenaTag  = 1 << 63
+	acrossTag = 1 << 62
 
 	// SharedMin is the smallest send buffer from obuf's shared arena that the others read
 	// in place (shm.SharedMin says how it was measured).
 	SharedMin = 16 << 10
+
+	// AcrossMin: an AlltoAll(v) whose send buffer is larger is read across (one copy,
+	// process_vm_readv) even where it fits the area (two copies). Measured (moex bench
+	// coll --op alltoall --transport shm, p50, us, area against across): P=2 (a CPU per
+	// rank) 256 KiB 11.7/10.1, 512 KiB 21.2/16.0, 1 MiB 44.9/32.8; P=4 (2 CPUs) 256 KiB
+	// 97.5/85.4 (means 71/90), 1 MiB 351/152; P=8 512 KiB 437/397, 1 MiB 770/567.
+	AcrossMin = 512 << 10
 )
 
 // Direct runs collectives of the whole job through the shared areas of the ranks'
@@ -431,12 +440,17 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 	p := d.size
 	n := len(send)
 	me := d.rank
-	pull := n > d.cap
+	pull := n > d.cap || d.pull && n > AcrossMin
 	par := 8 * int(turn&1)
 	// A send buffer in the shared arena is read in place by the others (one copy), at its
 	// address with process_vm_readv by a rank that cannot map the arena. Cross-memory
-	// attach must work for that, and it does wherever taking the arena's memfd does.
+	// attach must work for that, and it does wherever taking the arena's memfd does. The
+	// readers take the way from what is published here (acrossTag, arenaTag), not from the
+	// size.
 	var arena uint64
+	if pull {
+		arena = acrossTag
+	}
 	if d.pull && n >= SharedMin {
 		if off, ok := obuf.Locate(send); ok {
 			arena = uint64(off) | arenaTag
@@ -637,7 +651,7 @@ func (d *Direct) take(q int, turn uint64, recv []byte, total int, lay *VLayout) 
 	src, n, at, qtotal := d.block(lay, q, total)
 	dst := recv[at : at+n]
 	arena := atomic.LoadUint64(d.u64(q, areaArena+8*int(turn&1)))
-	if arena == 0 && qtotal <= d.cap {
+	if arena == 0 { // in q's area (peerData checks that it fits)
 		data, err := d.peerData(q, turn, qtotal)
 		if err != nil {
 			return err
@@ -648,7 +662,7 @@ func (d *Direct) take(q int, turn uint64, recv []byte, total int, lay *VLayout) 
 	where := atomic.LoadUint64(d.u64(q, areaWhere+8*int(turn&1)))
 	d.pulled[q]++
 	var data []byte // in place, when q's buffer is in its arena and this rank can map it
-	if arena != 0 && n > 0 {
+	if arena&arenaTag != 0 && n > 0 {
 		data = d.a.ArenaData(q, arena&^arenaTag+uint64(src), n)
 	}
 	switch {
