@@ -2,7 +2,7 @@ package main
 
 // The registry of the environment variables moex reads: name, default, meaning and the
 // package that reads it, each listed by the package that reads it. `moex env` prints it,
-// the README's table is generated from it (moex env --markdown), and a test fails when
+// docs/ENVIRONMENT.md's table is generated from it (moex env --markdown), and a test fails when
 // the code reads a MOEX_ variable that is not registered, or registers one that nothing
 // reads.
 

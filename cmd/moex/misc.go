@@ -17,7 +17,7 @@ import (
 func cmdEnv(args []string) error {
 	fs := flag.NewFlagSet("moex env", flag.ContinueOnError)
 	all := fs.Bool("all", false, "also the variables moex sets for its own processes")
-	md := fs.Bool("markdown", false, "print the README's table")
+	md := fs.Bool("markdown", false, "print the table of docs/ENVIRONMENT.md")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -39,7 +39,7 @@ func cmdEnv(args []string) error {
 	return tw.Flush()
 }
 
-// envMarkdown writes the user variables as the README's table.
+// envMarkdown writes the user variables as the table of docs/ENVIRONMENT.md.
 func envMarkdown(w io.Writer) error {
 	var b strings.Builder
 	b.WriteString("| variable | default | meaning |\n|---|---|---|\n")
