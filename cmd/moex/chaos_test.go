@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -18,9 +17,7 @@ import (
 // the others heal, new processes take the ranks over, and no token comes back wrong, no
 // process fails, nothing hangs; the job is at full strength most of the time.
 func TestBenchChaos(t *testing.T) {
-	exe := filepath.Join(t.TempDir(), "moex")
-	out, err := exec.Command("go", "build", "-o", exe, ".").CombinedOutput()
-	require.NoError(t, err, "build: %s", out)
+	exe := moexBinary(t)
 	var o, e bytes.Buffer
 	cmd := exec.Command(exe, "bench", "moe", "--model", "tiny-qwen", "--ranks", "3", "--transport", "tcp", "--tokens", "8", "--chaos", "12s", "--json")
 	cmd.Env = append(cmd.Environ(), "MOEX_CHAOS_EVERY=2s-3s", "MOEX_CHAOS_STOPS=0")

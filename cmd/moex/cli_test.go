@@ -21,9 +21,7 @@ import (
 // main job says it started (stderr), ends with a verdict, and its JSON carries the
 // command line and the machine as bench coll's does.
 func TestFirstHourCLI(t *testing.T) {
-	exe := filepath.Join(t.TempDir(), "moex")
-	out, err := exec.Command("go", "build", "-o", exe, ".").CombinedOutput()
-	require.NoError(t, err, "build: %s", out)
+	exe := moexBinary(t)
 	run := func(args ...string) (string, string, error) {
 		var o, e bytes.Buffer
 		cmd := exec.Command(exe, args...)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -81,10 +80,7 @@ func TestDoctorCollectivesTwoHosts(t *testing.T) {
 // `moex doctor` as a user runs it: it starts the ranks, and with MOEX_TRANSPORT=tcp on
 // one host it says that shared memory would be faster.
 func TestDoctorCommand(t *testing.T) {
-	exe := filepath.Join(t.TempDir(), "moex")
-	if out, err := exec.Command("go", "build", "-o", exe, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
-	}
+	exe := moexBinary(t)
 	out, err := exec.Command(exe, "doctor", "--ranks", "2", "--transport", "tcp").CombinedOutput()
 	if err != nil {
 		t.Fatalf("moex doctor: %v\n%s", err, out)

@@ -20,9 +20,7 @@ import (
 // the plot is written.
 func TestBenchRejoin(t *testing.T) {
 	dir := t.TempDir()
-	exe := filepath.Join(dir, "moex")
-	out, err := exec.Command("go", "build", "-o", exe, ".").CombinedOutput()
-	require.NoError(t, err, "build: %s", out)
+	exe := moexBinary(t)
 	for _, tr := range []string{"shm", "tcp"} {
 		png := filepath.Join(dir, "rejoin-"+tr+".png")
 		var o, e bytes.Buffer

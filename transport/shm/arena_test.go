@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moex-ai/moex/coll/shared"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport/shm"
 	"github.com/moex-ai/moex/transport/transporttest"
@@ -101,25 +102,8 @@ func TestDirectSharedFallsBack(t *testing.T) {
 	if err := shm.BreakArena(ts[1], 0); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	const n = 3 * 8000 // above SharedMin
-	errs := onRanks(p, func(r int) error {
-		for op := 0; op < 4; op++ {
-			b := obuf.Shared.Get(n)
-			defer b.Release()
-			copy(b.Bytes(), sendFor(op, r, p, n))
-			recv := make([]byte, n)
-			if err := ds[r].AllToAll(ctx, ds[r].Turn(), b.Bytes(), recv, 1); err != nil {
-				return fmt.Errorf("op %d: %w", op, err)
-			}
-			if err := checkRecv(recv, op, r, p); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	reportRanks(t, errs)
+	reportRanks(t, sharedAllToAlls(ds, 4, n))
 	if st := ts[1].Stats(); st.CMABytes != 4*n/p || st.SharedBytes != 4*n/p {
 		t.Errorf("rank 1: %d bytes across, %d in place; want %d each (rank 0's across, rank 2's in place)", st.CMABytes, st.SharedBytes, 4*n/p)
 	}
@@ -184,4 +168,27 @@ func TestDirectSharedCloses(t *testing.T) {
 	if f, m := arenaUse(t); f != fds || m != maps {
 		t.Fatalf("after Close: %d fds and %d arena mappings, want %d and %d as before", f, m, fds, maps)
 	}
+}
+
+// sharedAllToAlls runs ops AllToAlls on every rank of ds at once, each send buffer of n
+// bytes from obuf.Shared (read in place, or across), and checks every block received.
+func sharedAllToAlls(ds []*shared.Direct, ops, n int) []error {
+	p := len(ds)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return onRanks(p, func(r int) error {
+		for op := 0; op < ops; op++ {
+			b := obuf.Shared.Get(n)
+			defer b.Release()
+			copy(b.Bytes(), sendFor(op, r, p, n))
+			recv := make([]byte, n)
+			if err := ds[r].AllToAll(ctx, ds[r].Turn(), b.Bytes(), recv, 1); err != nil {
+				return fmt.Errorf("op %d: %w", op, err)
+			}
+			if err := checkRecv(recv, op, r, p); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }

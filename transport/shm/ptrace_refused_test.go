@@ -3,7 +3,6 @@ package shm_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/transport"
 	"github.com/moex-ai/moex/transport/shm"
 	"github.com/moex-ai/moex/transport/transporttest"
@@ -73,25 +71,8 @@ func TestPtraceRefusedArena(t *testing.T) {
 	const p = 3
 	ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4096 })
 	ds := directs(t, ts)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
 	const n = 3 * 8000 // above SharedMin
-	errs := onRanks(p, func(r int) error {
-		for op := 0; op < 3; op++ {
-			b := obuf.Shared.Get(n)
-			defer b.Release()
-			copy(b.Bytes(), sendFor(op, r, p, n))
-			recv := make([]byte, n)
-			if err := ds[r].AllToAll(ctx, ds[r].Turn(), b.Bytes(), recv, 1); err != nil {
-				return fmt.Errorf("op %d: %w", op, err)
-			}
-			if err := checkRecv(recv, op, r, p); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	reportRanks(t, errs)
+	reportRanks(t, sharedAllToAlls(ds, 3, n))
 	for r, x := range ts {
 		st := x.Stats()
 		assert.Zero(t, st.SharedBytes, "rank %d read in place", r)
