@@ -7,6 +7,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/schollz/progressbar/v3 v3.19.1
 	github.com/stretchr/testify v1.12.1
+	go.etcd.io/etcd/api/v3 v3.5.36
 	go.etcd.io/etcd/client/v3 v3.5.36
 	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.17.0
@@ -38,7 +39,6 @@ require (
 	github.com/pkg/errors v0.9.1 // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
 	github.com/xtgo/set v1.0.0 // indirect
-	go.etcd.io/etcd/api/v3 v3.5.36 // indirect
 	go.etcd.io/etcd/client/pkg/v3 v3.5.36 // indirect
 	go.uber.org/atomic v1.7.0 // indirect
 	go.uber.org/multierr v1.6.0 // indirect

@@ -2,9 +2,7 @@ package coll
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -121,12 +119,11 @@ func (c *Comm) Grow(ctx context.Context, joiners []Joiner) (g *Comm, err error) 
 	// Connect to every joiner; then every rank learns whether every other did. A Grow
 	// that fails from here on undoes this rank's connections: no joiner stays connected
 	// to some live ranks and not others.
-	var admitted []transport.Readmitter
-	var admittedRanks []int
+	var admitted []int // the joiners this rank connected to
 	defer func() {
 		if err != nil {
-			for i, rm := range admitted {
-				rm.Evict(admittedRanks[i])
+			for _, r := range admitted {
+				transport.ReadmitterOf(c.tr, r).Evict(r)
 			}
 		}
 	}()
@@ -137,7 +134,7 @@ func (c *Comm) Grow(ctx context.Context, joiners []Joiner) (g *Comm, err error) 
 		if rm == nil {
 			err = fmt.Errorf("the transport to rank %d (%s) cannot take a joiner", j.Rank, c.tr.Name())
 		} else if err = rm.Readmit(ctx, j.Rank, j.Addr, members); err == nil {
-			admitted, admittedRanks = append(admitted, rm), append(admittedRanks, j.Rank)
+			admitted = append(admitted, j.Rank)
 		}
 		if err != nil {
 			c.log.Warn("moex: could not connect to a joiner", "rank", c.ranks[c.rank], "joiner", j.Rank, "addr", j.Addr, "err", err)
@@ -408,15 +405,8 @@ func initJoining(ctx context.Context, env bootstrap.Env, cfg Config) (*Comm, err
 	}
 	c.why = tr.Name() + ": a process that took over rank " + strconv.Itoa(env.Rank) + " of a running job"
 	c.registry = rep.Registry()
-	if bootstrap.IsURL(env.Registry) {
-		// A store that outlives start-up (etcd) holds the live ranks: this one is, again,
-		// bound to this process's life.
-		var nonce [8]byte
-		_, _ = rand.Read(nonce[:])
-		r := strconv.Itoa(env.Rank)
-		err := errors.Join(c.registry.Set(ictx, bootstrap.MemberPrefix+r, []byte(hex.EncodeToString(nonce[:])+" "+strconv.Itoa(env.Size))),
-			c.registry.Set(ictx, bootstrap.RunningPrefix+r, []byte(tr.Name()+"\n"+transport.HostID())))
-		if err != nil {
+	if bootstrap.IsURL(env.Registry) { // a store that outlives start-up (etcd) holds the live ranks
+		if err := bootstrap.SayLive(ictx, c.registry, env.Rank, env.Size, tr.Name()); err != nil {
 			cfg.Logger.Warn("moex: saying this rank is live in the registry failed", "rank", env.Rank, "err", err)
 		}
 	}

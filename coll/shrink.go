@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/moex-ai/moex/coll/agree"
@@ -147,8 +146,7 @@ func (sub *Comm) confirmShrink(ctx context.Context, c *Comm, lost []int) error {
 		rctx, cancel := context.WithTimeout(ctx, min(c.cfg.Timeout/2, registryConfirm))
 		var errs []error
 		for _, q := range lost {
-			r := strconv.Itoa(c.ranks[q])
-			errs = append(errs, c.registry.Delete(rctx, bootstrap.MemberPrefix+r), c.registry.Delete(rctx, bootstrap.RunningPrefix+r))
+			errs = append(errs, bootstrap.ForgetRank(rctx, c.registry, c.ranks[q]))
 		}
 		cancel()
 		if err := errors.Join(errs...); err != nil {

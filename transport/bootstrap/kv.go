@@ -2,11 +2,14 @@ package bootstrap
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"maps"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -170,3 +173,38 @@ const MemberPrefix = "rank/"
 // RunningPrefix is where a store that outlives start-up holds the ranks that finished it
 // (RunningPrefix<rank>, set at Ready): the job is running while one is there.
 const RunningPrefix = "running/"
+
+// MemberEntry is what MemberPrefix<rank> holds: the claimant's nonce and the job's size.
+func MemberEntry(nonce string, size int) string { return nonce + " " + strconv.Itoa(size) }
+
+// MemberSize is the job's size a MemberEntry says; false where it says none.
+func MemberSize(entry []byte) (int, bool) {
+	_, n, ok := strings.Cut(string(entry), " ")
+	size, err := strconv.Atoi(n)
+	return size, ok && err == nil
+}
+
+// runningEntry is what RunningPrefix<rank> holds: the rank's transport (Name) and host.
+func runningEntry(transportName string) []byte {
+	return []byte(transportName + "\n" + transport.HostID())
+}
+
+// SayLive records in reg, a store that outlives start-up (etcd), that this process is
+// rank of a job of size ranks and reaches the others over transportName, bound to the
+// client's life: a process that took the rank over says so once admitted (a starting
+// rank says it with its claim and at Ready).
+func SayLive(ctx context.Context, reg KV, rank, size int, transportName string) error {
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:])
+	r := strconv.Itoa(rank)
+	return errors.Join(reg.Set(ctx, MemberPrefix+r, []byte(MemberEntry(hex.EncodeToString(nonce[:]), size))),
+		reg.Set(ctx, RunningPrefix+r, runningEntry(transportName)))
+}
+
+// ForgetRank removes rank's entries from reg: the live ranks found its process dead
+// (coll.Comm.Shrink), so a process started again for it takes it over at once rather
+// than being refused while the dead one's lease lives.
+func ForgetRank(ctx context.Context, reg KV, rank int) error {
+	r := strconv.Itoa(rank)
+	return errors.Join(reg.Delete(ctx, MemberPrefix+r), reg.Delete(ctx, RunningPrefix+r))
+}

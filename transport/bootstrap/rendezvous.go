@@ -264,7 +264,7 @@ func (rv *Rendezvous) Ready(ctx context.Context) error {
 		return err
 	}
 	if rv.external { // the job runs: a process started for a rank whose process dies takes it over
-		if err := rv.store.Set(ctx, RunningPrefix+strconv.Itoa(rv.Env.Rank), []byte(rv.transport+"\n"+transport.HostID())); err != nil {
+		if err := rv.store.Set(ctx, RunningPrefix+strconv.Itoa(rv.Env.Rank), runningEntry(rv.transport)); err != nil {
 			return rv.explain(err)
 		}
 		return nil

@@ -144,7 +144,7 @@ func liveTransport(ctx context.Context, reg KV) (string, error) {
 		return "tcp", err
 	}
 	for _, v := range vals {
-		if name, host, _ := strings.Cut(string(v), "\n"); name != "shm" || host != transport.HostID() {
+		if string(v) != string(runningEntry("shm")) { // another transport, or another host
 			return "tcp", nil
 		}
 	}

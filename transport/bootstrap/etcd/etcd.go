@@ -18,9 +18,10 @@
 // client keeps alive, so a dead process's go with it; the ranks that find a rank dead
 // remove its entry at once (coll.Comm.Shrink). A job started again under the same name
 // within the TTL of a whole job's crash may find the dead processes' claims (refused:
-// ErrDuplicateRank) or their failure: start it again after the TTL, or under a new name. The job secret (MOEX_JOB_TOKEN) still
-// authenticates the ranks to each other; a process whose secret differs from that of the
-// running ranks of the same job name is refused (transport.ErrAuth).
+// ErrDuplicateRank) or their failure: start it again after the TTL, or under a new name.
+// The job secret (MOEX_JOB_TOKEN) still authenticates the ranks to each other; a process
+// whose secret differs from that of the running ranks of the same job name is refused
+// (transport.ErrAuth).
 package etcd
 
 import (
@@ -36,6 +37,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -287,7 +289,7 @@ func (kv *KV) Claim(ctx context.Context, rank, size int, nonce string) error {
 		}
 		return transport.Because(bootstrap.ErrJobRunning, "%s: the job runs and rank %d's process is gone", kv.where, rank)
 	}
-	val := nonce + " " + strconv.Itoa(size)
+	val := bootstrap.MemberEntry(nonce, size)
 	resp, err := kv.c.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 		Then(clientv3.OpPut(key, val, clientv3.WithLease(kv.lease))).Else(clientv3.OpGet(key)).Commit()
 	if err != nil {
@@ -312,9 +314,9 @@ func (kv *KV) Claim(ctx context.Context, rank, size int, nonce string) error {
 		return err
 	}
 	for i, v := range vals {
-		if _, n, _ := strings.Cut(string(v), " "); n != strconv.Itoa(size) {
+		if n, _ := bootstrap.MemberSize(v); n != size {
 			return &bootstrap.StartupError{Rank: rank, Err: transport.Because(transport.ErrMismatch,
-				"%s: %s says the job has %s ranks, this process %d", kv.where, keys[i], n, size)}
+				"%s: %s says the job has %d ranks, this process %d", kv.where, keys[i], n, size)}
 		}
 	}
 	return nil
@@ -352,32 +354,39 @@ func (kv *KV) failure(why string) error {
 // left, or its lease expired) fails the start-up of every rank that waits, as a second
 // claim of a rank does.
 func (kv *KV) Get(ctx context.Context, keys ...string) ([][]byte, error) {
-	ops := make([]clientv3.Op, 0, len(keys)+1)
-	for _, k := range keys {
-		ops = append(ops, clientv3.OpGet(kv.prefix+k))
+	ops := make([]clientv3.Op, len(keys))
+	for i, k := range keys {
+		ops[i] = clientv3.OpGet(kv.prefix + k)
 	}
+	return kv.await(ctx, "get", ops, func(rs []*etcdserverpb.ResponseOp) ([][]byte, bool) {
+		vals := make([][]byte, len(keys))
+		for i, r := range rs {
+			kvs := r.GetResponseRange().Kvs
+			if len(kvs) == 0 {
+				return nil, false
+			}
+			vals[i] = kvs[0].Value
+		}
+		return vals, true
+	})
+}
+
+// await reads ops in one transaction, with the start-up's failure (failKey), until take
+// finds in their answers every value it waits for, watching the job's keys from each
+// read's revision in between (waitChange). A failed start-up ends it with its
+// *StartupError.
+func (kv *KV) await(ctx context.Context, what string, ops []clientv3.Op, take func([]*etcdserverpb.ResponseOp) ([][]byte, bool)) ([][]byte, error) {
 	ops = append(ops, clientv3.OpGet(kv.prefix+failKey))
 	for {
 		resp, err := kv.c.Txn(ctx).Then(ops...).Commit()
 		if err != nil {
-			return nil, kv.failed("get", err)
+			return nil, kv.failed(what, err)
 		}
-		vals := make([][]byte, len(keys))
-		all := true
-		for i, r := range resp.Responses {
-			kvs := r.GetResponseRange().Kvs
-			switch {
-			case i == len(keys):
-				if len(kvs) > 0 {
-					return nil, kv.failure(string(kvs[0].Value))
-				}
-			case len(kvs) == 0:
-				all = false
-			default:
-				vals[i] = kvs[0].Value
-			}
+		n := len(resp.Responses) - 1
+		if f := resp.Responses[n].GetResponseRange().Kvs; len(f) > 0 {
+			return nil, kv.failure(string(f[0].Value))
 		}
-		if all {
+		if vals, ok := take(resp.Responses[:n]); ok {
 			return vals, nil
 		}
 		if err := kv.waitChange(ctx, resp.Header.Revision); err != nil {
@@ -438,36 +447,21 @@ func (kv *KV) AllGather(ctx context.Context, prefix string, rank, size int, val 
 	}
 	// Each entry counts once written after its rank's claim (a dead process's, of an
 	// earlier job of this name, is older than the claim that clears it).
-	ops := make([]clientv3.Op, 0, 2*size+1)
+	ops := make([]clientv3.Op, 0, 2*size)
 	for q := range size {
 		ops = append(ops, clientv3.OpGet(kv.prefix+bootstrap.MemberPrefix+strconv.Itoa(q)), clientv3.OpGet(kv.prefix+byRank(q)+prefix))
 	}
-	ops = append(ops, clientv3.OpGet(kv.prefix+failKey))
-	for {
-		resp, err := kv.c.Txn(ctx).Then(ops...).Commit()
-		if err != nil {
-			return nil, kv.failed("all-gather", err)
-		}
-		if f := resp.Responses[2*size].GetResponseRange().Kvs; len(f) > 0 {
-			return nil, kv.failure(string(f[0].Value))
-		}
+	return kv.await(ctx, "all-gather", ops, func(rs []*etcdserverpb.ResponseOp) ([][]byte, bool) {
 		vals := make([][]byte, size)
-		all := true
 		for q := range size {
-			claim, entry := resp.Responses[2*q].GetResponseRange().Kvs, resp.Responses[2*q+1].GetResponseRange().Kvs
+			claim, entry := rs[2*q].GetResponseRange().Kvs, rs[2*q+1].GetResponseRange().Kvs
 			if len(claim) == 0 || len(entry) == 0 || entry[0].ModRevision < claim[0].CreateRevision {
-				all = false
-				break
+				return nil, false
 			}
 			vals[q] = entry[0].Value
 		}
-		if all {
-			return vals, nil
-		}
-		if err := kv.waitChange(ctx, resp.Header.Revision); err != nil {
-			return nil, err
-		}
-	}
+		return vals, true
+	})
 }
 
 // byRank is where rank r's start-up entries are.
@@ -484,10 +478,8 @@ func (kv *KV) Status(ctx context.Context) ([]string, error) {
 		return nil, err
 	}
 	for _, v := range claims {
-		if _, n, ok := strings.Cut(string(v), " "); ok {
-			if m, err := strconv.Atoi(n); err == nil && m > size && m <= bootstrap.MaxStoreRanks {
-				size = m
-			}
+		if m, ok := bootstrap.MemberSize(v); ok && m > size && m <= bootstrap.MaxStoreRanks {
+			size = m
 		}
 	}
 	keys, vals, err := kv.Scan(ctx, "stage/")
