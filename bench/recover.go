@@ -244,6 +244,15 @@ func (sc *recoverScenario) open(c *coll.Comm, pl *router.Placement) error {
 	return nil
 }
 
+// close closes the stages, if open.
+func (sc *recoverScenario) close() {
+	if sc.cb != nil {
+		sc.cb.Close()
+		sc.d.Close()
+		sc.cb, sc.d = nil, nil
+	}
+}
+
 func (sc *recoverScenario) Stages() []string { return []string{"step"} }
 
 func (sc *recoverScenario) Step(ctx context.Context, _ int, rec []float64) error {

@@ -79,51 +79,50 @@ func Serve(ctx context.Context, c *coll.Comm, o ServeOpts) (*coll.Comm, *ServeRe
 	if err := sc.open(g, pl); err != nil {
 		return g, rep, err
 	}
-	closeStages := func() {
-		if sc.cb != nil {
-			sc.cb.Close()
-			sc.d.Close()
-			sc.cb, sc.d = nil, nil
-		}
-	}
-	defer closeStages()
+	defer sc.close()
 	start := time.Now()
+	at := func(i int) *ServeSecond { // second i of the report
+		for len(rep.Seconds) <= i {
+			rep.Seconds = append(rep.Seconds, ServeSecond{Ranks: g.Size()})
+		}
+		return &rep.Seconds[i]
+	}
 	record := func(steps int) {
 		s := int(time.Since(start) / time.Second)
 		if len(rep.Seconds) <= s && len(rep.Seconds) > 0 && o.Snapshot != nil {
 			o.Snapshot(rep) // a second ended
 		}
-		for len(rep.Seconds) <= s {
-			rep.Seconds = append(rep.Seconds, ServeSecond{Ranks: g.Size()})
-		}
-		rep.Seconds[s].Steps += steps
-		rep.Seconds[s].Ranks = min(rep.Seconds[s].Ranks, g.Size())
+		sec := at(s)
+		sec.Steps += steps
+		sec.Ranks = min(sec.Ranks, g.Size())
 	}
 	// The time served short of ranks, spread over the seconds it spans.
 	world := c.Transport().Size()
 	var shortSince time.Time
 	endShort := func() {
-		if shortSince.IsZero() {
-			return
-		}
 		now := time.Now()
-		for t := shortSince; t.Before(now); {
+		for t := shortSince; !t.IsZero() && t.Before(now); {
 			i := int(t.Sub(start) / time.Second)
 			next := start.Add(time.Duration(i+1) * time.Second)
 			if next.After(now) {
 				next = now
 			}
-			for len(rep.Seconds) <= i {
-				rep.Seconds = append(rep.Seconds, ServeSecond{Ranks: g.Size()})
-			}
-			rep.Seconds[i].ShortMS += float64(next.Sub(t).Microseconds()) / 1e3
+			at(i).ShortMS += float64(next.Sub(t).Microseconds()) / 1e3
 			t = next
 		}
 		shortSince = time.Time{}
 	}
+	// moveTo serves on ng, under npl with the weights next, from now on.
+	moveTo := func(ng *coll.Comm, npl *router.Placement, next map[int][]byte) error {
+		if g != c {
+			g.Close()
+		}
+		g, pl, sc.ws = ng, npl, next
+		return sc.open(g, pl)
+	}
 	// heal shrinks g past the ranks that died and puts their experts back.
 	heal := func(cause error) error {
-		closeStages()
+		sc.close()
 		sub, err := g.Shrink(ctx)
 		if err != nil {
 			return fmt.Errorf("bench: shrinking after %v: %w", cause, err)
@@ -134,18 +133,36 @@ func Serve(ctx context.Context, c *coll.Comm, o ServeOpts) (*coll.Comm, *ServeRe
 			sub.Close()
 			return fmt.Errorf("bench: recovering after %v: %w", cause, err)
 		}
-		if g != c {
-			g.Close()
-		}
-		g, pl, sc.ws = sub, npl, next
 		rep.Shrinks++
-		return sc.open(g, pl)
+		return moveTo(sub, npl, next)
 	}
-	failed := func(err error) bool {
-		var pe *coll.PeerError
-		return errors.As(err, &pe)
-	}
+	// admit grows g with whoever took a dead rank over, and gives them experts.
 	registry := true
+	admit := func() error {
+		ng, err := g.Admit(ctx)
+		if errors.Is(err, coll.ErrNoRegistry) {
+			registry = false
+			return nil
+		}
+		if err != nil || ng == nil {
+			return err
+		}
+		sc.close()
+		next := map[int][]byte{}
+		npl, _, err := dispatch.Grow(ctx, ng, pl, nil, router.Balance{}, weightsInto(o.WeightBytes, sc.ws, next))
+		if err != nil {
+			ng.Close()
+			return err
+		}
+		rep.Grows++
+		if err := moveTo(ng, npl, next); err != nil {
+			return err
+		}
+		if g.Size() == world {
+			endShort()
+		}
+		return nil
+	}
 	stop := []int64{0}
 	for {
 		stop[0] = 0
@@ -168,34 +185,12 @@ func Serve(ctx context.Context, c *coll.Comm, o ServeOpts) (*coll.Comm, *ServeRe
 			}
 		}
 		if err == nil && registry {
-			var ng *coll.Comm
-			ng, err = g.Admit(ctx)
-			if errors.Is(err, coll.ErrNoRegistry) {
-				registry, err = false, nil
-			}
-			if err == nil && ng != nil {
-				closeStages()
-				next := map[int][]byte{}
-				npl, _, gerr := dispatch.Grow(ctx, ng, pl, nil, router.Balance{}, weightsInto(o.WeightBytes, sc.ws, next))
-				if gerr != nil {
-					ng.Close()
-					err = gerr
-				} else {
-					if g != c {
-						g.Close()
-					}
-					g, pl, sc.ws = ng, npl, next
-					rep.Grows++
-					if err = sc.open(g, pl); err == nil && g.Size() == world {
-						endShort()
-					}
-				}
-			}
+			err = admit()
 		}
 		if err == nil {
 			continue
 		}
-		if !failed(err) {
+		if pe := (*coll.PeerError)(nil); !errors.As(err, &pe) {
 			rep.Error = err.Error()
 			return g, rep, err
 		}
