@@ -43,12 +43,18 @@
 // Beside the step, the package keeps what serving over time needs: the load of every
 // expert (LoadRecorder), moving expert weights to a new placement (Migrate), and putting
 // a lost rank's experts back after coll.Comm.Shrink (Recover).
+//
+// The package is also the engine of package combine, whose names for the way back
+// (combine.Combiner, combine.Config, ...) are this package's Combiner, CombineConfig and
+// the rest: the two stages share one engine, so their types are defined once, here.
+// Inside, a pure planner lays out each step's Schedule from the routing, the placement
+// and the counts, and one object per mode (normal.go, lowlatency.go, gathered.go;
+// twolevel.go composes two) owns both halves of its protocol, the dispatch and the
+// combine's way back, and moves what the schedule lists.
 package dispatch
 
 import (
-	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/internal/ep"
 	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
 )
@@ -83,31 +89,23 @@ const (
 	Gathered
 )
 
-// String names the mode as ParseMode reads it.
-func (m Mode) String() string { return ep.Mode(m).String() }
-
-// ParseMode accepts "auto" (or ""), "normal", "low-latency" (or "ll") and "gathered".
-func ParseMode(s string) (Mode, error) {
-	m, err := ep.ParseMode(s)
-	return Mode(m), err
-}
-
 // AutoMaxTokens is MaxTokens in the Auto mode where it is not set: the steps of up to
 // this many tokens per rank run in the low-latency mode.
-const AutoMaxTokens = ep.AutoMaxTokens
+const AutoMaxTokens = 16
 
 // MaxLowLatencyTokens bounds Config.MaxTokens.
-const MaxLowLatencyTokens = ep.MaxLowLatencyTokens
+const MaxLowLatencyTokens = 1 << 16
 
 // DefaultMaxBufferBytes is Config.MaxBufferBytes in the Auto and normal modes where it is
 // not set: 1 GiB a rank.
-const DefaultMaxBufferBytes = ep.DefaultMaxBufferBytes
+const DefaultMaxBufferBytes = 1 << 30
 
 // MaxBufferBytesLimit bounds Config.MaxBufferBytes.
-const MaxBufferBytesLimit = ep.MaxBufferBytesLimit
+const MaxBufferBytesLimit = 1 << 40
 
 // Config describes the dispatch of one MoE layer: what every rank must agree on, and the
-// limits its buffers are sized for. What the combine adds is combine.Config.
+// limits its buffers are sized for. What the combine adds is CombineConfig (package
+// combine's Config).
 type Config struct {
 	// Hidden is the elements of a token's row (bytes, for opaque rows).
 	Hidden int
@@ -177,129 +175,3 @@ type Config struct {
 	// obuf.Default (huge pages from 256 KiB) otherwise.
 	Pool *obuf.Pool
 }
-
-// engine is cfg as the engine takes it.
-func (cfg Config) engine() ep.Config {
-	return ep.Config{
-		Hidden: cfg.Hidden, TopK: cfg.TopK, WireDType: cfg.WireDType, Placement: cfg.Placement,
-		Mode: ep.Mode(cfg.Mode), MaxTokens: cfg.MaxTokens, MaxBufferBytes: cfg.MaxBufferBytes, InFlight: cfg.InFlight, Align: cfg.Align,
-		Quantized: cfg.Quantized, PowerOfTwoScales: cfg.PowerOfTwoScales, ExpertMajor: cfg.ExpertMajor,
-		MaxLocalExperts: cfg.MaxLocalExperts, PushRows: cfg.PushRows, Pool: cfg.Pool,
-	}
-}
-
-// configOf is the engine's configuration as a Config.
-func configOf(c ep.Config) Config {
-	return Config{
-		Hidden: c.Hidden, TopK: c.TopK, WireDType: c.WireDType, Placement: c.Placement,
-		Mode: Mode(c.Mode), MaxTokens: c.MaxTokens, MaxBufferBytes: c.MaxBufferBytes, InFlight: c.InFlight, Align: c.Align,
-		Quantized: c.Quantized, PowerOfTwoScales: c.PowerOfTwoScales, ExpertMajor: c.ExpertMajor,
-		MaxLocalExperts: c.MaxLocalExperts, PushRows: c.PushRows, Pool: c.Pool,
-	}
-}
-
-// Defaults returns cfg as New[T] would use it: the wire type defaulting to T's, InFlight
-// to 2, Align to 1, MaxLocalExperts to the placement's, and every field checked
-// (ErrConfig).
-func Defaults[T Act](cfg Config) (Config, error) {
-	c, err := ep.Defaults[T](cfg.engine())
-	return configOf(c), err
-}
-
-// Format is the wire format of a dispatch: how big a row is, where its parts are. A row
-// carries the metadata of the token's choices its destination holds (MetaBytes(m) for m
-// of them), the payload and its scales.
-type Format struct {
-	Hidden  int        // elements per row
-	TopK    int        // routing choices per token
-	Wire    dtype.Type // the payload's type
-	Scales  int        // float32 scales per row (fp8: one per 128 values; int8: one)
-	Meta    int        // the most bytes of a row's metadata (MetaBytes(TopK))
-	Payload int        // bytes of a row's values on the wire
-	Row     int        // the most bytes of a row in the normal mode (RowBytes(TopK))
-}
-
-// NewFormat returns the wire format of cfg (the wire type defaults to f32).
-func NewFormat(cfg Config) Format { return Format(ep.NewFormat(cfg.engine())) }
-
-// MetaBytes is the bytes of the metadata of a row with m choices: its source index, m,
-// and each (local expert, weight).
-func (f Format) MetaBytes(m int) int { return ep.Format(f).MetaBytes(m) }
-
-// RowBytes is the bytes of a row with m choices in the normal mode: metadata, payload
-// and scales (4-aligned after the payload), 8-aligned.
-func (f Format) RowBytes(m int) int { return ep.Format(f).RowBytes(m) }
-
-// ScaleBytes is the bytes of a row's scales.
-func (f Format) ScaleBytes() int { return ep.Format(f).ScaleBytes() }
-
-// WireBytesPerChoice is the bytes DeepEP counts per valid (token, expert) choice: the
-// payload, its scales and 16 bytes of routing (index and weight).
-func (f Format) WireBytesPerChoice() int { return ep.Format(f).WireBytesPerChoice() }
-
-// GatheredMeta is the bytes of a token's routing in the gathered mode.
-func (f Format) GatheredMeta() int { return ep.Format(f).GatheredMeta() }
-
-// Fingerprint identifies what every rank must agree on to dispatch together: the
-// format, the mode, the limits and the placement.
-func Fingerprint(cfg Config) uint64 { return ep.Fingerprint(cfg.engine()) }
-
-// PlacementFingerprint identifies a placement: its kind and every expert's replicas.
-func PlacementFingerprint(pl *router.Placement) uint64 { return ep.PlacementFingerprint(pl) }
-
-// LowLatencyBytes is the memory (Dispatcher.Bytes) that a Dispatcher[T] of cfg in the
-// low-latency mode holds on each rank of cfg.Placement once every slot has taken a
-// dispatch of MaxTokens tokens: where every rank maps every rank's memory (shared: one
-// host, over shm or inproc), or where blocks travel as messages. It runs nothing, so
-// that an engine can size its other buffers first (moex flow prints it).
-func LowLatencyBytes[T Act](cfg Config, shared bool) (int, error) {
-	return ep.LowLatencyBytes[T](cfg.engine(), shared)
-}
-
-// ChooseTwoLevel reports whether the two-level dispatch (NewTwoLevel) is expected to
-// take less time than the flat one for cfg on c, and says why (the cost model's
-// figures).
-func ChooseTwoLevel(c *coll.Comm, cfg Config) (bool, string) {
-	return ep.ChooseTwoLevel(c, cfg.engine())
-}
-
-// PeerInputError says that another rank could not dispatch (or combine) its tokens:
-// every rank returns an error in the same call, and the communicator stays usable. Rank
-// is that rank. errors.Is matches it with ErrInput, and with what the rank found wrong
-// (ErrStale, combine.ErrInput, ErrWeights).
-type PeerInputError = ep.PeerInputError
-
-// ConfigMismatchError says which field of the configuration the ranks disagree on, when
-// New finds it (in the modes where New is collective: Auto and LowLatency): Field, the
-// odd Ranks (whose Value differs from the most ranks'; on a tie, from the lowest rank's)
-// and the others (Rest, with Want). Every rank gets the same one, and a launcher (moex
-// run) blames the odd ranks. It matches ErrMismatch.
-type ConfigMismatchError = ep.ConfigMismatchError
-
-// BufferLimitError says that a step of the normal mode (or an Auto step in it) would need
-// more memory on a rank than Config.MaxBufferBytes: every rank gets it in the same call,
-// naming the first Rank over the limit, its Need and the Limit, before anything is sized
-// or moved, and the communicator serves on. It matches ErrBufferLimit.
-type BufferLimitError = ep.BufferLimitError
-
-// Errors.
-var (
-	// ErrConfig: the configuration is invalid.
-	ErrConfig = ep.ErrConfig
-	// ErrInput: this rank's tokens or routing are invalid (details in the message).
-	ErrInput = ep.ErrInput
-	// ErrMismatch: ranks disagree on the configuration or the placement; every rank gets
-	// it, naming one that differs.
-	ErrMismatch = ep.ErrMismatch
-	// ErrStale: a Handle or Output that does not describe a live dispatch of this
-	// dispatcher: the zero Handle, another dispatcher's, one whose buffers a newer
-	// dispatch reused, or one combined already (the error says which).
-	ErrStale = ep.ErrStale
-	// ErrBusy: a dispatch would reuse buffers still in use (InFlight results, the
-	// oldest not waited for or pinned by a combine).
-	ErrBusy = ep.ErrBusy
-	// ErrWeights: expert weights of the wrong size (Migrate).
-	ErrWeights = ep.ErrWeights
-	// ErrBufferLimit: a step would need more memory than Config.MaxBufferBytes.
-	ErrBufferLimit = ep.ErrBufferLimit
-)

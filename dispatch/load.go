@@ -61,7 +61,7 @@ func (r *LoadRecorder) Record(layer int, h Handle, counts []int) error {
 	if pl == nil {
 		return fmt.Errorf("%w: a zero Handle", ErrStale)
 	}
-	local := pl.Local[h.h.Schedule().Rank]
+	local := pl.Local[h.s.sched.Rank]
 	switch {
 	case pl.Experts != r.experts:
 		return fmt.Errorf("%w: a placement of %d experts into a recorder of %d", ErrConfig, pl.Experts, r.experts)

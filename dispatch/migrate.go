@@ -7,7 +7,6 @@ import (
 	"unsafe"
 
 	"github.com/moex-ai/moex/coll"
-	"github.com/moex-ai/moex/internal/ep"
 	"github.com/moex-ai/moex/router"
 )
 
@@ -50,18 +49,18 @@ func Migrate(ctx context.Context, c *coll.Comm, old, next *router.Placement, w W
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
 	}
-	code := ep.CodeOK
+	code := codeOK
 	if w.Bytes < 0 || w.Old == nil || w.New == nil {
-		code = ep.CodeWeights
+		code = codeWeights
 	} else {
 		for _, e := range old.Local[me] {
 			if len(w.Old(e)) != w.Bytes {
-				code = ep.CodeWeights
+				code = codeWeights
 			}
 		}
 		for _, e := range next.Local[me] {
 			if len(w.New(e)) != w.Bytes {
-				code = ep.CodeWeights
+				code = codeWeights
 			}
 		}
 	}
@@ -72,8 +71,8 @@ func Migrate(ctx context.Context, c *coll.Comm, old, next *router.Placement, w W
 	}
 	for q := 0; q < p; q++ {
 		g := all[q*len(hdr) : (q+1)*len(hdr)]
-		if g[0] != ep.CodeOK {
-			return nil, ep.PeerInput(q, int(g[0]))
+		if g[0] != codeOK {
+			return nil, peerInput(q, int(g[0]))
 		}
 	}
 	for q := 0; q < p; q++ {

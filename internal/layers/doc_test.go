@@ -16,12 +16,7 @@ import (
 
 // aliased lists the exported aliases of internal types that the public packages keep,
 // and why: go doc shows an alias's comment but not its methods or fields.
-var aliased = map[string]string{
-	// The engine returns it from deep in a step, and errors.As must find its type.
-	"dispatch.PeerInputError":      "an error type the engine makes",
-	"dispatch.ConfigMismatchError": "an error type the engine makes",
-	"dispatch.BufferLimitError":    "an error type the engine makes",
-}
+var aliased = map[string]string{}
 
 // TestPublicAPIDocumented reads the packages users import as go doc does: every exported
 // type, function, method (Error, String, Unwrap and Is aside) and struct field has a doc

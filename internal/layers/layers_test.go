@@ -21,9 +21,8 @@ var level = map[string]int{
 	"transport/inproc": 3, "coll/exchange": 3, "coll/agree": 2, "coll/health": 1, "coll/shared": 3, "transport/topo": 3, "transport/topo/nvml": 4, "transport/ucx": 3, "transport/transporttest": 3,
 	"transport/shm": 4, "transport/tcp": 4,
 	"transport/bootstrap": 5, "transport/bootstrap/etcd": 6,
-	"coll":        6,
-	"internal/ep": 7,
-	"dispatch":    8, "combine": 9, "models": 10,
+	"coll":     6,
+	"dispatch": 8, "combine": 9, "models": 10,
 	"bench": 11, "bench/peers/twocopy": 11,
 	"bench/perfdoc": 12, "cmd/moex": 12,
 }
@@ -69,9 +68,9 @@ func TestForbiddenImports(t *testing.T) {
 				}
 			}
 		}
-		if strings.HasPrefix(pkg, "internal/") && pkg != "internal/ep" {
+		if strings.HasPrefix(pkg, "internal/") {
 			for _, imp := range f[1:] {
-				assert.False(t, strings.HasPrefix(imp, module), "%s imports %s: the internal packages are leaves (internal/ep, the MoE engine, aside)", pkg, imp)
+				assert.False(t, strings.HasPrefix(imp, module), "%s imports %s: the internal packages are leaves", pkg, imp)
 			}
 		}
 		if pkg == "coll" {

@@ -1,4 +1,4 @@
-package ep
+package dispatch
 
 import (
 	"fmt"
@@ -78,27 +78,23 @@ func newTwoLevel(pl *router.Placement, hosts []int) (*twoLevel, error) {
 	return tl, nil
 }
 
-// HostTraffic is one MoE step's bytes on the wire within hosts and across them, for
-// the flat dispatch and for the two-level one (TwoLevel), dispatch and combine apart:
-// what `moex flow --hosts` prints.
+// HostTraffic is one step's bytes on the wire within and across hosts, flat and
+// two-level (Plan.Hosts): what moex flow --hosts prints.
 type HostTraffic struct {
-	Flat, TwoLevel StageTraffic
+	Flat     StageTraffic // the flat dispatch and combine
+	TwoLevel StageTraffic // the two-level ones
 }
 
 // StageTraffic is bytes on the wire, every rank's, within and across hosts, and the
 // dispatch's rows.
 type StageTraffic struct {
-	DispatchWithin, DispatchAcross int64
-	CombineWithin, CombineAcross   int64
-	RowsWithin, RowsAcross         int
+	DispatchWithin, DispatchAcross int64 // the dispatch's bytes within hosts and across
+	CombineWithin, CombineAcross   int64 // the combine's
+	RowsWithin, RowsAcross         int   // the dispatch's rows within hosts and across
 }
 
-// Hosts computes the traffic of pl's step with ranks on hosts (hosts[r]: rank r's
-// host), flat as planned and in two levels: the up stage's rows across hosts (a token
-// once per remote host, with its choices there), the down stage's within (each relayed
-// row once per other rank of the host with one of its experts), and the combine's
-// partial sums back the same ways (flat with SumAtOrigin, the outputs unsummed).
-// Headers are left out.
+// Hosts computes the traffic of the step with ranks on hosts (hosts[r]: rank r's host),
+// flat as planned and in two levels (TwoLevel). Headers are left out.
 func (pl *Plan) Hosts(hosts []int) (*HostTraffic, error) {
 	cfg := pl.Cfg
 	if cfg.Placement == nil {
@@ -255,7 +251,7 @@ func ChooseTwoLevel(c *coll.Comm, cfg Config) (bool, string) {
 		twoRows += hit(n)
 	}
 	f := NewFormat(cfg)
-	back := NewCombineFormat(cfg.Hidden, CombineConfig{PartialDType: f.Wire}, f.Wire)
+	back := newCombineFormat(cfg.Hidden, CombineConfig{PartialDType: f.Wire}, f.Wire)
 	row := float64(f.RowBytes(k/len(tl.members)+1) + back.Row) // a row there and its partial sum back
 	m := len(tl.members[0])
 	tokens := float64(max(cfg.MaxTokens, 1))

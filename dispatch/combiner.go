@@ -1,4 +1,4 @@
-package ep
+package dispatch
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
 	"github.com/moex-ai/moex/obuf"
+	"github.com/moex-ai/moex/router"
 )
 
 // The combine: each expert rank first sums, weighted, the outputs of its experts for the
@@ -74,14 +75,16 @@ type backCore struct {
 	regrow func(ctx context.Context, m *lowLatency) (func() error, error)
 }
 
-// CombineStats describes the last combine.
+// CombineStats describes a combine: bytes each way, and what was read in place.
 type CombineStats struct {
-	BytesSent, BytesReceived int // on the wire, this rank's own answers aside
+	BytesSent     int // on the wire from this rank, its own answers aside
+	BytesReceived int // on the wire to this rank
 	// BytesRead is what the last in-place combine read of other ranks' memory (the
 	// expert outputs of this rank's tokens; 0 where the combine does not read in place).
 	BytesRead int
-	InPlace   bool
-	// Algo is the AlltoAllv algorithm of the normal mode.
+	// InPlace: the combine read the expert outputs in place.
+	InPlace bool
+	// Algo is the normal mode's AlltoAllv algorithm.
 	Algo coll.Algo
 }
 
@@ -105,12 +108,15 @@ type cslot struct {
 	algo    coll.Algo // the normal mode's AlltoAllv
 }
 
-// Combiner brings expert outputs back. One per dispatcher; as many combines may be in
-// flight as the dispatcher's InFlight.
+// Combiner brings the expert outputs of one dispatcher's steps back to the ranks the
+// tokens came from and sums them. Make it once with New, beside its dispatcher; Combine
+// (or Start and Wait) runs a step's way back; Close frees its buffers. A Combiner is for
+// one goroutine at a time.
 type Combiner[T Out] struct {
 	*backCore
 	pending []CombinePending[T]
-	alt     *Combiner[T] // the Auto mode's, for the dispatches its normal mode took
+	alt     *Combiner[T]     // the Auto mode's, for the dispatches its normal mode took
+	chunkR  []router.Routing // Pipeline's chunks
 }
 
 // NewCombiner returns a combiner for the dispatches of d. In the low-latency mode it is
@@ -118,7 +124,7 @@ type Combiner[T Out] struct {
 // one combine configuration: its schedules plan that combine's bytes.
 func NewCombiner[T Out](ctx context.Context, src Source, ccfg CombineConfig) (*Combiner[T], error) {
 	d := src.source()
-	ccfg, err := CombineDefaults(d.cfg, ccfg, outType[T]())
+	ccfg, err := combineDefaults(d.cfg, ccfg, outType[T]())
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +132,7 @@ func NewCombiner[T Out](ctx context.Context, src Source, ccfg CombineConfig) (*C
 		return nil, err
 	}
 	p := d.c.Size()
-	cb := &backCore{d: d, cfg: ccfg, f: NewCombineFormat(d.cfg.Hidden, ccfg, outType[T]()), out: outType[T]()}
+	cb := &backCore{d: d, cfg: ccfg, f: newCombineFormat(d.cfg.Hidden, ccfg, outType[T]()), out: outType[T]()}
 	for i := 0; i < d.cfg.InFlight; i++ {
 		cs := &cslot{cb: cb, idx: i, parts: make([][]byte, p)}
 		cs.accS.Pool = d.cfg.Pool
@@ -203,7 +209,7 @@ func (d *core) declare(ccfg CombineConfig, out dtype.Type) error {
 	if d.back != nil && (d.back.cfg != ccfg || d.back.out != out) {
 		return fmt.Errorf("%w: a dispatcher serves one combine configuration (it has %+v of %v)", ErrConfig, d.back.cfg, d.back.out)
 	}
-	d.back = &declared{cfg: ccfg, out: out, f: NewCombineFormat(d.cfg.Hidden, ccfg, out)}
+	d.back = &declared{cfg: ccfg, out: out, f: newCombineFormat(d.cfg.Hidden, ccfg, out)}
 	return nil
 }
 
@@ -215,13 +221,11 @@ type declared struct {
 }
 
 // Buffer returns where this rank's experts should write their outputs for the dispatch
-// that h belongs to (Output.Rows() x Hidden values, in entry order) for the combine to
-// read them in place; nil where it does not (the normal and gathered modes, ranks that
-// cannot all read one another's memory, SendPartials, outputs of more than 8 GiB per
-// rank for InFlight dispatches at MaxTokens), or for a handle that is not valid. The
-// memory is this dispatch's until the next dispatch into the same buffers. Combine with
-// y anywhere else copies y there first; CombineRows takes the first IncomingRows() x
-// Hidden values of it the same way.
+// h belongs to (Output.Rows() x Hidden values, in entry order) for the combine to read
+// them in place; nil where it does not (the normal and gathered modes, ranks that
+// cannot all read one another's memory, SendPartials), or for a handle that is not
+// valid. The memory is this dispatch's until the next dispatch into the same buffers.
+// Combine with y anywhere else copies y there first.
 func (cb *Combiner[T]) Buffer(h Handle) []T {
 	if c := cb.pick(h); c != cb {
 		return c.Buffer(h)
@@ -232,8 +236,7 @@ func (cb *Combiner[T]) Buffer(h Handle) []T {
 	return dtype.FromBytes[T](cb.back.buffer(h.s))
 }
 
-// InPlace reports whether the combine reads the expert outputs in place (Buffer): in
-// the Auto mode, that of the last dispatch's mode.
+// InPlace is Combiner.InPlace.
 func (cb *backCore) InPlace() bool {
 	if cb.alt != nil && cb.d.lastAlt {
 		return cb.alt.InPlace()
@@ -241,7 +244,7 @@ func (cb *backCore) InPlace() bool {
 	return cb.back.inPlace()
 }
 
-// Stats describes the last combine.
+// Stats is Combiner.Stats.
 func (cb *backCore) Stats() CombineStats {
 	if cb.alt != nil && cb.d.lastAlt {
 		return cb.alt.stats
@@ -249,19 +252,10 @@ func (cb *backCore) Stats() CombineStats {
 	return cb.stats
 }
 
-// Config returns the combine's configuration (defaults filled).
+// Config is Combiner.Config.
 func (cb *backCore) Config() CombineConfig { return cb.cfg }
 
-// Bytes is the memory this rank holds for the combiner's buffers (address space: a page
-// takes memory when first written). In the low-latency mode most of it is fixed by New:
-// where the combine reads the expert outputs in place, the region the experts write them
-// into (InFlight of them, each with room for the most rows a dispatch delivers) and an
-// exchange of headers; elsewhere the exchange of partial sums (coll.Exchange.Bytes:
-// InFlight+1 blocks per rank, each with room for MaxTokens rows, or their outputs with
-// SumAtOrigin); CombineLowLatencyBytes says it beforehand. Besides, scratch buffers grow
-// to the largest combine so far, at their pool's capacity: the wire buffers of the
-// normal and gathered modes, the float32 sums of bfloat16 outputs, and with SumAtOrigin
-// this rank's own outputs. The caller's memory does not count. It is 0 after Close.
+// Bytes is Combiner.Bytes.
 func (cb *backCore) Bytes() int {
 	if cb.closed {
 		return 0
@@ -276,7 +270,7 @@ func (cb *backCore) Bytes() int {
 	return n
 }
 
-// Close gives the combiner's buffers back to their pool; it must not be used again.
+// Close is Combiner.Close.
 func (cb *backCore) Close() error {
 	if cb.closed {
 		return nil
@@ -303,7 +297,9 @@ type CombinePending[T Out] struct {
 // dispatch Output that h belongs to, in entry order: Output.Rows() x Hidden) and writes
 // into out (Tokens x Hidden) the weighted sum, for each of this rank's tokens, of its
 // experts' outputs. Every rank must call it. Tokens whose every choice was dropped get
-// zeros. It is Start followed by Wait.
+// zeros. A stale or foreign handle, or buffers of the wrong length, fail this rank with
+// ErrStale or ErrCombineInput and every other rank with a *PeerInputError
+// naming it, in the same call. It is Start followed by Wait.
 func (cb *Combiner[T]) Combine(ctx context.Context, h Handle, y, out []T) error {
 	p, err := cb.Start(ctx, h, y, out)
 	if err != nil {
@@ -323,11 +319,13 @@ func (cb *Combiner[T]) Start(ctx context.Context, h Handle, y, out []T) (*Combin
 	return cb.start(ctx, h, dtype.Bytes(y), dtype.Bytes(out), len(y), len(out), false, nil)
 }
 
-// CombineRows is Combine for expert outputs already weighted and summed on this rank:
-// y holds one row per incoming row of the dispatch (a token that came to this rank,
+// CombineRows is Combine for expert outputs already weighted and summed on this rank: y
+// holds one row per incoming row of the dispatch (a token that came to this rank,
 // however many of its experts it chose here: Handle.IncomingRows() x Hidden, origin
-// rank ascending, then the origin's token order), and each goes back to its origin as
-// it is, to be added there to the token's other partial sums. Not in the gathered mode.
+// rank ascending, then the origin's token order; Handle.Contributions says which
+// entries and weights make each), and each goes back to its origin as it is, to be
+// added there to the token's other partial sums. Not in the gathered mode, nor with
+// SumAtOrigin.
 func (cb *Combiner[T]) CombineRows(ctx context.Context, h Handle, y, out []T) error {
 	if c := cb.pick(h); c != cb {
 		return c.CombineRows(ctx, h, y, out)
@@ -367,7 +365,7 @@ func (cb *Combiner[T]) start(ctx context.Context, h Handle, y, out []byte, ny, n
 	}
 	s, gen := h.s, h.gen
 	hid := d.cfg.Hidden
-	cs.code, cs.inErr = CodeOK, nil
+	cs.code, cs.inErr = codeOK, nil
 	bad := giveUp
 	if bad == nil {
 		bad = badHandle(h, d)
@@ -387,26 +385,26 @@ func (cb *Combiner[T]) start(ctx context.Context, h Handle, y, out []byte, ny, n
 		gen, cs.code, cs.inErr = s.gen, codeOf(bad), bad
 	}
 	switch {
-	case cs.code != CodeOK:
+	case cs.code != codeOK:
 	case nout != s.tokens*hid:
-		cs.code, cs.inErr = CodeOutput, fmt.Errorf("%w: output of %d values for %d tokens of %d", ErrCombineInput, nout, s.tokens, hid)
+		cs.code, cs.inErr = codeOutput, fmt.Errorf("%w: output of %d values for %d tokens of %d", ErrCombineInput, nout, s.tokens, hid)
 	case !rows && ny != s.rowsOut*hid:
-		cs.code, cs.inErr = CodeOutput, fmt.Errorf("%w: %d expert output values, the dispatch delivered %d rows of %d", ErrCombineInput, ny, s.rowsOut, hid)
+		cs.code, cs.inErr = codeOutput, fmt.Errorf("%w: %d expert output values, the dispatch delivered %d rows of %d", ErrCombineInput, ny, s.rowsOut, hid)
 	case rows && ny != s.incomingRows()*hid:
-		cs.code, cs.inErr = CodeOutput, fmt.Errorf("%w: %d summed values, %d rows of %d came to this rank", ErrCombineInput, ny, s.incomingRows(), hid)
+		cs.code, cs.inErr = codeOutput, fmt.Errorf("%w: %d summed values, %d rows of %d came to this rank", ErrCombineInput, ny, s.incomingRows(), hid)
 	case rows && cb.cfg.SumAtOrigin:
-		cs.code, cs.inErr = CodeOutput, fmt.Errorf("%w: CombineRows with SumAtOrigin (the rows are summed already)", ErrConfig)
+		cs.code, cs.inErr = codeOutput, fmt.Errorf("%w: CombineRows with SumAtOrigin (the rows are summed already)", ErrConfig)
 	}
 	cs.s, cs.gen, cs.y, cs.out, cs.rows = s, gen, y, out, rows
 	cs.fp = combineFingerprint(s.fp, cb.cfg, cb.out)
-	if cs.code == CodeOK {
+	if cs.code == codeOK {
 		s.pins++
 		s.combined = true
 		cs.pinned = true
 		cb.sums.own(cs)
 	}
 	if err := cb.back.start(ctx, cs); err != nil {
-		if cs.code == CodeOK {
+		if cs.code == codeOK {
 			s.combined = false
 		}
 		cs.unpin()
@@ -447,7 +445,8 @@ func (cs *cslot) unpin() {
 	}
 }
 
-// Wait is the receive half of Combine: it adds the other ranks' partial sums into out.
+// Wait is the receive half of Combine: it waits for the other ranks' partial sums (or
+// reads the outputs in place) and writes out. Call it once.
 func (p *CombinePending[T]) Wait(ctx context.Context) error {
 	cs := p.cs
 	if !cs.started {
@@ -462,7 +461,7 @@ func (p *CombinePending[T]) Wait(ctx context.Context) error {
 		err = cs.inErr
 	}
 	if err != nil {
-		if cs.code == CodeOK && cs.s.gen == cs.gen {
+		if cs.code == codeOK && cs.s.gen == cs.gen {
 			cs.s.combined = false // it failed on every rank: the handle may be combined again
 		}
 		return err
@@ -485,7 +484,7 @@ func (cs *cslot) checkBlock(q int, hb []byte) error {
 		return fmt.Errorf("%w: rank %d sent a %d-byte combine block", ErrMismatch, q, len(hb))
 	}
 	rows := 0
-	if cs.code == CodeOK {
+	if cs.code == codeOK {
 		rows = cs.s.sched.Combine.Recv[q].Rows
 	}
 	return cs.checkHeader(q, hb, rows)
@@ -498,12 +497,31 @@ func (cs *cslot) checkHeader(q int, hb []byte, rows int) error {
 	switch {
 	case h.fp != cs.fp:
 		return fmt.Errorf("%w: rank %d combines the dispatches of another configuration or placement", ErrMismatch, q)
-	case h.status == CodeOK && cs.code == CodeOK && h.gen != cs.gen:
+	case h.status == codeOK && cs.code == codeOK && h.gen != cs.gen:
 		return fmt.Errorf("%w: rank %d combines dispatch %d, this rank dispatch %d", ErrMismatch, q, h.gen, cs.gen)
-	case h.status != CodeOK:
-		return PeerInput(q, h.status)
-	case cs.code == CodeOK && h.rows != rows:
+	case h.status != codeOK:
+		return peerInput(q, h.status)
+	case cs.code == codeOK && h.rows != rows:
 		return fmt.Errorf("%w: rank %d sends %d partial sums for the %d rows this rank sent it", ErrMismatch, q, h.rows, rows)
 	}
 	return nil
 }
+
+// InPlace reports whether the combine reads the expert outputs in place (Buffer); in
+// the Auto mode, that of the last dispatch's mode.
+func (cb *Combiner[T]) InPlace() bool { return cb.backCore.InPlace() }
+
+// Stats describes the last combine.
+func (cb *Combiner[T]) Stats() CombineStats { return cb.backCore.Stats() }
+
+// Config returns the combine's configuration, defaults filled.
+func (cb *Combiner[T]) Config() CombineConfig { return cb.backCore.Config() }
+
+// Bytes is the memory this rank holds for the combiner's buffers (address space: a page
+// takes memory when first written): in the low-latency mode most of it is fixed by New
+// (CombineLowLatencyBytes says it beforehand); elsewhere scratch buffers grow to the largest
+// combine so far. The caller's memory does not count. It is 0 after Close.
+func (cb *Combiner[T]) Bytes() int { return cb.backCore.Bytes() }
+
+// Close gives the combiner's buffers back to their pool; it must not be used again.
+func (cb *Combiner[T]) Close() error { return cb.backCore.Close() }

@@ -1,4 +1,4 @@
-package ep
+package dispatch
 
 import (
 	"github.com/moex-ai/moex/coll/dtype"

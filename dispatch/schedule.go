@@ -1,21 +1,36 @@
-package ep
+package dispatch
+
+import "slices"
 
 // The planning half of a step: pure functions of the configuration and the row counts,
 // which touch no transport. They lay out a Schedule; the modes' executors iterate it and
 // move the bytes it says, Plan makes one per rank for moex flow and tests, and Stats and
 // the Plan's byte matrices sum it.
 
-// Schedule is one rank's part of a step: for every peer, the block this rank sends it and
-// the block it receives from it, in the dispatch and in the combine, field by field.
+// Schedule is one rank's part of a step, as the planner lays it out and the executors
+// move it: for every peer, the block this rank sends it and the block it receives from
+// it, in the dispatch and in the combine, field by field.
 type Schedule struct {
-	Mode        Mode
-	Rank, Ranks int
+	Mode  Mode // the mode the step ran in (in the Auto mode, the one it chose)
+	Rank  int  // this rank
+	Ranks int  // the ranks of the step
 	// Control is the bytes every rank contributes to the step's control all-gather
 	// before the dispatch (the normal and gathered modes' counts; 0 in the low-latency
 	// mode, whose counts travel with the rows).
 	Control  int
 	Dispatch Stage
 	Combine  Stage
+}
+
+// clone is a copy of s that shares no memory with it.
+func (s *Schedule) clone() Schedule {
+	c := *s
+	c.Dispatch, c.Combine = s.Dispatch.clone(), s.Combine.clone()
+	return c
+}
+
+func (st Stage) clone() Stage {
+	return Stage{Fields: slices.Clone(st.Fields), Send: slices.Clone(st.Send), Recv: slices.Clone(st.Recv)}
 }
 
 // Stage is one exchange of a step: a block to and from every peer.
@@ -49,9 +64,12 @@ type Block struct {
 // Total is the bytes of the block's fields.
 func (b Block) Total() int { return b.Bytes[0] + b.Bytes[1] + b.Bytes[2] }
 
-// Sent and Received are the bytes this rank puts on the wire for its peers and takes
-// from them in the stage (its own block aside).
-func (st Stage) Sent(me int) int     { return sumOff(st.Send, me) }
+// Sent is the bytes this rank (me) puts on the wire for its peers in the stage, its own
+// block aside.
+func (st Stage) Sent(me int) int { return sumOff(st.Send, me) }
+
+// Received is the bytes this rank (me) takes from its peers in the stage, its own block
+// aside.
 func (st Stage) Received(me int) int { return sumOff(st.Recv, me) }
 
 func sumOff(bs []Block, me int) int {

@@ -1,4 +1,4 @@
-package ep
+package dispatch
 
 import (
 	"context"
@@ -135,7 +135,7 @@ func (b *inPlaceBack) buffer(s *slot) []byte {
 func i32s(b []byte, n int) []int32 { return dtype.FromBytes[int32](b[:4*n]) }
 
 func (b *inPlaceBack) start(ctx context.Context, cs *cslot) error {
-	if cs.code == CodeOK {
+	if cs.code == codeOK {
 		b.publish(cs)
 	}
 	op, err := b.x.Begin(ctx)
@@ -152,7 +152,7 @@ func (b *inPlaceBack) start(ctx context.Context, cs *cslot) error {
 			return nil
 		}
 		n := 0
-		if cs.code == CodeOK && q != b.m.d.c.Rank() {
+		if cs.code == codeOK && q != b.m.d.c.Rank() {
 			n = cs.s.sched.Combine.Send[q].Rows
 		}
 		header{status: cs.code, rows: n, fp: cs.fp, gen: cs.gen}.put(dst[0])
@@ -389,7 +389,7 @@ func CombineLowLatencyBytes[T Out](cfg Config, ccfg CombineConfig, shared bool) 
 	if err != nil {
 		return 0, err
 	}
-	ccfg, err = CombineDefaults(cfg, ccfg, outType[T]())
+	ccfg, err = combineDefaults(cfg, ccfg, outType[T]())
 	if err != nil {
 		return 0, err
 	}
@@ -404,7 +404,7 @@ func CombineLowLatencyBytes[T Out](cfg Config, ccfg CombineConfig, shared bool) 
 // of type out.
 func llCombineBytes(cfg Config, ccfg CombineConfig, out dtype.Type, shared bool) int {
 	p, es := cfg.Placement.Ranks, out.Size()
-	f := NewCombineFormat(cfg.Hidden, ccfg, out)
+	f := newCombineFormat(cfg.Hidden, ccfg, out)
 	board := boardSize(cfg, ccfg, p, es)
 	if !shared {
 		board = 0

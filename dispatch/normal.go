@@ -1,4 +1,4 @@
-package ep
+package dispatch
 
 import (
 	"context"
@@ -120,7 +120,7 @@ func (m *normal) start(ctx context.Context, s *slot) error {
 	c := d.c
 	p, me := c.Size(), c.Rank()
 	ns := &m.ss[s.idx]
-	ok := s.code == CodeOK
+	ok := s.code == codeOK
 	if !s.reuse {
 		k := s.countsOf(ok)
 		for q := 0; q < p; q++ {
@@ -202,8 +202,8 @@ func agree(ctx context.Context, c *coll.Comm, hdr, all []int64, fp uint64, code 
 		return inErr
 	}
 	for q := 0; q < p; q++ {
-		if cd := all[q*w]; cd != CodeOK {
-			return PeerInput(q, int(cd))
+		if cd := all[q*w]; cd != codeOK {
+			return peerInput(q, int(cd))
 		}
 	}
 	return nil
@@ -226,8 +226,8 @@ func (m *normal) wait(ctx context.Context, s *slot) error {
 		switch {
 		case h.fp != s.fp:
 			return fmt.Errorf("%w: rank %d's rows are of another configuration or placement", ErrMismatch, q)
-		case h.status != CodeOK && s.inErr == nil:
-			return PeerInput(q, h.status)
+		case h.status != codeOK && s.inErr == nil:
+			return peerInput(q, h.status)
 		}
 	}
 	if s.inErr != nil {
@@ -396,7 +396,7 @@ func (b *normalBack) start(ctx context.Context, cs *cslot) error {
 		blk := st.Send[q]
 		dst := bs.send[blk.Off[0] : blk.Off[0]+blk.Bytes[0]]
 		header{status: cs.code, rows: blk.Rows, fp: cs.fp, gen: cs.gen}.put(dst)
-		if cs.code == CodeOK {
+		if cs.code == codeOK {
 			a, _ := s.incoming(q)
 			cb.sums.put(dst[blockHeader:], cs, a, a+blk.Rows)
 		}

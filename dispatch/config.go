@@ -1,4 +1,4 @@
-package ep
+package dispatch
 
 import (
 	"encoding/binary"
@@ -9,44 +9,13 @@ import (
 
 	"github.com/moex-ai/moex/coll"
 	"github.com/moex-ai/moex/coll/dtype"
-	"github.com/moex-ai/moex/obuf"
 	"github.com/moex-ai/moex/router"
 )
-
-// Act is the element type of the activations a Dispatcher moves: float32, bfloat16, or
-// byte for opaque rows (Hidden is then the bytes of a row, and the wire carries them as
-// they are).
-type Act interface {
-	float32 | dtype.BFloat16 | byte
-}
 
 // Out is the element type of the expert outputs and of the combined output.
 type Out interface{ float32 | dtype.BFloat16 }
 
-// Mode selects how a step moves its rows: each mode is one object (normal.go,
-// lowlatency.go, gathered.go) that owns both halves of its protocol.
-type Mode int
-
-const (
-	// Auto, the zero Mode: every step in the low-latency mode when every rank's tokens
-	// fit in MaxTokens (default AutoMaxTokens), in the normal mode otherwise. The choice
-	// needs no agreement of its own: a rank with more tokens says so in the low-latency
-	// exchange's headers, which every rank reads, and every rank then runs that step
-	// again in the normal mode (the cost of a step that does not fit: one exchange of
-	// headers). Decode steps get the low-latency mode's latency, prefill steps any size.
-	Auto Mode = iota
-	// Normal: a counts all-gather, then an exact-size AlltoAllv (prefill).
-	Normal
-	// LowLatency: one exchange into buffers sized for MaxTokens tokens per rank, counts
-	// travelling with the rows (decode).
-	LowLatency
-	// Gathered: every rank's tokens all-gathered (AllGatherv), each rank's experts take
-	// the ones that chose them, and the combine reduce-scatters the sums back
-	// (ReduceScatterv): for data-parallel attention with expert parallelism (vLLM's
-	// AgRs). Every token crosses to every rank.
-	Gathered
-)
-
+// String names the mode as ParseMode reads it.
 func (m Mode) String() string {
 	switch m {
 	case Auto:
@@ -76,78 +45,10 @@ func ParseMode(s string) (Mode, error) {
 	return 0, fmt.Errorf("%w: mode %q (want auto, normal, low-latency or gathered)", ErrConfig, s)
 }
 
-// MaxLowLatencyTokens bounds Config.MaxTokens.
-const MaxLowLatencyTokens = 1 << 16
-
-// DefaultMaxBufferBytes is MaxBufferBytes in the Auto and normal modes where it is not
-// set: a dispatcher's and its combiner's buffers take at most 1 GiB a rank.
-const DefaultMaxBufferBytes = 1 << 30
-
-// MaxBufferBytesLimit bounds Config.MaxBufferBytes.
-const MaxBufferBytesLimit = 1 << 40
-
-// AutoMaxTokens is MaxTokens in the Auto mode where it is not set: the decode steps of
-// up to this many tokens per rank run in the low-latency mode.
-const AutoMaxTokens = 16
-
-// Config describes the dispatch of one MoE layer: what every rank must agree on, and
-// the limits its buffers are sized for.
-type Config struct {
-	Hidden int // elements per token row (bytes, for opaque rows)
-	TopK   int // experts per token (the router's k)
-	// WireDType is the type of the rows on the wire: F32, BF16, FP8E4M3 or I8 (default:
-	// the activation type; U8, and only U8, for opaque rows).
-	WireDType dtype.Type
-	Placement *router.Placement // which ranks hold which experts
-	Mode      Mode
-	// MaxTokens is, in the low-latency mode, the most tokens any rank dispatches in one
-	// call (required; at most MaxLowLatencyTokens); in the Auto mode, the most for which
-	// a step runs in the low-latency mode (default AutoMaxTokens). Buffers are sized for
-	// it once.
-	MaxTokens int
-	// MaxBufferBytes bounds the memory of a step's buffers on a rank: in the Auto mode
-	// the low-latency buffers of the dispatcher and its combiner grow up to it; a step of
-	// the normal mode (or Auto's normal steps) that would pass it fails with a
-	// *BufferLimitError (default DefaultMaxBufferBytes; negative: no growth and no limit).
-	MaxBufferBytes int
-	// InFlight is how many dispatch results may be alive at once (default 2, at most
-	// 16): the dispatch after them makes the oldest stale.
-	InFlight int
-	// Align pads each local expert's block of rows to a multiple of Align rows (grouped
-	// GEMM kernels want this); padding rows have origin -1 (and, in the normal mode,
-	// zero activations).
-	Align int
-	// Quantized hands the experts the rows as the wire carries them (Output.Q and
-	// Output.Scales, for fp8 or int8 kernels) instead of dequantised rows (Output.X).
-	Quantized bool
-	// ExpertMajor lays the rows out expert-major in every mode (entry j is row j): the
-	// modes that leave rows where they arrived copy them once into their entries, as
-	// the normal mode does (Stats.PackedBytes counts the copy).
-	ExpertMajor bool
-	// PowerOfTwoScales rounds fp8 scales up to powers of two (exact to apply; the
-	// UE8M0 scales some kernels want).
-	PowerOfTwoScales bool
-	// MaxLocalExperts is the most experts any rank holds in any placement the dispatcher
-	// will use (UsePlacement): the combine's buffers are sized for it. Default, and
-	// least: the most any rank holds in Placement.
-	MaxLocalExperts int
-	// PushRows makes the low-latency dispatch write each token's row into every
-	// destination's memory even where every rank can map every rank's memory side by
-	// side (inproc on Linux; shm on one host), where by default each rank writes its
-	// tokens once into its own staging and the experts read them there in place
-	// (Output.X then spans the ranks' staging).
-	PushRows bool
-	// Pool provides the buffers: page aligned, reused across calls. Default: obuf.Shared
-	// when the communicator's collectives run through shared memory
-	// (coll.Comm.SharedMemory), where the other ranks then read the wire buffers in
-	// place; obuf.Default (huge pages from 256 KiB) otherwise.
-	Pool *obuf.Pool
-}
-
-// BufferLimitError says that a normal-mode step would need more memory on a rank than
-// Config.MaxBufferBytes allows: every rank gets it, in the same call, before anything is
-// sized or moved, and the communicator serves on (a smaller step, or more ranks, fits).
-// It matches ErrBufferLimit.
+// BufferLimitError says that a step of the normal mode (or an Auto step in it) would need
+// more memory on a rank than Config.MaxBufferBytes: every rank gets it in the same call,
+// naming the first Rank over the limit, its Need and the Limit, before anything is sized
+// or moved, and the communicator serves on. It matches ErrBufferLimit.
 type BufferLimitError struct {
 	Rank  int // the first rank over the limit
 	Need  int // the bytes its buffers would take
@@ -160,8 +61,8 @@ func (e *BufferLimitError) Error() string {
 
 func (e *BufferLimitError) Unwrap() error { return ErrBufferLimit }
 
-// CombineConfig is what the combine of a dispatcher's results adds to the dispatch's
-// configuration: how the expert outputs go back.
+// CombineConfig is how the expert outputs go back. The zero Config sends partial sums in the
+// outputs' type, read in place where every rank maps every rank's memory.
 type CombineConfig struct {
 	// PartialDType is the type of the partial sums (each rank's weighted sum of its
 	// experts' outputs for a token) on the way back: F32, BF16, or, to halve the bytes
@@ -216,13 +117,13 @@ var (
 // Status codes: what a rank says of its own call in every block it sends, so that the
 // others fail in the same call. Internal: PeerInputError turns them into errors.
 const (
-	CodeOK      = iota
-	CodeShape   // tokens and routing disagree in shape
-	CodeRouting // invalid routing, or the rank abandoned the step
-	CodeTooMany // more tokens than MaxTokens
-	CodeStale   // combine: a stale, foreign or zero handle
-	CodeOutput  // combine: expert outputs or output of the wrong length
-	CodeWeights // Migrate: expert weights of the wrong size
+	codeOK      = iota
+	codeShape   // tokens and routing disagree in shape
+	codeRouting // invalid routing, or the rank abandoned the step
+	codeTooMany // more tokens than MaxTokens
+	codeStale   // combine: a stale, foreign or zero handle
+	codeOutput  // combine: expert outputs or output of the wrong length
+	codeWeights // Migrate: expert weights of the wrong size
 	codeEnd
 )
 
@@ -230,13 +131,13 @@ var codeErrs = [codeEnd]struct {
 	err  error
 	what string
 }{
-	CodeOK:      {nil, "ok"},
-	CodeShape:   {ErrInput, "tokens and routing disagree in shape"},
-	CodeRouting: {ErrInput, "invalid routing, or the step abandoned"},
-	CodeTooMany: {ErrInput, "more tokens than MaxTokens"},
-	CodeStale:   {ErrStale, "a stale, foreign or zero dispatch handle"},
-	CodeOutput:  {ErrCombineInput, "buffers of the wrong length"},
-	CodeWeights: {ErrWeights, "expert weights of the wrong size"},
+	codeOK:      {nil, "ok"},
+	codeShape:   {ErrInput, "tokens and routing disagree in shape"},
+	codeRouting: {ErrInput, "invalid routing, or the step abandoned"},
+	codeTooMany: {ErrInput, "more tokens than MaxTokens"},
+	codeStale:   {ErrStale, "a stale, foreign or zero dispatch handle"},
+	codeOutput:  {ErrCombineInput, "buffers of the wrong length"},
+	codeWeights: {ErrWeights, "expert weights of the wrong size"},
 }
 
 // codeOf is the status a rank sends for err, the reason it cannot take its part: what
@@ -244,16 +145,16 @@ var codeErrs = [codeEnd]struct {
 func codeOf(err error) int {
 	var pie *PeerInputError
 	switch {
-	case errors.As(err, &pie) && pie.code > CodeOK && pie.code < codeEnd:
+	case errors.As(err, &pie) && pie.code > codeOK && pie.code < codeEnd:
 		return pie.code
 	case errors.Is(err, ErrStale):
-		return CodeStale
+		return codeStale
 	case errors.Is(err, ErrCombineInput):
-		return CodeOutput
+		return codeOutput
 	case errors.Is(err, ErrWeights):
-		return CodeWeights
+		return codeWeights
 	}
-	return CodeRouting
+	return codeRouting
 }
 
 // PeerInputError says that another rank could not dispatch (or combine) its tokens:
@@ -261,12 +162,12 @@ func codeOf(err error) int {
 // errors.Is matches it with ErrInput, and with what was wrong (ErrStale,
 // ErrCombineInput, ErrWeights).
 type PeerInputError struct {
-	Rank int
+	Rank int // the rank that could not take its part
 	code int
 }
 
 // PeerInput is the error that rank's status code says.
-func PeerInput(rank, code int) *PeerInputError { return &PeerInputError{Rank: rank, code: code} }
+func peerInput(rank, code int) *PeerInputError { return &PeerInputError{Rank: rank, code: code} }
 
 func (e *PeerInputError) Error() string {
 	what := "unknown error"
@@ -357,10 +258,15 @@ func (cfg *Config) fill() error {
 	return nil
 }
 
-// CombineDefaults returns ccfg as a combiner of outputs of type out uses it beside a
-// dispatcher of cfg (defaults filled): the partial sums default to out's type, and every
-// field is checked (ErrConfig).
-func CombineDefaults(cfg Config, ccfg CombineConfig, out dtype.Type) (CombineConfig, error) {
+// CombineDefaults returns ccfg as NewCombiner[T] uses it beside a dispatcher of cfg: the
+// partial sums' type defaulting to T's, every field checked (ErrConfig).
+func CombineDefaults[T Out](cfg Config, ccfg CombineConfig) (CombineConfig, error) {
+	return combineDefaults(cfg, ccfg, outType[T]())
+}
+
+// combineDefaults is CombineDefaults for outputs of type out, beside a dispatcher of cfg
+// (defaults filled).
+func combineDefaults(cfg Config, ccfg CombineConfig, out dtype.Type) (CombineConfig, error) {
 	if ccfg.PartialDType == 0 {
 		ccfg.PartialDType = out
 	}
@@ -478,6 +384,3 @@ func b2i(b bool) int {
 	}
 	return 0
 }
-
-// TypeOf is the dtype of T.
-func TypeOf[T Out]() dtype.Type { return outType[T]() }

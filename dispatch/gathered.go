@@ -1,4 +1,4 @@
-package ep
+package dispatch
 
 import (
 	"context"
@@ -71,7 +71,7 @@ func (m *gathered) start(ctx context.Context, s *slot) error {
 	p, me := c.Size(), c.Rank()
 	f := &d.f
 	gs := &m.ss[s.idx]
-	ok := s.code == CodeOK
+	ok := s.code == codeOK
 	k := s.countsOf(ok)
 	clear(gs.hdr[hdrLen:])
 	gs.hdr[hdrLen] = int64(k.tokens[me])
@@ -255,7 +255,7 @@ func (b *gatheredBack) start(ctx context.Context, cs *cslot) error {
 	bs := &b.cs[cs.idx]
 	st := &s.sched.Combine
 	part := bs.sendS.Bytes(extent(st.Send, 0))
-	if cs.code == CodeOK {
+	if cs.code == codeOK {
 		cb.sums.put(part, cs, 0, s.incomingRows())
 	} else {
 		clear(part)
@@ -271,7 +271,7 @@ func (b *gatheredBack) start(ctx context.Context, cs *cslot) error {
 		bs.counts[q] = st.Send[q].Bytes[0] / es
 	}
 	bs.sum = cs.out // the sum in place where it is of the outputs' type
-	if cb.f.Partial != cb.out || cs.code != CodeOK {
+	if cb.f.Partial != cb.out || cs.code != codeOK {
 		bs.sum = bs.recvS.Bytes(st.Recv[me].Bytes[0])
 	}
 	if cb.f.Partial == dtype.F32 {
@@ -297,8 +297,8 @@ func (b *gatheredBack) wait(ctx context.Context, cs *cslot) error {
 		switch {
 		case fp != cs.fp:
 			return fmt.Errorf("%w: rank %d combines the dispatches of another configuration or placement", ErrMismatch, q)
-		case code != CodeOK:
-			return PeerInput(q, int(code))
+		case code != codeOK:
+			return peerInput(q, int(code))
 		case gen != cs.gen:
 			return fmt.Errorf("%w: rank %d combines dispatch %d, this rank dispatch %d", ErrMismatch, q, gen, cs.gen)
 		}

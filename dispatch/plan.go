@@ -1,4 +1,4 @@
-package ep
+package dispatch
 
 import (
 	"fmt"
@@ -6,13 +6,14 @@ import (
 	"github.com/moex-ai/moex/router"
 )
 
-// Plan is one step (a dispatch and its combine) over every rank, planned without
-// running anything: the schedule of every rank, as its executors would lay it out.
-// moex flow prints it; tests compare what the executors move with it.
+// Plan is one step (a dispatch and its combine) over every rank, planned without running
+// anything: every rank's Schedule, as its executors lay it out. moex flow prints it;
+// tests compare what the executors move with it.
 type Plan struct {
-	Cfg           Config
-	Combine       CombineConfig
-	Format        Format
+	Cfg     Config        // the dispatch's configuration, defaults filled, in the step's mode
+	Combine CombineConfig // the combine's, defaults filled
+	Format  Format        // the dispatch's wire format
+	// CombineFormat is the way back's wire format.
 	CombineFormat CombineFormat
 	// Shared: every rank maps every rank's memory (one host): the low-latency mode then
 	// reads the rows and the outputs in place, unless PushRows or SendPartials.
@@ -27,7 +28,7 @@ type Plan struct {
 	// (token, expert) pair).
 	ExpertRows [][]int
 	// Schedules[r] is rank r's schedule.
-	Schedules []*Schedule
+	Schedules []Schedule
 	routings  []*router.Routing
 }
 
@@ -51,7 +52,7 @@ func NewPlan[T Out](cfg Config, ccfg CombineConfig, routings []*router.Routing, 
 		}
 		if most > cfg.MaxTokens {
 			mt := 0
-			if c, err := CombineDefaults(cfg, ccfg, outType[T]()); err == nil && shared && !cfg.PushRows && cfg.Placement.Ranks > 1 {
+			if c, err := combineDefaults(cfg, ccfg, outType[T]()); err == nil && shared && !cfg.PushRows && cfg.Placement.Ranks > 1 {
 				mt = grownTokens(cfg, outType[T](), []backOf{{c, outType[T]()}}, most)
 			}
 			if mt > 0 {
@@ -61,7 +62,7 @@ func NewPlan[T Out](cfg Config, ccfg CombineConfig, routings []*router.Routing, 
 			}
 		}
 	}
-	ccfg, err = CombineDefaults(cfg, ccfg, outType[T]())
+	ccfg, err = combineDefaults(cfg, ccfg, outType[T]())
 	if err != nil {
 		return nil, err
 	}
@@ -69,7 +70,7 @@ func NewPlan[T Out](cfg Config, ccfg CombineConfig, routings []*router.Routing, 
 	if len(routings) != p {
 		return nil, fmt.Errorf("%w: %d routings for %d ranks", ErrConfig, len(routings), p)
 	}
-	pl := &Plan{Cfg: cfg, Combine: ccfg, Format: NewFormat(cfg), CombineFormat: NewCombineFormat(cfg.Hidden, ccfg, outType[T]()), Shared: shared,
+	pl := &Plan{Cfg: cfg, Combine: ccfg, Format: NewFormat(cfg), CombineFormat: newCombineFormat(cfg.Hidden, ccfg, outType[T]()), Shared: shared,
 		Layouts: make([]*router.Layout, p), Rows: make([][]int, p), Choices: make([][]int, p), ExpertRows: make([][]int, p), routings: routings}
 	for r := range pl.ExpertRows {
 		pl.ExpertRows[r] = make([]int, len(cfg.Placement.Local[r]))
@@ -112,7 +113,7 @@ func (pl *Plan) schedule() {
 	ll := cfg.Mode == LowLatency && pl.Shared && p > 1
 	rowsInPlace, outsInPlace := ll && !cfg.PushRows, ll && !pl.Combine.SendPartials
 	plan := planners[cfg.Mode]
-	pl.Schedules = make([]*Schedule, p)
+	pl.Schedules = make([]Schedule, p)
 	for me := range pl.Schedules {
 		k := &counts{rowsTo: pl.Rows[me], choicesTo: pl.Choices[me], rowsFrom: make([]int, p), choicesFrom: make([]int, p),
 			tokens: make([]int, p), sentInPlace: rowsInPlace, fromInPlace: make([]bool, p)}
@@ -121,25 +122,22 @@ func (pl *Plan) schedule() {
 			k.tokens[q] = pl.Layouts[q].Tokens()
 			k.fromInPlace[q] = rowsInPlace && pl.Rows[q][me] > 0
 		}
-		sc := &Schedule{}
-		planStep(sc, cfg.Mode, plan, me, p, pl.Format, pl.CombineFormat, k, outsInPlace)
-		pl.Schedules[me] = sc
+		planStep(&pl.Schedules[me], cfg.Mode, plan, me, p, pl.Format, pl.CombineFormat, k, outsInPlace)
 	}
 }
 
-// DispatchBytes[i][j] is what rank j takes of rank i's rows in the dispatch (zero on
-// the diagonal: a rank's own rows never travel): the block i sends j, headers included,
-// and what j reads in place in i's memory. In the gathered mode, every token of i goes
-// to every j: the volume of the all-gather, whatever its algorithm.
+// DispatchBytes[i][j] is what rank j takes of rank i's rows in the dispatch (zero on the
+// diagonal: a rank's own rows never travel): the block i sends j, headers included, and
+// what j reads in place in i's memory. In the gathered mode every token of i goes to
+// every j: the volume of the all-gather, whatever its algorithm.
 func (pl *Plan) DispatchBytes() [][]int {
 	return pl.matrix(func(s *Schedule, j int) Block { return s.Dispatch.Send[j] })
 }
 
-// CombineBytes[i][j] is what rank j takes of rank i's answers in the combine: the block
-// i sends j (the partial sums of the rows j sent i; with SumAtOrigin, a count per row
-// and an output per choice they carry; in the gathered mode, the partial sums of every
-// token of j: the volume of the reduce-scatter), and what j reads in place in i's
-// memory (an output row per choice of j's tokens that i's experts took).
+// CombineBytes[i][j] is what rank j takes of rank i's answers in the combine: the block i
+// sends j (the partial sums of the rows j sent i; with SumAtOrigin, a count per row and
+// an output per choice; in the gathered mode, the partial sums of every token of j: the
+// volume of the reduce-scatter), and what j reads in place in i's memory.
 func (pl *Plan) CombineBytes() [][]int {
 	return pl.matrix(func(s *Schedule, j int) Block { return s.Combine.Send[j] })
 }
@@ -151,7 +149,7 @@ func (pl *Plan) matrix(block func(s *Schedule, j int) Block) [][]int {
 		m[i] = make([]int, p)
 		for j := range m[i] {
 			if i != j {
-				b := block(pl.Schedules[i], j)
+				b := block(&pl.Schedules[i], j)
 				m[i][j] = b.Total() + b.Read
 			}
 		}

@@ -1,4 +1,4 @@
-package ep
+package dispatch
 
 import (
 	"context"
@@ -10,9 +10,11 @@ import (
 	"github.com/moex-ai/moex/coll/health"
 )
 
-// ConfigMismatchError says which field of the configuration the ranks disagree on, which
-// ranks are odd (those whose value differs from the most ranks'; on a tie, from the
-// lowest rank's) and the values. It matches ErrMismatch. Every rank gets the same one.
+// ConfigMismatchError says which field of the configuration the ranks disagree on, when
+// New finds it (in the modes where New is collective: Auto and LowLatency): Field, the
+// odd Ranks (whose Value differs from the most ranks'; on a tie, from the lowest rank's)
+// and the others (Rest, with Want). Every rank gets the same one, and a launcher (moex
+// run) blames the odd ranks. It matches ErrMismatch.
 type ConfigMismatchError struct {
 	Field string // the Config field ("Placement": the placement's experts or their ranks)
 	Ranks []int  // the odd ranks

@@ -1,10 +1,9 @@
-package combine
+package dispatch
 
 import (
 	"context"
 	"fmt"
 
-	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/router"
 )
 
@@ -12,7 +11,7 @@ import (
 // entry of o, in entry order. The returned slice is read by the combine's Start, before
 // Pipeline calls Experts again, so one buffer can serve every chunk; or it is
 // Combiner.Buffer(o.Handle()), where the combine then reads the outputs in place.
-type Experts[T Act] func(o *dispatch.Output[T]) ([]T, error)
+type Experts[T Out] func(o *Output[T]) ([]T, error)
 
 // MaxChunks bounds Pipeline's chunks.
 const MaxChunks = 1 << 16
@@ -24,18 +23,18 @@ const MaxChunks = 1 << 16
 // same number of chunks (their sizes may differ); the dispatcher needs InFlight of at
 // least 2. With one chunk it is Dispatch, Experts, Combine. An error of Experts on one
 // rank fails every rank's Pipeline, after the chunks in flight have completed.
-func (cb *Combiner[T]) Pipeline(ctx context.Context, d *dispatch.Dispatcher[T], x []T, r *router.Routing, chunks int, experts Experts[T], out []T) error {
+func (cb *Combiner[T]) Pipeline(ctx context.Context, d *Dispatcher[T], x []T, r *router.Routing, chunks int, experts Experts[T], out []T) error {
 	cfg := d.Config()
 	hid := cfg.Hidden
 	switch {
-	case Source(d) != cb.src:
-		return fmt.Errorf("%w: the dispatcher is not this combiner's", dispatch.ErrStale)
+	case d.core != cb.d:
+		return fmt.Errorf("%w: the dispatcher is not this combiner's", ErrStale)
 	case chunks < 1 || chunks > MaxChunks:
-		return fmt.Errorf("%w: %d chunks (want 1 to %d)", ErrInput, chunks, MaxChunks)
+		return fmt.Errorf("%w: %d chunks (want 1 to %d)", ErrCombineInput, chunks, MaxChunks)
 	case chunks > 1 && cfg.InFlight < 2:
-		return fmt.Errorf("%w: a pipeline needs InFlight 2 or more, not %d", ErrInput, cfg.InFlight)
+		return fmt.Errorf("%w: a pipeline needs InFlight 2 or more, not %d", ErrCombineInput, cfg.InFlight)
 	case r == nil || len(x) != r.T*hid || len(out) != len(x):
-		return fmt.Errorf("%w: %d values, %d output values for a routing of the wrong shape or %d tokens of %d", ErrInput, len(x), len(out), tokensOf(r), hid)
+		return fmt.Errorf("%w: %d values, %d output values for a routing of the wrong shape or %d tokens of %d", ErrCombineInput, len(x), len(out), tokensOf(r), hid)
 	}
 	if cap(cb.chunkR) < chunks {
 		cb.chunkR = make([]router.Routing, chunks)
@@ -57,7 +56,7 @@ func (cb *Combiner[T]) Pipeline(ctx context.Context, d *dispatch.Dispatcher[T], 
 			first = err
 		}
 	}
-	var inflight [2]*Pending[T] // combines of chunks i-1 and i
+	var inflight [2]*CombinePending[T] // combines of chunks i-1 and i
 	wait := func(k int) {
 		if k >= 0 && inflight[k%2] != nil {
 			note(inflight[k%2].Wait(ctx))
@@ -104,11 +103,4 @@ func (cb *Combiner[T]) Pipeline(ctx context.Context, d *dispatch.Dispatcher[T], 
 	wait(chunks - 2)
 	wait(chunks - 1)
 	return first
-}
-
-func tokensOf(r *router.Routing) int {
-	if r == nil {
-		return 0
-	}
-	return r.T
 }

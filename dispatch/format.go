@@ -1,4 +1,4 @@
-package ep
+package dispatch
 
 import (
 	"encoding/binary"
@@ -67,12 +67,12 @@ func (f Format) WireBytesPerChoice() int { return f.Payload + f.ScaleBytes() + 1
 // GatheredMeta is the bytes of a token's routing in the gathered mode.
 func (f Format) GatheredMeta() int { return 8 + 8*f.TopK }
 
-// CombineFormat is the wire format of the way back: a partial sum per (token, rank), or
-// with SumAtOrigin each expert output as it was written.
+// CombineFormat is the wire format of the way back: a partial sum per (token, rank), or with
+// SumAtOrigin each expert output as it was written.
 type CombineFormat struct {
-	Hidden  int
+	Hidden  int        // values per row
 	Partial dtype.Type // the partial sums' type
-	Scales  int        // float32 scales per partial sum (fp8: one per 128 elements; int8: one)
+	Scales  int        // float32 scales per partial sum (fp8: one per 128 values; int8: one)
 	Row     int        // bytes of a partial sum on the wire, scales included
 	// Terms: the outputs travel unsummed (SumAtOrigin), TermRow bytes each, in the
 	// outputs' type, with a count per row.
@@ -80,9 +80,9 @@ type CombineFormat struct {
 	TermRow int
 }
 
-// NewCombineFormat returns the combine's format of partial sums for ccfg (defaults
+// newCombineFormat returns the combine's format of partial sums for ccfg (defaults
 // filled) and outputs of type out.
-func NewCombineFormat(hidden int, ccfg CombineConfig, out dtype.Type) CombineFormat {
+func newCombineFormat(hidden int, ccfg CombineConfig, out dtype.Type) CombineFormat {
 	f := CombineFormat{Hidden: hidden, Partial: ccfg.PartialDType, Terms: ccfg.SumAtOrigin, TermRow: hidden * out.Size()}
 	switch f.Partial {
 	case dtype.FP8E4M3:

@@ -1,4 +1,4 @@
-package ep
+package dispatch
 
 import (
 	"context"
@@ -213,7 +213,7 @@ func (m *lowLatency) combined(s *slot) { m.ss[s.idx].stageFree = true }
 func (m *lowLatency) start(ctx context.Context, s *slot) error {
 	d := m.d
 	me := d.c.Rank()
-	ok := s.code == CodeOK
+	ok := s.code == codeOK
 	ls := &m.ss[s.idx]
 	// In place: this rank's tokens go once into its staging, where the experts read
 	// them, if no rank still reads what it last wrote there.
@@ -357,8 +357,8 @@ func (m *lowLatency) wait(ctx context.Context, s *slot) error {
 	k := &s.k
 	for q := 0; q < p; q++ {
 		h := readHeader(op.Recv(q, 0))
-		if h.status != CodeOK {
-			return PeerInput(q, h.status)
+		if h.status != codeOK {
+			return peerInput(q, h.status)
 		}
 		meta := len(op.Recv(q, 0)) - blockHeader - h.rows*f.MetaBytes(0)
 		if h.rows > d.cfg.MaxTokens || meta < 0 || meta%8 != 0 {
@@ -384,20 +384,20 @@ func (m *lowLatency) wait(ctx context.Context, s *slot) error {
 
 // overflowed reads, in the Auto mode, every rank's status: an error for the first
 // input that is bad (this rank's, else a peer's) other than tokens that do not fit, and
-// whether any rank's tokens did not fit (CodeTooMany): the step then runs in the normal
+// whether any rank's tokens did not fit (codeTooMany): the step then runs in the normal
 // mode on every rank, unless some input is bad, which fails every rank alike.
 func (m *lowLatency) overflowed(s *slot, op *coll.XOp) (bool, error) {
-	over := s.code == CodeTooMany
-	if s.code != CodeOK && !over {
+	over := s.code == codeTooMany
+	if s.code != codeOK && !over {
 		return false, s.inErr
 	}
 	for q := 0; q < m.d.c.Size(); q++ {
 		switch st := readHeader(op.Recv(q, 0)).status; st {
-		case CodeOK:
-		case CodeTooMany:
+		case codeOK:
+		case codeTooMany:
 			over = true
 		default:
-			return false, PeerInput(q, st)
+			return false, peerInput(q, st)
 		}
 	}
 	return over, nil
@@ -564,14 +564,14 @@ func (b *llBack) start(ctx context.Context, cs *cslot) error {
 		}
 		blk := st.Send[q]
 		n := 0
-		if cs.code == CodeOK && q != b.cb.d.c.Rank() {
+		if cs.code == codeOK && q != b.cb.d.c.Rank() {
 			n = blk.Rows
 			a, _ := cs.s.incoming(q)
 			b.cb.sums.put(dst[1], cs, a, a+n)
 		}
 		header{status: cs.code, rows: n, fp: cs.fp, gen: cs.gen}.put(dst[0])
 		answers := blk.Bytes[1]
-		if cs.code != CodeOK {
+		if cs.code != codeOK {
 			answers = 0
 		}
 		if err := op.Send(q, blockHeader, answers); err != nil {
@@ -594,7 +594,7 @@ func (b *llBack) wait(ctx context.Context, cs *cslot) error {
 			continue
 		}
 		err := cs.checkBlock(q, op.Recv(q, 0))
-		if err == nil && cs.code == CodeOK {
+		if err == nil && cs.code == codeOK {
 			blk := cs.s.sched.Combine.Recv[q]
 			if got := len(op.Recv(q, 1)); got != blk.Bytes[1] {
 				err = fmt.Errorf("%w: rank %d sent %d bytes of partial sums for %d rows (want %d)", ErrMismatch, q, got, blk.Rows, blk.Bytes[1])
