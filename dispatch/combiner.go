@@ -59,17 +59,19 @@ type sums interface {
 
 // backCore is the part of a combiner that does not depend on the outputs' type.
 type backCore struct {
-	d      *core
-	cfg    CombineConfig
-	f      CombineFormat
-	out    dtype.Type
-	slots  []*cslot
-	n      uint64 // combines started
-	back   back
-	sums   sums
+	d     *core
+	cfg   CombineConfig
+	f     CombineFormat
+	out   dtype.Type
+	slots []*cslot
+	n     uint64 // combines started
+	// ways are the ways back of the protocols the dispatcher runs steps in, by kind
+	// (the Auto mode has two); kinds lists theirs. A combine takes the way of the
+	// protocol that ran its dispatch (slot.m).
+	ways   [numModes]way
+	kinds  []Mode
 	stats  CombineStats
 	closed bool
-	alt    *backCore // the Auto mode's normal-mode combiner
 	// regrow makes the way back anew for the grown buffers of m (the dispatcher's
 	// low-latency mode, lowLatency.grow) and returns the close of the old one.
 	regrow func(ctx context.Context, m *lowLatency) (func() error, error)
@@ -88,12 +90,20 @@ type CombineStats struct {
 	Algo coll.Algo
 }
 
+// way is one protocol's way back: how the answers move, and the arithmetic that makes
+// and sums them.
+type way struct {
+	back back
+	sums sums
+}
+
 // cslot is one combine in flight.
 type cslot struct {
 	cb      *backCore
 	idx     int
 	started bool
 	s       *slot  // the dispatch being combined
+	w       *way   // the way back of the protocol that ran it
 	gen     uint64 // its generation
 	fp      uint64 // the combine's fingerprint
 	pinned  bool
@@ -115,7 +125,6 @@ type cslot struct {
 type Combiner[T Out] struct {
 	*backCore
 	pending []CombinePending[T]
-	alt     *Combiner[T]     // the Auto mode's, for the dispatches its normal mode took
 	chunkR  []router.Routing // Pipeline's chunks
 }
 
@@ -138,11 +147,15 @@ func NewCombiner[T Out](ctx context.Context, src Source, ccfg CombineConfig) (*C
 		cs.accS.Pool = d.cfg.Pool
 		cb.slots = append(cb.slots, cs)
 	}
-	if cb.back, err = d.mode.newBack(ctx, cb); err != nil {
-		return nil, err
+	for _, m := range d.mode.flats() {
+		b, err := m.newBack(ctx, cb)
+		if err != nil {
+			cb.closeWays()
+			return nil, err
+		}
+		cb.setWay(sumsFor[T](cb, m.kind(), b), m.kind(), b)
+		cb.kinds = append(cb.kinds, m.kind())
 	}
-	d.backInPlace = cb.back.inPlace()
-	setSums[T](cb)
 	// Where the dispatcher's low-latency buffers grow (the Auto mode), this combiner's
 	// way back grows with them, in the outputs' type.
 	cb.regrow = func(ctx context.Context, m *lowLatency) (func() error, error) {
@@ -150,58 +163,45 @@ func NewCombiner[T Out](ctx context.Context, src Source, ccfg CombineConfig) (*C
 		if err != nil {
 			return nil, err
 		}
-		old := cb.back
-		cb.back = nb
-		d.backInPlace = nb.inPlace()
-		setSums[T](cb)
+		old := cb.ways[LowLatency].back
+		cb.setWay(sumsFor[T](cb, LowLatency, nb), LowLatency, nb)
 		return old.close, nil
 	}
 	d.backs = append(d.backs, cb)
-	c := &Combiner[T]{backCore: cb, pending: make([]CombinePending[T], len(cb.slots))}
-	if d.alt != nil {
-		// The Auto mode: a combiner for the normal mode's dispatches too (it sends the
-		// partial sums in any case).
-		acfg := ccfg
-		acfg.SendPartials = false
-		if c.alt, err = NewCombiner[T](ctx, d.alt, acfg); err != nil {
-			cb.Close()
-			return nil, err
-		}
-		cb.alt = c.alt.backCore
-	}
-	return c, nil
+	return &Combiner[T]{backCore: cb, pending: make([]CombinePending[T], len(cb.slots))}, nil
 }
 
-// setSums gives cb the arithmetic of its way back.
-func setSums[T Out](cb *backCore) {
+// setWay makes b, with the arithmetic s, the way back of the protocol of kind k; the
+// dispatcher's schedules then plan it.
+func (cb *backCore) setWay(s sums, k Mode, b back) {
+	cb.ways[k] = way{back: b, sums: s}
+	cb.d.backInPlace[k] = b.inPlace()
+}
+
+// closeWays frees the ways back made.
+func (cb *backCore) closeWays() error {
+	var errs []error
+	for _, k := range cb.kinds {
+		errs = append(errs, cb.ways[k].back.close())
+	}
+	return errors.Join(errs...)
+}
+
+// sumsFor is the arithmetic of b, the way back of the protocol of kind k.
+func sumsFor[T Out](cb *backCore, k Mode, b back) sums {
 	switch {
-	case cb.back.inPlace():
-		cb.sums = newInPlaceSums[T](cb)
-	case cb.d.cfg.Mode == Gathered:
-		cb.sums = newGatheredSums[T](cb)
+	case b.inPlace():
+		return newInPlaceSums[T](cb, b.(*inPlaceBack))
+	case k == Gathered:
+		return newGatheredSums[T](cb)
 	case cb.cfg.SumAtOrigin:
-		cb.sums = &termSums[T]{cb: cb}
-	default:
-		cb.sums = newPartialSums[T](cb)
+		return &termSums[T]{cb: cb}
 	}
+	return newPartialSums[T](cb)
 }
 
-// pick is the combiner of h's dispatch: in the Auto mode, the normal mode's for the
-// dispatches it took; for a bad handle, the one of the last dispatch that completed
-// (whose combine the other ranks run).
-func (cb *Combiner[T]) pick(h Handle) *Combiner[T] {
-	switch {
-	case cb.alt == nil:
-		return cb
-	case h.of(cb.d):
-		return cb
-	case h.of(cb.alt.d):
-		return cb.alt
-	case cb.d.lastAlt:
-		return cb.alt
-	}
-	return cb
-}
+// last is the way back of the protocol of the dispatcher's last step.
+func (cb *backCore) last() *way { return &cb.ways[cb.d.stats.Mode] }
 
 // declare records the combine configuration the dispatcher serves: its schedules plan
 // that combine. A second combiner of another configuration is ErrConfig.
@@ -227,30 +227,17 @@ type declared struct {
 // valid. The memory is this dispatch's until the next dispatch into the same buffers.
 // Combine with y anywhere else copies y there first.
 func (cb *Combiner[T]) Buffer(h Handle) []T {
-	if c := cb.pick(h); c != cb {
-		return c.Buffer(h)
-	}
 	if !h.of(cb.d) {
 		return nil
 	}
-	return dtype.FromBytes[T](cb.back.buffer(h.s))
+	return dtype.FromBytes[T](cb.ways[h.s.m.kind()].back.buffer(h.s))
 }
 
 // InPlace is Combiner.InPlace.
-func (cb *backCore) InPlace() bool {
-	if cb.alt != nil && cb.d.lastAlt {
-		return cb.alt.InPlace()
-	}
-	return cb.back.inPlace()
-}
+func (cb *backCore) InPlace() bool { return cb.last().back.inPlace() }
 
 // Stats is Combiner.Stats.
-func (cb *backCore) Stats() CombineStats {
-	if cb.alt != nil && cb.d.lastAlt {
-		return cb.alt.stats
-	}
-	return cb.stats
-}
+func (cb *backCore) Stats() CombineStats { return cb.stats }
 
 // Config is Combiner.Config.
 func (cb *backCore) Config() CombineConfig { return cb.cfg }
@@ -260,12 +247,12 @@ func (cb *backCore) Bytes() int {
 	if cb.closed {
 		return 0
 	}
-	n := cb.back.bytes()
+	n := 0
+	for _, k := range cb.kinds {
+		n += cb.ways[k].back.bytes()
+	}
 	for _, cs := range cb.slots {
 		n += cs.accS.Cap()
-	}
-	if cb.alt != nil {
-		n += cb.alt.Bytes()
 	}
 	return n
 }
@@ -281,10 +268,7 @@ func (cb *backCore) Close() error {
 		cs.acc = nil
 		cs.accS.Release()
 	}
-	if cb.alt != nil {
-		cb.alt.Close()
-	}
-	return cb.back.close()
+	return cb.closeWays()
 }
 
 // CombinePending is a combine in flight: Wait completes it.
@@ -313,9 +297,6 @@ func (cb *Combiner[T]) Combine(ctx context.Context, h Handle, y, out []T) error 
 // place (Buffer), Start only says that the outputs are there (copying y there first if
 // it is elsewhere), and Wait does the sums.
 func (cb *Combiner[T]) Start(ctx context.Context, h Handle, y, out []T) (*CombinePending[T], error) {
-	if c := cb.pick(h); c != cb {
-		return c.Start(ctx, h, y, out)
-	}
 	return cb.start(ctx, h, dtype.Bytes(y), dtype.Bytes(out), len(y), len(out), false, nil)
 }
 
@@ -327,9 +308,6 @@ func (cb *Combiner[T]) Start(ctx context.Context, h Handle, y, out []T) (*Combin
 // added there to the token's other partial sums. Not in the gathered mode, nor with
 // SumAtOrigin.
 func (cb *Combiner[T]) CombineRows(ctx context.Context, h Handle, y, out []T) error {
-	if c := cb.pick(h); c != cb {
-		return c.CombineRows(ctx, h, y, out)
-	}
 	p, err := cb.start(ctx, h, dtype.Bytes(y), dtype.Bytes(out), len(y), len(out), true, nil)
 	if err != nil {
 		return err
@@ -356,9 +334,6 @@ func (cb *Combiner[T]) abandon(ctx context.Context, cause error) error {
 // every rank's call.
 func (cb *Combiner[T]) start(ctx context.Context, h Handle, y, out []byte, ny, nout int, rows bool, giveUp error) (*CombinePending[T], error) {
 	d := cb.d
-	if rows && !cb.back.takesRows() {
-		return nil, fmt.Errorf("%w: summed rows in the %v mode", ErrConfig, d.cfg.Mode)
-	}
 	cs := cb.slots[cb.n%uint64(len(cb.slots))]
 	if cs.started {
 		return nil, fmt.Errorf("%w: combine %d would reuse the buffers of a combine not waited for", ErrBusy, cb.n+1)
@@ -395,15 +370,19 @@ func (cb *Combiner[T]) start(ctx context.Context, h Handle, y, out []byte, ny, n
 	case rows && cb.cfg.SumAtOrigin:
 		cs.code, cs.inErr = codeOutput, fmt.Errorf("%w: CombineRows with SumAtOrigin (the rows are summed already)", ErrConfig)
 	}
-	cs.s, cs.gen, cs.y, cs.out, cs.rows = s, gen, y, out, rows
+	w := &cb.ways[s.m.kind()]
+	if rows && !w.back.takesRows() {
+		return nil, fmt.Errorf("%w: summed rows in the %v mode", ErrConfig, s.m.kind())
+	}
+	cs.s, cs.w, cs.gen, cs.y, cs.out, cs.rows = s, w, gen, y, out, rows
 	cs.fp = combineFingerprint(s.fp, cb.cfg, cb.out)
 	if cs.code == codeOK {
 		s.pins++
 		s.combined = true
 		cs.pinned = true
-		cb.sums.own(cs)
+		w.sums.own(cs)
 	}
-	if err := cb.back.start(ctx, cs); err != nil {
+	if err := w.back.start(ctx, cs); err != nil {
 		if cs.code == codeOK {
 			s.combined = false
 		}
@@ -455,7 +434,7 @@ func (p *CombinePending[T]) Wait(ctx context.Context) error {
 	cs.started = false
 	defer cs.unpin()
 	cb := cs.cb
-	err := cb.back.wait(ctx, cs)
+	err := cs.w.back.wait(ctx, cs)
 	cs.y = nil
 	if err == nil && cs.inErr != nil {
 		err = cs.inErr
@@ -469,12 +448,12 @@ func (p *CombinePending[T]) Wait(ctx context.Context) error {
 	// Every rank has started this combine, so its experts read no more of the
 	// dispatch's rows: this rank may write its staging again.
 	if (Handle{s: cs.s, gen: cs.gen}).Valid() {
-		cb.d.mode.combined(cs.s)
+		cs.s.m.combined(cs.s)
 	}
 	me := cb.d.c.Rank()
 	st := &cs.s.sched.Combine
-	cb.stats = CombineStats{BytesSent: st.Sent(me), BytesReceived: st.Received(me), InPlace: cb.back.inPlace(), Algo: cs.algo}
-	return cb.sums.finish(cs)
+	cb.stats = CombineStats{BytesSent: st.Sent(me), BytesReceived: st.Received(me), InPlace: cs.w.back.inPlace(), Algo: cs.algo}
+	return cs.w.sums.finish(cs)
 }
 
 // checkBlock checks the header of the block rank q sent: the same configuration, the

@@ -41,31 +41,44 @@ type Stats struct {
 	Mode Mode
 }
 
-// mode is one way of moving a step. It owns both halves of its protocol: the dispatch
-// (start sends this rank's rows of a slot, wait receives the others' and builds the
-// view) and, through newBack, the combine's. Its executors iterate the slot's
-// Schedule. New picks it once; nothing on a step's path asks which it is.
+// mode is how a dispatcher moves its steps: one protocol (a flat mode: normal,
+// low-latency, gathered) or, in the Auto mode, a choice among two per step. New picks
+// it once; nothing on a step's path asks which it is.
 type mode interface {
+	// start begins slot s's step and sets s.m to the protocol that runs it; wait
+	// completes it (the rows received and the experts' view built).
 	start(ctx context.Context, s *slot) error
 	wait(ctx context.Context, s *slot) error
-	// newBack makes the combine half for a combiner of cb's configuration.
-	newBack(ctx context.Context, cb *backCore) (back, error)
+	// flats are the protocols the mode runs steps in: a combiner makes a way back for
+	// each.
+	flats() []flat
 	// capacity is the most tokens a dispatch may carry (0: any number).
 	capacity() int
 	// readsInPlace reports whether the experts read the rows where their origins staged
-	// them; staging is where this rank may write the tokens of a dispatch into slot s so
-	// that it stages nothing (nil: nowhere, or not now).
+	// them (for the last step); staging is where this rank may write the tokens of a
+	// dispatch into slot s so that it stages nothing (nil: nowhere, or not now).
 	readsInPlace() bool
 	staging(s *slot) []byte
-	// combined says that every rank has started the combine of slot s's dispatch: no
-	// rank reads its rows any more.
-	combined(s *slot)
 	// bytes is the memory the mode holds beyond the slots' scratch; close frees it.
 	bytes() int
 	close() error
 }
 
-// unstaged is the part of the mode interface of the modes that stage nothing in place
+// flat is one protocol. It owns both halves: the dispatch (start sends this rank's rows
+// of a slot, wait receives the others' and builds the view) and, through newBack, the
+// combine's. Its executors iterate the slot's Schedule, which its planner lays out.
+type flat interface {
+	mode
+	kind() Mode    // the mode a step it runs ran in (Stats.Mode, Schedule.Mode)
+	plan() planner // its planner
+	// newBack makes the combine half for a combiner of cb's configuration.
+	newBack(ctx context.Context, cb *backCore) (back, error)
+	// combined says that every rank has started the combine of slot s's dispatch: no
+	// rank reads its rows any more.
+	combined(s *slot)
+}
+
+// unstaged is the part of the flat interface of the modes that stage nothing in place
 // and take any number of tokens (normal, gathered).
 type unstaged struct{}
 
@@ -77,18 +90,17 @@ func (unstaged) combined(*slot)       {}
 // core is the part of a dispatcher that does not depend on the activation type: its
 // configuration, its slots and its mode.
 type core struct {
-	c       *coll.Comm
-	cfg     Config
-	act     dtype.Type
-	f       Format
-	fp      uint64
-	fpBuf   []byte // UsePlacement's encoding of the configuration
-	gen     uint64 // dispatches begun
-	slots   []*slot
-	mode    mode
-	planner planner // the mode's (planners)
-	llc     int     // the host's last-level cache, bytes (0: unknown)
-	stats   Stats
+	c     *coll.Comm
+	cfg   Config
+	act   dtype.Type
+	f     Format
+	fp    uint64
+	fpBuf []byte // UsePlacement's encoding of the configuration
+	gen   uint64 // dispatches begun
+	slots []*slot
+	mode  mode
+	llc   int // the host's last-level cache, bytes (0: unknown)
+	stats Stats
 	// arrival (the normal mode, for TwoLevel's up stage): the rows stay in arrival
 	// order, one per incoming row (X row i is incoming row i), and the entries point at
 	// them, instead of a copy per entry in expert-major blocks.
@@ -102,16 +114,13 @@ type core struct {
 	// The combine the dispatcher's combiner declared (nil until one is made), and
 	// whether it reads the outputs in place: the schedules plan it.
 	back        *declared
-	backInPlace bool
+	backInPlace [numModes]bool // per flat mode (kind)
 	backs       []*backCore    // the combiners made for this dispatcher (lowLatency.grow)
 	retired     []func() error // the buffers a growth replaced, freed after the step
-	// The Auto mode: this core is the low-latency one, alt the normal one that takes the
-	// steps that do not fit; lastAlt says which took the last dispatch that completed.
-	alt     *core
-	auto    bool
-	lastAlt bool
-	fpSalt  uint64 // told the fingerprint, so that Auto's cores differ from the modes'
 }
+
+// numModes bounds the modes, to index what is kept per flat mode.
+const numModes = int(Gathered) + 1
 
 // slot states.
 const (
@@ -134,6 +143,7 @@ type slot struct {
 	pl     *router.Placement // the placement it was dispatched with
 	fp     uint64            // and its fingerprint
 	layout router.Layout
+	m      flat // the protocol that runs (or ran) the dispatch
 	sched  Schedule
 	k      counts
 	// This dispatch's input (as bytes), and its input error, if any: the rank still
@@ -176,7 +186,6 @@ type Dispatcher[T Act] struct {
 	*core
 	outs    []Output[T]
 	pending []Pending[T]
-	altD    *Dispatcher[T] // the Auto mode's normal-mode dispatcher
 }
 
 // options are what the engine's own stages set beside a Config.
@@ -210,16 +219,13 @@ func newWith[T Act](ctx context.Context, c *coll.Comm, cfg Config, o options) (*
 		}
 		o.agreed = true
 	}
-	if cfg.Mode == Auto {
-		return newAuto[T](ctx, c, cfg, o)
-	}
 	if cfg.Pool == nil {
 		cfg.Pool = obuf.Default
 		if c.SharedMemory() {
 			cfg.Pool = obuf.Shared
 		}
 	}
-	co := &core{c: c, cfg: cfg, act: actType[T](), f: NewFormat(cfg), llc: memx.LastLevelCache(), arrival: o.Arrival, planner: planners[cfg.Mode]}
+	co := &core{c: c, cfg: cfg, act: actType[T](), f: NewFormat(cfg), llc: memx.LastLevelCache(), arrival: o.Arrival}
 	co.fp, co.fpBuf = fingerprint(nil, cfg)
 	co.stage.Pool = cfg.Pool
 	d := &Dispatcher[T]{core: co, outs: make([]Output[T], cfg.InFlight), pending: make([]Pending[T], cfg.InFlight)}
@@ -230,6 +236,8 @@ func newWith[T Act](ctx context.Context, c *coll.Comm, cfg Config, o options) (*
 	}
 	co.stats.RowsPerRank = make([]int, c.Size())
 	switch cfg.Mode {
+	case Auto:
+		co.mode, err = newAuto(ctx, co)
 	case LowLatency:
 		co.mode, err = newLowLatency(ctx, co)
 	case Gathered:
@@ -240,35 +248,7 @@ func newWith[T Act](ctx context.Context, c *coll.Comm, cfg Config, o options) (*
 	if err != nil {
 		return nil, err
 	}
-	return d, nil
-}
-
-// Salts of the Auto mode's fingerprints: a rank in the Auto mode and one in the mode
-// its step runs in fail together (ErrMismatch) rather than disagree later.
-const (
-	autoLowLatencySalt = 0x6175746f2d6c6c00 // "auto-ll"
-	autoNormalSalt     = 0x6175746f2d6e6f00 // "auto-no"
-)
-
-// newAuto makes the Auto mode's two dispatchers, collectively: the low-latency one,
-// sized for cfg.MaxTokens, which takes every step that fits, and the normal one.
-func newAuto[T Act](ctx context.Context, c *coll.Comm, cfg Config, o options) (*Dispatcher[T], error) {
-	ll, nm := cfg, cfg
-	ll.Mode = LowLatency
-	nm.Mode, nm.PushRows = Normal, false
-	d, err := newWith[T](ctx, c, ll, o)
-	if err != nil {
-		return nil, err
-	}
-	alt, err := newWith[T](ctx, c, nm, o)
-	if err != nil {
-		d.Close()
-		return nil, err
-	}
-	d.altD, d.alt, d.auto = alt, alt.core, true
-	d.fpSalt, alt.fpSalt = autoLowLatencySalt, autoNormalSalt
-	d.fp ^= d.fpSalt
-	alt.fp ^= alt.fpSalt
+	co.stats.Mode = co.mode.flats()[0].kind() // what InPlace and RowsInPlace say before a step
 	return d, nil
 }
 
@@ -319,25 +299,13 @@ func (d *core) UsePlacement(pl *router.Placement) error {
 	case maxLocal(pl) > d.cfg.MaxLocalExperts:
 		return fmt.Errorf("%w: a rank holds %d experts, MaxLocalExperts is %d", ErrConfig, maxLocal(pl), d.cfg.MaxLocalExperts)
 	}
-	if d.alt != nil {
-		if err := d.alt.UsePlacement(pl); err != nil {
-			return err
-		}
-	}
 	d.cfg.Placement = pl
 	d.fp, d.fpBuf = fingerprint(d.fpBuf, d.cfg)
-	d.fp ^= d.fpSalt
 	return nil
 }
 
 // Config is Dispatcher.Config.
-func (d *core) Config() Config {
-	cfg := d.cfg
-	if d.auto {
-		cfg.Mode = Auto
-	}
-	return cfg
-}
+func (d *core) Config() Config { return d.cfg }
 
 // Comm is Dispatcher.Comm.
 func (d *core) Comm() *coll.Comm { return d.c }
@@ -345,9 +313,6 @@ func (d *core) Comm() *coll.Comm { return d.c }
 // Stats is Dispatcher.Stats.
 func (d *core) Stats() Stats {
 	st := d.stats
-	if d.alt != nil && d.lastAlt {
-		st = d.alt.stats
-	}
 	st.RowsPerRank = slices.Clone(st.RowsPerRank)
 	return st
 }
@@ -357,9 +322,6 @@ type Pending[T Act] struct {
 	d   *Dispatcher[T]
 	s   *slot
 	gen uint64
-	// The Auto mode: the step's input, for the normal mode if it does not fit.
-	x []T
-	r *router.Routing
 }
 
 // Dispatch sends this rank's tokens x (Tokens x Hidden values, row-major) to the
@@ -386,11 +348,7 @@ func (d *Dispatcher[T]) Start(ctx context.Context, x []T, r *router.Routing) (*P
 	}
 	code, inErr := d.check(len(x), r)
 	s.asked = tokensOf(r)
-	p, err := d.startSlot(ctx, s, dtype.Bytes(x), r, code, inErr, false)
-	if err == nil && d.altD != nil {
-		p.x, p.r = x, r
-	}
-	return p, err
+	return d.startSlot(ctx, s, dtype.Bytes(x), r, code, inErr, false)
 }
 
 // take reserves the next slot, unless its buffers are still in use.
@@ -454,35 +412,12 @@ func (p *Pending[T]) Wait(ctx context.Context) (*Output[T], Handle, error) {
 	err := d.mode.wait(ctx, s)
 	s.state = slotIdle
 	s.x = nil
-	if errors.Is(err, errGrown) {
-		// Some rank's tokens did not fit, and every rank grew its buffers for them
-		// (lowLatency.grow): every rank runs the step again in the low-latency mode,
-		// then frees the old buffers (the tokens may lie in the old staging).
-		out, h, err := d.Dispatch(ctx, p.x, p.r)
-		p.x, p.r = nil, nil
-		if rerr := d.retire(); err == nil {
-			err = rerr
-		}
-		return out, h, err
-	}
-	if errors.Is(err, errOverflow) && d.altD != nil {
-		// Some rank's tokens did not fit: every rank saw it in the headers, and every
-		// rank runs the step in the normal mode.
-		out, h, err := d.altD.Dispatch(ctx, p.x, p.r)
-		p.x, p.r = nil, nil
-		if err == nil {
-			d.lastAlt = true
-		}
-		return out, h, err
-	}
-	p.x, p.r = nil, nil
 	if err != nil {
 		return nil, Handle{}, err
 	}
-	d.lastAlt = false
 	s.valid = true
 	d.stats = s.stats
-	d.stats.Mode = d.cfg.Mode
+	d.stats.Mode = s.m.kind()
 	o := &d.outs[s.idx]
 	o.fill(s)
 	return o, o.h, nil
@@ -511,9 +446,6 @@ func (d *Dispatcher[T]) Abandon(ctx context.Context, cause error) error {
 // and its Output stay valid. Every rank must call it. A handle that is not valid is
 // ErrStale; one whose buffers are in use, ErrBusy.
 func (d *Dispatcher[T]) Redispatch(ctx context.Context, h Handle, x []T) (*Output[T], error) {
-	if d.altD != nil && h.s != nil && h.s.d == d.alt {
-		return d.altD.Redispatch(ctx, h, x)
-	}
 	if err := badHandle(h, d.core); err != nil && !errors.Is(err, errCombined) {
 		return nil, err
 	}
@@ -555,9 +487,6 @@ func (d *core) Close() error {
 	}
 	d.closed = true
 	d.gen++
-	if d.alt != nil {
-		d.alt.Close()
-	}
 	for _, s := range d.slots {
 		s.valid = false
 		s.view = view{}
@@ -576,19 +505,11 @@ func (d *core) Bytes() int {
 	for _, s := range d.slots {
 		n += s.xS.Cap()
 	}
-	if d.alt != nil {
-		n += d.alt.Bytes()
-	}
 	return n
 }
 
 // RowsInPlace is Dispatcher.RowsInPlace.
-func (d *core) RowsInPlace() bool {
-	if d.alt != nil && d.lastAlt {
-		return false // the Auto mode's last step ran in the normal mode
-	}
-	return d.mode.readsInPlace()
-}
+func (d *core) RowsInPlace() bool { return d.mode.readsInPlace() }
 
 // Buffer is where this rank may write the tokens of its next Start (Hidden values per
 // token, at most MaxTokens tokens) so that the dispatch copies nothing of them: the
@@ -623,7 +544,7 @@ func (d *core) plan(s *slot) {
 		}
 		f = newCombineFormat(d.cfg.Hidden, CombineConfig{PartialDType: out}, out)
 	}
-	planStep(&s.sched, d.cfg.Mode, d.planner, d.c.Rank(), d.c.Size(), d.f, f, &s.k, d.backInPlace)
+	planStep(&s.sched, s.m.kind(), s.m.plan(), d.c.Rank(), d.c.Size(), d.f, f, &s.k, d.backInPlace[s.m.kind()])
 }
 
 // planStep lays out rank me's schedule of a step from its counts with the mode's

@@ -36,6 +36,10 @@ type gatheredSlot struct {
 	gh           [3]coll.Handle
 }
 
+func (m *gathered) kind() Mode    { return Gathered }
+func (m *gathered) plan() planner { return gatheredPlan{} }
+func (m *gathered) flats() []flat { return []flat{m} }
+
 func newGathered(d *core) *gathered {
 	p := d.c.Size()
 	m := &gathered{d: d, ss: make([]gatheredSlot, len(d.slots))}
@@ -66,6 +70,7 @@ func (m *gathered) close() error {
 }
 
 func (m *gathered) start(ctx context.Context, s *slot) error {
+	s.m = m
 	d := m.d
 	c := d.c
 	p, me := c.Size(), c.Rank()
@@ -256,7 +261,7 @@ func (b *gatheredBack) start(ctx context.Context, cs *cslot) error {
 	st := &s.sched.Combine
 	part := bs.sendS.Bytes(extent(st.Send, 0))
 	if cs.code == codeOK {
-		cb.sums.put(part, cs, 0, s.incomingRows())
+		cs.w.sums.put(part, cs, 0, s.incomingRows())
 	} else {
 		clear(part)
 	}

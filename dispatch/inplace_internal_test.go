@@ -76,7 +76,7 @@ func checkTermsMismatch(t *testing.T, both bool) {
 				}
 				// Rank 0's token 0 has two entries here (experts 2 and 3): give one of
 				// them to its next row.
-				b := cb.back.(*inPlaceBack)
+				b := cb.ways[LowLatency].back.(*inPlaceBack)
 				reg := b.region(1, h.s.idx)
 				a, _ := h.s.incoming(0)
 				start := i32s(reg[b.rg.start:], a+2)

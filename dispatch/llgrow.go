@@ -20,24 +20,24 @@ import (
 // have another dispatch in use (the grown buffers replace every slot's).
 
 // grow grows the buffers for the step of slot s, whose headers op holds, if every rank
-// can, and says whether it did. It is collective (every rank that reads the same headers makes
-// the same choice).
-func (m *lowLatency) grow(ctx context.Context, s *slot, op *coll.XOp) (bool, error) {
+// can, and returns the protocol over the grown buffers (nil where they did not grow).
+// It is collective (every rank that reads the same headers makes the same choice).
+func (m *lowLatency) grow(ctx context.Context, s *slot, op *coll.XOp) (*lowLatency, error) {
 	d := m.d
 	if d.cfg.MaxBufferBytes < 0 || m.rowsPer == 0 || len(d.backs) == 0 {
-		return false, nil // nothing read in place, or no combiner to grow with
+		return nil, nil // nothing read in place, or no combiner to grow with
 	}
 	// Another dispatch started since this one (its header could not say so): its
 	// buffers are in use. Every rank is in the same state here, as ranks start and wait
 	// for their dispatches in the same order (the fallback's collectives need it too).
 	if !d.othersFree(s) {
-		return false, nil
+		return nil, nil
 	}
 	most := 0
 	for q := 0; q < d.c.Size(); q++ {
 		h := readHeader(op.Recv(q, 0))
 		if h.flags&flagBusy != 0 {
-			return false, nil
+			return nil, nil
 		}
 		most = max(most, int(h.flags>>32))
 	}
@@ -47,7 +47,7 @@ func (m *lowLatency) grow(ctx context.Context, s *slot, op *coll.XOp) (bool, err
 	}
 	mt := grownTokens(d.cfg, d.act, backs, most)
 	if mt == 0 {
-		return false, nil
+		return nil, nil
 	}
 	cfg := d.cfg
 	cfg.MaxTokens = mt
@@ -57,7 +57,7 @@ func (m *lowLatency) grow(ctx context.Context, s *slot, op *coll.XOp) (bool, err
 	m2, err := newLowLatency(ctx, d)
 	if err != nil {
 		d.cfg = old
-		return false, err
+		return nil, err
 	}
 	closers := []func() error{m.close}
 	for _, cb := range d.backs {
@@ -65,20 +65,18 @@ func (m *lowLatency) grow(ctx context.Context, s *slot, op *coll.XOp) (bool, err
 		if err != nil {
 			// The ranks fail together (the makings are collective); what was made is freed.
 			d.cfg = old
-			return false, errors.Join(err, m2.close())
+			return nil, errors.Join(err, m2.close())
 		}
 		closers = append(closers, closeOld)
 	}
-	d.mode = m2
 	for _, s := range d.slots {
 		s.valid = false // their buffers are gone: their Outputs and Handles are stale
 	}
 	d.fp, d.fpBuf = fingerprint(d.fpBuf, d.cfg)
-	d.fp ^= d.fpSalt
 	// The old buffers go once the step has run again: its tokens may lie in the old
 	// staging (Dispatcher.Buffer), where the run again reads them.
 	d.retired = append(d.retired, closers...)
-	return true, nil
+	return m2, nil
 }
 
 // retire frees the buffers a growth replaced.

@@ -35,7 +35,19 @@ type lowLatency struct {
 	stage   [][2]*coll.Board
 	ss      []llSlot
 	rows    llRows // the view's rowSource
+	// overflow decides what a step that some rank's tokens did not fit becomes (its
+	// headers in op): an error that the step's caller handles (the Auto mode: errGrown
+	// or errOverflow), or nil, where such tokens are that rank's bad input.
+	overflow func(ctx context.Context, s *slot, op *coll.XOp) error
 }
+
+// tooMany is the flat low-latency mode's overflow: tokens that do not fit are the
+// rank's bad input, which the step reports as any other.
+func tooMany(context.Context, *slot, *coll.XOp) error { return nil }
+
+func (m *lowLatency) kind() Mode    { return LowLatency }
+func (m *lowLatency) plan() planner { return llPlan{} }
+func (m *lowLatency) flats() []flat { return []flat{m} }
 
 type llSlot struct {
 	op *coll.XOp
@@ -52,7 +64,7 @@ func llExchange(cfg Config, f Format) coll.ExchangeConfig {
 }
 
 func newLowLatency(ctx context.Context, d *core) (*lowLatency, error) {
-	m := &lowLatency{d: d, stage: make([][2]*coll.Board, len(d.slots)), ss: make([]llSlot, len(d.slots))}
+	m := &lowLatency{d: d, stage: make([][2]*coll.Board, len(d.slots)), ss: make([]llSlot, len(d.slots)), overflow: tooMany}
 	x, err := d.c.NewExchange(ctx, llExchange(d.cfg, d.f))
 	if err != nil {
 		return nil, err
@@ -190,8 +202,7 @@ func (m *lowLatency) bytes() int {
 	return n
 }
 
-// capacity is MaxTokens: the buffers hold that many tokens per rank.
-func (m *lowLatency) capacity() int { return m.d.cfg.MaxTokens }
+func (m *lowLatency) capacity() int { return llPlan{}.capacity(m.d.cfg) }
 
 // readsInPlace: the rows are staged where the experts read them (rowsPer > 0).
 func (m *lowLatency) readsInPlace() bool { return m.rowsPer > 0 }
@@ -211,6 +222,7 @@ func (m *lowLatency) staging(s *slot) []byte {
 func (m *lowLatency) combined(s *slot) { m.ss[s.idx].stageFree = true }
 
 func (m *lowLatency) start(ctx context.Context, s *slot) error {
+	s.m = m
 	d := m.d
 	me := d.c.Rank()
 	ok := s.code == codeOK
@@ -337,16 +349,11 @@ func (m *lowLatency) wait(ctx context.Context, s *slot) error {
 			return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, hd.fp, s.fp)
 		}
 	}
-	if d.auto {
-		if over, err := m.overflowed(s, op); err != nil {
+	if over, err := m.overflowed(s, op); err != nil {
+		return err
+	} else if over {
+		if err := m.overflow(ctx, s, op); err != nil {
 			return err
-		} else if over {
-			if grown, err := m.grow(ctx, s, op); err != nil {
-				return err
-			} else if grown {
-				return errGrown
-			}
-			return errOverflow
 		}
 	}
 	if s.inErr != nil {
@@ -567,7 +574,7 @@ func (b *llBack) start(ctx context.Context, cs *cslot) error {
 		if cs.code == codeOK && q != b.cb.d.c.Rank() {
 			n = blk.Rows
 			a, _ := cs.s.incoming(q)
-			b.cb.sums.put(dst[1], cs, a, a+n)
+			cs.w.sums.put(dst[1], cs, a, a+n)
 		}
 		header{status: cs.code, rows: n, fp: cs.fp, gen: cs.gen}.put(dst[0])
 		answers := blk.Bytes[1]

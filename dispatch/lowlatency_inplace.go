@@ -76,9 +76,10 @@ const maxBoard = 8 << 30
 
 // boardSize is the size of an in-place combiner's board on p ranks (InFlight regions),
 // or 0 where the combine sends partial sums whichever ranks may map each other's memory:
-// SendPartials, a single rank, or more than maxBoard.
+// SendPartials, a single rank, or more than maxBoard. The low-latency protocol's ways
+// back alone ask it.
 func boardSize(cfg Config, ccfg CombineConfig, p, es int) int {
-	if cfg.Mode != LowLatency || ccfg.SendPartials || p == 1 {
+	if ccfg.SendPartials || p == 1 {
 		return 0
 	}
 	total := newRegions(cfg, p, es).size * cfg.InFlight
@@ -278,8 +279,8 @@ type inPlaceSums[T Out] struct {
 	part    []float32
 }
 
-func newInPlaceSums[T Out](cb *backCore) *inPlaceSums[T] {
-	return &inPlaceSums[T]{b: cb.back.(*inPlaceBack), part: make([]float32, cb.d.cfg.Hidden)}
+func newInPlaceSums[T Out](cb *backCore, b *inPlaceBack) *inPlaceSums[T] {
+	return &inPlaceSums[T]{b: b, part: make([]float32, cb.d.cfg.Hidden)}
 }
 
 func (is *inPlaceSums[T]) own(*cslot)                   {}

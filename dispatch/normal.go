@@ -41,6 +41,10 @@ type normalSlot struct {
 	cursor        cursor
 }
 
+func (m *normal) kind() Mode    { return Normal }
+func (m *normal) plan() planner { return normalPlan{} }
+func (m *normal) flats() []flat { return []flat{m} }
+
 func newNormal(d *core) *normal {
 	p := d.c.Size()
 	m := &normal{d: d, ss: make([]normalSlot, len(d.slots))}
@@ -83,9 +87,9 @@ func (ns *normalSlot) layoutAll(d *core, back bool, f CombineFormat, own *Stage,
 			}
 			st = &ns.peerSt
 			if back {
-				d.planner.combine(st, f, i, k, d.backInPlace)
+				normalPlan{}.combine(st, f, i, k, d.backInPlace[Normal])
 			} else {
-				d.planner.dispatch(st, d.f, i, k)
+				normalPlan{}.dispatch(st, d.f, i, k)
 			}
 		}
 		for j := 0; j < p; j++ {
@@ -116,6 +120,7 @@ func (m *normal) close() error {
 }
 
 func (m *normal) start(ctx context.Context, s *slot) error {
+	s.m = m
 	d := m.d
 	c := d.c
 	p, me := c.Size(), c.Rank()
@@ -398,7 +403,7 @@ func (b *normalBack) start(ctx context.Context, cs *cslot) error {
 		header{status: cs.code, rows: blk.Rows, fp: cs.fp, gen: cs.gen}.put(dst)
 		if cs.code == codeOK {
 			a, _ := s.incoming(q)
-			cb.sums.put(dst[blockHeader:], cs, a, a+blk.Rows)
+			cs.w.sums.put(dst[blockHeader:], cs, a, a+blk.Rows)
 		}
 	}
 	return c.IRunAlltoAllvWith(ctx, &bs.plan, bs.send, bs.recv, &bs.pend)

@@ -3,6 +3,8 @@ package dispatch
 import (
 	"fmt"
 
+	"github.com/moex-ai/moex/coll/dtype"
+
 	"github.com/moex-ai/moex/router"
 )
 
@@ -30,6 +32,7 @@ type Plan struct {
 	// Schedules[r] is rank r's schedule.
 	Schedules []Schedule
 	routings  []*router.Routing
+	out       dtype.Type // the outputs' type
 }
 
 // NewPlan plans a step of the given routing of every rank (routings[r] is rank r's)
@@ -42,26 +45,16 @@ func NewPlan[T Out](cfg Config, ccfg CombineConfig, routings []*router.Routing, 
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Mode == Auto { // the mode that step runs in, with the buffers it grows to
-		cfg.Mode = LowLatency
-		most := 0
-		for _, rt := range routings {
-			if rt != nil {
-				most = max(most, rt.T)
-			}
-		}
-		if most > cfg.MaxTokens {
-			mt := 0
-			if c, err := combineDefaults(cfg, ccfg, outType[T]()); err == nil && shared && !cfg.PushRows && cfg.Placement.Ranks > 1 {
-				mt = grownTokens(cfg, outType[T](), []backOf{{c, outType[T]()}}, most)
-			}
-			if mt > 0 {
-				cfg.MaxTokens = mt
-			} else {
-				cfg.Mode, cfg.PushRows, ccfg.SendPartials = Normal, false, false
-			}
+	// The protocol the step runs in, as the dispatcher's mode picks it (the Auto mode:
+	// the one a step of the largest rank's tokens takes, with the buffers it grows to).
+	most := 0
+	for _, rt := range routings {
+		if rt != nil {
+			most = max(most, rt.T)
 		}
 	}
+	cfg, ccfg = policies[cfg.Mode].step(cfg, ccfg, outType[T](), most, shared)
+	po := policies[cfg.Mode]
 	ccfg, err = combineDefaults(cfg, ccfg, outType[T]())
 	if err != nil {
 		return nil, err
@@ -71,7 +64,7 @@ func NewPlan[T Out](cfg Config, ccfg CombineConfig, routings []*router.Routing, 
 		return nil, fmt.Errorf("%w: %d routings for %d ranks", ErrConfig, len(routings), p)
 	}
 	pl := &Plan{Cfg: cfg, Combine: ccfg, Format: NewFormat(cfg), CombineFormat: newCombineFormat(cfg.Hidden, ccfg, outType[T]()), Shared: shared,
-		Layouts: make([]*router.Layout, p), Rows: make([][]int, p), Choices: make([][]int, p), ExpertRows: make([][]int, p), routings: routings}
+		Layouts: make([]*router.Layout, p), Rows: make([][]int, p), Choices: make([][]int, p), ExpertRows: make([][]int, p), routings: routings, out: outType[T]()}
 	for r := range pl.ExpertRows {
 		pl.ExpertRows[r] = make([]int, len(cfg.Placement.Local[r]))
 	}
@@ -79,8 +72,8 @@ func NewPlan[T Out](cfg Config, ccfg CombineConfig, routings []*router.Routing, 
 		if _, err := checkRouting(cfg, rt); err != nil {
 			return nil, fmt.Errorf("rank %d: %w", o, err)
 		}
-		if cfg.Mode == LowLatency && rt.T > cfg.MaxTokens {
-			return nil, fmt.Errorf("%w: rank %d has %d tokens, MaxTokens is %d", ErrInput, o, rt.T, cfg.MaxTokens)
+		if n := po.capacity(cfg); n > 0 && rt.T > n {
+			return nil, fmt.Errorf("%w: rank %d has %d tokens, MaxTokens is %d", ErrInput, o, rt.T, n)
 		}
 		l, err := router.BuildLayout(rt, cfg.Placement, o)
 		if err != nil {
@@ -110,9 +103,9 @@ func NewPlan[T Out](cfg Config, ccfg CombineConfig, routings []*router.Routing, 
 func (pl *Plan) schedule() {
 	p := len(pl.Rows)
 	cfg := pl.Cfg
-	ll := cfg.Mode == LowLatency && pl.Shared && p > 1
-	rowsInPlace, outsInPlace := ll && !cfg.PushRows, ll && !pl.Combine.SendPartials
-	plan := planners[cfg.Mode]
+	po := policies[cfg.Mode]
+	rowsInPlace, outsInPlace := po.inPlace(cfg, pl.Combine, pl.out, pl.Shared)
+	plan := po.plan()
 	pl.Schedules = make([]Schedule, p)
 	for me := range pl.Schedules {
 		k := &counts{rowsTo: pl.Rows[me], choicesTo: pl.Choices[me], rowsFrom: make([]int, p), choicesFrom: make([]int, p),

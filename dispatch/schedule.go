@@ -1,6 +1,10 @@
 package dispatch
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/moex-ai/moex/coll/dtype"
+)
 
 // The planning half of a step: pure functions of the configuration and the row counts,
 // which touch no transport. They lay out a Schedule; the modes' executors iterate it and
@@ -95,7 +99,7 @@ type counts struct {
 }
 
 // planner lays out one mode's stages from the counts: the pure half of a mode, which
-// its executors iterate and NewPlan uses without them. Each mode has one (planners); the
+// its executors iterate and NewPlan uses without them. Each mode has one (policy.plan); the
 // mode is chosen once, where the planner is. The formats come by value: a pointer
 // through the interface would escape, an allocation per step.
 type planner interface {
@@ -108,8 +112,37 @@ type planner interface {
 	combine(st *Stage, f CombineFormat, me int, k *counts, inPlace bool)
 }
 
-// planners are the modes' planners.
-var planners = map[Mode]planner{Normal: normalPlan{}, LowLatency: llPlan{}, Gathered: gatheredPlan{}}
+// policy is what a mode decides without running anything: the protocol a step runs in,
+// how many tokens a dispatch may carry, what is read in place, and the planner. The
+// dispatcher's modes and NewPlan share it, so that a plan is the step the dispatcher
+// runs.
+type policy interface {
+	// step is the configuration of the protocol that a step whose largest rank has most
+	// tokens runs in: the flat modes' own; the Auto mode's pick.
+	step(cfg Config, ccfg CombineConfig, out dtype.Type, most int, shared bool) (Config, CombineConfig)
+	// capacity is the most tokens a dispatch of cfg may carry (0: any number).
+	capacity(cfg Config) int
+	// inPlace says whether the rows and the expert outputs are read where they were
+	// written (outputs of type out), where every rank maps every rank's memory (shared)
+	// or not.
+	inPlace(cfg Config, ccfg CombineConfig, out dtype.Type, shared bool) (rows, outs bool)
+	plan() planner
+}
+
+// policies are the modes' policies.
+var policies = map[Mode]policy{Auto: autoPolicy{}, Normal: normalPlan{}, LowLatency: llPlan{}, Gathered: gatheredPlan{}}
+
+// flatPolicy is the part of policy common to the protocols that run every step
+// themselves and read nothing in place (normal, gathered).
+type flatPolicy struct{}
+
+func (flatPolicy) step(cfg Config, ccfg CombineConfig, _ dtype.Type, _ int, _ bool) (Config, CombineConfig) {
+	return cfg, ccfg
+}
+func (flatPolicy) capacity(Config) int { return 0 }
+func (flatPolicy) inPlace(Config, CombineConfig, dtype.Type, bool) (bool, bool) {
+	return false, false
+}
 
 // The names of the stages' fields (allocated once: the schedules are laid out per step).
 var (
@@ -128,7 +161,9 @@ func begin(st *Stage, fields []string, p int) {
 
 // The normal mode: one AlltoAllv block per peer, side by side in one buffer each way; a
 // rank's own rows stay where they are.
-type normalPlan struct{}
+type normalPlan struct{ flatPolicy }
+
+func (normalPlan) plan() planner { return normalPlan{} }
 
 func (normalPlan) control(p int) int { return 8 * (hdrLen + p) }
 
@@ -164,6 +199,26 @@ func normalBlockBytes(f *Format, n, m int) int { return blockHeader + n*f.RowByt
 // metadata, payloads, scales); a rank sends itself its block too. In place, the payloads
 // and scales are read where their sender staged them.
 type llPlan struct{}
+
+func (llPlan) plan() planner { return llPlan{} }
+
+func (llPlan) step(cfg Config, ccfg CombineConfig, _ dtype.Type, _ int, _ bool) (Config, CombineConfig) {
+	return cfg, ccfg
+}
+
+// capacity is MaxTokens: the buffers hold that many tokens per rank.
+func (llPlan) capacity(cfg Config) int { return cfg.MaxTokens }
+
+// inPlace: where every rank maps every rank's memory, the rows are read in their
+// origins' staging unless PushRows, and the outputs where the experts wrote them unless
+// SendPartials, each where its buffers fit (stagingRows, boardSize).
+func (llPlan) inPlace(cfg Config, ccfg CombineConfig, out dtype.Type, shared bool) (rows, outs bool) {
+	p := cfg.Placement.Ranks
+	if !shared || p == 1 {
+		return false, false
+	}
+	return !cfg.PushRows && stagingRows(NewFormat(cfg), cfg.MaxTokens, p) > 0, boardSize(cfg, ccfg, p, out.Size()) > 0
+}
 
 func (llPlan) control(int) int { return 0 } // the counts travel with the rows
 
@@ -214,7 +269,9 @@ func backBlock(f *CombineFormat, n, m int, inPlace, one bool) Block {
 // The gathered mode: every rank's tokens, with every choice, to every rank (one send
 // buffer, every rank's side by side where they arrive); the way back a partial sum per
 // token of the receiver, reduce-scattered.
-type gatheredPlan struct{}
+type gatheredPlan struct{ flatPolicy }
+
+func (gatheredPlan) plan() planner { return gatheredPlan{} }
 
 func (gatheredPlan) control(p int) int { return 8 * (hdrLen + p) }
 
