@@ -70,7 +70,12 @@ func (r *runner) against(w io.Writer) error {
 	cfgs = append(cfgs, cfg{"deepseek-v3", "shm", 8, 128, "low-latency", wire{"fp8", "bf16"}},
 		cfg{"deepseek-v3", "tcp", 4, 128, "low-latency", wire{"bf16", "bf16"}},
 		cfg{"deepseek-v3", "tcp", 4, 128, "normal", wire{"bf16", "bf16"}},
-		cfg{"qwen3-30b-a3b", "shm", 8, 16, "low-latency", wire{"bf16", "bf16"}})
+		cfg{"qwen3-30b-a3b", "shm", 8, 16, "low-latency", wire{"bf16", "bf16"}},
+		// The Auto mode: over shm a step of 128 tokens grows the low-latency buffers once
+		// and runs there; over tcp it tries the low-latency exchange, then runs normal.
+		cfg{"deepseek-v3", "shm", 8, 1, "auto", wire{"bf16", "bf16"}},
+		cfg{"deepseek-v3", "shm", 8, 128, "auto", wire{"bf16", "bf16"}},
+		cfg{"deepseek-v3", "tcp", 4, 128, "auto", wire{"bf16", "bf16"}})
 	turns := turnsOf(r)
 	cur := r.moex
 	defer func() { r.moex = cur }()
