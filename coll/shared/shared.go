@@ -74,6 +74,14 @@ const (
 	// rank) 256 KiB 11.7/10.1, 512 KiB 21.2/16.0, 1 MiB 44.9/32.8; P=4 (2 CPUs) 256 KiB
 	// 97.5/85.4 (means 71/90), 1 MiB 351/152; P=8 512 KiB 437/397, 1 MiB 770/567.
 	AcrossMin = 512 << 10
+
+	// AcrossBlockMin: a send buffer of which each other rank reads about this much or
+	// more (an AllGather's whole buffer) is read across too, where the ranks are at most
+	// twice the CPUs. Measured (moex bench coll --op allgather --transport shm, p50, us,
+	// area against across, three runs): P=2 1 MiB (512 KiB blocks) 99/69, 91/124,
+	// 107/79; P=4 1 MiB (256 KiB) 373/306, 349/379, 422/374; P=4 256 KiB (64 KiB)
+	// 127/166; P=8 on 2 CPUs 4 MiB (512 KiB) 3925/4178, 3929/4097, 3966/4119.
+	AcrossBlockMin = 256 << 10
 )
 
 // Direct runs collectives of the whole job through the shared areas of the ranks'
@@ -440,7 +448,7 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 	p := d.size
 	n := len(send)
 	me := d.rank
-	pull := n > d.cap || d.pull && n > AcrossMin
+	pull := n > d.cap || d.pull && (n > AcrossMin || d.perPeer(n, lay) >= AcrossBlockMin && d.size <= 2*runtime.NumCPU())
 	par := 8 * int(turn&1)
 	// A send buffer in the shared arena is read in place by the others (one copy), at its
 	// address with process_vm_readv by a rank that cannot map the arena. Cross-memory
@@ -521,6 +529,22 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 		}
 	}
 	return nil
+}
+
+// perPeer is about how many bytes of this rank's send buffer (n bytes) each other rank
+// reads: an AllToAll's n/P; in an AllToAllv, what this rank reads of each (the layouts
+// of an AllGather, and of most AllToAllvs, are symmetric), on average.
+func (d *Direct) perPeer(n int, lay *VLayout) int {
+	if lay == nil || d.size == 1 {
+		return n / d.size
+	}
+	sum := 0
+	for q, b := range lay.RecvLen {
+		if q != d.rank {
+			sum += b
+		}
+	}
+	return sum / (d.size - 1)
 }
 
 // footprint is about how many bytes an AllToAll (lay nil; n: the send buffer) or AlltoAllv

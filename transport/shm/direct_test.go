@@ -254,6 +254,52 @@ func TestDirectAllToAllv(t *testing.T) {
 	}
 }
 
+// An AllGather (each rank's block in place in recv, published as its send buffer) whose
+// blocks every other rank reads whole: blocks of shared.AcrossBlockMin are read across
+// even though they fit the areas, smaller ones go through them, and every byte arrives.
+func TestDirectAllGatherReadsAcross(t *testing.T) {
+	for _, c := range []struct {
+		block  int
+		across bool
+	}{{shared.AcrossBlockMin, true}, {shared.AcrossBlockMin / 4, false}} {
+		t.Run(fmt.Sprintf("block=%d", c.block), func(t *testing.T) {
+			const p = 2
+			ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4 * shared.AcrossBlockMin })
+			ds := directs(t, ts)
+			require.Greater(t, ds[0].Cap(), c.block, "the block fits the area")
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			before := ts[0].Stats().CMABytes
+			errs := onRanks(p, func(r int) error {
+				lay := &shared.VLayout{RecvOff: make([]int, p), RecvLen: make([]int, p), SrcOff: make([]int, p), SrcLen: make([]int, p)}
+				for q := 0; q < p; q++ {
+					lay.RecvOff[q], lay.RecvLen[q], lay.SrcLen[q] = q*c.block, c.block, c.block
+				}
+				recv := make([]byte, p*c.block)
+				fill(recv[r*c.block:(r+1)*c.block], 1, r, 0)
+				if err := ds[r].AllToAllv(ctx, ds[r].Turn(), recv[r*c.block:(r+1)*c.block], recv, lay, 1); err != nil {
+					return err
+				}
+				for q := 0; q < p; q++ {
+					want := make([]byte, c.block)
+					fill(want, 1, q, 0)
+					if !bytes.Equal(recv[q*c.block:(q+1)*c.block], want) {
+						return fmt.Errorf("the block of rank %d is wrong", q)
+					}
+				}
+				return nil
+			})
+			reportRanks(t, errs)
+			read := ts[0].Stats().CMABytes - before
+			if c.across {
+				assert.Equal(t, uint64(c.block), read, "rank 0 read rank 1's block across")
+			} else {
+				assert.Zero(t, read, "the blocks went through the areas")
+			}
+		})
+	}
+}
+
 // Operations issued before the previous ones finished (Turn taken in order, run by
 // several goroutines at once) run in turn order.
 // mix is a reduction that depends on the order of its operands (x*3 + y on
