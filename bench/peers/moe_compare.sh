@@ -9,8 +9,11 @@
 #   default: `moex bench moe` with Mode left unset, f32 rows, against mpi_moe with f32 rows;
 #   ll-bf16: `moex bench moe --mode low-latency --wire-dtype bf16 --act bf16` against
 #            mpi_moe with 2-byte rows.
-# ratio = MPI's mean time over moex's (above 1, moex is faster); a stage's mean includes
-# its tail. One line per (model, ranks, tokens, pair, stage).
+# The MPI step runs twice a round: its buffers malloc'd (4 KiB pages here, THP being
+# "madvise") and on 2 MiB pages (MPI_MOE_HUGE=1), the pages moex's buffers have (obuf:
+# 2 MiB pages from 256 KiB). ratio = MPI's mean time over moex's (above 1, moex is
+# faster): mpi and ratio for malloc'd buffers, mpi_huge and ratio_huge on equal pages; a
+# stage's mean includes its tail. One line per (model, ranks, tokens, pair, stage).
 #
 # Installs Open MPI from Debian's packages when missing (needs root for apt-get).
 # MOEX_BIN names a moex binary to use instead of building one (a host without Go).
@@ -39,7 +42,7 @@ else
 	go build -o "$work/moex" ./cmd/moex
 fi
 echo "# $(mpirun --version 2>&1 | head -1); moex $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $(nproc) CPUs; $(date -u +%FT%TZ); best of $rounds alternating rounds"
-printf "%-14s %5s %6s %-8s %-8s %10s %10s %7s %10s %10s %7s %9s %9s\n" model ranks tokens pair stage moex_mean mpi_mean ratio moex_med mpi_med ratio_med moex_p99 mpi_p99
+printf "%-14s %5s %6s %-8s %-8s %10s %10s %7s %10s %10s %10s %10s %7s %10s %10s %9s %9s\n" model ranks tokens pair stage moex_mean mpi_mean ratio mpi_huge ratio_huge moex_med mpi_med ratio_med mpi_huge_med ratio_huge_med moex_p99 mpi_p99
 
 model_dims() { # hidden experts topk of a model, from moex bench moe -models
 	"$work/moex" bench moe -models | awk -v m="$1" '$1 == m { print $3, $8, substr($9, 5) }'
@@ -57,6 +60,7 @@ for cfg in "${configs[@]}"; do
 	for pair in default ll-bf16; do
 		: >"$work/moex.json"
 		: >"$work/mpi.json"
+		: >"$work/mpih.json"
 		for r in $(seq "$rounds"); do
 			if [ $pair = default ]; then
 				"$work/moex" bench moe --model "$model" --ranks "$ranks" --transport shm --tokens "$tokens" --iters "$iters" --pairs 2 --json >>"$work/moex.json"
@@ -66,19 +70,20 @@ for cfg in "${configs[@]}"; do
 				elem=2
 			fi
 			mpirun --allow-run-as-root --oversubscribe -np "$ranks" "$work/mpi_moe" "$hidden" "$experts" "$topk" "$tokens" "$iters" "$elem" >>"$work/mpi.json" 2>/dev/null
+			mpirun --allow-run-as-root --oversubscribe -x MPI_MOE_HUGE=1 -np "$ranks" "$work/mpi_moe" "$hidden" "$experts" "$topk" "$tokens" "$iters" "$elem" >>"$work/mpih.json" 2>/dev/null
 		done
-		python3 - "$work/moex.json" "$work/mpi.json" "$model" "$ranks" "$tokens" "$pair" <<'EOF'
+		python3 - "$work/moex.json" "$work/mpi.json" "$work/mpih.json" "$model" "$ranks" "$tokens" "$pair" <<'EOF'
 import json, statistics, sys
-moex = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-mpi = [json.loads(l) for l in open(sys.argv[2]) if l.startswith("{")]
-model, ranks, tokens, pair = sys.argv[3:7]
+moex, mpi, mpih = ([json.loads(l) for l in open(f) if l.startswith("{")] for f in sys.argv[1:4])
+model, ranks, tokens, pair = sys.argv[4:8]
 for stage in ("dispatch", "combine"):
-    m = [r[stage]["mean_us"] for r in moex]
-    o = [r[stage]["mean_us"] for r in mpi]
+    m, o, h = ([r[stage]["mean_us"] for r in rs] for rs in (moex, mpi, mpih))
     mp = min(moex, key=lambda r: r[stage]["mean_us"])[stage]["p99_us"]
     op = min(mpi, key=lambda r: r[stage]["mean_us"])[stage]["p99_us"]
+    med = statistics.median
     print(f"{model:<14} {ranks:>5} {tokens:>6} {pair:<8} {stage:<8} {min(m):10.1f} {min(o):10.1f} {min(o)/min(m):6.2f}x "
-          f"{statistics.median(m):10.1f} {statistics.median(o):10.1f} {statistics.median(o)/statistics.median(m):6.2f}x {mp:9.1f} {op:9.1f}")
+          f"{min(h):10.1f} {min(h)/min(m):9.2f}x {med(m):10.1f} {med(o):10.1f} {med(o)/med(m):6.2f}x "
+          f"{med(h):10.1f} {med(h)/med(m):13.2f}x {mp:9.1f} {op:9.1f}")
 EOF
 	done
 done

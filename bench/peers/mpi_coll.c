@@ -20,28 +20,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#define HUGE_PAGE ((size_t)2 << 20)
-
-/* buffer returns n bytes: malloc'd, or with huge a mapping of 2 MiB pages. */
-static void *buffer(size_t n, int huge) {
-    if (!huge) return malloc(n);
-    size_t len = (n + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
-    char *raw = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) return NULL;
-    char *p = (char *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-    if (p > raw) munmap(raw, (size_t)(p - raw));
-    munmap(p + len, (size_t)(raw + len + HUGE_PAGE - p - len));
-    madvise(p, len, MADV_HUGEPAGE);
-    return p;
-}
-
-static void unbuffer(void *p, size_t n, int huge) {
-    if (!huge) {
-        free(p);
-        return;
-    }
-    munmap(p, (n + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
-}
+#include "hugebuf.h"
 
 enum { ALLREDUCE, REDUCESCATTER, ALLGATHER, ALLTOALL };
 

@@ -18,6 +18,11 @@
  * stage over the steps, and the relative error of the combined rows against the tokens
  * (identity experts and weights that sum to 1 give back each token).
  *
+ * MPI_MOE_HUGE=1 (passed with mpirun -x) takes the buffers the rows and the partial sums
+ * live in (the tokens, the send and receive buffers of both Alltoallvs, the experts'
+ * blocks, the output) from 2 MiB pages instead of malloc: the comparison on the pages
+ * moex's buffers have.
+ *
  * usage: mpirun -np P ./mpi_moe HIDDEN EXPERTS TOPK TOKENS ITERS ELEM */
 #include <math.h>
 #include <mpi.h>
@@ -25,6 +30,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "hugebuf.h"
 
 static int hidden, experts, topk, tokens, elem, P, me, local;
 
@@ -116,7 +123,9 @@ int main(int argc, char **argv) {
             } while (dup);
             choice[t * topk + k] = e;
         }
-    char *x = malloc((size_t)tokens * hidden * elem + 64);
+    const char *hv = getenv("MPI_MOE_HUGE");
+    int huge = hv && strcmp(hv, "1") == 0;
+    char *x = buffer((size_t)tokens * hidden * elem + 64, huge);
     for (int t = 0; t < tokens; t++)
         for (int i = 0; i < hidden; i++) store(x + (size_t)t * hidden * elem, i, (float)((t * 7 + i + me) % 13 - 6) / 8);
     size_t rb = row_bytes(), pb = (size_t)hidden * 4; /* partial sums travel in f32 */
@@ -125,9 +134,9 @@ int main(int argc, char **argv) {
     int *sbytes = calloc(P, sizeof(int)), *rbytes = calloc(P, sizeof(int));
     int *sboff = calloc(P, sizeof(int)), *rboff = calloc(P, sizeof(int));
     int *fill = calloc(P, sizeof(int)), *dest = malloc(sizeof(int) * tokens * P);
-    char *sendb = malloc(rb * tokens * P + 64);
-    char *recvb = NULL, *expin = NULL, *partial = NULL, *back = malloc(pb * tokens * P + 64);
-    float *out = malloc(sizeof(float) * (size_t)tokens * hidden + 64);
+    char *sendb = buffer(rb * tokens * P + 64, huge);
+    char *recvb = NULL, *expin = NULL, *partial = NULL, *back = buffer(pb * tokens * P + 64, huge);
+    float *out = buffer(sizeof(float) * (size_t)tokens * hidden + 64, huge);
     size_t recv_cap = 0, exp_cap = 0;
     double *tdisp = malloc(sizeof(double) * iters), *tcomb = malloc(sizeof(double) * iters);
     int *ecount = calloc(local, sizeof(int)), *eoff = calloc(local + 1, sizeof(int));
@@ -169,9 +178,10 @@ int main(int argc, char **argv) {
             rbytes[q] = (int)(rcount[q] * rb), rboff[q] = (int)(rdispl[q] * rb);
         }
         if ((size_t)nrecv * rb > recv_cap) {
+            size_t rows = recv_cap / rb;
+            recvb = rebuffer(recvb, recv_cap + 64, (size_t)nrecv * rb + 64, huge);
+            partial = rebuffer(partial, rows * pb + 64, (size_t)nrecv * pb + 64, huge);
             recv_cap = (size_t)nrecv * rb;
-            recvb = realloc(recvb, recv_cap + 64);
-            partial = realloc(partial, (size_t)nrecv * pb + 64);
         }
         MPI_Alltoallv(sendb, sbytes, sboff, MPI_BYTE, recvb, rbytes, rboff, MPI_BYTE, MPI_COMM_WORLD);
         /* Unpack into expert-major blocks: a copy per (row, local expert). */
@@ -182,8 +192,8 @@ int main(int argc, char **argv) {
         }
         for (int e = 0; e < local; e++) eoff[e + 1] = eoff[e] + ecount[e];
         if ((size_t)eoff[local] * hidden * elem > exp_cap) {
+            expin = rebuffer(expin, exp_cap + 64, (size_t)eoff[local] * hidden * elem + 64, huge);
             exp_cap = (size_t)eoff[local] * hidden * elem;
-            expin = realloc(expin, exp_cap + 64);
         }
         memset(ecount, 0, sizeof(int) * local);
         for (int i = 0; i < nrecv; i++) {
@@ -246,10 +256,10 @@ int main(int argc, char **argv) {
         err = tot[1] > 0 ? sqrt(tot[0] / tot[1]) : 0;
         double d50 = pct(tdisp, iters, 0.5), d99 = pct(tdisp, iters, 0.99);
         double c50 = pct(tcomb, iters, 0.5), c99 = pct(tcomb, iters, 0.99);
-        printf("{\"peer\":\"mpi\",\"ranks\":%d,\"hidden\":%d,\"experts\":%d,\"topk\":%d,\"tokens\":%d,\"elem\":%d,\"iters\":%d,"
+        printf("{\"peer\":\"mpi\",\"huge\":%d,\"ranks\":%d,\"hidden\":%d,\"experts\":%d,\"topk\":%d,\"tokens\":%d,\"elem\":%d,\"iters\":%d,"
                "\"dispatch\":{\"mean_us\":%.2f,\"p50_us\":%.2f,\"p99_us\":%.2f},\"combine\":{\"mean_us\":%.2f,\"p50_us\":%.2f,\"p99_us\":%.2f},"
                "\"error\":%.3g}\n",
-               P, hidden, experts, topk, tokens, elem, iters, md, d50, d99, mc, c50, c99, err);
+               huge, P, hidden, experts, topk, tokens, elem, iters, md, d50, d99, mc, c50, c99, err);
         fflush(stdout);
     }
     MPI_Finalize();

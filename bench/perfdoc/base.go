@@ -200,7 +200,9 @@ func (r *runner) openMPI(w io.Writer) error {
 	fmt.Fprintf(w, "destination rank, MPI_Alltoall of the counts, MPI_Alltoallv of the rows, unpack expert-major; the partial\n")
 	fmt.Fprintf(w, "sums back the same way), shared memory, experts as the identity, alternating, the best mean of each stage;\n")
 	fmt.Fprintf(w, "`default` leaves the mode unset (Auto) with f32 rows against MPI with f32 rows, `ll-bf16` is the low-latency\n")
-	fmt.Fprintf(w, "mode with bf16 rows against MPI with 2-byte rows; ratio = MPI's mean over moex's.\n\n")
+	fmt.Fprintf(w, "mode with bf16 rows against MPI with 2-byte rows. The MPI step runs on malloc'd buffers (`mpi`, 4 KiB\n")
+	fmt.Fprintf(w, "pages here) and on 2 MiB pages (`mpi_huge`, MPI_MOE_HUGE=1), the pages of moex's buffers; ratio = MPI's\n")
+	fmt.Fprintf(w, "mean over moex's (`ratio_huge`: on equal pages).\n\n")
 	if err := r.script(w, "bench/peers/moe_compare.sh", rounds); err != nil {
 		return err
 	}
