@@ -230,3 +230,99 @@ func sameBytes(stage string, me int, ops [][]int, want []int, st dispatch.Stage)
 	}
 	return nil
 }
+
+// The gathered mode's all-gathers and reduce-scatter relay blocks along a ring, so a
+// rank's bytes to a peer are not its own block; summed over every rank they are: each
+// rank's tokens (their routing, rows and scales: dispatch.Format's GatheredMeta, Payload
+// and Scales) cross P-1 links in the dispatch, and each rank's tokens' partial sums
+// (combine.Format's Row) P-1 links in the combine, beside the control all-gathers: the
+// counts before the dispatch (Schedule.Control a rank, each to P-1 others) and the three
+// status words (code, fingerprint, generation) beside the reduce-scatter. Counted at the
+// transports, computed from the routing and the formats.
+func TestGatheredCarriesEveryToken(t *testing.T) {
+	const experts, k, hid = 12, 3, 40
+	for p := 2; p <= 8; p++ {
+		pl, err := router.NewPlacement(router.RoundRobin, experts, p)
+		require.NoError(t, err)
+		tokens := make([]int, p)
+		for r := range tokens {
+			tokens[r] = (r*5 + 3) % 11
+		}
+		rs := routings(p, experts, k, tokens, uint64(200+p))
+		for _, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3} {
+			for _, back := range []combine.Config{{}, {PartialDType: dtype.BF16}} {
+				cfg := dispatch.Config{Hidden: hid, TopK: k, WireDType: wire, Placement: pl, Mode: dispatch.Gathered}
+				plan, err := combine.NewPlan[float32](cfg, back, rs, false)
+				require.NoError(t, err)
+				f, cf := plan.Format, plan.CombineFormat
+				all := 0
+				for _, n := range tokens {
+					all += n
+				}
+				wantD := p*(p-1)*plan.Schedules[0].Control + (p-1)*all*(f.GatheredMeta()+f.Payload+4*f.Scales)
+				wantC := p*(p-1)*3*8 + (p-1)*all*cf.Row
+				gotD, gotC := gatheredWire(t, cfg, back, rs)
+				name := fmt.Sprintf("P=%d/%v/%+v", p, wire, back)
+				assert.Equal(t, wantD, gotD, "%s: the dispatch's bytes over every link", name)
+				assert.Equal(t, wantC, gotC, "%s: the combine's", name)
+			}
+		}
+	}
+}
+
+// gatheredWire runs one gathered step of rs over counting transports (the all-gathers and
+// the reduce-scatter as rings) and returns the bytes every rank sent, summed, in the
+// dispatch and in the combine.
+func gatheredWire(t *testing.T, cfg dispatch.Config, ccfg combine.Config, rs []*router.Routing) (dispatched, combined int) {
+	t.Helper()
+	p := len(rs)
+	counters := make([]*wireCounter, p)
+	sums := make([][2]int, p)
+	ring := map[coll.OpKind]coll.Algo{coll.OpAllGather: coll.Ring, coll.OpAllGatherv: coll.Ring, coll.OpReduceScatterv: coll.Ring}
+	errs := onRanks(t, p, coll.Config{Algo: ring, Wrap: func(rank int, tr transport.Transport) transport.Transport {
+		counters[rank] = &wireCounter{Transport: tr, sent: map[uint32][]int{}}
+		return counters[rank]
+	}}, true, func(c *coll.Comm) error {
+		ctx := context.Background()
+		me := c.Rank()
+		d, cb, err := newPairOf[float32](ctx, c, cfg, ccfg)
+		if err != nil {
+			return err
+		}
+		defer d.Close()
+		defer cb.Close()
+		w := counters[me]
+		x := make([]float32, rs[me].T*cfg.Hidden)
+		w.take() // what New sent
+		out, h, err := d.Dispatch(ctx, x, rs[me])
+		if err != nil {
+			return err
+		}
+		sums[me][0] = total(w.take())
+		y := make([]float32, out.Rows()*cfg.Hidden)
+		if err := cb.Combine(ctx, h, y, make([]float32, len(x))); err != nil {
+			return err
+		}
+		sums[me][1] = total(w.take())
+		return nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	for _, s := range sums {
+		dispatched += s[0]
+		combined += s[1]
+	}
+	return dispatched, combined
+}
+
+// total is every byte of every operation.
+func total(ops [][]int) int {
+	n := 0
+	for _, op := range ops {
+		for _, b := range op {
+			n += b
+		}
+	}
+	return n
+}
