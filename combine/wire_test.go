@@ -94,45 +94,17 @@ func checkWire(t *testing.T, name string, cfg dispatch.Config, ccfg combine.Conf
 	// shared false: the counting transports hide the windows, so nothing is read in place.
 	plan, err := combine.NewPlan[float32](cfg, ccfg, rs, false)
 	require.NoError(t, err, name)
-	counters := make([]*wireCounter, p)
-	ccfgLocal := coll.Config{
-		Algo: map[coll.OpKind]coll.Algo{coll.OpAllGather: coll.Ring, coll.OpAlltoAllv: coll.Linear},
-		Wrap: func(rank int, tr transport.Transport) transport.Transport {
-			counters[rank] = &wireCounter{Transport: tr, sent: map[uint32][]int{}}
-			return counters[rank]
-		},
-	}
-	errs := onRanks(t, p, ccfgLocal, true, func(c *coll.Comm) error {
-		ctx := context.Background()
-		me := c.Rank()
-		d, cb, err := newPairOf[float32](ctx, c, cfg, ccfg)
-		if err != nil {
-			return err
-		}
-		defer d.Close()
-		defer cb.Close()
-		w := counters[me]
-		x := make([]float32, rs[me].T*cfg.Hidden)
-		w.take() // what New sent
-		out, h, err := d.Dispatch(ctx, x, rs[me])
-		if err != nil {
-			return err
-		}
-		dispatched := w.take()
-		y := make([]float32, out.Rows()*cfg.Hidden)
-		if err := cb.Combine(ctx, h, y, make([]float32, len(x))); err != nil {
-			return err
-		}
-		combined := w.take()
+	algos := map[coll.OpKind]coll.Algo{coll.OpAllGather: coll.Ring, coll.OpAlltoAllv: coll.Linear}
+	errs := countedStep(t, cfg, ccfg, rs, algos, func(me int, mode dispatch.Mode, dispatched, combined [][]int) error {
 		sc := plan.Schedules[me]
-		wantD, wantC := wireFromRouting(plan.Format, plan.CombineFormat, cfg.Placement, rs, me, d.Stats().Mode)
+		wantD, wantC := wireFromRouting(plan.Format, plan.CombineFormat, cfg.Placement, rs, me, mode)
 		if err := sameBytes("dispatch", me, dispatched, wantD, sc.Dispatch); err != nil {
 			return err
 		}
 		if err := sameBytes("combine", me, combined, wantC, sc.Combine); err != nil {
 			return err
 		}
-		if d.Stats().Mode == dispatch.Normal && p > 1 {
+		if mode == dispatch.Normal && p > 1 {
 			// The counts' all-gather and the AlltoAllv, after Auto's low-latency exchange
 			// whose headers said a rank's tokens do not fit.
 			want := 2
@@ -275,14 +247,35 @@ func TestGatheredCarriesEveryToken(t *testing.T) {
 // dispatch and in the combine.
 func gatheredWire(t *testing.T, cfg dispatch.Config, ccfg combine.Config, rs []*router.Routing) (dispatched, combined int) {
 	t.Helper()
-	p := len(rs)
-	counters := make([]*wireCounter, p)
-	sums := make([][2]int, p)
+	sums := make([][2]int, len(rs))
 	ring := map[coll.OpKind]coll.Algo{coll.OpAllGather: coll.Ring, coll.OpAllGatherv: coll.Ring, coll.OpReduceScatterv: coll.Ring}
-	errs := onRanks(t, p, coll.Config{Algo: ring, Wrap: func(rank int, tr transport.Transport) transport.Transport {
+	errs := countedStep(t, cfg, ccfg, rs, ring, func(me int, _ dispatch.Mode, d, c [][]int) error {
+		sums[me] = [2]int{total(d), total(c)}
+		return nil
+	})
+	for r, err := range errs {
+		require.NoError(t, err, "rank %d", r)
+	}
+	for _, s := range sums {
+		dispatched += s[0]
+		combined += s[1]
+	}
+	return dispatched, combined
+}
+
+// countedStep runs one step of rs (a dispatch of zeros and its combine) on ranks whose
+// transports count every message, with the collectives' algorithms algos, and hands
+// check, on each rank, the mode the step ran in and what the rank sent in the dispatch
+// and in the combine: per operation in order, bytes to each peer.
+func countedStep(t *testing.T, cfg dispatch.Config, ccfg combine.Config, rs []*router.Routing, algos map[coll.OpKind]coll.Algo,
+	check func(me int, mode dispatch.Mode, dispatched, combined [][]int) error) []error {
+	t.Helper()
+	counters := make([]*wireCounter, len(rs))
+	wrap := func(rank int, tr transport.Transport) transport.Transport {
 		counters[rank] = &wireCounter{Transport: tr, sent: map[uint32][]int{}}
 		return counters[rank]
-	}}, true, func(c *coll.Comm) error {
+	}
+	return onRanks(t, len(rs), coll.Config{Algo: algos, Wrap: wrap}, true, func(c *coll.Comm) error {
 		ctx := context.Background()
 		me := c.Rank()
 		d, cb, err := newPairOf[float32](ctx, c, cfg, ccfg)
@@ -298,22 +291,13 @@ func gatheredWire(t *testing.T, cfg dispatch.Config, ccfg combine.Config, rs []*
 		if err != nil {
 			return err
 		}
-		sums[me][0] = total(w.take())
+		dispatched := w.take()
 		y := make([]float32, out.Rows()*cfg.Hidden)
 		if err := cb.Combine(ctx, h, y, make([]float32, len(x))); err != nil {
 			return err
 		}
-		sums[me][1] = total(w.take())
-		return nil
+		return check(me, d.Stats().Mode, dispatched, w.take())
 	})
-	for r, err := range errs {
-		require.NoError(t, err, "rank %d", r)
-	}
-	for _, s := range sums {
-		dispatched += s[0]
-		combined += s[1]
-	}
-	return dispatched, combined
 }
 
 // total is every byte of every operation.
