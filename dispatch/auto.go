@@ -22,12 +22,19 @@ type auto struct {
 	d    *core
 	ll   *lowLatency // replaced when it grows
 	nm   *normal
-	last flat   // the protocol of the last step that completed
-	over []bool // per slot: this rank's tokens did not fit, and its attempt said so
+	last flat // the protocol of the last step that completed
 }
 
+// errOverflow is the low-latency attempt of a step that some rank's tokens did not fit:
+// every rank then runs the step in the normal protocol.
+var errOverflow = errors.New("dispatch: the step does not fit the low-latency buffers")
+
+// errGrown is the low-latency attempt of a step that some rank's tokens did not fit,
+// after which every rank grew the buffers: every rank then runs the step again.
+var errGrown = errors.New("dispatch: the low-latency buffers grew for the step")
+
 func newAuto(ctx context.Context, d *core) (*auto, error) {
-	a := &auto{d: d, nm: newNormal(d), over: make([]bool, len(d.slots))}
+	a := &auto{d: d, nm: newNormal(d)}
 	ll, err := newLowLatency(ctx, d)
 	if err != nil {
 		return nil, err
@@ -52,8 +59,10 @@ func (a *auto) start(ctx context.Context, s *slot) error {
 	if s.reuse {
 		return s.m.start(ctx, s) // Redispatch: the protocol that ran the step
 	}
-	a.over[s.idx] = s.code == codeOK && s.tokens > a.ll.capacity()
-	if a.over[s.idx] {
+	// Tokens that do not fit are not this rank's bad input here (the Auto mode's
+	// capacity is any number, so nothing else says codeTooMany): the attempt says so in
+	// its headers, and wait runs the step another way.
+	if s.code == codeOK && s.tokens > a.ll.capacity() {
 		s.code, s.inErr = codeTooMany, fmt.Errorf("%w: %d tokens, MaxTokens is %d", ErrInput, s.tokens, a.ll.capacity())
 	}
 	return a.ll.start(ctx, s)
@@ -63,8 +72,8 @@ func (a *auto) wait(ctx context.Context, s *slot) error {
 	err := s.m.wait(ctx, s)
 	grown := errors.Is(err, errGrown)
 	if grown || errors.Is(err, errOverflow) {
-		if a.over[s.idx] { // this rank's tokens are good: they only did not fit
-			s.code, s.inErr, a.over[s.idx] = codeOK, nil, false
+		if s.code == codeTooMany { // this rank's tokens are good: they only did not fit
+			s.code, s.inErr = codeOK, nil
 		}
 		s.stats = Stats{RowsPerRank: s.stats.RowsPerRank}
 		if grown {

@@ -66,10 +66,9 @@ type backCore struct {
 	slots []*cslot
 	n     uint64 // combines started
 	// ways are the ways back of the protocols the dispatcher runs steps in, by kind
-	// (the Auto mode has two); kinds lists theirs. A combine takes the way of the
+	// (the Auto mode has two; the others' back is nil). A combine takes the way of the
 	// protocol that ran its dispatch (slot.m).
 	ways   [numModes]way
-	kinds  []Mode
 	stats  CombineStats
 	closed bool
 	// regrow makes the way back anew for the grown buffers of m (the dispatcher's
@@ -154,7 +153,6 @@ func NewCombiner[T Out](ctx context.Context, src Source, ccfg CombineConfig) (*C
 			return nil, err
 		}
 		cb.setWay(sumsFor[T](cb, m.kind(), b), m.kind(), b)
-		cb.kinds = append(cb.kinds, m.kind())
 	}
 	// Where the dispatcher's low-latency buffers grow (the Auto mode), this combiner's
 	// way back grows with them, in the outputs' type.
@@ -181,8 +179,10 @@ func (cb *backCore) setWay(s sums, k Mode, b back) {
 // closeWays frees the ways back made.
 func (cb *backCore) closeWays() error {
 	var errs []error
-	for _, k := range cb.kinds {
-		errs = append(errs, cb.ways[k].back.close())
+	for _, w := range cb.ways {
+		if w.back != nil {
+			errs = append(errs, w.back.close())
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -248,8 +248,10 @@ func (cb *backCore) Bytes() int {
 		return 0
 	}
 	n := 0
-	for _, k := range cb.kinds {
-		n += cb.ways[k].back.bytes()
+	for _, w := range cb.ways {
+		if w.back != nil {
+			n += w.back.bytes()
+		}
 	}
 	for _, cs := range cb.slots {
 		n += cs.accS.Cap()

@@ -252,14 +252,6 @@ func newWith[T Act](ctx context.Context, c *coll.Comm, cfg Config, o options) (*
 	return d, nil
 }
 
-// errOverflow is the low-latency attempt of an Auto step that some rank's tokens did
-// not fit: every rank then runs the step in the normal mode.
-var errOverflow = errors.New("ep: the step does not fit the low-latency buffers")
-
-// errGrown is the low-latency attempt of an Auto step that some rank's tokens did not
-// fit, after which every rank grew the buffers: every rank then runs the step again.
-var errGrown = errors.New("ep: the low-latency buffers grew for the step")
-
 // othersFree says whether no slot but s is in use: started and not waited for, pinned by
 // a running combine, or holding a dispatch not combined yet. Growing the buffers
 // (lowLatency.grow) reuses every slot's.

@@ -291,7 +291,7 @@ func (m *lowLatency) start(ctx context.Context, s *slot) error {
 			}
 		}
 		if mo != b.Bytes[0] {
-			return fmt.Errorf("ep: rank %d's block for rank %d has %d bytes of metadata, its schedule %d", me, q, mo, b.Bytes[0])
+			return fmt.Errorf("dispatch: rank %d's block for rank %d has %d bytes of metadata, its schedule %d", me, q, mo, b.Bytes[0])
 		}
 		if err := op.Send(q, b.Bytes[0], b.Bytes[1], b.Bytes[2]); err != nil {
 			return err

@@ -132,8 +132,9 @@ type policy interface {
 // policies are the modes' policies.
 var policies = map[Mode]policy{Auto: autoPolicy{}, Normal: normalPlan{}, LowLatency: llPlan{}, Gathered: gatheredPlan{}}
 
-// flatPolicy is the part of policy common to the protocols that run every step
-// themselves and read nothing in place (normal, gathered).
+// flatPolicy is the policy of a protocol that runs every step itself: its own
+// configuration, any number of tokens, nothing read in place (normal, gathered; the
+// low-latency protocol says otherwise of the last two).
 type flatPolicy struct{}
 
 func (flatPolicy) step(cfg Config, ccfg CombineConfig, _ dtype.Type, _ int, _ bool) (Config, CombineConfig) {
@@ -198,13 +199,9 @@ func normalBlockBytes(f *Format, n, m int) int { return blockHeader + n*f.RowByt
 // The low-latency mode: a block of its own per peer, in three fields (header and
 // metadata, payloads, scales); a rank sends itself its block too. In place, the payloads
 // and scales are read where their sender staged them.
-type llPlan struct{}
+type llPlan struct{ flatPolicy }
 
 func (llPlan) plan() planner { return llPlan{} }
-
-func (llPlan) step(cfg Config, ccfg CombineConfig, _ dtype.Type, _ int, _ bool) (Config, CombineConfig) {
-	return cfg, ccfg
-}
 
 // capacity is MaxTokens: the buffers hold that many tokens per rank.
 func (llPlan) capacity(cfg Config) int { return cfg.MaxTokens }

@@ -76,8 +76,9 @@ const (
 	AcrossMin = 512 << 10
 
 	// AcrossBlockMin: a send buffer of which each other rank reads about this much or
-	// more (an AllGather's whole buffer) is read across too, where the ranks are at most
-	// twice the CPUs. Measured (moex bench coll --op allgather --transport shm, p50, us,
+	// more (an AllGather's whole buffer; an AllToAll's n/P, so 512 KiB at P=2, which
+	// AcrossMin leaves out) is read across too, where the ranks are at most twice the
+	// CPUs. Measured (moex bench coll --op allgather --transport shm, p50, us,
 	// area against across, three runs): P=2 1 MiB (512 KiB blocks) 99/69, 91/124,
 	// 107/79; P=4 1 MiB (256 KiB) 373/306, 349/379, 422/374; P=4 256 KiB (64 KiB)
 	// 127/166; P=8 on 2 CPUs 4 MiB (512 KiB) 3925/4178, 3929/4097, 3966/4119.
@@ -104,6 +105,7 @@ type Direct struct {
 	rank   int
 	cap    int
 	pull   bool          // larger buffers are read across (cross-memory attach works)
+	blocks bool          // and buffers read in blocks of AcrossBlockMin (ranks <= 2 x CPUs)
 	pulled []uint64      // per rank: its operations so far that were read across
 	end    int           // where the data of the last operation through the area ends
 	cur    uint64        // the turn running
@@ -132,7 +134,7 @@ type Direct struct {
 // New returns the shared-area collectives over a (every rank of the communicator, in the
 // order of the transport's ranks).
 func New(a transport.Areas, rank, size int) *Direct {
-	d := &Direct{a: a, rank: rank, size: size, cap: a.Cap(), pull: a.CanReadAcross(), procs: a.Processes()}
+	d := &Direct{a: a, rank: rank, size: size, cap: a.Cap(), pull: a.CanReadAcross(), procs: a.Processes(), blocks: size <= 2*runtime.NumCPU()}
 	for i := 1; i < size; i++ {
 		d.order = append(d.order, (rank+i)%size)
 	}
@@ -448,7 +450,7 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 	p := d.size
 	n := len(send)
 	me := d.rank
-	pull := n > d.cap || d.pull && (n > AcrossMin || d.perPeer(n, lay) >= AcrossBlockMin && d.size <= 2*runtime.NumCPU())
+	pull := n > d.cap || d.pull && (n > AcrossMin || d.blocks && d.perPeer(n, lay) >= AcrossBlockMin)
 	par := 8 * int(turn&1)
 	// A send buffer in the shared arena is read in place by the others (one copy), at its
 	// address with process_vm_readv by a rank that cannot map the arena. Cross-memory
