@@ -16,6 +16,7 @@ import (
 	"github.com/moex-ai/moex/dispatch"
 	"github.com/moex-ai/moex/router"
 	"github.com/moex-ai/moex/transport"
+	"github.com/moex-ai/moex/transport/transporttest"
 )
 
 // wireCounter is a rank's transport as a test sees it: every message it sends, counted
@@ -95,7 +96,8 @@ func checkWire(t *testing.T, name string, cfg dispatch.Config, ccfg combine.Conf
 	plan, err := combine.NewPlan[float32](cfg, ccfg, rs, false)
 	require.NoError(t, err, name)
 	algos := map[coll.OpKind]coll.Algo{coll.OpAllGather: coll.Ring, coll.OpAlltoAllv: coll.Linear}
-	errs := countedStep(t, cfg, ccfg, rs, algos, func(me int, mode dispatch.Mode, dispatched, combined [][]int) error {
+	errs := countedStep(t, cfg, ccfg, rs, algos, noWindows, func(me int, mode dispatch.Mode, ds, cs stageWire) error {
+		dispatched, combined := ds.msgs, cs.msgs
 		sc := plan.Schedules[me]
 		wantD, wantC := wireFromRouting(plan.Format, plan.CombineFormat, cfg.Placement, rs, me, mode)
 		if err := sameBytes("dispatch", me, dispatched, wantD, sc.Dispatch); err != nil {
@@ -137,37 +139,57 @@ func checkWire(t *testing.T, name string, cfg dispatch.Config, ccfg combine.Conf
 func wireFromRouting(f dispatch.Format, cf combine.Format, pl *router.Placement, rs []*router.Routing, me int, mode dispatch.Mode) (dispatched, combined []int) {
 	const header = 32
 	p := len(rs)
-	// rows[o][q]: o's rows to q; choices[o][q] their choices; meta[o][q] their metadata.
-	rows, choices, meta := make([][]int, p), make([][]int, p), make([][]int, p)
-	for o, r := range rs {
-		rows[o], choices[o], meta[o] = make([]int, p), make([]int, p), make([]int, p)
-		for t := 0; t < r.T; t++ {
-			on := make([]int, p) // the token's choices on each rank
-			for j := 0; j < r.K; j++ {
-				if e := r.Experts[t*r.K+j]; e >= 0 {
-					on[pl.RankOf(int(e), o, t)]++
-				}
+	rows, choices := routed(pl, rs)
+	dispatched, combined = make([]int, p), make([]int, p)
+	for q := 0; q < p; q++ {
+		dispatched[q] = header
+		combined[q] = header + cf.Block(rows[q][me], choices[q][me])
+	}
+	for _, on := range choicesOf(pl, rs[me], me, p) {
+		for q, m := range on {
+			switch {
+			case m == 0:
+			case mode == dispatch.Normal:
+				dispatched[q] += f.RowBytes(m)
+			default:
+				dispatched[q] += f.MetaBytes(m) + f.Payload + 4*f.Scales
 			}
+		}
+	}
+	return dispatched, combined
+}
+
+// routed is, from the routing alone, rows[o][q]: the rows rank o sends rank q (a token
+// once per rank with a choice there), and choices[o][q]: their choices there.
+func routed(pl *router.Placement, rs []*router.Routing) (rows, choices [][]int) {
+	p := len(rs)
+	rows, choices = make([][]int, p), make([][]int, p)
+	for o, r := range rs {
+		rows[o], choices[o] = make([]int, p), make([]int, p)
+		for _, on := range choicesOf(pl, r, o, p) {
 			for q, m := range on {
-				if m == 0 {
-					continue
-				}
-				rows[o][q]++
-				choices[o][q] += m
-				if mode == dispatch.Normal {
-					meta[o][q] += f.RowBytes(m)
-				} else {
-					meta[o][q] += f.MetaBytes(m) + f.Payload + 4*f.Scales
+				if m > 0 {
+					rows[o][q]++
+					choices[o][q] += m
 				}
 			}
 		}
 	}
-	dispatched, combined = make([]int, p), make([]int, p)
-	for q := 0; q < p; q++ {
-		dispatched[q] = header + meta[me][q]
-		combined[q] = header + cf.Block(rows[q][me], choices[q][me])
+	return rows, choices
+}
+
+// choicesOf is, for each of rank o's tokens, its choices on each of p ranks.
+func choicesOf(pl *router.Placement, r *router.Routing, o, p int) [][]int {
+	out := make([][]int, r.T)
+	for t := range out {
+		out[t] = make([]int, p)
+		for j := 0; j < r.K; j++ {
+			if e := r.Experts[t*r.K+j]; e >= 0 {
+				out[t][pl.RankOf(int(e), o, t)]++
+			}
+		}
 	}
-	return dispatched, combined
+	return out
 }
 
 // sameBytes checks that one operation of a stage (the data-moving one; Auto's grown
@@ -249,8 +271,8 @@ func gatheredWire(t *testing.T, cfg dispatch.Config, ccfg combine.Config, rs []*
 	t.Helper()
 	sums := make([][2]int, len(rs))
 	ring := map[coll.OpKind]coll.Algo{coll.OpAllGather: coll.Ring, coll.OpAllGatherv: coll.Ring, coll.OpReduceScatterv: coll.Ring}
-	errs := countedStep(t, cfg, ccfg, rs, ring, func(me int, _ dispatch.Mode, d, c [][]int) error {
-		sums[me] = [2]int{total(d), total(c)}
+	errs := countedStep(t, cfg, ccfg, rs, ring, noWindows, func(me int, _ dispatch.Mode, d, c stageWire) error {
+		sums[me] = [2]int{total(d.msgs), total(c.msgs)}
 		return nil
 	})
 	for r, err := range errs {
@@ -263,16 +285,57 @@ func gatheredWire(t *testing.T, cfg dispatch.Config, ccfg combine.Config, rs []*
 	return dispatched, combined
 }
 
+// stageWire is what a rank moved in one stage of a step: msgs, per operation in order,
+// the bytes of its messages to each peer; puts, per one-sided exchange in order, the
+// bytes of the block it put into each peer's window (its record aside); gets, the bytes
+// it read from peers' windows; and the stage's Stats.
+type stageWire struct {
+	msgs, puts [][]int
+	gets       int
+	d          dispatch.Stats
+	c          combine.Stats
+}
+
+// windowsAs is how a counted step's ranks reach each other's windows.
+type windowsAs int
+
+const (
+	noWindows       windowsAs = iota // none: every byte is a message
+	oneSidedWindows                  // by puts, gets and signals (transporttest.NewRMA), counted
+	mappedWindows                    // by loads and stores (inproc's own windows and spans)
+)
+
+// mapped counts a rank's messages and keeps its transport's windows and spans.
+type mapped struct {
+	*wireCounter
+	st transport.SpanTransport
+}
+
+func (m mapped) NewWindow(size int) (transport.Window, []byte, error) { return m.st.NewWindow(size) }
+func (m mapped) NewSpanWindow(size int) (transport.SpanWindow, []byte, error) {
+	return m.st.NewSpanWindow(size)
+}
+
 // countedStep runs one step of rs (a dispatch of zeros and its combine) on ranks whose
 // transports count every message, with the collectives' algorithms algos, and hands
-// check, on each rank, the mode the step ran in and what the rank sent in the dispatch
-// and in the combine: per operation in order, bytes to each peer.
-func countedStep(t *testing.T, cfg dispatch.Config, ccfg combine.Config, rs []*router.Routing, algos map[coll.OpKind]coll.Algo,
-	check func(me int, mode dispatch.Mode, dispatched, combined [][]int) error) []error {
+// check, on each rank, the mode the step ran in and what the rank moved in the dispatch
+// and in the combine. With oneSidedWindows the ranks' windows are one-sided
+// (transporttest.NewRMA, as ucx's are), so every byte into a peer's window is a counted
+// put or get; with mappedWindows they are stored into, and read, uncounted.
+func countedStep(t *testing.T, cfg dispatch.Config, ccfg combine.Config, rs []*router.Routing, algos map[coll.OpKind]coll.Algo, windows windowsAs,
+	check func(me int, mode dispatch.Mode, dispatched, combined stageWire) error) []error {
 	t.Helper()
 	counters := make([]*wireCounter, len(rs))
+	rmas := make([]*transporttest.RMA, len(rs))
 	wrap := func(rank int, tr transport.Transport) transport.Transport {
 		counters[rank] = &wireCounter{Transport: tr, sent: map[uint32][]int{}}
+		switch windows {
+		case oneSidedWindows:
+			rmas[rank] = transporttest.NewRMA(counters[rank], tr.(transport.WindowTransport))
+			return rmas[rank]
+		case mappedWindows:
+			return mapped{counters[rank], tr.(transport.SpanTransport)}
+		}
 		return counters[rank]
 	}
 	return onRanks(t, len(rs), coll.Config{Algo: algos, Wrap: wrap}, true, func(c *coll.Comm) error {
@@ -284,19 +347,36 @@ func countedStep(t *testing.T, cfg dispatch.Config, ccfg combine.Config, rs []*r
 		}
 		defer d.Close()
 		defer cb.Close()
-		w := counters[me]
+		take := func() (st stageWire, err error) {
+			st.msgs = counters[me].take()
+			if windows == oneSidedWindows {
+				st.puts, st.gets, err = oneSided(rmas[me].Take(), len(rs))
+			}
+			return st, err
+		}
 		x := make([]float32, rs[me].T*cfg.Hidden)
-		w.take() // what New sent
+		if _, err := take(); err != nil { // what New moved
+			return err
+		}
 		out, h, err := d.Dispatch(ctx, x, rs[me])
 		if err != nil {
 			return err
 		}
-		dispatched := w.take()
+		dispatched, err := take()
+		if err != nil {
+			return err
+		}
+		dispatched.d = d.Stats()
 		y := make([]float32, out.Rows()*cfg.Hidden)
 		if err := cb.Combine(ctx, h, y, make([]float32, len(x))); err != nil {
 			return err
 		}
-		return check(me, d.Stats().Mode, dispatched, w.take())
+		combined, err := take()
+		if err != nil {
+			return err
+		}
+		combined.c = cb.Stats()
+		return check(me, d.Stats().Mode, dispatched, combined)
 	})
 }
 

@@ -94,6 +94,12 @@ func Run(t *testing.T, f Factory, opt Options) {
 	})
 }
 
+// RunWindows runs the suite's check of one-sided windows alone (a transport's windows
+// wrapped, as NewRMA does).
+func RunWindows(t *testing.T, f Factory) {
+	t.Run("Windows", func(t *testing.T) { testWindows(t, f) })
+}
+
 // Pattern fills b with bytes that depend on seed and position, so that a misplaced,
 // missing or foreign chunk is caught by Check.
 func Pattern(b []byte, seed uint64) {

@@ -109,6 +109,18 @@ func testWindows(t *testing.T, f Factory) {
 		for r, err := range errs {
 			require.NoError(t, err, "round %d rank %d", round, r)
 		}
+		// Where peers are reached by one-sided operations, a rank reads back with Get the
+		// block it put.
+		if rw, ok := wins[0].(transport.RMAWindow); ok {
+			got := make([]byte, block)
+			for q := 1; q < n; q++ {
+				req, err := rw.Get(q, 64*n, got)
+				require.NoError(t, err)
+				_, err = req.Wait(ctx)
+				require.NoError(t, err)
+				require.NoError(t, Check(got, round<<8|uint64(q)), "rank 0 gets its block back from rank %d", q)
+			}
+		}
 		// Everyone has read this round before anyone writes the next.
 	}
 	// A wait whose condition never holds ends with its context.
