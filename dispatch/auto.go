@@ -49,13 +49,13 @@ func (a *auto) capacity() int      { return 0 } // a step that does not fit runs
 func (a *auto) readsInPlace() bool { return a.last.readsInPlace() }
 
 // staging is the low-latency protocol's: the next step tries it first.
-func (a *auto) staging(s *slot) []byte { return a.ll.staging(s) }
+func (a *auto) staging(idx int) []byte { return a.ll.staging(idx) }
 
 func (a *auto) bytes() int { return a.ll.bytes() + a.nm.bytes() }
 
 func (a *auto) close() error { return errors.Join(a.ll.close(), a.nm.close()) }
 
-func (a *auto) start(ctx context.Context, s *slot) error {
+func (a *auto) start(ctx context.Context, s *step) error {
 	if s.reuse {
 		return s.m.start(ctx, s) // Redispatch: the protocol that ran the step
 	}
@@ -68,38 +68,38 @@ func (a *auto) start(ctx context.Context, s *slot) error {
 	return a.ll.start(ctx, s)
 }
 
-func (a *auto) wait(ctx context.Context, s *slot) error {
-	err := s.m.wait(ctx, s)
+func (a *auto) wait(ctx context.Context, s *step) (arrived, error) {
+	got, err := s.m.wait(ctx, s)
 	grown := errors.Is(err, errGrown)
 	if grown || errors.Is(err, errOverflow) {
 		if s.code == codeTooMany { // this rank's tokens are good: they only did not fit
 			s.code, s.inErr = codeOK, nil
 		}
-		s.stats = Stats{RowsPerRank: s.stats.RowsPerRank}
+		s.moved = moved{}
 		if grown {
 			// Every rank grew its buffers for the step: every rank runs it again in the
 			// low-latency protocol, then frees the old buffers (the tokens may lie in
 			// the old staging).
 			s.fp = a.d.fp
 			if err = a.ll.start(ctx, s); err == nil {
-				err = a.ll.wait(ctx, s)
+				got, err = a.ll.wait(ctx, s)
 			}
 			err = errors.Join(err, a.d.retire())
 		} else if err = a.nm.start(ctx, s); err == nil {
-			err = a.nm.wait(ctx, s)
+			got, err = a.nm.wait(ctx, s)
 		}
 	}
 	if err == nil {
 		a.last = s.m
 	}
-	return err
+	return got, err
 }
 
 // overflow is what the low-latency protocol does, in the Auto mode, with a step that some
 // rank's tokens did not fit, whose headers op holds: it grows the buffers if every rank
 // can (errGrown), else the step runs in the normal mode (errOverflow). Every rank reads
 // the same headers, so every rank decides alike.
-func (a *auto) overflow(ctx context.Context, s *slot, op *coll.XOp) error {
+func (a *auto) overflow(ctx context.Context, s *step, op *coll.XOp) error {
 	m2, err := a.ll.grow(ctx, s, op)
 	switch {
 	case err != nil:

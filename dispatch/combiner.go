@@ -26,13 +26,13 @@ import (
 type back interface {
 	// start sends this rank's answers (filled by the combiner's sums) and returns; wait
 	// receives the others', checks every header and points cs.parts at the answers.
-	start(ctx context.Context, cs *cslot) error
-	wait(ctx context.Context, cs *cslot) error
+	start(ctx context.Context, cs *cstep) error
+	wait(ctx context.Context, cs *cstep) error
 	// inPlace reports whether the origins read the expert outputs where they were
 	// written (no partial sums travel); buffer is where, for slot s's dispatch, this
 	// rank's experts write them then (nil where they are not read in place).
 	inPlace() bool
-	buffer(s *slot) []byte
+	buffer(d *dispatched) []byte
 	// takesRows reports whether the way back can carry rows summed already
 	// (CombineRows): a partial sum per incoming row.
 	takesRows() bool
@@ -44,17 +44,17 @@ type back interface {
 // (partial sums or terms) and take summed rows.
 type sent struct{}
 
-func (sent) buffer(*slot) []byte { return nil }
-func (sent) takesRows() bool     { return true }
+func (sent) buffer(*dispatched) []byte { return nil }
+func (sent) takesRows() bool           { return true }
 
 // sums is the combiner's arithmetic, which depends on the outputs' type.
 type sums interface {
 	// own, at Start, keeps what this rank's own tokens need of y.
-	own(cs *cslot)
+	own(cs *cstep)
 	// put writes into dst the answers to incoming rows [a, b).
-	put(dst []byte, cs *cslot, a, b int)
+	put(dst []byte, cs *cstep, a, b int)
 	// finish, at Wait, writes the sums into out.
-	finish(cs *cslot) error
+	finish(cs *cstep) error
 }
 
 // backCore is the part of a combiner that does not depend on the outputs' type.
@@ -96,25 +96,37 @@ type way struct {
 	sums sums
 }
 
-// cslot is one combine in flight.
+// cstep is what a way back is handed to move one combine, and all it is handed: the
+// dispatch it answers (its step: layout, counts, schedule; and its rows' maps), what
+// every block's header says (status, fingerprint, generation), the experts' outputs and
+// where the sums go, the arithmetic's scratch, and the call's bad input, which the rank
+// still takes part with. Not the dispatcher's slot, nor the combiner's bookkeeping.
+type cstep struct {
+	cb    *backCore
+	idx   int
+	d     *dispatched // the dispatch being combined
+	gen   uint64      // its generation
+	fp    uint64      // the combine's fingerprint
+	y     []byte
+	out   []byte
+	rows  bool // CombineRows: y holds a summed row per incoming row, not a row per entry
+	code  int
+	inErr error
+	parts [][]byte // the answers each rank sent, where they arrived
+	cnt   []int
+	acc   []float32 // the sum being made: out itself for float32, else accS
+	accS  obuf.Scratch
+	algo  coll.Algo // the normal mode's AlltoAllv
+	sums  sums      // what fills in this rank's answers (sums.put)
+}
+
+// cslot is one combine in flight: its step and the combiner's bookkeeping of it.
 type cslot struct {
-	cb      *backCore
-	idx     int
+	cstep
 	started bool
-	s       *slot  // the dispatch being combined
-	w       *way   // the way back of the protocol that ran it
-	gen     uint64 // its generation
-	fp      uint64 // the combine's fingerprint
+	s       *slot // the dispatch being combined, which the combine pins
+	w       *way  // the way back of the protocol that ran it
 	pinned  bool
-	y, out  []byte
-	rows    bool // CombineRows: y holds a summed row per incoming row, not a row per entry
-	code    int
-	inErr   error
-	parts   [][]byte // the answers each rank sent, where they arrived
-	cnt     []int
-	acc     []float32 // the sum being made: out itself for float32, else accS
-	accS    obuf.Scratch
-	algo    coll.Algo // the normal mode's AlltoAllv
 }
 
 // Combiner brings the expert outputs of one dispatcher's steps back to the ranks the
@@ -142,7 +154,7 @@ func NewCombiner[T Out](ctx context.Context, src Source, ccfg CombineConfig) (*C
 	p := d.c.Size()
 	cb := &backCore{d: d, cfg: ccfg, f: newCombineFormat(d.cfg.Hidden, ccfg, outType[T]()), out: outType[T]()}
 	for i := 0; i < d.cfg.InFlight; i++ {
-		cs := &cslot{cb: cb, idx: i, parts: make([][]byte, p)}
+		cs := &cslot{cstep: cstep{cb: cb, idx: i, parts: make([][]byte, p)}}
 		cs.accS.Pool = d.cfg.Pool
 		cb.slots = append(cb.slots, cs)
 	}
@@ -230,7 +242,7 @@ func (cb *Combiner[T]) Buffer(h Handle) []T {
 	if !h.of(cb.d) {
 		return nil
 	}
-	return dtype.FromBytes[T](cb.ways[h.s.m.kind()].back.buffer(h.s))
+	return dtype.FromBytes[T](cb.ways[h.s.m.kind()].back.buffer(&h.s.dispatched))
 }
 
 // InPlace is Combiner.InPlace.
@@ -376,15 +388,15 @@ func (cb *Combiner[T]) start(ctx context.Context, h Handle, y, out []byte, ny, n
 	if rows && !w.back.takesRows() {
 		return nil, fmt.Errorf("%w: summed rows in the %v mode", ErrConfig, s.m.kind())
 	}
-	cs.s, cs.w, cs.gen, cs.y, cs.out, cs.rows = s, w, gen, y, out, rows
+	cs.s, cs.d, cs.w, cs.sums, cs.gen, cs.y, cs.out, cs.rows = s, &s.dispatched, w, w.sums, gen, y, out, rows
 	cs.fp = combineFingerprint(s.fp, cb.cfg, cb.out)
 	if cs.code == codeOK {
 		s.pins++
 		s.combined = true
 		cs.pinned = true
-		w.sums.own(cs)
+		w.sums.own(&cs.cstep)
 	}
-	if err := w.back.start(ctx, cs); err != nil {
+	if err := w.back.start(ctx, &cs.cstep); err != nil {
 		if cs.code == codeOK {
 			s.combined = false
 		}
@@ -436,7 +448,7 @@ func (p *CombinePending[T]) Wait(ctx context.Context) error {
 	cs.started = false
 	defer cs.unpin()
 	cb := cs.cb
-	err := cs.w.back.wait(ctx, cs)
+	err := cs.w.back.wait(ctx, &cs.cstep)
 	cs.y = nil
 	if err == nil && cs.inErr != nil {
 		err = cs.inErr
@@ -450,30 +462,30 @@ func (p *CombinePending[T]) Wait(ctx context.Context) error {
 	// Every rank has started this combine, so its experts read no more of the
 	// dispatch's rows: this rank may write its staging again.
 	if (Handle{s: cs.s, gen: cs.gen}).Valid() {
-		cs.s.m.combined(cs.s)
+		cs.s.m.combined(cs.s.idx)
 	}
 	me := cb.d.c.Rank()
 	st := &cs.s.sched.Combine
 	cb.stats = CombineStats{BytesSent: st.Sent(me), BytesReceived: st.Received(me), InPlace: cs.w.back.inPlace(), Algo: cs.algo}
-	return cs.w.sums.finish(cs)
+	return cs.w.sums.finish(&cs.cstep)
 }
 
 // checkBlock checks the header of the block rank q sent: the same configuration, the
 // same dispatch, and its status (it answers the rows this rank sent q).
-func (cs *cslot) checkBlock(q int, hb []byte) error {
+func (cs *cstep) checkBlock(q int, hb []byte) error {
 	if len(hb) < blockHeader {
 		return fmt.Errorf("%w: rank %d sent a %d-byte combine block", ErrMismatch, q, len(hb))
 	}
 	rows := 0
 	if cs.code == codeOK {
-		rows = cs.s.sched.Combine.Recv[q].Rows
+		rows = cs.d.sched.Combine.Recv[q].Rows
 	}
 	return cs.checkHeader(q, hb, rows)
 }
 
 // checkHeader checks the header of the block rank q sent, which should answer rows
 // rows.
-func (cs *cslot) checkHeader(q int, hb []byte, rows int) error {
+func (cs *cstep) checkHeader(q int, hb []byte, rows int) error {
 	h := readHeader(hb)
 	switch {
 	case h.fp != cs.fp:

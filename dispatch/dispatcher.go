@@ -44,11 +44,15 @@ type Stats struct {
 // mode is how a dispatcher moves its steps: one protocol (a flat mode: normal,
 // low-latency, gathered) or, in the Auto mode, a choice among two per step. New picks
 // it once; nothing on a step's path asks which it is.
+//
+// A mode is handed a step (what the plan says to move, and all it is handed) and never
+// the dispatcher's slot: the slot's lifecycle, the experts' view and the Stats are the
+// dispatcher's, which builds the view from the rows a mode says arrived.
 type mode interface {
-	// start begins slot s's step and sets s.m to the protocol that runs it; wait
-	// completes it (the rows received and the experts' view built).
-	start(ctx context.Context, s *slot) error
-	wait(ctx context.Context, s *slot) error
+	// start begins step st and sets st.m to the protocol that runs it; wait completes
+	// it and returns where the rows arrived.
+	start(ctx context.Context, st *step) error
+	wait(ctx context.Context, st *step) (arrived, error)
 	// flats are the protocols the mode runs steps in: a combiner makes a way back for
 	// each.
 	flats() []flat
@@ -56,36 +60,99 @@ type mode interface {
 	capacity() int
 	// readsInPlace reports whether the experts read the rows where their origins staged
 	// them (for the last step); staging is where this rank may write the tokens of a
-	// dispatch into slot s so that it stages nothing (nil: nowhere, or not now).
+	// dispatch into the buffers idx (a slot not in use) so that it stages nothing (nil:
+	// nowhere, or not now).
 	readsInPlace() bool
-	staging(s *slot) []byte
+	staging(idx int) []byte
 	// bytes is the memory the mode holds beyond the slots' scratch; close frees it.
 	bytes() int
 	close() error
 }
 
 // flat is one protocol. It owns both halves: the dispatch (start sends this rank's rows
-// of a slot, wait receives the others' and builds the view) and, through newBack, the
-// combine's. Its executors iterate the slot's Schedule, which its planner lays out.
+// of a step, wait receives the others') and, through newBack, the combine's. Its
+// executors iterate the step's Schedule, which its planner lays out.
 type flat interface {
 	mode
 	kind() Mode    // the mode a step it runs ran in (Stats.Mode, Schedule.Mode)
 	plan() planner // its planner
 	// newBack makes the combine half for a combiner of cb's configuration.
 	newBack(ctx context.Context, cb *backCore) (back, error)
-	// combined says that every rank has started the combine of slot s's dispatch: no
-	// rank reads its rows any more.
-	combined(s *slot)
+	// combined says that every rank has started the combine of the dispatch in the
+	// buffers idx: no rank reads its rows any more.
+	combined(idx int)
+}
+
+// step is what a protocol is handed to move one dispatch, and all it is handed: this
+// rank's input (x, its tokens, their routing and placement), the plan (the layout: the
+// rows for each peer; the counts; the schedule: every block's rows, bytes and offsets),
+// what every block's header says (status, fingerprint, generation), which of the
+// protocol's buffers it runs in (idx), and the step's bad input, which the rank still
+// takes part with. The protocol fills in the receive side of the counts and schedule,
+// and says how its blocks went (moved).
+type step struct {
+	idx    int
+	gen    uint64 // the dispatch it holds
+	tokens int
+	asked  int // the tokens this rank's dispatch asked to send (its routing's, valid or not)
+	r      *router.Routing
+	pl     *router.Placement // the placement it was dispatched with
+	fp     uint64            // and its fingerprint
+	layout router.Layout
+	m      flat // the protocol that runs (or ran) the dispatch
+	sched  Schedule
+	k      counts
+	// This dispatch's input (as bytes), and its input error, if any: the rank still
+	// takes part, then Wait returns it.
+	x     []byte
+	code  int
+	inErr error
+	reuse bool // Redispatch: the layout and schedule of the last dispatch
+	moved moved
+}
+
+// moved is how a protocol's blocks went: Stats' Pushed, Put, InPlace and Algo.
+type moved struct {
+	pushed, put int
+	inPlace     bool
+	algo        coll.Algo
+}
+
+// arrived is where a protocol's wait found the rows: the dispatcher builds the view
+// from it (placed as place says; rg: placeRegion's rows).
+type arrived struct {
+	src   rowSource
+	place placement
+	rg    region
+}
+
+// rowMaps are a dispatch's incoming rows, in order (origin rank ascending, then the
+// origin's token order): originStart[s] is the first incoming row from origin s; the
+// entries of row i (and their router weights) are entries[start[i]:start[i+1]]. The
+// view builds them; the combine walks them back.
+type rowMaps struct {
+	originStart []int
+	start       []int32
+	entries     []int32
+	weights     []float32
+	rowsOut     int // entries (expert-major rows), padding included
+}
+
+// dispatched is what a step leaves for its combine: the step and its rows' maps. The
+// ways back are handed it, not the slot.
+type dispatched struct {
+	step
+	rowMaps
 }
 
 // unstaged is the part of the flat interface of the modes that stage nothing in place
 // and take any number of tokens (normal, gathered).
 type unstaged struct{}
 
-func (unstaged) capacity() int        { return 0 }
-func (unstaged) readsInPlace() bool   { return false }
-func (unstaged) staging(*slot) []byte { return nil }
-func (unstaged) combined(*slot)       {}
+func (unstaged) capacity() int      { return 0 }
+func (unstaged) readsInPlace() bool { return false }
+func (unstaged) staging(int) []byte { return nil }
+func (unstaged) combined(int)       {}
 
 // core is the part of a dispatcher that does not depend on the activation type: its
 // configuration, its slots and its mode.
@@ -131,38 +198,14 @@ const (
 // slot is one dispatch result's layout, its view and its schedule: what the modes fill
 // and the combine reads, through the Handle.
 type slot struct {
-	d      *core
-	idx    int
-	gen    uint64 // the dispatch it holds
-	state  int
-	pins   int  // running combines
-	valid  bool // holds a complete dispatch
-	tokens int
-	asked  int // the tokens this rank's dispatch asked to send (its routing's, valid or not)
-	r      *router.Routing
-	pl     *router.Placement // the placement it was dispatched with
-	fp     uint64            // and its fingerprint
-	layout router.Layout
-	m      flat // the protocol that runs (or ran) the dispatch
-	sched  Schedule
-	k      counts
-	// This dispatch's input (as bytes), and its input error, if any: the rank still
-	// takes part, then Wait returns it.
-	x     []byte
-	code  int
-	inErr error
-	reuse bool // Redispatch: the layout and schedule of the last dispatch
-	// Incoming rows, in order (origin rank ascending, then the origin's token order):
-	// originStart[s] is the first incoming row from origin s; the entries of row i (and
-	// their router weights) are entries[start[i]:start[i+1]].
-	originStart []int
-	start       []int32
-	entries     []int32
-	weights     []float32
-	rowsOut     int // entries (expert-major rows), padding included
-	view        view
-	xS          obuf.Scratch // the rows decoded for the experts
-	stats       Stats
+	dispatched
+	d     *core
+	state int
+	pins  int  // running combines
+	valid bool // holds a complete dispatch
+	view  view
+	xS    obuf.Scratch // the rows decoded for the experts
+	stats Stats
 	// combined: a combine of this dispatch has started on this rank.
 	combined bool
 }
@@ -230,7 +273,8 @@ func newWith[T Act](ctx context.Context, c *coll.Comm, cfg Config, o options) (*
 	co.stage.Pool = cfg.Pool
 	d := &Dispatcher[T]{core: co, outs: make([]Output[T], cfg.InFlight), pending: make([]Pending[T], cfg.InFlight)}
 	for i := 0; i < cfg.InFlight; i++ {
-		s := &slot{d: co, idx: i}
+		s := &slot{d: co}
+		s.idx = i
 		s.xS.Pool = cfg.Pool
 		co.slots = append(co.slots, s)
 	}
@@ -252,12 +296,12 @@ func newWith[T Act](ctx context.Context, c *coll.Comm, cfg Config, o options) (*
 	return d, nil
 }
 
-// othersFree says whether no slot but s is in use: started and not waited for, pinned by
-// a running combine, or holding a dispatch not combined yet. Growing the buffers
-// (lowLatency.grow) reuses every slot's.
-func (d *core) othersFree(s *slot) bool {
+// othersFree says whether no slot but the one of buffers idx is in use: started and not
+// waited for, pinned by a running combine, or holding a dispatch not combined yet.
+// Growing the buffers (lowLatency.grow) reuses every slot's.
+func (d *core) othersFree(idx int) bool {
 	for _, o := range d.slots {
-		if o != s && (o.state == slotStarted || o.pins > 0 || o.valid && !o.combined) {
+		if o.idx != idx && (o.state == slotStarted || o.pins > 0 || o.valid && !o.combined) {
 			return false
 		}
 	}
@@ -385,7 +429,8 @@ func (d *Dispatcher[T]) startSlot(ctx context.Context, s *slot, x []byte, r *rou
 		}
 	}
 	s.x, s.code, s.inErr, s.reuse = x, code, inErr, reuse
-	if err := d.mode.start(ctx, s); err != nil {
+	s.moved = moved{}
+	if err := d.mode.start(ctx, &s.step); err != nil {
 		return nil, err
 	}
 	s.state = slotStarted
@@ -401,7 +446,10 @@ func (p *Pending[T]) Wait(ctx context.Context) (*Output[T], Handle, error) {
 	if p.gen != s.gen || s.state != slotStarted {
 		return nil, Handle{}, fmt.Errorf("%w: Wait called twice, or after the dispatcher moved on", ErrStale)
 	}
-	err := d.mode.wait(ctx, s)
+	a, err := d.mode.wait(ctx, &s.step)
+	if err == nil {
+		err = s.arrive(a)
+	}
 	s.state = slotIdle
 	s.x = nil
 	if err != nil {
@@ -514,7 +562,11 @@ func (d *Dispatcher[T]) Buffer() []T {
 	if d.closed {
 		return nil
 	}
-	b := d.mode.staging(d.slots[int(d.gen%uint64(len(d.slots)))])
+	s := d.slots[int(d.gen%uint64(len(d.slots)))]
+	if s.state == slotStarted || s.pins > 0 {
+		return nil
+	}
+	b := d.mode.staging(s.idx)
 	if b == nil {
 		return nil
 	}
@@ -522,10 +574,10 @@ func (d *Dispatcher[T]) Buffer() []T {
 	return dtype.FromBytes[T](b)[:n:n]
 }
 
-// plan lays out the slot's schedule from its counts: the dispatch, and the combine the
+// plan lays out the step's schedule from its counts: the dispatch, and the combine the
 // dispatcher's combiner declared (partial sums in the activation type, f32 for opaque
 // rows, where none did yet).
-func (d *core) plan(s *slot) {
+func (d *core) plan(s *step) {
 	var f CombineFormat
 	if d.back != nil {
 		f = d.back.f
@@ -619,10 +671,9 @@ func (s *slot) padEntries(zero bool) {
 	}
 }
 
-// countsOf sets the counts of what this rank sends from its layout (rows and choices
+// countsOf sets the counts of what rank me of p sends from its layout (rows and choices
 // per destination) and sizes the rest.
-func (s *slot) countsOf(ok bool) *counts {
-	p := s.d.c.Size()
+func (s *step) countsOf(p, me int, ok bool) *counts {
 	k := &s.k
 	k.rowsTo, k.choicesTo = growInts(k.rowsTo, p), growInts(k.choicesTo, p)
 	k.rowsFrom, k.choicesFrom = growInts(k.rowsFrom, p), growInts(k.choicesFrom, p)
@@ -636,9 +687,18 @@ func (s *slot) countsOf(ok bool) *counts {
 		for q, rows := range s.layout.Rows {
 			k.rowsTo[q], k.choicesTo[q] = len(rows), s.layout.Choices[q]
 		}
-		k.tokens[s.d.c.Rank()] = s.tokens
+		k.tokens[me] = s.tokens
 	}
 	return k
+}
+
+// arrive makes the slot's Stats and the experts' view of the rows a protocol's wait
+// says arrived.
+func (s *slot) arrive(a arrived) error {
+	s.finishStats()
+	st := &s.stats
+	st.Pushed, st.Put, st.InPlace, st.Algo = s.moved.pushed, s.moved.put, s.moved.inPlace, s.moved.algo
+	return s.buildView(a.src, a.place, a.rg)
 }
 
 // finishStats fills the stats the schedule says (rows and bytes each way).

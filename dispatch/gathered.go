@@ -69,7 +69,7 @@ func (m *gathered) close() error {
 	return nil
 }
 
-func (m *gathered) start(ctx context.Context, s *slot) error {
+func (m *gathered) start(ctx context.Context, s *step) error {
 	s.m = m
 	d := m.d
 	c := d.c
@@ -77,7 +77,7 @@ func (m *gathered) start(ctx context.Context, s *slot) error {
 	f := &d.f
 	gs := &m.ss[s.idx]
 	ok := s.code == codeOK
-	k := s.countsOf(ok)
+	k := s.countsOf(p, me, ok)
 	clear(gs.hdr[hdrLen:])
 	gs.hdr[hdrLen] = int64(k.tokens[me])
 	if err := agree(ctx, c, gs.hdr, gs.all, s.fp, s.code, s.inErr); err != nil {
@@ -132,7 +132,7 @@ func (m *gathered) start(ctx context.Context, s *slot) error {
 	return nil
 }
 
-func (m *gathered) wait(ctx context.Context, s *slot) error {
+func (m *gathered) wait(ctx context.Context, s *step) (arrived, error) {
 	gs := &m.ss[s.idx]
 	var first error
 	for k := range gs.gh {
@@ -141,27 +141,26 @@ func (m *gathered) wait(ctx context.Context, s *slot) error {
 		}
 	}
 	if first != nil {
-		return first
+		return arrived{}, first
 	}
-	s.finishStats()
-	s.stats.Algo, s.stats.Pushed, s.stats.InPlace = 0, 0, false
-	return m.view(s, gs)
+	return m.view(s, gs), nil
 }
 
 // view builds the experts' view over every rank's tokens (in rank order, then each
 // rank's token order), where they arrived: an entry per choice of a local expert.
-func (m *gathered) view(s *slot, gs *gatheredSlot) error {
+func (m *gathered) view(s *step, gs *gatheredSlot) arrived {
 	src := &m.rows
-	*src = gatheredRows{s: s, meta: gs.field[0], pay: gs.field[1], sca: dtype.FromBytes[float32](gs.field[2]), i: -1}
-	rows := len(gs.field[0]) / s.d.f.GatheredMeta()
-	return s.buildView(src, placeRegion, region{pay: gs.field[1], sca: gs.field[2], rows: rows})
+	*src = gatheredRows{d: m.d, s: s, meta: gs.field[0], pay: gs.field[1], sca: dtype.FromBytes[float32](gs.field[2]), i: -1}
+	rows := len(gs.field[0]) / m.d.f.GatheredMeta()
+	return arrived{src: src, place: placeRegion, rg: region{pay: gs.field[1], sca: gs.field[2], rows: rows}}
 }
 
 // gatheredRows walks every rank's tokens as they were all-gathered, checking the routing
 // that came with them: the gathered mode's rowSource. A token whose choices are all
 // another rank's is a row with no entries.
 type gatheredRows struct {
-	s        *slot
+	d        *core
+	s        *step
 	meta     []byte    // each token's index and routing
 	pay      []byte    // and its payload
 	sca      []float32 // and scales
@@ -171,8 +170,7 @@ type gatheredRows struct {
 func (w *gatheredRows) rewind() { w.q, w.i, w.at = 0, -1, 0 }
 
 func (w *gatheredRows) next(r *inRow) (bool, error) {
-	s := w.s
-	d := s.d
+	s, d := w.s, w.d
 	p, me, k, f := d.c.Size(), d.c.Rank(), d.cfg.TopK, &d.f
 	pl, gm := s.pl, f.GatheredMeta()
 	for w.q < p {
@@ -229,8 +227,8 @@ func (m *gathered) newBack(_ context.Context, cb *backCore) (back, error) {
 	return b, nil
 }
 
-func (b *gatheredBack) inPlace() bool       { return false }
-func (b *gatheredBack) buffer(*slot) []byte { return nil }
+func (b *gatheredBack) inPlace() bool             { return false }
+func (b *gatheredBack) buffer(*dispatched) []byte { return nil }
 
 // takesRows: the reduce-scatter adds a partial sum per token, not per incoming row.
 func (b *gatheredBack) takesRows() bool { return false }
@@ -252,16 +250,16 @@ func (b *gatheredBack) close() error {
 	return nil
 }
 
-func (b *gatheredBack) start(ctx context.Context, cs *cslot) error {
+func (b *gatheredBack) start(ctx context.Context, cs *cstep) error {
 	cb := b.cb
 	c := cb.d.c
 	p, me := c.Size(), c.Rank()
-	s := cs.s
+	s := cs.d
 	bs := &b.cs[cs.idx]
 	st := &s.sched.Combine
 	part := bs.sendS.Bytes(extent(st.Send, 0))
 	if cs.code == codeOK {
-		cs.w.sums.put(part, cs, 0, s.incomingRows())
+		cs.sums.put(part, cs, 0, s.incomingRows())
 	} else {
 		clear(part)
 	}
@@ -285,7 +283,7 @@ func (b *gatheredBack) start(ctx context.Context, cs *cslot) error {
 	return coll.IReduceScattervWith(ctx, c, dtype.FromBytes[dtype.BFloat16](part), dtype.FromBytes[dtype.BFloat16](bs.sum), bs.counts, dtype.Sum, &bs.pend)
 }
 
-func (b *gatheredBack) wait(ctx context.Context, cs *cslot) error {
+func (b *gatheredBack) wait(ctx context.Context, cs *cstep) error {
 	bs := &b.cs[cs.idx]
 	err := bs.pend.Wait(ctx)
 	if e := bs.sh.Wait(ctx); err == nil {
@@ -320,10 +318,10 @@ func newGatheredSums[T Out](cb *backCore) gatheredSums[T] {
 	return gatheredSums[T]{newPartialSums[T](cb)}
 }
 
-func (gs gatheredSums[T]) own(*cslot) {}
+func (gs gatheredSums[T]) own(*cstep) {}
 
 // finish puts the sum, which arrived in the partial sums' type, into out.
-func (gs gatheredSums[T]) finish(cs *cslot) error {
+func (gs gatheredSums[T]) finish(cs *cstep) error {
 	sum := cs.parts[gs.cb.d.c.Rank()]
 	switch {
 	case gs.cb.f.Partial == outType[T]():

@@ -19,10 +19,10 @@ import (
 // same on every rank: the grown buffers must fit Config.MaxBufferBytes, and no rank may
 // have another dispatch in use (the grown buffers replace every slot's).
 
-// grow grows the buffers for the step of slot s, whose headers op holds, if every rank
+// grow grows the buffers for step s, whose headers op holds, if every rank
 // can, and returns the protocol over the grown buffers (nil where they did not grow).
 // It is collective (every rank that reads the same headers makes the same choice).
-func (m *lowLatency) grow(ctx context.Context, s *slot, op *coll.XOp) (*lowLatency, error) {
+func (m *lowLatency) grow(ctx context.Context, s *step, op *coll.XOp) (*lowLatency, error) {
 	d := m.d
 	if d.cfg.MaxBufferBytes < 0 || m.rowsPer == 0 || len(d.backs) == 0 {
 		return nil, nil // nothing read in place, or no combiner to grow with
@@ -30,7 +30,7 @@ func (m *lowLatency) grow(ctx context.Context, s *slot, op *coll.XOp) (*lowLaten
 	// Another dispatch started since this one (its header could not say so): its
 	// buffers are in use. Every rank is in the same state here, as ranks start and wait
 	// for their dispatches in the same order (the fallback's collectives need it too).
-	if !d.othersFree(s) {
+	if !d.othersFree(s.idx) {
 		return nil, nil
 	}
 	most := 0
@@ -69,8 +69,8 @@ func (m *lowLatency) grow(ctx context.Context, s *slot, op *coll.XOp) (*lowLaten
 		}
 		closers = append(closers, closeOld)
 	}
-	for _, s := range d.slots {
-		s.valid = false // their buffers are gone: their Outputs and Handles are stale
+	for _, o := range d.slots {
+		o.valid = false // their buffers are gone: their Outputs and Handles are stale
 	}
 	d.fp, d.fpBuf = fingerprint(d.fpBuf, d.cfg)
 	// The old buffers go once the step has run again: its tokens may lie in the old

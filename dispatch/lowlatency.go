@@ -38,12 +38,12 @@ type lowLatency struct {
 	// overflow decides what a step that some rank's tokens did not fit becomes (its
 	// headers in op): an error that the step's caller handles (the Auto mode: errGrown
 	// or errOverflow), or nil, where such tokens are that rank's bad input.
-	overflow func(ctx context.Context, s *slot, op *coll.XOp) error
+	overflow func(ctx context.Context, s *step, op *coll.XOp) error
 }
 
 // tooMany is the flat low-latency mode's overflow: tokens that do not fit are the
 // rank's bad input, which the step reports as any other.
-func tooMany(context.Context, *slot, *coll.XOp) error { return nil }
+func tooMany(context.Context, *step, *coll.XOp) error { return nil }
 
 func (m *lowLatency) kind() Mode    { return LowLatency }
 func (m *lowLatency) plan() planner { return llPlan{} }
@@ -207,21 +207,22 @@ func (m *lowLatency) capacity() int { return llPlan{}.capacity(m.d.cfg) }
 // readsInPlace: the rows are staged where the experts read them (rowsPer > 0).
 func (m *lowLatency) readsInPlace() bool { return m.rowsPer > 0 }
 
-// staging is slot s's staging, where the next Start may write its tokens (Buffer); nil
-// where the rows are not read in place in the activation type or the staging is busy.
-func (m *lowLatency) staging(s *slot) []byte {
-	if m.rowsPer == 0 || m.d.f.Wire != m.d.act || !m.ss[s.idx].stageFree || s.state == slotStarted || s.pins > 0 {
+// staging is the staging of buffers idx, where the next Start may write its tokens
+// (Buffer); nil where the rows are not read in place in the activation type or the
+// staging is busy.
+func (m *lowLatency) staging(idx int) []byte {
+	if m.rowsPer == 0 || m.d.f.Wire != m.d.act || !m.ss[idx].stageFree {
 		return nil
 	}
-	return m.stage[s.idx][0].Local()
+	return m.stage[idx][0].Local()
 }
 
-// combined marks slot s's staging free to write again: every rank has started the
-// combine of its dispatch, and experts read no row of a dispatch after the combine of it
-// starts.
-func (m *lowLatency) combined(s *slot) { m.ss[s.idx].stageFree = true }
+// combined marks the staging of buffers idx free to write again: every rank has started
+// the combine of its dispatch, and experts read no row of a dispatch after the combine
+// of it starts.
+func (m *lowLatency) combined(idx int) { m.ss[idx].stageFree = true }
 
-func (m *lowLatency) start(ctx context.Context, s *slot) error {
+func (m *lowLatency) start(ctx context.Context, s *step) error {
 	s.m = m
 	d := m.d
 	me := d.c.Rank()
@@ -237,7 +238,7 @@ func (m *lowLatency) start(ctx context.Context, s *slot) error {
 	} else if ok {
 		pk.begin(s.x, s.tokens)
 	}
-	k := s.countsOf(ok)
+	k := s.countsOf(d.c.Size(), me, ok)
 	k.sentInPlace = inPlace
 	k.fromInPlace = growBools(k.fromInPlace, d.c.Size())
 	clear(k.fromInPlace) // until the headers say
@@ -263,7 +264,7 @@ func (m *lowLatency) start(ctx context.Context, s *slot) error {
 		stream = sent*d.c.Size() > d.llc // about every rank's share, all of them
 	}
 	pushed, put := 0, 0
-	busy := !d.othersFree(s)
+	busy := !d.othersFree(s.idx)
 	for {
 		q, dst, err := op.NextDest(ctx)
 		if err != nil {
@@ -304,13 +305,13 @@ func (m *lowLatency) start(ctx context.Context, s *slot) error {
 			put++
 		}
 	}
-	s.stats.Pushed, s.stats.Put, s.stats.InPlace = pushed, put, inPlace
+	s.moved = moved{pushed: pushed, put: put, inPlace: inPlace}
 	return nil
 }
 
 // stageTokens writes this rank's tokens into the slot's staging, in the wire format, at
 // their token indices: each token once, whatever ranks it goes to.
-func (m *lowLatency) stageTokens(s *slot) {
+func (m *lowLatency) stageTokens(s *step) {
 	d := m.d
 	f := &d.f
 	pk := d.packer()
@@ -328,13 +329,13 @@ func (m *lowLatency) stageTokens(s *slot) {
 	}
 }
 
-func (m *lowLatency) wait(ctx context.Context, s *slot) error {
+func (m *lowLatency) wait(ctx context.Context, s *step) (arrived, error) {
 	d := m.d
 	ls := &m.ss[s.idx]
 	op := ls.op
 	ls.op = nil
 	if err := op.Wait(ctx); err != nil {
-		return err
+		return arrived{}, err
 	}
 	p := d.c.Size()
 	f := &d.f
@@ -343,21 +344,21 @@ func (m *lowLatency) wait(ctx context.Context, s *slot) error {
 	for q := 0; q < p; q++ {
 		h := op.Recv(q, 0)
 		if len(h) < blockHeader {
-			return fmt.Errorf("%w: rank %d sent a %d-byte block", ErrMismatch, q, len(h))
+			return arrived{}, fmt.Errorf("%w: rank %d sent a %d-byte block", ErrMismatch, q, len(h))
 		}
 		if hd := readHeader(h); hd.fp != s.fp {
-			return fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, hd.fp, s.fp)
+			return arrived{}, fmt.Errorf("%w: rank %d dispatches with another configuration or placement (fingerprint %#x, this rank's %#x)", ErrMismatch, q, hd.fp, s.fp)
 		}
 	}
 	if over, err := m.overflowed(s, op); err != nil {
-		return err
+		return arrived{}, err
 	} else if over {
 		if err := m.overflow(ctx, s, op); err != nil {
-			return err
+			return arrived{}, err
 		}
 	}
 	if s.inErr != nil {
-		return s.inErr
+		return arrived{}, s.inErr
 	}
 	// The receive side of the schedule, from the headers: the counts travel with the
 	// rows. Each block is checked against it before anything is read.
@@ -365,11 +366,11 @@ func (m *lowLatency) wait(ctx context.Context, s *slot) error {
 	for q := 0; q < p; q++ {
 		h := readHeader(op.Recv(q, 0))
 		if h.status != codeOK {
-			return peerInput(q, h.status)
+			return arrived{}, peerInput(q, h.status)
 		}
 		meta := len(op.Recv(q, 0)) - blockHeader - h.rows*f.MetaBytes(0)
 		if h.rows > d.cfg.MaxTokens || meta < 0 || meta%8 != 0 {
-			return fmt.Errorf("%w: rank %d's block says %d rows but carries %d bytes of metadata", ErrMismatch, q, h.rows, len(op.Recv(q, 0)))
+			return arrived{}, fmt.Errorf("%w: rank %d's block says %d rows but carries %d bytes of metadata", ErrMismatch, q, h.rows, len(op.Recv(q, 0)))
 		}
 		k.rowsFrom[q], k.choicesFrom[q] = h.rows, meta/8
 		k.fromInPlace[q] = h.flags&flagInPlace != 0 && h.rows > 0
@@ -380,20 +381,19 @@ func (m *lowLatency) wait(ctx context.Context, s *slot) error {
 		n := b.Rows
 		switch {
 		case len(op.Recv(q, 0)) > blockHeader+n*f.Meta || len(op.Recv(q, 1)) != b.Bytes[1] || len(op.Recv(q, 2)) != b.Bytes[2]:
-			return fmt.Errorf("%w: rank %d's block says %d rows but carries %d, %d and %d bytes", ErrMismatch, q, n, len(op.Recv(q, 0)), len(op.Recv(q, 1)), len(op.Recv(q, 2)))
+			return arrived{}, fmt.Errorf("%w: rank %d's block says %d rows but carries %d, %d and %d bytes", ErrMismatch, q, n, len(op.Recv(q, 0)), len(op.Recv(q, 1)), len(op.Recv(q, 2)))
 		case b.InPlace && m.rowsPer == 0:
-			return fmt.Errorf("%w: rank %d's rows are in place, where this rank cannot read them", ErrMismatch, q)
+			return arrived{}, fmt.Errorf("%w: rank %d's rows are in place, where this rank cannot read them", ErrMismatch, q)
 		}
 	}
-	s.finishStats()
-	return m.view(s, op)
+	return m.view(s, op), nil
 }
 
 // overflowed reads, in the Auto mode, every rank's status: an error for the first
 // input that is bad (this rank's, else a peer's) other than tokens that do not fit, and
 // whether any rank's tokens did not fit (codeTooMany): the step then runs in the normal
 // mode on every rank, unless some input is bad, which fails every rank alike.
-func (m *lowLatency) overflowed(s *slot, op *coll.XOp) (bool, error) {
+func (m *lowLatency) overflowed(s *step, op *coll.XOp) (bool, error) {
 	over := s.code == codeTooMany
 	if s.code != codeOK && !over {
 		return false, s.inErr
@@ -420,7 +420,7 @@ func growBools(s []bool, n int) []bool {
 // view builds the experts' view of the rows where they arrived (MaxTokens rows per
 // source rank) or where their senders staged them, and the handle's maps; the rows are
 // converted only where the wire type is not the activations'.
-func (m *lowLatency) view(s *slot, op *coll.XOp) error {
+func (m *lowLatency) view(s *step, op *coll.XOp) arrived {
 	d := m.d
 	p := d.c.Size()
 	// Where the rows are: all in their senders' staging, the view then spanning every
@@ -436,7 +436,7 @@ func (m *lowLatency) view(s *slot, op *coll.XOp) error {
 		}
 	}
 	src := &m.rows
-	*src = llRows{s: s, op: op, first: true, i: -1, perSrc: d.cfg.MaxTokens,
+	*src = llRows{d: d, s: s, op: op, first: true, i: -1, perSrc: d.cfg.MaxTokens,
 		inPlace: nIn > 0 && nIn == nAll, mixed: nIn > 0 && nIn < nAll, anyIn: nIn > 0}
 	if nIn > 0 { // wait refused rows in place where this rank has no staging
 		src.span = m.stage[s.idx][0].Span()
@@ -451,14 +451,15 @@ func (m *lowLatency) view(s *slot, op *coll.XOp) error {
 	}
 	rg.rows = p * src.perSrc
 	src.pay, src.sca = rg.pay, dtype.FromBytes[float32](rg.sca)
-	return s.buildView(src, placeRegion, rg)
+	return arrived{src: src, place: placeRegion, rg: rg}
 }
 
 // llRows walks the rows of a low-latency exchange: each source rank's block of
 // metadata, the rows in its payload field, or in place in their senders' staging. It is
 // the low-latency mode's rowSource.
 type llRows struct {
-	s       *slot
+	d       *core
+	s       *step
 	op      *coll.XOp
 	q, i    int
 	meta    []byte
@@ -476,8 +477,7 @@ type llRows struct {
 func (w *llRows) rewind() { w.q, w.i, w.first = 0, -1, false }
 
 func (w *llRows) next(r *inRow) (bool, error) {
-	s := w.s
-	d := s.d
+	s, d := w.s, w.d
 	p, k, f := d.c.Size(), d.cfg.TopK, &d.f
 	nLocal, mt := len(s.pl.Local[d.c.Rank()]), d.cfg.MaxTokens
 	for w.q < p {
@@ -554,13 +554,13 @@ func (b *llBack) inPlace() bool { return false }
 func (b *llBack) bytes() int    { return b.x.Bytes() }
 func (b *llBack) close() error  { return b.x.Close() }
 
-func (b *llBack) start(ctx context.Context, cs *cslot) error {
+func (b *llBack) start(ctx context.Context, cs *cstep) error {
 	op, err := b.x.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	b.op[cs.idx] = op
-	st := &cs.s.sched.Combine
+	st := &cs.d.sched.Combine
 	for {
 		q, dst, err := op.NextDest(ctx)
 		if err != nil {
@@ -573,8 +573,8 @@ func (b *llBack) start(ctx context.Context, cs *cslot) error {
 		n := 0
 		if cs.code == codeOK && q != b.cb.d.c.Rank() {
 			n = blk.Rows
-			a, _ := cs.s.incoming(q)
-			cs.w.sums.put(dst[1], cs, a, a+n)
+			a, _ := cs.d.incoming(q)
+			cs.sums.put(dst[1], cs, a, a+n)
 		}
 		header{status: cs.code, rows: n, fp: cs.fp, gen: cs.gen}.put(dst[0])
 		answers := blk.Bytes[1]
@@ -587,7 +587,7 @@ func (b *llBack) start(ctx context.Context, cs *cslot) error {
 	}
 }
 
-func (b *llBack) wait(ctx context.Context, cs *cslot) error {
+func (b *llBack) wait(ctx context.Context, cs *cstep) error {
 	cb := b.cb
 	p, me := cb.d.c.Size(), cb.d.c.Rank()
 	op := b.op[cs.idx]
@@ -602,7 +602,7 @@ func (b *llBack) wait(ctx context.Context, cs *cslot) error {
 		}
 		err := cs.checkBlock(q, op.Recv(q, 0))
 		if err == nil && cs.code == codeOK {
-			blk := cs.s.sched.Combine.Recv[q]
+			blk := cs.d.sched.Combine.Recv[q]
 			if got := len(op.Recv(q, 1)); got != blk.Bytes[1] {
 				err = fmt.Errorf("%w: rank %d sent %d bytes of partial sums for %d rows (want %d)", ErrMismatch, q, got, blk.Rows, blk.Bytes[1])
 			}

@@ -128,14 +128,14 @@ func (b *inPlaceBack) region(q, i int) []byte {
 }
 
 // buffer is where this rank's experts write their outputs for slot s's dispatch.
-func (b *inPlaceBack) buffer(s *slot) []byte {
+func (b *inPlaceBack) buffer(s *dispatched) []byte {
 	n := s.rowsOut * b.m.d.cfg.Hidden * b.cb.out.Size()
 	return b.region(b.m.d.c.Rank(), s.idx)[b.rg.y:][:n:n]
 }
 
 func i32s(b []byte, n int) []int32 { return dtype.FromBytes[int32](b[:4*n]) }
 
-func (b *inPlaceBack) start(ctx context.Context, cs *cslot) error {
+func (b *inPlaceBack) start(ctx context.Context, cs *cstep) error {
 	if cs.code == codeOK {
 		b.publish(cs)
 	}
@@ -154,7 +154,7 @@ func (b *inPlaceBack) start(ctx context.Context, cs *cslot) error {
 		}
 		n := 0
 		if cs.code == codeOK && q != b.m.d.c.Rank() {
-			n = cs.s.sched.Combine.Send[q].Rows
+			n = cs.d.sched.Combine.Send[q].Rows
 		}
 		header{status: cs.code, rows: n, fp: cs.fp, gen: cs.gen}.put(dst[0])
 		if err := op.Send(q, blockHeader, 0); err != nil {
@@ -163,7 +163,7 @@ func (b *inPlaceBack) start(ctx context.Context, cs *cslot) error {
 	}
 }
 
-func (b *inPlaceBack) wait(ctx context.Context, cs *cslot) error {
+func (b *inPlaceBack) wait(ctx context.Context, cs *cstep) error {
 	p, me := b.m.d.c.Size(), b.m.d.c.Rank()
 	op := b.op[cs.idx]
 	b.op[cs.idx] = nil
@@ -186,9 +186,9 @@ func (b *inPlaceBack) wait(ctx context.Context, cs *cslot) error {
 }
 
 // publish puts this rank's outputs and map into its region (before the header says so).
-func (b *inPlaceBack) publish(cs *cslot) {
+func (b *inPlaceBack) publish(cs *cstep) {
 	rg := &b.rg
-	s := cs.s
+	s := cs.d
 	reg := b.region(b.m.d.c.Rank(), s.idx)
 	rb := b.m.d.cfg.Hidden * b.cb.out.Size()
 	n, kind := s.rowsOut, kindEntries
@@ -283,15 +283,15 @@ func newInPlaceSums[T Out](cb *backCore, b *inPlaceBack) *inPlaceSums[T] {
 	return &inPlaceSums[T]{b: b, part: make([]float32, cb.d.cfg.Hidden)}
 }
 
-func (is *inPlaceSums[T]) own(*cslot)                   {}
-func (is *inPlaceSums[T]) put([]byte, *cslot, int, int) {}
+func (is *inPlaceSums[T]) own(*cstep)                   {}
+func (is *inPlaceSums[T]) put([]byte, *cstep, int, int) {}
 
 // finish writes out: for each token, its terms read where the experts wrote them, summed
 // in float32 in one pass in the order of the token's choices (as one process sums them:
 // the same bits whatever the ranks and placement).
-func (is *inPlaceSums[T]) finish(cs *cslot) error {
+func (is *inPlaceSums[T]) finish(cs *cstep) error {
 	b := is.b
-	s := cs.s
+	s := cs.d
 	hid, p, me := b.m.d.cfg.Hidden, b.m.d.c.Size(), b.m.d.c.Rank()
 	if cap(is.views) < p {
 		is.views = make([]regionView, p)

@@ -85,7 +85,7 @@ func checkMixed(c *coll.Comm, pl *router.Placement, wire dtype.Type, routing fun
 		return err
 	}
 	if me == 0 {
-		d.mode.(*lowLatency).combined(h.s) // rank 0 alone: its next dispatch is in place, the others push
+		d.mode.(*lowLatency).combined(h.s.idx) // rank 0 alone: its next dispatch is in place, the others push
 	}
 	out, _, err := d.Dispatch(ctx, x, r)
 	if err != nil {

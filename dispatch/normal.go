@@ -119,7 +119,7 @@ func (m *normal) close() error {
 	return nil
 }
 
-func (m *normal) start(ctx context.Context, s *slot) error {
+func (m *normal) start(ctx context.Context, s *step) error {
 	s.m = m
 	d := m.d
 	c := d.c
@@ -127,7 +127,7 @@ func (m *normal) start(ctx context.Context, s *slot) error {
 	ns := &m.ss[s.idx]
 	ok := s.code == codeOK
 	if !s.reuse {
-		k := s.countsOf(ok)
+		k := s.countsOf(p, me, ok)
 		for q := 0; q < p; q++ {
 			ns.hdr[hdrLen+q] = int64(k.rowsTo[q]) | int64(k.choicesTo[q])<<32
 		}
@@ -214,12 +214,12 @@ func agree(ctx context.Context, c *coll.Comm, hdr, all []int64, fp uint64, code 
 	return nil
 }
 
-func (m *normal) wait(ctx context.Context, s *slot) error {
+func (m *normal) wait(ctx context.Context, s *step) (arrived, error) {
 	d := m.d
 	p, me := d.c.Size(), d.c.Rank()
 	ns := &m.ss[s.idx]
 	if err := ns.pend.Wait(ctx); err != nil {
-		return err
+		return arrived{}, err
 	}
 	// Every block's header: a rank with bad input (Redispatch) says so in it.
 	sc := &s.sched.Dispatch
@@ -230,41 +230,40 @@ func (m *normal) wait(ctx context.Context, s *slot) error {
 		h := readHeader(ns.recv[sc.Recv[q].Off[0]:])
 		switch {
 		case h.fp != s.fp:
-			return fmt.Errorf("%w: rank %d's rows are of another configuration or placement", ErrMismatch, q)
+			return arrived{}, fmt.Errorf("%w: rank %d's rows are of another configuration or placement", ErrMismatch, q)
 		case h.status != codeOK && s.inErr == nil:
-			return peerInput(q, h.status)
+			return arrived{}, peerInput(q, h.status)
 		}
 	}
 	if s.inErr != nil {
-		return s.inErr
+		return arrived{}, s.inErr
 	}
-	s.finishStats()
-	s.stats.Algo, s.stats.Pushed, s.stats.InPlace = ns.fwd.Algo, 0, false
-	return m.unpack(s, ns)
+	s.moved = moved{algo: ns.fwd.Algo}
+	return m.unpack(s, ns), nil
 }
 
 // cursor walks the rows this rank received, in order (origin rank ascending, then the
 // origin's order): received ones from the blocks the schedule lays out, this rank's own
 // from its stage or x. It is the normal mode's rowSource.
 type cursor struct {
-	s    *slot
+	d    *core
+	s    *step
 	recv []byte
 	q, i int // origin, row index within it
 	off  int // in recv
 	end  int // of the block being read
 }
 
-func (ns *normalSlot) cursorOf(s *slot) *cursor {
+func (ns *normalSlot) cursorOf(d *core, s *step) *cursor {
 	c := &ns.cursor
-	*c = cursor{s: s, recv: ns.recv, i: -1}
+	*c = cursor{d: d, s: s, recv: ns.recv, i: -1}
 	return c
 }
 
 func (c *cursor) rewind() { c.q, c.i, c.off, c.end = 0, -1, 0, 0 }
 
 func (c *cursor) next(r *inRow) (bool, error) {
-	s := c.s
-	d := s.d
+	s, d := c.s, c.d
 	p, me, k := d.c.Size(), d.c.Rank(), d.cfg.TopK
 	pl := s.pl
 	f := &d.f
@@ -316,7 +315,7 @@ func (c *cursor) next(r *inRow) (bool, error) {
 
 // unpack makes the experts' view of the incoming rows: expert-major blocks (or, for
 // TwoLevel's up stage, the rows in arrival order).
-func (m *normal) unpack(s *slot, ns *normalSlot) error {
+func (m *normal) unpack(s *step, ns *normalSlot) arrived {
 	d := m.d
 	if rows := s.layout.Rows[d.c.Rank()]; len(rows) > 0 {
 		d.stageRows(s.x, s.tokens, rows) // the own rows are read from it
@@ -325,7 +324,7 @@ func (m *normal) unpack(s *slot, ns *normalSlot) error {
 	if d.arrival {
 		place = placeArrival
 	}
-	return s.buildView(ns.cursorOf(s), place, region{})
+	return arrived{src: ns.cursorOf(d, s), place: place}
 }
 
 // The combine half: one AlltoAllv of blocks, each a header and the answers to the rows
@@ -379,11 +378,11 @@ func (b *normalBack) close() error {
 	return nil
 }
 
-func (b *normalBack) start(ctx context.Context, cs *cslot) error {
+func (b *normalBack) start(ctx context.Context, cs *cstep) error {
 	cb := b.cb
 	c := cb.d.c
 	p, me := c.Size(), c.Rank()
-	s := cs.s
+	s := cs.d
 	bs := &b.cs[cs.idx]
 	ns := &b.m.ss[s.idx]
 	st := &s.sched.Combine
@@ -403,20 +402,20 @@ func (b *normalBack) start(ctx context.Context, cs *cslot) error {
 		header{status: cs.code, rows: blk.Rows, fp: cs.fp, gen: cs.gen}.put(dst)
 		if cs.code == codeOK {
 			a, _ := s.incoming(q)
-			cs.w.sums.put(dst[blockHeader:], cs, a, a+blk.Rows)
+			cs.sums.put(dst[blockHeader:], cs, a, a+blk.Rows)
 		}
 	}
 	return c.IRunAlltoAllvWith(ctx, &bs.plan, bs.send, bs.recv, &bs.pend)
 }
 
-func (b *normalBack) wait(ctx context.Context, cs *cslot) error {
+func (b *normalBack) wait(ctx context.Context, cs *cstep) error {
 	cb := b.cb
 	p, me := cb.d.c.Size(), cb.d.c.Rank()
 	bs := &b.cs[cs.idx]
 	if err := bs.pend.Wait(ctx); err != nil {
 		return err
 	}
-	st := &cs.s.sched.Combine
+	st := &cs.d.sched.Combine
 	var first error
 	for q := 0; q < p; q++ {
 		if q == me {

@@ -249,13 +249,13 @@ func (h Handle) Schedule() Schedule {
 func (h Handle) of(d *core) bool { return h.s != nil && h.s.d == d && h.Valid() }
 
 // incoming is the range of incoming rows from origin q.
-func (s *slot) incoming(q int) (int, int) { return s.originStart[q], s.originStart[q+1] }
+func (s *rowMaps) incoming(q int) (int, int) { return s.originStart[q], s.originStart[q+1] }
 
 // incomingRows is the number of incoming rows.
-func (s *slot) incomingRows() int { return s.originStart[len(s.originStart)-1] }
+func (s *rowMaps) incomingRows() int { return s.originStart[len(s.originStart)-1] }
 
 // contributions is Handle.Contributions.
-func (s *slot) contributions(i int) ([]int32, []float32) {
+func (s *rowMaps) contributions(i int) ([]int32, []float32) {
 	a, b := s.start[i], s.start[i+1]
 	return s.entries[a:b], s.weights[a:b]
 }

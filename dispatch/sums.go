@@ -24,7 +24,7 @@ type rowSummer[T Out] struct {
 
 // sumRow writes into dst the weighted sum of the expert outputs of incoming row i (the
 // first term written, the others added: nothing to clear).
-func (r *rowSummer[T]) sumRow(dst []float32, cs *cslot, i int) {
+func (r *rowSummer[T]) sumRow(dst []float32, cs *cstep, i int) {
 	hid := r.cb.d.cfg.Hidden
 	y := dtype.FromBytes[T](cs.y)
 	if cs.rows { // summed already: row i of y
@@ -35,7 +35,7 @@ func (r *rowSummer[T]) sumRow(dst []float32, cs *cslot, i int) {
 		}
 		return
 	}
-	entries, ws := cs.s.contributions(i)
+	entries, ws := cs.d.contributions(i)
 	if len(entries) == 0 {
 		clear(dst)
 		return
@@ -73,14 +73,14 @@ func newPartialSums[T Out](cb *backCore) *partialSums[T] {
 
 // own starts the sum: for each of this rank's tokens, the terms of this rank's own
 // experts, in the order of the token's choices, or zeros.
-func (ps *partialSums[T]) own(cs *cslot) {
+func (ps *partialSums[T]) own(cs *cstep) {
 	hid := ps.cb.d.cfg.Hidden
 	if isF32[T]() {
 		cs.acc = dtype.FromBytes[float32](cs.out)
 	} else {
 		cs.acc = dtype.FromBytes[float32](cs.accS.Bytes(len(cs.out) * 2))
 	}
-	s := cs.s
+	s := cs.d
 	me := ps.cb.d.c.Rank()
 	a, b := s.incoming(me)
 	own := s.layout.Rows[me] // incoming rows from this rank are its own tokens, in token order
@@ -97,7 +97,7 @@ func (ps *partialSums[T]) own(cs *cslot) {
 }
 
 // put writes the partial sums of incoming rows [a, b) into dst, one Row each.
-func (ps *partialSums[T]) put(dst []byte, cs *cslot, a, b int) {
+func (ps *partialSums[T]) put(dst []byte, cs *cstep, a, b int) {
 	rb := ps.cb.f.Row
 	for i := a; i < b; i++ {
 		ps.partial(dst[(i-a)*rb:(i-a+1)*rb], cs, i)
@@ -106,7 +106,7 @@ func (ps *partialSums[T]) put(dst []byte, cs *cslot, a, b int) {
 
 // partial writes into dst (a partial sum on the wire) the weighted sum of the expert
 // outputs for incoming row i.
-func (ps *partialSums[T]) partial(dst []byte, cs *cslot, i int) {
+func (ps *partialSums[T]) partial(dst []byte, cs *cstep, i int) {
 	f := &ps.cb.f
 	acc := ps.part
 	if f.Partial == dtype.F32 {
@@ -141,9 +141,9 @@ func (ps *partialSums[T]) addQuantized(dst []float32, src []byte) {
 // q's, in the order this rank sent q its rows) to the own terms, in ascending rank
 // order, and writes each finished row into out: every partial is read once, and a
 // token's sum stays in the cache until it is done.
-func (ps *partialSums[T]) finish(cs *cslot) error {
+func (ps *partialSums[T]) finish(cs *cstep) error {
 	cb := ps.cb
-	s := cs.s
+	s := cs.d
 	hid, rb := cb.d.cfg.Hidden, cb.f.Row
 	quant := cb.f.Scales > 0
 	me := cb.d.c.Rank()
@@ -203,11 +203,11 @@ type termSums[T Out] struct {
 }
 
 // put writes the block of incoming rows [a, b) into dst.
-func (ts *termSums[T]) put(dst []byte, cs *cslot, a, b int) {
+func (ts *termSums[T]) put(dst []byte, cs *cstep, a, b int) {
 	rb := ts.cb.f.TermRow
 	off := 4 * (b - a)
 	for i := a; i < b; i++ {
-		entries, _ := cs.s.contributions(i)
+		entries, _ := cs.d.contributions(i)
 		binary.LittleEndian.PutUint32(dst[4*(i-a):], uint32(len(entries)))
 		for _, e := range entries {
 			copy(dst[off:off+rb], cs.y[int(e)*rb:(int(e)+1)*rb])
@@ -218,9 +218,9 @@ func (ts *termSums[T]) put(dst []byte, cs *cslot, a, b int) {
 
 // own keeps this rank's own terms (the block of its rows to itself) for finish: y is
 // not read after Start.
-func (ts *termSums[T]) own(cs *cslot) {
+func (ts *termSums[T]) own(cs *cstep) {
 	cb := ts.cb
-	s := cs.s
+	s := cs.d
 	me := cb.d.c.Rank()
 	a, b := s.incoming(me)
 	need := termsBytes(b-a, s.layout.Choices[me], cb.f.TermRow)
@@ -235,9 +235,9 @@ func (ts *termSums[T]) own(cs *cslot) {
 
 // finish writes out: each token's terms, from the blocks in cs.parts, weighted by its
 // routing and added in float32 in one pass in the order of its choices.
-func (ts *termSums[T]) finish(cs *cslot) error {
+func (ts *termSums[T]) finish(cs *cstep) error {
 	cb := ts.cb
-	s := cs.s
+	s := cs.d
 	hid, p := cb.d.cfg.Hidden, cb.d.c.Size()
 	rb := cb.f.TermRow
 	r := s.r
