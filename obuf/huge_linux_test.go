@@ -121,3 +121,52 @@ func TestDroppedHugeBuffersAreUnmapped(t *testing.T) {
 		t.Fatal("the kept buffer was not reused")
 	}
 }
+
+// Huge says where obuf mapped huge pages, as the kernel's smaps does: for a slab buffer
+// and a huge buffer (and any slice inside them), not for a Go slice, a buffer below
+// SlabMin, a range that runs past its mapping, nor for a huge buffer's memory after
+// it was unmapped.
+func TestHugeSaysWhereHugePagesAre(t *testing.T) {
+	p := NewPool(0)
+	slabBuf, hugeBuf, small := p.Get(SlabMin), p.Get(3<<20), p.Get(64<<10)
+	for _, c := range []struct {
+		name string
+		b    []byte
+		want bool
+	}{
+		{"slab", slabBuf.Bytes(), true},
+		{"huge", hugeBuf.Bytes(), true},
+		{"inside huge", hugeBuf.Bytes()[1<<20 : 2<<20], true},
+		{"small", small.Bytes(), false},
+		{"go slice", make([]byte, 1<<20), false},
+		{"empty", nil, false},
+	} {
+		if got := Huge(c.b); got != c.want {
+			t.Errorf("%s: Huge %v, want %v", c.name, got, c.want)
+		}
+		if len(c.b) > 0 && c.want && !hugeAt(t, uintptr(unsafe.Pointer(&c.b[0]))) {
+			t.Errorf("%s: smaps does not say huge pages where Huge does", c.name)
+		}
+	}
+	// A range from inside the mapping to past its end is not in it.
+	hb := hugeBuf.Bytes()
+	end := unsafe.Slice((*byte)(unsafe.Pointer(&hb[len(hb)-1])), 4<<20)
+	if Huge(end) {
+		t.Error("a range past the mapping's end: Huge true")
+	}
+	m, ok := hugeAlloc(4 << 20)
+	if !ok {
+		t.Fatal("no mapping")
+	}
+	if !Huge(m) {
+		t.Fatal("a fresh mapping: Huge false")
+	}
+	at := uintptr(unsafe.Pointer(&m[0]))
+	hugeFree(m)
+	if hugeMaps.holds(at, 1) {
+		t.Error("an unmapped mapping is still in the set")
+	}
+	slabBuf.Release()
+	hugeBuf.Release()
+	small.Release()
+}

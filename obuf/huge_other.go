@@ -9,6 +9,9 @@ func hugeAlloc(n int) ([]byte, bool) { return nil, false }
 
 func hugeFree(m []byte) {}
 
+// Huge reports false: obuf maps no huge pages here.
+func Huge(p []byte) bool { return false }
+
 // SlabMin is the smallest buffer carved out of a huge page (none here).
 const SlabMin = HugeThreshold
 

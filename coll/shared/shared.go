@@ -68,8 +68,9 @@ const (
 	// in place (shm.SharedMin says how it was measured).
 	SharedMin = 16 << 10
 
-	// AcrossMin: an AlltoAll(v) whose send buffer is larger is read across (one copy,
-	// process_vm_readv) even where it fits the area (two copies). Measured (moex bench
+	// AcrossMin: an AlltoAll(v) whose send buffer is larger, and on huge pages
+	// (obuf.Huge), is read across (one copy, process_vm_readv) even where it fits the
+	// area (two copies). Measured (moex bench
 	// coll --op alltoall --transport shm, p50, us, area against across): P=2 (a CPU per
 	// rank) 256 KiB 11.7/10.1, 512 KiB 21.2/16.0, 1 MiB 44.9/32.8; P=4 (2 CPUs) 256 KiB
 	// 97.5/85.4 (means 71/90), 1 MiB 351/152; P=8 512 KiB 437/397, 1 MiB 770/567.
@@ -106,6 +107,7 @@ type Direct struct {
 	cap    int
 	pull   bool          // larger buffers are read across (cross-memory attach works)
 	blocks bool          // and buffers read in blocks of AcrossBlockMin (ranks <= 2 x CPUs)
+	cpus   int           // the CPUs this process may run on
 	pulled []uint64      // per rank: its operations so far that were read across
 	end    int           // where the data of the last operation through the area ends
 	cur    uint64        // the turn running
@@ -134,7 +136,8 @@ type Direct struct {
 // New returns the shared-area collectives over a (every rank of the communicator, in the
 // order of the transport's ranks).
 func New(a transport.Areas, rank, size int) *Direct {
-	d := &Direct{a: a, rank: rank, size: size, cap: a.Cap(), pull: a.CanReadAcross(), procs: a.Processes(), blocks: size <= 2*runtime.NumCPU()}
+	d := &Direct{a: a, rank: rank, size: size, cap: a.Cap(), pull: a.CanReadAcross(), procs: a.Processes(), cpus: runtime.NumCPU()}
+	d.blocks = size <= 2*d.cpus
 	for i := 1; i < size; i++ {
 		d.order = append(d.order, (rank+i)%size)
 	}
@@ -450,7 +453,16 @@ func (d *Direct) exchange(ctx context.Context, turn uint64, send, recv []byte, s
 	p := d.size
 	n := len(send)
 	me := d.rank
-	pull := n > d.cap || d.pull && (n > AcrossMin || d.blocks && d.perPeer(n, lay) >= AcrossBlockMin)
+	// Up to Cap, a Go slice's send buffer (4 KiB pages, which process_vm_readv pins one
+	// at a time) goes through the area, where obuf did not map it on huge pages
+	// (obuf.Huge), unless it is an AlltoAll's over AcrossMin with more ranks than CPUs.
+	// Measured (moex bench coll --transport shm --heap, 1 MiB, mean and p50 us, two runs
+	// each, across against the area): AllGather P=4 479-493 (p50 463-472) against
+	// 227-254 (316-337), P=2 131-136 against 120-142; AlltoAll P=2 86-87 (73-75)
+	// against 54-59 (45-49), P=4 282-312 (268-297) against 308-314 (424); from obuf's
+	// buffers across stays faster (AllGather P=2 88-90 against 110-113).
+	huge := obuf.Huge(send)
+	pull := n > d.cap || d.pull && (n > AcrossMin && (huge || d.size > d.cpus) || huge && d.blocks && d.perPeer(n, lay) >= AcrossBlockMin)
 	par := 8 * int(turn&1)
 	// A send buffer in the shared arena is read in place by the others (one copy), at its
 	// address with process_vm_readv by a rank that cannot map the arena. Cross-memory

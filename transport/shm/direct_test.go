@@ -255,14 +255,16 @@ func TestDirectAllToAllv(t *testing.T) {
 }
 
 // An AllGather (each rank's block in place in recv, published as its send buffer) whose
-// blocks every other rank reads whole: blocks of shared.AcrossBlockMin are read across
-// even though they fit the areas, smaller ones go through them, and every byte arrives.
+// blocks every other rank reads whole: blocks of shared.AcrossBlockMin on obuf's huge
+// pages are read across even though they fit the areas; smaller ones, and blocks of a Go
+// slice (4 KiB pages, which process_vm_readv pins one at a time), go through them; every
+// byte arrives.
 func TestDirectAllGatherReadsAcross(t *testing.T) {
 	for _, c := range []struct {
-		block  int
-		across bool
-	}{{shared.AcrossBlockMin, true}, {shared.AcrossBlockMin / 4, false}} {
-		t.Run(fmt.Sprintf("block=%d", c.block), func(t *testing.T) {
+		block        int
+		huge, across bool
+	}{{shared.AcrossBlockMin, true, true}, {shared.AcrossBlockMin, false, false}, {shared.AcrossBlockMin / 4, true, false}} {
+		t.Run(fmt.Sprintf("block=%d/huge=%v", c.block, c.huge), func(t *testing.T) {
 			const p = 2
 			ts := start(t, p, func(cfg *shm.Config) { cfg.AreaBytes = 4 * shared.AcrossBlockMin })
 			ds := directs(t, ts)
@@ -276,6 +278,14 @@ func TestDirectAllGatherReadsAcross(t *testing.T) {
 					lay.RecvOff[q], lay.RecvLen[q], lay.SrcLen[q] = q*c.block, c.block, c.block
 				}
 				recv := make([]byte, p*c.block)
+				if c.huge {
+					b := obuf.NewPool(0).Get(p * c.block)
+					defer b.Release()
+					recv = b.Bytes()
+					if !obuf.Huge(recv) && c.block >= obuf.SlabMin {
+						return fmt.Errorf("obuf's %d-byte buffer is not on huge pages", len(recv))
+					}
+				}
 				fill(recv[r*c.block:(r+1)*c.block], 1, r, 0)
 				if err := ds[r].AllToAllv(ctx, ds[r].Turn(), recv[r*c.block:(r+1)*c.block], recv, lay, 1); err != nil {
 					return err
