@@ -143,9 +143,13 @@ func (c *Comm) execShared(pl *algos.Plan, cl *call) error {
 		if err = c.direct.ReduceScatter(c.actx, cl.turn, cl.send, cl.recv, pl.Reduce, uint64(pl.Sig)); err == nil {
 			dtype.Finish(cl.dt, cl.redop, cl.recv, c.size)
 		}
-	case pl.Op == OpAllGather || pl.Op == OpAllGatherv: // this rank's block is in place in recv
+	case pl.Op == OpAllGather || pl.Op == OpAllGatherv: // this rank's block in send, else in place in recv
 		off, b := pl.Shared.RecvOff[c.rank], pl.Shared.SrcLen[c.rank]
-		err = c.direct.AllToAllv(c.actx, cl.turn, cl.recv[off:off+b], cl.recv, pl.Shared, uint64(pl.Sig))
+		send := cl.recv[off : off+b]
+		if cl.send != nil {
+			send = cl.send // the others read it there while this rank copies it into recv
+		}
+		err = c.direct.AllToAllv(c.actx, cl.turn, send, cl.recv, pl.Shared, uint64(pl.Sig))
 	case pl.Shared != nil:
 		err = c.direct.AllToAllv(c.actx, cl.turn, cl.send, cl.recv, pl.Shared, uint64(pl.Sig))
 	default:

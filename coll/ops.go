@@ -261,14 +261,27 @@ func allGatherCall[T dtype.Elem](c *Comm, send, recv []T) (call, algos.PlanKey, 
 	}
 	dt := dtype.Of[T]()
 	rb := dtype.Bytes(recv)
+	cl := call{op: OpAllGather, dt: dt, count: blk, recv: rb}
+	k := key(c, &cl, blk*dt.Size())
 	if send != nil {
 		mine := rb[c.rank*blk*dt.Size() : (c.rank+1)*blk*dt.Size()]
 		if sb := dtype.Bytes(send); !sameStart(sb, mine) {
-			copy(mine, sb)
+			cl.send = outOfPlace(c.getPlan(k), sb, mine)
 		}
 	}
-	cl := call{op: OpAllGather, dt: dt, count: blk, recv: rb}
-	return cl, key(c, &cl, blk*dt.Size()), nil
+	return cl, k, nil
+}
+
+// outOfPlace readies an AllGather(v) whose block send is not in place in recv (at
+// mine): through the shared areas the others read it from send while this rank copies
+// it into recv, so the call keeps send (returned); the other plans read recv, so it is
+// copied there now (nil returned).
+func outOfPlace(pl *algos.Plan, send, mine []byte) []byte {
+	if pl.Algo == Shared {
+		return send
+	}
+	copy(mine, send)
+	return nil
 }
 
 // ---- ReduceScatter ----

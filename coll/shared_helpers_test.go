@@ -137,19 +137,29 @@ func helperShared(ctx context.Context, c *Comm) error {
 func sharedGather(ctx context.Context, c *Comm, val func(op, from, to, k int) int32) error {
 	p, r := c.Size(), c.Rank()
 	area := c.direct.Cap() / 4 / p // elements per block that fill the area
-	// AllGather: blocks through the area and read across, in place and not, against ring.
-	for op, blk := range []int{1, 1000, area * p, area*p + 1, 1 << 18, 0, 33} {
+	// AllGather: blocks through the area and read across, in place and not (the others
+	// then read a Go slice's, obuf's huge pages or obuf.Shared's arena), against ring.
+	for op, blk := range []int{1, 1000, area * p, area*p + 1, 1 << 18, 0, 33, 1 << 16, 1 << 16} {
 		if a := c.choose(OpAllGather, blk*4); a != Shared && blk > 0 {
 			return fmt.Errorf("allgather of %d-byte blocks: the model chose %v, want shared", blk*4, a)
 		}
 		for _, algo := range []Algo{AlgoAuto, Ring} {
 			c.cfg.Algo = map[OpKind]Algo{OpAllGather: algo}
 			mine, all := make([]int32, blk), make([]int32, blk*p)
+			if op >= 7 && blk > 0 { // op 7 from obuf's huge pages, op 8 from the shared arena
+				pool := obuf.Default
+				if op == 8 {
+					pool = obuf.Shared
+				}
+				b := pool.Get(4 * blk)
+				defer b.Release()
+				mine = dtype.FromBytes[int32](b.Bytes())
+			}
 			for k := range mine {
 				mine[k] = val(500+op, r, 0, k)
 			}
 			var err error
-			if op%2 == 0 {
+			if op%2 == 0 || op >= 7 {
 				err = AllGather(ctx, c, mine, all)
 			} else { // in place
 				copy(all[r*blk:], mine)

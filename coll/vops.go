@@ -56,13 +56,14 @@ func allGathervInto[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, 
 		return nil, c.invalid("send", "%d elements, counts[%d] is %d", len(send), c.rank, counts[c.rank])
 	}
 	rb := dtype.Bytes(recv)
+	cl := call{op: OpAllGatherv, dt: dt, recv: rb}
 	if send != nil {
 		mine := rb[bl.Off[c.rank] : bl.Off[c.rank]+bl.N[c.rank]]
 		if sb := dtype.Bytes(send); !sameStart(sb, mine) {
-			copy(mine, sb)
+			cl.send = outOfPlace(pl, sb, mine)
 		}
 	}
-	return h, c.submitInto(ctx, call{op: OpAllGatherv, dt: dt, recv: rb}, pl, h, nil)
+	return h, c.submitInto(ctx, cl, pl, h, nil)
 }
 
 // ReduceScatterv combines every rank's send (its blocks packed in rank order: block q has
