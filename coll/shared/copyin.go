@@ -22,9 +22,15 @@ import (
 // operation's local copy of this rank's own block, and streams once the copy into the
 // area is inStreamRatio times slower three times in a row; after inStreamFor operations it
 // tries plain stores again. MOEX_SHM_STREAM=1 always streams, 0 never.
+//
+// Blocks far smaller than the caches pay it too: P=2, moex bench coll --transport shm,
+// mean us of two runs each, copies timed from inTimedMin against from 256 KiB before:
+// AllGather 256 KiB (128 KiB blocks) 11.9-16.6 against 27.5-30.1, 64 KiB 5.2-8.9
+// against 8.0-8.9; AlltoAll 64 KiB 5.3-8.0 against 11.7-13.3; P=4 AllGather 256 KiB
+// 40.8-43.1 against 57.5-67.4.
 
 const (
-	inTimedMin    = 256 << 10 // smaller copies stay plain and untimed: they fit the caches
+	inTimedMin    = 16 << 10 // smaller copies stay plain and untimed
 	inStreamRatio = 5
 	inStreamFor   = 256
 )
