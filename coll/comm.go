@@ -19,8 +19,10 @@
 //
 // Buffers: between processes of one host, large blocks are read across from the sender's
 // buffer (process_vm_readv), which runs about twice as fast from huge pages as from the
-// 4 KiB pages that make() usually gets. Take large buffers from obuf, as dispatch and
-// combine do, and hold the *obuf.Buf while its memory is in use:
+// 4 KiB pages that make() usually gets (a Go slice's blocks therefore go through the
+// shared areas, two copies, up to the areas' size, MOEX_SHM_AREA). Take large buffers
+// from obuf, as dispatch and combine do, and hold the *obuf.Buf while its memory is in
+// use:
 //
 //	b := obuf.Default.Get(4 * n)
 //	defer b.Release()
