@@ -65,13 +65,7 @@ func (w *wireCounter) take() [][]int {
 func TestTransportsCarryThePlan(t *testing.T) {
 	const experts, k, hid = 12, 3, 40
 	for p := 1; p <= 8; p++ {
-		pl, err := router.NewPlacement(router.RoundRobin, experts, p)
-		require.NoError(t, err)
-		tokens := make([]int, p)
-		for r := range tokens {
-			tokens[r] = (r*5 + 3) % 11 // 0 for some ranks at some P
-		}
-		rs := routings(p, experts, k, tokens, uint64(100+p))
+		pl, rs, _ := wireRouting(t, p, experts, k, uint64(100+p))
 		for _, mode := range []dispatch.Mode{dispatch.Normal, dispatch.LowLatency, dispatch.Auto} {
 			for _, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3, dtype.I8} {
 				for _, back := range []combine.Config{{}, {PartialDType: dtype.BF16}, {SumAtOrigin: true}} {
@@ -85,6 +79,19 @@ func TestTransportsCarryThePlan(t *testing.T) {
 			}
 		}
 	}
+}
+
+// wireRouting is the routing of the wire tests on p ranks: experts placed round-robin,
+// (r*5+3) mod 11 tokens on rank r (none on some ranks at some P), each choosing k.
+func wireRouting(t *testing.T, p, experts, k int, seed uint64) (*router.Placement, []*router.Routing, []int) {
+	t.Helper()
+	pl, err := router.NewPlacement(router.RoundRobin, experts, p)
+	require.NoError(t, err)
+	tokens := make([]int, p)
+	for r := range tokens {
+		tokens[r] = (r*5 + 3) % 11
+	}
+	return pl, routings(p, experts, k, tokens, seed), tokens
 }
 
 // checkWire runs one step of rs over counting transports and compares each rank's
@@ -236,13 +243,7 @@ func sameBytes(stage string, me int, ops [][]int, want []int, st dispatch.Stage)
 func TestGatheredCarriesEveryToken(t *testing.T) {
 	const experts, k, hid = 12, 3, 40
 	for p := 2; p <= 8; p++ {
-		pl, err := router.NewPlacement(router.RoundRobin, experts, p)
-		require.NoError(t, err)
-		tokens := make([]int, p)
-		for r := range tokens {
-			tokens[r] = (r*5 + 3) % 11
-		}
-		rs := routings(p, experts, k, tokens, uint64(200+p))
+		pl, rs, tokens := wireRouting(t, p, experts, k, uint64(200+p))
 		for _, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3} {
 			for _, back := range []combine.Config{{}, {PartialDType: dtype.BF16}} {
 				cfg := dispatch.Config{Hidden: hid, TopK: k, WireDType: wire, Placement: pl, Mode: dispatch.Gathered}

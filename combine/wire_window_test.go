@@ -26,13 +26,7 @@ import (
 func TestOneSidedCarriesThePlan(t *testing.T) {
 	const experts, k, hid = 12, 3, 40
 	for p := 2; p <= 8; p++ {
-		pl, err := router.NewPlacement(router.RoundRobin, experts, p)
-		require.NoError(t, err)
-		tokens := make([]int, p)
-		for r := range tokens {
-			tokens[r] = (r*5 + 3) % 11
-		}
-		rs := routings(p, experts, k, tokens, uint64(300+p))
+		pl, rs, _ := wireRouting(t, p, experts, k, uint64(300+p))
 		for _, mode := range []dispatch.Mode{dispatch.LowLatency, dispatch.Auto} {
 			for _, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3, dtype.I8} {
 				for _, back := range []combine.Config{{}, {PartialDType: dtype.BF16}, {SumAtOrigin: true}} {
@@ -139,13 +133,7 @@ func oneSided(ops []transporttest.RMAOp, p int) (puts [][]int, gets int, err err
 func TestInPlaceReadsThePlan(t *testing.T) {
 	const experts, k, hid = 12, 3, 40
 	for p := 2; p <= 8; p++ {
-		pl, err := router.NewPlacement(router.RoundRobin, experts, p)
-		require.NoError(t, err)
-		tokens := make([]int, p)
-		for r := range tokens {
-			tokens[r] = (r*5 + 3) % 11
-		}
-		rs := routings(p, experts, k, tokens, uint64(400+p))
+		pl, rs, _ := wireRouting(t, p, experts, k, uint64(400+p))
 		_, choices := routed(pl, rs)
 		for _, wire := range []dtype.Type{dtype.F32, dtype.BF16, dtype.FP8E4M3, dtype.I8} {
 			for _, back := range []combine.Config{{}, {SumAtOrigin: true}} {
