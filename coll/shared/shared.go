@@ -70,10 +70,10 @@ const (
 
 	// AcrossMin: an AlltoAll(v) whose send buffer is larger, and on huge pages
 	// (obuf.Huge), is read across (one copy, process_vm_readv) even where it fits the
-	// area (two copies). Measured (moex bench
-	// coll --op alltoall --transport shm, p50, us, area against across): P=2 (a CPU per
-	// rank) 256 KiB 11.7/10.1, 512 KiB 21.2/16.0, 1 MiB 44.9/32.8; P=4 (2 CPUs) 256 KiB
-	// 97.5/85.4 (means 71/90), 1 MiB 351/152; P=8 512 KiB 437/397, 1 MiB 770/567.
+	// area (two copies). Measured (moex bench coll --op alltoall --transport shm, p50,
+	// us, area against across): P=2 (a CPU per rank) 256 KiB 11.7/10.1, 512 KiB
+	// 21.2/16.0, 1 MiB 44.9/32.8; P=4 (2 CPUs) 256 KiB 97.5/85.4 (means 71/90), 1 MiB
+	// 351/152; P=8 512 KiB 437/397, 1 MiB 770/567.
 	AcrossMin = 512 << 10
 
 	// AcrossBlockMin: a send buffer of which each other rank reads about this much or
