@@ -194,7 +194,9 @@ type workers struct {
 
 // Handle is a non-blocking operation in flight. Operations run in issue order on every
 // rank; several in flight at once proceed concurrently. Wait for a Handle from one
-// goroutine at a time.
+// goroutine at a time. The operation's buffers are its own until Wait returns, as in
+// MPI: its send buffer must not be written (other ranks may read it where it is), nor
+// its receive buffer used.
 type Handle struct {
 	ev   busypoll.Event // set when the operation completes
 	err  error
