@@ -533,8 +533,14 @@ func (t *Transport) shutdown() error {
 		}
 	}
 	t.failJobs()
+	// Requests take life; a goroutine that waits may drive the rings itself
+	// (core.Driver.TryStep) under drv.Mu, after the loop stopped: hold both, in rejoin's
+	// order, so that nothing reads a segment while it is unmapped. The driver sees the
+	// transport closed afterwards and steps no more.
 	t.life.Lock()
+	t.drv.Mu.Lock()
 	t.unmapAll()
+	t.drv.Mu.Unlock()
 	t.life.Unlock()
 	return t.self.Close()
 }
