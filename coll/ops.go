@@ -236,40 +236,40 @@ func IAllGather[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T) (*Ha
 // IAllGatherWith is IAllGather completing h, a Handle whose operation has completed (or a
 // zero Handle), instead of a new one: nothing is allocated.
 func IAllGatherWith[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, h *Handle) error {
-	cl, k, err := allGatherCall(c, send, recv)
+	cl, pl, err := allGatherCall(c, send, recv)
 	if err != nil {
 		return err
 	}
-	return c.submitInto(ctx, cl, c.getPlan(k), h, nil)
+	return c.submitInto(ctx, cl, pl, h, nil)
 }
 
 func allGather[T dtype.Elem](ctx context.Context, c *Comm, send, recv []T, async bool) (*Handle, error) {
-	cl, k, err := allGatherCall(c, send, recv)
+	cl, pl, err := allGatherCall(c, send, recv)
 	if err != nil {
 		return nil, err
 	}
-	return c.submit(ctx, cl, k, async, nil)
+	return c.submitPlan(ctx, cl, pl, async, nil)
 }
 
-func allGatherCall[T dtype.Elem](c *Comm, send, recv []T) (call, algos.PlanKey, error) {
+func allGatherCall[T dtype.Elem](c *Comm, send, recv []T) (call, *algos.Plan, error) {
 	blk := len(recv) / c.size
 	if len(recv)%c.size != 0 {
-		return call{}, algos.PlanKey{}, c.invalid("recv", "%d elements is not a multiple of %d ranks", len(recv), c.size)
+		return call{}, nil, c.invalid("recv", "%d elements is not a multiple of %d ranks", len(recv), c.size)
 	}
 	if send != nil && len(send) != blk {
-		return call{}, algos.PlanKey{}, c.invalid("recv", "%d elements for %d ranks of %d", len(recv), c.size, len(send))
+		return call{}, nil, c.invalid("recv", "%d elements for %d ranks of %d", len(recv), c.size, len(send))
 	}
 	dt := dtype.Of[T]()
 	rb := dtype.Bytes(recv)
 	cl := call{op: OpAllGather, dt: dt, count: blk, recv: rb}
-	k := key(c, &cl, blk*dt.Size())
+	pl := c.getPlan(key(c, &cl, blk*dt.Size()))
 	if send != nil {
 		mine := rb[c.rank*blk*dt.Size() : (c.rank+1)*blk*dt.Size()]
 		if sb := dtype.Bytes(send); !sameStart(sb, mine) {
-			cl.send = outOfPlace(c.getPlan(k), sb, mine)
+			cl.send = outOfPlace(pl, sb, mine)
 		}
 	}
-	return cl, k, nil
+	return cl, pl, nil
 }
 
 // outOfPlace readies an AllGather(v) whose block send is not in place in recv (at

@@ -394,7 +394,7 @@ func (cb *Combiner[T]) start(ctx context.Context, h Handle, y, out []byte, ny, n
 		s.pins++
 		s.combined = true
 		cs.pinned = true
-		w.sums.own(&cs.cstep)
+		cs.sums.own(&cs.cstep)
 	}
 	if err := w.back.start(ctx, &cs.cstep); err != nil {
 		if cs.code == codeOK {
@@ -467,7 +467,7 @@ func (p *CombinePending[T]) Wait(ctx context.Context) error {
 	me := cb.d.c.Rank()
 	st := &cs.s.sched.Combine
 	cb.stats = CombineStats{BytesSent: st.Sent(me), BytesReceived: st.Received(me), InPlace: cs.w.back.inPlace(), Algo: cs.algo}
-	return cs.w.sums.finish(&cs.cstep)
+	return cs.sums.finish(&cs.cstep)
 }
 
 // checkBlock checks the header of the block rank q sent: the same configuration, the

@@ -195,8 +195,10 @@ const (
 	slotStarted // a dispatch was started and not waited for
 )
 
-// slot is one dispatch result's layout, its view and its schedule: what the modes fill
-// and the combine reads, through the Handle.
+// slot is one of the dispatcher's buffers of a dispatch: the step and its rows' maps
+// (dispatched: what the protocol and the way back are handed), the experts' view, the
+// Stats and the slot's lifecycle (the dispatcher's and the combiner's alone). A Handle
+// names it.
 type slot struct {
 	dispatched
 	d     *core
